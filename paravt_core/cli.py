@@ -1,0 +1,35 @@
+"""The `paravt` command line.
+
+Each stage package contributes its sub-commands through a small module exposing
+`register(subparsers)`; that function adds its parsers and sets `func` to a callable taking
+the parsed namespace and returning an exit code. Keeping the imports of torch,
+transformers and friends inside those callables keeps `paravt --help` fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_MODULES = (
+    "paravt_core.model.cli",
+    "paravt_core.pipeline_cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="paravt", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
