@@ -14,7 +14,9 @@ import sys
 
 COMMAND_MODULES = (
     "paravt_core.model.cli",
-    "paravt_core.pipeline_cli",
+    "paravt_core.eval.cli",
+    "paravt_core.rl.cli",
+    "flows.cli",
 )
 
 

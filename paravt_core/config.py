@@ -1,0 +1,266 @@
+"""Typed pipeline configuration, loaded from `conf/**/*.yaml` and validated at load.
+
+Every model is frozen and forbids unknown keys, so a typo or a bad value fails when the
+YAML is read, before any model loads. Defaults are the SPEC's (section cited per field
+group); `conf/pipeline/paravt_8b.yaml` spells the paper's run out in full and
+`conf/pipeline/tiny.yaml` is the embedded CPU default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from paravt_core.model.tiny import TinyModelSpec
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RunConfig(_Section):
+    name: str = Field("paravt-tiny", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    output_dir: Path = Path("outputs/tiny")
+    seed: int = 0
+
+
+class ModelConfig(_Section):
+    """Which base model the pipeline starts from.
+
+    `base: tiny` builds the random-weight tiny Qwen3-VL locally (`paravt_core.model.tiny`);
+    anything else is a local model directory or a hub id such as
+    `Qwen/Qwen3-VL-8B-Instruct`, loaded with the same `load_model` call.
+    """
+
+    base: str = "tiny"
+    tiny: TinyModelSpec = TinyModelSpec()
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    registered_name: str = "paravt-tiny"
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.base == "tiny"
+
+
+class VideoConfig(_Section):
+    """Frame sampling (SPEC §1, §3)."""
+
+    nframes: int = Field(64, ge=1)
+    min_pixels: int = Field(784, ge=1)
+    max_pixels: int = Field(50176, ge=1)
+    crop_fps: float = Field(1.0, gt=0)
+    crop_min_frames: int = Field(1, ge=1)
+    crop_max_frames: int = Field(16, ge=1)
+    sft_fps: float = Field(1.0, gt=0)
+    sft_max_frames: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> VideoConfig:
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"video.min_pixels ({self.min_pixels}) exceeds video.max_pixels ({self.max_pixels})")
+        if self.crop_min_frames > self.crop_max_frames:
+            raise ValueError("video.crop_min_frames exceeds video.crop_max_frames")
+        return self
+
+
+class DataConfig(_Section):
+    """Where the ParaVT release and the benchmarks come from (SPEC §8)."""
+
+    source: Literal["synth", "hub"] = "synth"
+    parquet_repo: str = "ParaVT/ParaVT-Parquet"
+    source_repo: str = "ParaVT/ParaVT-Source"
+    revision: str = "main"
+    on_bad_rows: Literal["fail", "quarantine"] = "fail"
+
+
+class SFTConfig(_Section):
+    """Cold-start SFT (SPEC §1: lr 2e-5 cosine, warmup 5%, bf16, 64 frames at 1 fps)."""
+
+    max_steps: int = Field(1500, ge=1)
+    learning_rate: float = Field(2e-5, gt=0)
+    lr_schedule: Literal["cosine", "constant"] = "cosine"
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(1, ge=1)
+    grad_accum_steps: int = Field(1, ge=1)
+    max_seq_len: int = Field(16384, ge=128)
+    overlong: Literal["truncate", "skip"] = "skip"
+    zero_stage: int = Field(3, ge=0, le=3)
+    num_ranks: int = Field(1, ge=1)
+    gradient_checkpointing: bool = False
+    checkpoint_every: int = Field(100, ge=1)
+
+
+class RewardConfig(_Section):
+    """Reward knobs (SPEC §4)."""
+
+    scope: Literal["transcript", "generated"] = "transcript"
+    format_weight: float = 1.0
+    answer_suffix: bool = True
+    anchor_weight: float = Field(0.5, ge=0)
+    use_tool_reward: bool = True
+    oe_mode: Literal["exact", "f1", "llm"] = "f1"
+
+
+class RolloutConfig(_Section):
+    """Agentic rollout protocol (SPEC §3)."""
+
+    max_turns: int = Field(3, ge=0)
+    max_parallel: int = Field(5, ge=1)
+    tool_response_max_tokens: int = Field(512, ge=1)
+    think_prefix: bool = True
+    max_new_tokens: int = Field(2048, ge=1)
+    subagent_max_new_tokens: int = Field(256, ge=1)
+    engine: Literal["hf", "sglang"] = "hf"
+
+
+class GatingConfig(_Section):
+    """nFrames gating (SPEC §5)."""
+
+    enabled: bool = True
+    choices: tuple[int, ...] = (4, 8, 16, 32, 64)
+
+    @model_validator(mode="after")
+    def _nonempty(self) -> GatingConfig:
+        if self.enabled and not self.choices:
+            raise ValueError("rl.gating.choices must list at least one frame count when gating is enabled")
+        return self
+
+
+class RLConfig(_Section):
+    """PARA-GRPO (SPEC §5); the defaults are the full recipe."""
+
+    row: str = "paragrpo"
+    max_steps: int = Field(54, ge=1)
+    prompts_per_step: int = Field(7, ge=1)
+    group_size: int = Field(8, ge=2)
+    temperature: float = Field(0.7, gt=0)
+    reward_shift: float = 0.2
+    reward_scale: float = 10.0
+    clip_eps: float = Field(0.2, gt=0)
+    kl_mode: Literal["reward", "loss", "none"] = "reward"
+    kl_coef: float = Field(0.01, ge=0)
+    learning_rate: float = Field(2e-6, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    anchoring_mode: Literal["sequence", "token"] = "sequence"
+    train_subagents: bool = True
+    zero_stage: int = Field(3, ge=0, le=3)
+    num_ranks: int = Field(1, ge=1)
+    checkpoint_every: int = Field(10, ge=1)
+    reward: RewardConfig = RewardConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    gating: GatingConfig = GatingConfig()
+
+
+EVAL_SPLITS = ("videomme", "videomme_wsub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades")
+
+
+class EvalConfig(_Section):
+    """Seven-split evaluation (SPEC §7, release defaults)."""
+
+    splits: tuple[str, ...] = EVAL_SPLITS
+    prompt_mode: Literal["direct", "reasoning", "agentic_general", "agentic_minimal"] = "agentic_general"
+    grounding_prompt_mode: Literal["direct", "reasoning", "agentic_general", "agentic_minimal"] = "agentic_minimal"
+    tool_mode: Literal["frames", "subagent"] = "frames"
+    dispatch: Literal["parallel", "sequential"] = "parallel"
+    nframes: int = Field(64, ge=1)
+    max_new_tokens: int = Field(2048, ge=1)
+    max_turns: int = Field(3, ge=0)
+    max_parallel: int = Field(5, ge=1)
+    engine: Literal["hf", "openai"] = "hf"
+    concurrency: int = Field(1, ge=1)
+    max_samples_per_split: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _known_splits(self) -> EvalConfig:
+        unknown = sorted(set(self.splits) - set(EVAL_SPLITS))
+        if unknown:
+            raise ValueError(f"eval.splits has unknown split(s) {unknown}; known: {list(EVAL_SPLITS)}")
+        return self
+
+
+class MLflowConfig(_Section):
+    tracking_uri: str | None = None  # None: sqlite database inside run.output_dir
+    experiment: str = "paravt"
+
+
+class PipelineConfig(_Section):
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    video: VideoConfig = VideoConfig()
+    data: DataConfig = DataConfig()
+    sft: SFTConfig = SFTConfig()
+    rl: RLConfig = RLConfig()
+    eval: EvalConfig = EvalConfig()
+    mlflow: MLflowConfig = MLflowConfig()
+
+    def section_hash(self, *names: str) -> str:
+        """Stable hash of some sections (all when none given): a cache key for stages."""
+        dumped = self.model_dump(mode="json")
+        chosen = {n: dumped[n] for n in (names or tuple(dumped))}
+        return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
+
+    def mlflow_uri(self) -> str:
+        if self.mlflow.tracking_uri:
+            return self.mlflow.tracking_uri
+        return f"sqlite:///{(self.run.output_dir / 'mlflow.db').resolve()}"
+
+
+class ConfigError(ValueError):
+    """A config file that does not load; the message names the file and the bad keys."""
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
+    node[leaf] = value
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`["sft.max_steps=10", "run.name=x"]` -> nested dict; values parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+    return tree
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
+    """Read a pipeline YAML, apply `key=value` overrides and validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (see conf/pipeline/ for the shipped ones)")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    raw = _merge(raw, parse_overrides(overrides or []))
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from None

@@ -1,0 +1,20 @@
+"""`paravt tiny-model`: write the tiny random-weight Qwen3-VL model directory."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    from paravt_core.model.tiny import TinyModelSpec, build_tiny_model
+
+    out = build_tiny_model(TinyModelSpec(seed=args.seed), args.out)
+    print(f"tiny Qwen3-VL written to {out}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("tiny-model", help="write a tiny random-weight Qwen3-VL model directory")
+    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (same seed, same files)")
+    p.set_defaults(func=_tiny_model)

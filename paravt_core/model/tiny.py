@@ -1,0 +1,251 @@
+"""A tiny random-weight Qwen3-VL built locally: the embedded default's model.
+
+With no model hub reachable, the pipeline's CPU default needs a real
+`Qwen3VLForConditionalGeneration` that the same loading, training and generation code
+handles as it would the 8B checkpoint. This module writes one as a Hugging Face model
+directory: config and safetensors weights, a byte-level BPE tokenizer trained here on a
+small domain corpus (Qwen's special tokens plus the SPEC §2 tags, each one token), the
+image and video processors with Qwen3-VL's patch geometry, and our chat template.
+
+Everything is a pure function of `TinyModelSpec`, so the same spec and seed give the same
+bytes (the Prefect task that builds it is cached on the spec).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from importlib import resources
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Qwen's control tokens; names as in the Qwen2/Qwen3 tokenizers.
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# The response grammar's structural tags (SPEC §2); each must be ONE token so that
+# token-level anchoring (SPEC §5) can find them. Not "special": decoding keeps them.
+GRAMMAR_TAGS = (
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_code>",
+    "</tool_code>",
+    "<tool_response>",
+    "</tool_response>",
+    "<answer>",
+    "</answer>",
+)
+
+
+class TinyModelSpec(BaseModel):
+    """Sizes of the tiny Qwen3-VL. Defaults give about 1.5 M parameters."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed: int = 0
+    vocab_size: int = Field(2048, ge=512, le=32768)
+    hidden_size: int = Field(128, ge=16)
+    intermediate_size: int = Field(384, ge=16)
+    num_hidden_layers: int = Field(4, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    head_dim: int = Field(32, ge=4)
+    vision_depth: int = Field(2, ge=1)
+    vision_hidden_size: int = Field(64, ge=8)
+    vision_intermediate_size: int = Field(128, ge=8)
+    vision_num_heads: int = Field(2, ge=1)
+    patch_size: int = 16
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 784
+    max_pixels: int = 50176
+
+
+def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
+    """Domain text for the BPE merges: questions, timestamps, tool calls, answers."""
+    rng = random.Random(seed)
+    colours = ["red", "green", "blue", "yellow", "purple", "orange", "white", "black", "cyan"]
+    shapes = ["square", "circle", "triangle", "star", "ball", "box", "digit", "object"]
+    digits = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    verbs = ["appears", "moves", "is shown", "happens", "crosses", "disappears", "stays"]
+    words = (
+        "what when which where how the a an of in at to from video frame seconds window "
+        "question answer option letter only first then after before during left right top "
+        "bottom corner centre background nothing notable summary event time start end "
+        "crop call tool response reasoning look closer evidence therefore so I need check"
+    ).split()
+    lines = []
+    for _ in range(n_lines):
+        kind = rng.randrange(5)
+        s, e = sorted(rng.sample(range(0, 300), 2))
+        if kind == 0:
+            lines.append(
+                f"What colour was the {rng.choice(shapes)} that {rng.choice(verbs)}? "
+                f"A. {rng.choice(colours)} B. {rng.choice(colours)} C. {rng.choice(colours)} "
+                f"D. {rng.choice(colours)} Answer with the option letter only."
+            )
+        elif kind == 1:
+            args = {"video_path": "v.mp4", "start_time": s, "end_time": e}
+            lines.append(json.dumps({"name": "crop_video", "arguments": args}))
+        elif kind == 2:
+            lines.append(
+                f"<{s:.1f} seconds> From {s // 60:02d}:{s % 60:02d} to {e // 60:02d}:{e % 60:02d} "
+                f"a {rng.choice(colours)} {rng.choice(shapes)} {rng.choice(verbs)}."
+            )
+        elif kind == 3:
+            lines.append(f"The event happens in the {s:.1f} - {e:.1f} seconds. [{s}, {e}]")
+        else:
+            lines.append(" ".join(rng.choice(words + digits + colours) for _ in range(12)) + ".")
+    return lines
+
+
+def build_tokenizer(spec: TinyModelSpec):
+    """A byte-level BPE tokenizer with Qwen's control tokens and the grammar tags."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    reserved = len(QWEN_SPECIAL_TOKENS) + len(GRAMMAR_TAGS)
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size - reserved,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_corpus(spec.seed), trainer=trainer)
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in GRAMMAR_TAGS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=32768,
+        padding_side="left",
+        extra_special_tokens={
+            "image_token": "<|image_pad|>",
+            "video_token": "<|video_pad|>",
+            "vision_start_token": "<|vision_start|>",
+            "vision_end_token": "<|vision_end|>",
+        },
+    )
+
+
+def chat_template() -> str:
+    return resources.files("paravt_core.model").joinpath("chat_template.jinja").read_text()
+
+
+def build_processor(spec: TinyModelSpec, tokenizer):
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    geometry = dict(
+        patch_size=spec.patch_size,
+        temporal_patch_size=spec.temporal_patch_size,
+        merge_size=spec.spatial_merge_size,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    image_processor = Qwen2VLImageProcessor(
+        size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}, **geometry
+    )
+    # Frames reach the processor already sampled and resized by paravt_core.video, so the
+    # video processor must neither resample nor shrink them below their per-frame budget.
+    video_processor = Qwen3VLVideoProcessor(
+        size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels * 256},
+        do_sample_frames=False,
+        cap_pixels_per_frame=False,
+        **geometry,
+    )
+    return Qwen3VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=chat_template(),
+    )
+
+
+def build_config(spec: TinyModelSpec, tokenizer):
+    from transformers import Qwen3VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    half_head = spec.head_dim // 2
+    # M-RoPE splits the rotary half-dimension over (t, h, w); sizes as in Qwen3-VL's 24/20/20 of 64.
+    mrope = [half_head - 2 * (half_head * 5 // 16), half_head * 5 // 16, half_head * 5 // 16]
+    text_config = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=32768,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 5_000_000.0,
+            "mrope_section": mrope,
+            "mrope_interleaved": True,
+        },
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+    vision_config = dict(
+        depth=spec.vision_depth,
+        hidden_size=spec.vision_hidden_size,
+        intermediate_size=spec.vision_intermediate_size,
+        num_heads=spec.vision_num_heads,
+        patch_size=spec.patch_size,
+        spatial_merge_size=spec.spatial_merge_size,
+        temporal_patch_size=spec.temporal_patch_size,
+        out_hidden_size=spec.hidden_size,
+        num_position_embeddings=256,
+        deepstack_visual_indexes=[spec.vision_depth - 1],
+    )
+    return Qwen3VLConfig(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+
+
+def build_tiny_model(spec: TinyModelSpec, out_dir: str | Path) -> Path:
+    """Write the tiny model directory (weights, config, processor, tokenizer) to `out_dir`.
+
+    The directory is written under a temporary name and renamed into place, so an
+    interrupted build never leaves a half-written model behind.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+
+    from paravt_core.atomic import atomic_dir
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer(spec)
+    processor = build_processor(spec, tokenizer)
+    config = build_config(spec, tokenizer)
+    torch.manual_seed(spec.seed)
+    model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=config.text_config.eos_token_id,
+        pad_token_id=config.text_config.pad_token_id,
+        do_sample=False,
+    )
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
+        (tmp / "paravt_tiny_spec.json").write_text(spec.model_dump_json(indent=2))
+    return out_dir

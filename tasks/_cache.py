@@ -1,0 +1,36 @@
+"""Cache keys for stage tasks.
+
+A stage is cached by the hashes of what it reads (config sections, input artifact hashes),
+never by path strings alone. A cached result must only be reused while the output it
+points at is still on disk, so each output folder gets an "epoch" stamp beside it: the
+stamp is renewed whenever the output is missing, which changes the key and re-runs the
+stage; while the output stays, the stamp (and so the key) stays the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from paravt_core.atomic import atomic_write_text
+
+
+def output_epoch(output: Path) -> str:
+    stamp = output.parent / f".{output.name}.epoch"
+    if output.exists() and stamp.is_file():
+        return stamp.read_text().strip()
+    epoch = uuid.uuid4().hex[:12]
+    atomic_write_text(stamp, epoch)
+    return epoch
+
+
+def stage_key(stage: str, *parts: Any, output: Path | None = None) -> str:
+    """`stage-<hash of parts>`, tied to the current epoch of `output` when one is given."""
+    items = [stage, *[str(p) for p in parts]]
+    if output is not None:
+        items.append(output_epoch(output.resolve()))
+    digest = hashlib.sha256(json.dumps(items).encode()).hexdigest()[:24]
+    return f"{stage}-{digest}"

@@ -1,0 +1,78 @@
+"""Shared fixtures: the tiny Qwen3-VL, a short generated clip and a Prefect test harness.
+
+Prefect settings are fixed here, before anything imports Prefect: a temporary PREFECT_HOME
+and result storage per test session, so cached results never leak between runs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="paravt-tests-"))
+os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect-home")
+os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = str(_SESSION_DIR / "prefect-results")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_BENCHMARKS = REPO_ROOT.parent / "shared" / "benchmarks"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (gpu tier)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight Qwen3-VL of the embedded default, built once per session."""
+    from paravt_core.model.tiny import TinyModelSpec, build_tiny_model
+
+    return build_tiny_model(TinyModelSpec(seed=0), tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_processor(tiny_model_dir: Path):
+    from paravt_core.model.loading import load_processor
+
+    return load_processor(tiny_model_dir)
+
+
+@pytest.fixture()
+def tiny_model(tiny_model_dir: Path):
+    """A fresh copy per test, so a test that trains it cannot disturb another."""
+    from paravt_core.model.loading import load_model
+
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def two_frame_clip():
+    """Two 64x96 frames (uint8 [T, H, W, 3]) with their Qwen3-VL video metadata."""
+    import numpy as np
+    from transformers.video_utils import VideoMetadata
+
+    frames = np.random.default_rng(0).integers(0, 255, size=(2, 64, 96, 3), dtype=np.uint8)
+    meta = VideoMetadata(total_num_frames=40, fps=2.0, frames_indices=[0, 20], duration=20.0, width=96, height=64)
+    return frames, meta
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield

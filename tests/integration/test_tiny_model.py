@@ -1,0 +1,117 @@
+"""The tiny Qwen3-VL kit: loadable, trainable, generates from video, deterministic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from paravt_core.model.tiny import GRAMMAR_TAGS, QWEN_SPECIAL_TOKENS, TinyModelSpec, build_tiny_model
+from paravt_core.refs import content_hash
+
+pytestmark = pytest.mark.integration
+
+
+def _video_inputs(processor, clip, question="What happens?"):
+    frames, meta = clip
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
+    text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return processor(text=[text], videos=[frames], video_metadata=[meta], return_tensors="pt")
+
+
+def test_loads_through_auto_classes(tiny_model, tiny_processor):
+    assert type(tiny_model).__name__ == "Qwen3VLForConditionalGeneration"
+    assert type(tiny_processor).__name__ == "Qwen3VLProcessor"
+    n_params = sum(p.numel() for p in tiny_model.parameters())
+    assert 1_000_000 <= n_params <= 10_000_000
+
+
+def test_special_tokens_and_tags_are_single_tokens(tiny_processor):
+    tok = tiny_processor.tokenizer
+    for t in QWEN_SPECIAL_TOKENS + GRAMMAR_TAGS:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        assert len(ids) == 1, f"{t} splits into {ids}"
+    text = "<think>look</think><tool_call>{}</tool_call><answer>A</answer>"
+    assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_video_prompt_has_timestamps_and_mm_token_types(tiny_processor, two_frame_clip):
+    inputs = _video_inputs(tiny_processor, two_frame_clip)
+    assert "mm_token_type_ids" in inputs
+    decoded = tiny_processor.tokenizer.decode(inputs["input_ids"][0])
+    # Two frames merge into one temporal group at the midpoint of 0 s and 10 s.
+    assert "<5.0 seconds><|vision_start|><|video_pad|>" in decoded
+    n_video = int((inputs["input_ids"] == tiny_processor.video_token_id).sum())
+    assert n_video == int(inputs["video_grid_thw"].prod()) // 4
+    assert int((inputs["mm_token_type_ids"] != 0).sum()) == n_video
+
+
+def test_forward_backward(tiny_model, tiny_processor, two_frame_clip):
+    inputs = _video_inputs(tiny_processor, two_frame_clip)
+    out = tiny_model(**inputs, labels=inputs["input_ids"])
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    grads = [p.grad for p in tiny_model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    vision_grad = tiny_model.model.visual.patch_embed.proj.weight.grad
+    assert vision_grad is not None and vision_grad.abs().sum() > 0, "no gradient reached the vision tower"
+
+
+def test_generate_on_two_frame_video(tiny_model, tiny_processor, two_frame_clip):
+    inputs = _video_inputs(tiny_processor, two_frame_clip)
+    out = tiny_model.generate(**inputs, max_new_tokens=6, do_sample=False)
+    assert out.shape[1] > inputs["input_ids"].shape[1]
+    again = tiny_model.generate(**inputs, max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, again)
+
+
+def test_save_load_gives_identical_logits(tiny_model, tiny_processor, two_frame_clip, tmp_path: Path):
+    from paravt_core.model.loading import load_model, load_processor
+
+    inputs = _video_inputs(tiny_processor, two_frame_clip)
+    with torch.no_grad():
+        before = tiny_model(**inputs).logits
+    tiny_model.save_pretrained(tmp_path / "copy")
+    tiny_processor.save_pretrained(tmp_path / "copy")
+    reloaded, proc = load_model(tmp_path / "copy"), load_processor(tmp_path / "copy")
+    inputs2 = _video_inputs(proc, two_frame_clip)
+    assert torch.equal(inputs["input_ids"], inputs2["input_ids"])
+    with torch.no_grad():
+        after = reloaded(**inputs2).logits
+    assert torch.equal(before, after)
+
+
+def test_build_is_deterministic_per_seed(tiny_model_dir: Path, tmp_path: Path):
+    same = build_tiny_model(TinyModelSpec(seed=0), tmp_path / "same")
+    other = build_tiny_model(TinyModelSpec(seed=1), tmp_path / "other")
+    assert content_hash(same) == content_hash(tiny_model_dir)
+    assert content_hash(same / "model.safetensors") != content_hash(other / "model.safetensors")
+    spec = json.loads((same / "paravt_tiny_spec.json").read_text())
+    assert spec["seed"] == 0
+
+
+def test_chat_template_groups_tool_responses(tiny_processor):
+    msgs = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "<tool_call>a</tool_call><tool_call>b</tool_call>"},
+        {"role": "tool", "content": "first"},
+        {"role": "tool", "content": "second"},
+    ]
+    text = tiny_processor.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    expected_turn = (
+        "<|im_start|>user\n<tool_response>\nfirst\n</tool_response>\n<tool_response>\nsecond\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert text.endswith(expected_turn)
+    assert text.count("<|im_start|>user") == 2
+
+
+def test_chat_template_lists_tools(tiny_processor):
+    tool = {"type": "function", "function": {"name": "crop_video", "parameters": {"type": "object"}}}
+    text = tiny_processor.apply_chat_template(
+        [{"role": "user", "content": "q"}], tools=[tool], tokenize=False, add_generation_prompt=True
+    )
+    assert text.startswith("<|im_start|>system\n# Tools")
+    assert '"name": "crop_video"' in text and "<tool_call></tool_call>" in text

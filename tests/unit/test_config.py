@@ -1,0 +1,68 @@
+"""Every shipped YAML loads into its config type; bad input fails at load, naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paravt_core.config import ConfigError, PipelineConfig, load_config
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+PIPELINE_YAMLS = sorted((CONF / "pipeline").glob("*.yaml"))
+
+
+def test_there_are_pipeline_configs():
+    names = {p.name for p in PIPELINE_YAMLS}
+    assert {"tiny.yaml", "paravt_8b.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", sorted(CONF.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONF)))
+def test_every_yaml_loads(path: Path):
+    first_line = path.read_text().splitlines()[0]
+    assert first_line.startswith("#"), f"{path} must open with a comment saying what it is for"
+    if path.parent.name == "pipeline":
+        assert isinstance(load_config(path), PipelineConfig)
+
+
+def test_paper_settings_in_8b_config():
+    cfg = load_config(CONF / "pipeline" / "paravt_8b.yaml")
+    assert cfg.model.base == "Qwen/Qwen3-VL-8B-Instruct"
+    assert (cfg.sft.learning_rate, cfg.sft.warmup_ratio, cfg.sft.max_steps) == (2e-5, 0.05, 1500)
+    assert (cfg.rl.group_size, cfg.rl.temperature, cfg.rl.prompts_per_step) == (8, 0.7, 7)
+    assert (cfg.rl.kl_coef, cfg.rl.learning_rate, cfg.rl.clip_eps) == (0.01, 2e-6, 0.2)
+    assert cfg.rl.gating.choices == (4, 8, 16, 32, 64)
+    assert (cfg.rl.rollout.max_turns, cfg.rl.rollout.max_parallel) == (3, 5)
+    assert (cfg.video.nframes, cfg.video.min_pixels, cfg.video.max_pixels) == (64, 784, 50176)
+    assert len(cfg.eval.splits) == 7
+
+
+def test_unknown_key_names_file_and_key(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("# bad\nsft:\n  max_stepz: 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: sft\.max_stepz"):
+        load_config(bad)
+
+
+def test_bad_value_fails_at_load(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("# bad\nvideo:\n  min_pixels: 60000\n  max_pixels: 50176\n")
+    with pytest.raises(ConfigError, match="min_pixels"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="eval.splits"):
+        load_config(CONF / "pipeline" / "tiny.yaml", ["eval.splits=[videomme, imagenet]"])
+
+
+def test_overrides_and_section_hash():
+    base = load_config(CONF / "pipeline" / "tiny.yaml")
+    changed = load_config(CONF / "pipeline" / "tiny.yaml", ["rl.max_steps=3"])
+    assert changed.rl.max_steps == 3
+    assert changed.section_hash("model", "sft") == base.section_hash("model", "sft")
+    assert changed.section_hash("rl") != base.section_hash("rl")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(CONF / "pipeline" / "tiny.yaml", ["rl.max_steps"])
+
+
+def test_missing_file_is_clear(tmp_path: Path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
