@@ -1,0 +1,124 @@
+"""`paravt eval ...`: inspect benchmark samples and score responses by the SPEC §7 rules.
+
+    paravt eval samples SPLIT --rows FILE --video-dir DIR [--subtitle-dir DIR]
+        one JSON line per row: id, video_path, question, answer, kind, options and, for
+        grounding, gt_start / gt_end; `"video_missing": true` (and a warning on stderr)
+        when the video file is absent. Samples are never dropped.
+    paravt eval score
+        reads JSON lines {"kind": "mcq"|"grounding", "response", "answer"} on stdin
+        (answer: a letter, or [start, end] seconds) and prints {"pred", "score"} per line.
+
+Open-ended answers (MMVU) have no SPEC §7 scoring rule, so `score` refuses kind "open".
+Exit status 2 on a bad rows file or a bad input line, with the file / line named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import numbers
+import sys
+from pathlib import Path
+from typing import Any
+
+from paravt_core.eval.samples import SPLITS, EvalSample, load_split
+from paravt_core.eval.scoring import Scored, score_grounding, score_mcq
+
+INPUT_ERROR = 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `eval samples` and `eval score` to the `paravt` parser."""
+    parser = subparsers.add_parser("eval", help="benchmark samples and SPEC §7 scoring")
+    commands = parser.add_subparsers(dest="eval_command", required=True, metavar="EVAL_COMMAND")
+
+    samples = commands.add_parser("samples", help="print a split's samples as JSON lines")
+    samples.add_argument("split", choices=SPLITS)
+    samples.add_argument("--rows", type=Path, required=True, help=".jsonl/.json/.parquet rows")
+    samples.add_argument("--video-dir", type=Path, required=True)
+    samples.add_argument("--subtitle-dir", type=Path, default=None,
+                         help="where <videoID>.srt lie (videomme_wsub; default: --video-dir)")
+    samples.set_defaults(func=print_samples)
+
+    score = commands.add_parser("score", help="score JSON-line responses read on stdin")
+    score.set_defaults(func=score_stdin)
+
+
+def sample_record(sample: EvalSample) -> dict[str, Any]:
+    """The JSON object `eval samples` prints for one sample."""
+    record: dict[str, Any] = {
+        "id": sample.id,
+        "video_path": str(sample.video_path),
+        "question": sample.question,
+        "answer": list(sample.answer) if sample.kind == "grounding" else sample.answer,
+        "kind": sample.kind,
+        "options": list(sample.options),
+    }
+    if sample.kind == "grounding":
+        record["gt_start"], record["gt_end"] = sample.gt_start, sample.gt_end
+    if sample.video_missing:
+        record["video_missing"] = True
+    return record
+
+
+def _warn_missing(sample: EvalSample) -> None:
+    if sample.video_missing:
+        print(f"warning: {sample.id}: video missing: {sample.video_path}", file=sys.stderr)
+    if sample.split == "videomme_wsub" and sample.subtitle_path is None:
+        print(f"warning: {sample.id}: no .srt subtitles found; question has none",
+              file=sys.stderr)
+
+
+def print_samples(args: argparse.Namespace) -> int:
+    try:
+        samples = load_split(args.split, args.rows, args.video_dir, args.subtitle_dir)
+    except (ValueError, OSError) as exc:  # RowError is a ValueError
+        print(f"paravt eval samples: {exc}", file=sys.stderr)
+        return INPUT_ERROR
+    for sample in samples:
+        _warn_missing(sample)
+        print(json.dumps(sample_record(sample), ensure_ascii=False))
+    missing = sum(sample.video_missing for sample in samples)
+    if missing:
+        print(f"warning: {missing} of {len(samples)} samples have no video file", file=sys.stderr)
+    return 0
+
+
+def _grounding_answer(value: Any) -> tuple[float, float]:
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
+    ):
+        raise ValueError(f'grounding "answer" must be [start, end] numbers, got {value!r}')
+    return float(value[0]), float(value[1])
+
+
+def score_record(record: Any) -> Scored:
+    """Score one {"kind", "response", "answer"} object by the SPEC §7 rules."""
+    if not isinstance(record, dict):
+        raise ValueError("expected a JSON object")
+    kind, response, answer = record.get("kind"), record.get("response"), record.get("answer")
+    if not isinstance(response, str):
+        raise ValueError(f'"response" must be text, got {response!r}')
+    if kind == "mcq":
+        if not isinstance(answer, str):
+            raise ValueError(f'mcq "answer" must be a letter, got {answer!r}')
+        return score_mcq(response, answer)
+    if kind == "grounding":
+        return score_grounding(response, _grounding_answer(answer))
+    raise ValueError(f'"kind" must be "mcq" or "grounding", got {kind!r}')
+
+
+def score_stdin(args: argparse.Namespace) -> int:
+    for number, line in enumerate(sys.stdin, start=1):
+        if not line.strip():
+            continue
+        try:
+            scored = score_record(json.loads(line))
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            print(f"paravt eval score: stdin line {number}: {exc}", file=sys.stderr)
+            return INPUT_ERROR
+        pred = list(scored.pred) if isinstance(scored.pred, tuple) else scored.pred
+        print(json.dumps({"pred": pred, "score": scored.score}))
+    return 0
