@@ -1,0 +1,143 @@
+"""`paravt rewards`: score completions read as JSON lines on stdin (SPEC §4, tool calls SPEC §2).
+
+Input, one JSON object per line:
+  {"completion": str, "answer": str, "question_type": "mcq" | "tvg" | "oe",
+   "answer_suffix": bool, "anchor_weight": number, "format_weight": number,
+   "mode": "exact" | "f1" | "llm", "question": str}
+The last five keys are optional (defaults: answer_suffix true, anchor_weight 0.5,
+format_weight 1.0, mode "f1", question ""); any other key is an error, so a misspelt knob
+is caught rather than silently replaced by its default. No judge model is loaded here, so
+mode "llm" scores with the token F1 fallback of SPEC §4.2.
+
+Output, one JSON line per non-blank input line, in input order:
+  {"answer": extracted answer, "acc", "format", "tool", "total",
+   "tool_calls": [{"index", "kind", "name": "crop_video", "arguments": {...}} or
+                  {"index", "kind", "name": null, "error": message, "raw": block body}]}
+Scores are rounded to 10 decimal places. Tool-call times are in seconds; a malformed
+block is reported with "error" in place of "arguments" and does not hide the other blocks.
+
+A bad input line prints "paravt rewards: line N: <what is wrong>" on stderr and writes
+{"line": N, "error": ...} in its place, so outputs stay aligned with inputs; the remaining
+lines are still scored and the exit status is 1. Blank lines are skipped.
+
+Example:
+  echo '{"completion": "<answer>B</answer>", "answer": "B", "question_type": "mcq"}' | paravt rewards
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterable
+from typing import TextIO
+
+from paravt_core.agent.tool_calls import TOOL_NAME, ParsedBlock, parse_tool_calls
+from paravt_core.rl.rewards import OPEN_ENDED_MODES, QUESTION_TYPES, compute_reward
+
+_REQUIRED_STRINGS = ("completion", "answer")
+_OPTIONAL_KEYS = ("answer_suffix", "anchor_weight", "format_weight", "mode", "question")
+_KNOWN_KEYS = (*_REQUIRED_STRINGS, "question_type", *_OPTIONAL_KEYS)
+# Scores are sums of tenths; rounding hides float noise such as 0.7999999999999999.
+_DECIMALS = 10
+
+
+class InputLineError(ValueError):
+    """An input line that cannot be scored; the message says what is wrong with it."""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "rewards",
+        help="score completions given as JSON lines on stdin (SPEC §4)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(func=run_rewards_command)
+
+
+def run_rewards_command(args: argparse.Namespace) -> int:
+    return score_json_lines(sys.stdin, sys.stdout, sys.stderr)
+
+
+def score_json_lines(lines: Iterable[str], out: TextIO, err: TextIO) -> int:
+    """Score each non-blank JSON line of `lines`; returns the exit status (1 if any line was bad)."""
+    status = 0
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            result = score_record(parse_record(line))
+        except InputLineError as exc:
+            err.write(f"paravt rewards: line {number}: {exc}\n")
+            result, status = {"line": number, "error": str(exc)}, 1
+        out.write(json.dumps(result) + "\n")
+    return status
+
+
+def parse_record(line: str) -> dict[str, object]:
+    """Decode and check one input line; returns the record with the SPEC defaults filled in."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputLineError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+    except (ValueError, RecursionError):  # an overlong number or too deep nesting
+        raise InputLineError("not valid JSON (a number is too long or nesting too deep)") from None
+    if not isinstance(record, dict):
+        raise InputLineError("expected a JSON object")
+    unknown = sorted(set(record) - set(_KNOWN_KEYS))
+    if unknown:
+        raise InputLineError(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_KNOWN_KEYS)}")
+    for key in (*_REQUIRED_STRINGS, "question_type"):
+        if key not in record:
+            raise InputLineError(f'missing key "{key}"')
+    checked = {"answer_suffix": True, "anchor_weight": 0.5, "format_weight": 1.0, "mode": "f1", "question": ""}
+    checked.update(record)
+    _check_record_types(checked)
+    return checked
+
+
+def score_record(record: dict[str, object]) -> dict[str, object]:
+    """The output object of one checked record."""
+    breakdown = compute_reward(
+        record["completion"],
+        record["answer"],
+        record["question_type"],
+        answer_suffix=record["answer_suffix"],
+        anchor_weight=float(record["anchor_weight"]),
+        format_weight=float(record["format_weight"]),
+        oe_mode=record["mode"],
+        question=record["question"],
+    )
+    return {
+        "answer": breakdown.answer,
+        "acc": round(breakdown.acc, _DECIMALS),
+        "format": round(breakdown.format, _DECIMALS),
+        "tool": round(breakdown.tool, _DECIMALS),
+        "total": round(breakdown.total, _DECIMALS),
+        "tool_calls": [tool_call_entry(block) for block in parse_tool_calls(record["completion"])],
+    }
+
+
+def tool_call_entry(block: ParsedBlock) -> dict[str, object]:
+    """The JSON form of one parsed call block (see the module docstring)."""
+    entry: dict[str, object] = {"index": block.index, "kind": block.kind}
+    if block.call is None:
+        return entry | {"name": None, "error": block.error, "raw": block.raw}
+    return entry | {"name": TOOL_NAME, "arguments": block.call.arguments()}
+
+
+def _check_record_types(record: dict[str, object]) -> None:
+    for key in (*_REQUIRED_STRINGS, "question"):
+        if not isinstance(record[key], str):
+            raise InputLineError(f'"{key}" must be a string, got {type(record[key]).__name__}')
+    for key, allowed in (("question_type", QUESTION_TYPES), ("mode", OPEN_ENDED_MODES)):
+        if record[key] not in allowed:
+            raise InputLineError(f'"{key}" must be one of {", ".join(allowed)}, got {record[key]!r}')
+    if not isinstance(record["answer_suffix"], bool):
+        raise InputLineError('"answer_suffix" must be true or false')
+    for key in ("anchor_weight", "format_weight"):
+        value = record[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InputLineError(f'"{key}" must be a finite number, got {value!r}')

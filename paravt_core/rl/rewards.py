@@ -1,0 +1,361 @@
+"""PARA-GRPO rewards as pure functions of text (SPEC §4).
+
+`compute_reward` returns R = R_acc + format_weight * R_fmt + R_tool with the release's
+semantics, rule by rule: answer extraction (SPEC §4.1), accuracy (§4.2), format with the
+answer-suffix and selective-anchoring knobs (§4.3), tool use (§4.4) and the degenerate
+shortcut (§4). No model library is imported here.
+
+Points the SPEC leaves open, resolved here:
+- §4.1 step 1 returns the first `<answer>` body even when it is blank (it then scores 0).
+- §4.2 the normalized-equality test comes first for every question type, literally. A
+  known quirk of those semantics, kept on purpose: the articles "a"/"an"/"the" vanish under
+  normalization, so a ground-truth letter "A" normalizes to "" and equals any prediction
+  that also normalizes to "" (e.g. "(a)", "The.").
+- §4.2 mcq: the ground truth is stripped and upper-cased before the A-D check; a
+  prediction scores 1 when ANY of the five searches has the ground-truth letter as its
+  first match (the searches are not stopped at the first one that matches).
+- §4.2 tvg: a matched number that is not a decimal (e.g. "1.2.3") counts as missing.
+- §4.2 oe `llm`: the judge is an optional callable `judge(prediction, ground_truth,
+  question) -> float`; with no judge, when it raises, or when it returns anything other
+  than 0, 0.5 or 1, the F1 score is used instead.
+- §4.3 the anchoring "+0.3 more" is earned only on top of the +0.4 (it needs `</think>`
+  and has_think as well); the "first tool tag" is the first `<tool_call>` or
+  `<tool_code>` (a `<tool_response>` is not a tool tag of the model's).
+
+Which text is scored (SPEC §4.5) is decided by the RL stage; `scored_text` assembles it
+from the transcript segments for either `reward.scope`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from paravt_core.eval.scoring import interval_iou
+
+logger = logging.getLogger(__name__)
+
+QuestionType = Literal["mcq", "tvg", "oe"]
+OpenEndedMode = Literal["exact", "f1", "llm"]
+RewardScope = Literal["transcript", "generated"]
+Judge = Callable[[str, str, str], float]
+
+QUESTION_TYPES: tuple[QuestionType, ...] = ("mcq", "tvg", "oe")
+OPEN_ENDED_MODES: tuple[OpenEndedMode, ...] = ("exact", "f1", "llm")
+JUDGE_SCORES = (0.0, 0.5, 1.0)
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_REMOVED_BLOCK_RES = tuple(
+    re.compile(rf"<{tag}>.*?</{tag}>", re.DOTALL) for tag in ("tool_call", "tool_code", "tool_response")
+)
+_CHAT_MARKER_RE = re.compile(r"<\|im_end\|>|<\|im_start\|>")
+_ARTICLE_RE = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION_RE = re.compile(r"[^\w\s]")
+_MCQ_RES = tuple(
+    re.compile(pattern)
+    for pattern in (
+        r"^\(?([A-D])\)?$",
+        r"[Tt]he answer is\s*\(?([A-D])\)?",
+        r"[Oo]ption\s*\(?([A-D])\)?",
+        r"^([A-D])[.):]",
+        r"\b([A-D])\b",
+    )
+)
+_INTERVAL_RE = re.compile(r"\[?\s*([\d.]+)\s*,\s*([\d.]+)\s*\]?")
+_OPEN_THINK_RE = re.compile(r"<think>(.*?)(?=<tool_|<answer>|<\|im_end\|>|\Z)", re.DOTALL)
+_TOOL_CALL_BODY_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_TOOL_CODE_BODY_RE = re.compile(r"<tool_code>(.*?)(?:</tool_code>|\Z)", re.DOTALL)
+_BALANCED_PAIRS = (
+    ("<think>", "</think>"),
+    ("<tool_call>", "</tool_call>"),
+    ("<tool_code>", "</tool_code>"),
+    ("<answer>", "</answer>"),
+)
+_MIN_THINK_CHARS = 10
+_DEGENERATE_MIN_STARTS = 5
+_DEGENERATE_MAX_CHARS = 300
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    """The extracted answer and the reward terms; total = acc + format_weight * format + tool."""
+
+    answer: str
+    acc: float
+    format: float
+    tool: float
+    total: float
+
+
+@dataclass(frozen=True)
+class TranscriptSegment:
+    """A piece of the main agent's transcript after the prompt (SPEC §4.5).
+
+    `generated` is True for policy tokens, False for forced prefixes and tool responses.
+    """
+
+    text: str
+    generated: bool
+
+
+def compute_reward(
+    text: str,
+    answer: str,
+    question_type: QuestionType,
+    *,
+    answer_suffix: bool = True,
+    anchor_weight: float = 0.5,
+    format_weight: float = 1.0,
+    oe_mode: OpenEndedMode = "f1",
+    judge: Judge | None = None,
+    question: str = "",
+) -> RewardBreakdown:
+    """Score one rollout text against its ground truth (SPEC §4).
+
+    Args:
+        text: the scored text (see `scored_text` for SPEC §4.5).
+        answer: the ground truth.
+        question_type: "mcq", "tvg" or "oe".
+        answer_suffix, anchor_weight: the format knobs of SPEC §4.3 (λ = anchor_weight).
+        format_weight: weight of R_fmt in the scalar reward.
+        oe_mode, judge, question: open-ended scoring, see `accuracy_reward`.
+    """
+    prediction = extract_answer(text)
+    if is_degenerate(text):
+        return RewardBreakdown(prediction, 0.0, 0.0, 0.0, 0.0)
+    acc = accuracy_reward(prediction, answer, question_type, oe_mode=oe_mode, judge=judge, question=question)
+    fmt = format_reward(text, answer_suffix=answer_suffix, anchor_weight=anchor_weight)
+    tool = tool_reward(text, acc)
+    return RewardBreakdown(prediction, acc, fmt, tool, acc + format_weight * fmt + tool)
+
+
+def is_degenerate(text: str) -> bool:
+    """SPEC §4: five or more `<|im_start|>` in fewer than 300 characters scores 0 everywhere."""
+    return text.count("<|im_start|>") >= _DEGENERATE_MIN_STARTS and len(text) < _DEGENERATE_MAX_CHARS
+
+
+def extract_answer(text: str) -> str:
+    """The final answer of a rollout text (SPEC §4.1)."""
+    tagged = _ANSWER_RE.search(text)
+    if tagged is not None:
+        return tagged.group(1).strip()
+    if "</think>" in text:
+        after_think = _strip_tool_blocks_and_markers(text.split("</think>", 1)[1])
+        if after_think:
+            return after_think
+    return _last_plain_line(text)
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, articles to spaces, drop non-word characters, collapse spaces (SPEC §4.1)."""
+    text = _ARTICLE_RE.sub(" ", text.lower())
+    return " ".join(_PUNCTUATION_RE.sub("", text).split())
+
+
+def accuracy_reward(
+    prediction: str,
+    ground_truth: str,
+    question_type: QuestionType,
+    *,
+    oe_mode: OpenEndedMode = "f1",
+    judge: Judge | None = None,
+    question: str = "",
+) -> float:
+    """R_acc (SPEC §4.2).
+
+    For `oe_mode="llm"`, `judge(prediction, ground_truth, question)` must return 0, 0.5 or
+    1; without a judge, or when it raises or returns another value, token F1 is used.
+    """
+    if question_type not in QUESTION_TYPES:
+        raise ValueError(f"question_type must be one of {QUESTION_TYPES}, got {question_type!r}")
+    if oe_mode not in OPEN_ENDED_MODES:
+        raise ValueError(f"oe mode must be one of {OPEN_ENDED_MODES}, got {oe_mode!r}")
+    if not prediction.strip() or not ground_truth.strip():
+        return 0.0
+    if normalize_answer(prediction) == normalize_answer(ground_truth):
+        return 1.0
+    if question_type == "mcq":
+        return mcq_accuracy(prediction, ground_truth)
+    if question_type == "tvg":
+        return tvg_accuracy(prediction, ground_truth)
+    if oe_mode == "exact":
+        return 0.0
+    if oe_mode == "llm":
+        return _judged_or_f1(prediction, ground_truth, question, judge)
+    return token_f1(prediction, ground_truth)
+
+
+def mcq_accuracy(prediction: str, ground_truth: str) -> float:
+    """1 if the prediction names the ground-truth letter A-D (SPEC §4.2 mcq)."""
+    letter = ground_truth.strip().upper()
+    if len(letter) != 1 or letter not in "ABCD":
+        return 0.0
+    if prediction.strip().upper() == letter:
+        return 1.0
+    for pattern in _MCQ_RES:
+        found = pattern.search(prediction)
+        if found is not None and found.group(1) == letter:
+            return 1.0
+    return 0.0
+
+
+def tvg_accuracy(prediction: str, ground_truth: str) -> float:
+    """IoU of the first `[s, e]` pair on each side, 0 if one is missing or empty (SPEC §4.2)."""
+    predicted, truth = _first_interval(prediction), _first_interval(ground_truth)
+    if predicted is None or truth is None:
+        return 0.0
+    return interval_iou(predicted, truth)
+
+
+def token_f1(prediction: str, ground_truth: str) -> float:
+    """Token F1: common tokens counted as sets, divided by the token list lengths (SPEC §4.2)."""
+    predicted, truth = normalize_answer(prediction).split(), normalize_answer(ground_truth).split()
+    common = len(set(predicted) & set(truth))
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(truth)
+    return 2 * precision * recall / (precision + recall)
+
+
+def format_reward(text: str, *, answer_suffix: bool = True, anchor_weight: float = 0.5) -> float:
+    """R_fmt (SPEC §4.3): capped at 1.0 above, not clamped below (it can be negative)."""
+    think, tool, answered = has_think(text), has_tool(text), has_answer(text)
+    think_credit, open_credit, close_credit = (0.2, 0.3, 0.2) if answer_suffix else (0.3, 0.2, 0.1)
+    score = think_credit if think else 0.0
+    if answered:
+        score += open_credit if "<answer>" in text else 0.0
+        score += close_credit if "</answer>" in text else 0.0
+    if anchor_weight > 0:
+        score += anchor_weight * _anchor_bonus(text, think, answered)
+    if think and tool and _think_precedes_tools(text):
+        score += 0.3
+    if score > 0 and _tags_balanced(text):
+        score += 0.1
+    return min(score, 1.0)
+
+
+def tool_reward(text: str, acc: float) -> float:
+    """R_tool (SPEC §4.4): 0.1 for a tool call, 0.3 with a tool response, +0.5 if correct."""
+    if not has_tool(text):
+        return 0.0
+    score = 0.3 if "<tool_response>" in text else 0.1
+    if acc > 0:
+        score += 0.5
+    return min(score, 1.0)
+
+
+def has_think(text: str) -> bool:
+    """The first closed think block, else the first open one, has >= 10 characters (SPEC §4.3)."""
+    body = _first_closed_think_body(text)
+    if body is None:
+        open_block = _OPEN_THINK_RE.search(text)
+        body = open_block.group(1) if open_block else ""
+    return len(body.strip()) >= _MIN_THINK_CHARS
+
+
+def has_tool(text: str) -> bool:
+    """A `<tool_call>` JSON object with "name", or a `<tool_code>` line with a call (SPEC §4.3)."""
+    return any(_is_json_call(body) for body in _tool_bodies(_TOOL_CALL_BODY_RE, text)) or any(
+        _has_code_call(body) for body in _tool_bodies(_TOOL_CODE_BODY_RE, text)
+    )
+
+
+def has_answer(text: str) -> bool:
+    """Some `<answer>...</answer>` has a non-blank body (SPEC §4.3)."""
+    return any(body.strip() for body in _ANSWER_RE.findall(text))
+
+
+def scored_text(segments: Iterable[TranscriptSegment], scope: RewardScope = "transcript") -> str:
+    """The text the reward scores (SPEC §4.5).
+
+    "transcript" (our default) joins every segment in order: forced prefixes, generations
+    and tool responses; "generated" keeps the policy's own segments only, as the release.
+    """
+    if scope not in ("transcript", "generated"):
+        raise ValueError(f"reward scope must be 'transcript' or 'generated', got {scope!r}")
+    return "".join(seg.text for seg in segments if scope == "transcript" or seg.generated)
+
+
+def _strip_tool_blocks_and_markers(text: str) -> str:
+    for block_re in _REMOVED_BLOCK_RES:
+        text = block_re.sub("", text)
+    return _CHAT_MARKER_RE.sub("", text).strip()
+
+
+def _last_plain_line(text: str) -> str:
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line and not line.startswith(("<|im_", "<tool_")):
+            return line
+    return ""
+
+
+def _first_interval(text: str) -> tuple[float, float] | None:
+    found = _INTERVAL_RE.search(text)
+    if found is None:
+        return None
+    try:
+        start, end = float(found.group(1)), float(found.group(2))
+    except ValueError:
+        return None
+    return (start, end) if end > start else None
+
+
+def _judged_or_f1(prediction: str, ground_truth: str, question: str, judge: Judge | None) -> float:
+    if judge is not None:
+        try:
+            score = float(judge(prediction, ground_truth, question))
+        except Exception as exc:  # any judge failure falls back to F1, as SPEC §4.2 says
+            logger.warning("LLM judge failed (%s); using token F1", exc)
+        else:
+            if score in JUDGE_SCORES:
+                return score
+            logger.warning("LLM judge returned %r, not one of %s; using token F1", score, JUDGE_SCORES)
+    return token_f1(prediction, ground_truth)
+
+
+def _anchor_bonus(text: str, think: bool, answered: bool) -> float:
+    if "</think>" in text and think:
+        return 0.4 + (0.3 if answered and "</answer>" in text else 0.0)
+    if "<think>" in text and "</think>" not in text:
+        return -0.3
+    return 0.0
+
+
+def _first_closed_think_body(text: str) -> str | None:
+    # The first match of <think>(.*?)</think>, found with str.find: the regex search is
+    # quadratic on a rollout that repeats <think> without ever closing it.
+    start = text.find("<think>")
+    end = text.find("</think>", start + len("<think>")) if start >= 0 else -1
+    return text[start + len("<think>") : end] if end >= 0 else None
+
+
+def _think_precedes_tools(text: str) -> bool:
+    tool_positions = [pos for pos in (text.find("<tool_call>"), text.find("<tool_code>")) if pos >= 0]
+    think_position = text.find("<think>")
+    return think_position >= 0 and bool(tool_positions) and think_position < min(tool_positions)
+
+
+def _tags_balanced(text: str) -> bool:
+    return all(text.count(opening) == text.count(closing) for opening, closing in _BALANCED_PAIRS)
+
+
+def _tool_bodies(body_re: re.Pattern[str], text: str) -> list[str]:
+    bodies = (body.strip() for body in body_re.findall(text))
+    return [body for body in bodies if body and not body.startswith("<|im_end|>")]
+
+
+def _is_json_call(body: str) -> bool:
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):  # JSONDecodeError, overlong numbers, deep nesting
+        return False
+    return isinstance(payload, dict) and "name" in payload
+
+
+def _has_code_call(body: str) -> bool:
+    return any("(" in line and not line.strip().startswith("#") for line in body.splitlines())
