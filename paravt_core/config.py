@@ -93,6 +93,7 @@ class SFTConfig(_Section):
     overlong: Literal["truncate", "skip"] = "skip"
     zero_stage: int = Field(3, ge=0, le=3)
     num_ranks: int = Field(1, ge=1)
+    hostfile: str | None = None  # DeepSpeed hostfile for multi-node runs (num_ranks is then ignored)
     gradient_checkpointing: bool = False
     checkpoint_every: int = Field(100, ge=1)
 

@@ -70,6 +70,40 @@ def two_frame_clip():
     return frames, meta
 
 
+def write_test_video(path: Path, seconds: float = 12.0, fps: float = 2.0, size: tuple[int, int] = (64, 96)) -> Path:
+    """An mp4 whose frame i is a flat colour encoding i (red = 8 * i mod 256), decodable by PyAV/decord."""
+    import av
+    import numpy as np
+
+    height, width = size
+    n = int(round(seconds * fps))
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=int(fps))
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(n):
+            img = np.zeros((height, width, 3), dtype=np.uint8)
+            img[..., 0] = (8 * i) % 256
+            img[..., 1] = 128
+            img[height // 4 : height // 2, width // 4 : width // 2, 2] = 255
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+@pytest.fixture(scope="session")
+def short_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One generated 12 s, 2 fps, 64x96 clip shared by the tests."""
+    return write_test_video(tmp_path_factory.mktemp("videos") / "clip.mp4")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import shutil
+
+    shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness

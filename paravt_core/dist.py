@@ -1,0 +1,129 @@
+"""DeepSpeed plumbing shared by the SFT and RL trainers.
+
+One code path from 1 CPU rank to N GPUs: workers are started by the `deepspeed` launcher
+(`launch_workers`), which also takes a hostfile for multi-node runs. On CPU the gloo
+backend and fp32 are used; on GPUs nccl and bf16 when the config asks for it.
+Checkpoints are DeepSpeed's own (model, optimizer, scheduler and our client state);
+DeepSpeed writes the `latest` pointer only after a tag is complete, so an interrupted
+save never becomes the resume point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+LogLine = Callable[[str], None]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: str | None = None,
+                   log_line: LogLine = print, env: dict[str, str] | None = None) -> None:
+    """Run `script` under the DeepSpeed launcher and stream its output line by line.
+
+    Raises:
+        RuntimeError: naming the exit code and the last lines of output.
+    """
+    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(free_port())]
+    cmd += ["--hostfile", hostfile] if hostfile else ["--num_gpus", str(num_ranks)]
+    cmd += [str(script), *args]
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            log_line(line)
+            tail = (tail + [line])[-30:]
+        code = proc.wait()
+    if code != 0:
+        raise RuntimeError(f"{script.name} exited with code {code}; last output:\n" + "\n".join(tail))
+
+
+def init_distributed() -> tuple[int, int, str]:
+    """(rank, world size, device) after initializing torch.distributed for this accelerator."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    on_gpu = torch.cuda.is_available()
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if on_gpu:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return rank, world, f"cuda:{local}"
+    return rank, world, "cpu"
+
+
+def deepspeed_config(*, micro_batch: int, grad_accum: int, zero_stage: int, grad_clip: float,
+                     bf16: bool) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def resume(engine, checkpoint_dir: Path) -> dict[str, Any]:
+    """Load the latest complete checkpoint if there is one; returns its client state ({} if none)."""
+    if not (checkpoint_dir / "latest").is_file():
+        return {}
+    _, client_state = engine.load_checkpoint(str(checkpoint_dir))
+    return client_state or {}
+
+
+def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any]) -> None:
+    engine.save_checkpoint(str(checkpoint_dir), tag=f"step{step:07d}", client_state=client_state)
+
+
+def full_state_dict(engine, checkpoint_dir: Path, zero_stage: int) -> dict[str, Any] | None:
+    """The whole model's weights on rank 0 (None elsewhere), consolidated from ZeRO-3 shards."""
+    import torch.distributed as dist
+
+    if zero_stage == 3:
+        dist.barrier()
+        if dist.get_rank() != 0:
+            return None
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir))
+    if dist.get_rank() != 0:
+        return None
+    return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
+
+
+def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: Path, dtype: str,
+                    metadata: dict[str, Any]) -> Path:
+    """Write a Hugging Face model directory (weights, processor, provenance) atomically."""
+    from paravt_core.atomic import atomic_dir
+    from paravt_core.model.loading import load_model, load_processor
+
+    model = load_model(base_model_dir, dtype="float32")
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"exported weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if dtype == "bfloat16":
+        import torch
+
+        model = model.to(torch.bfloat16)
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        load_processor(base_model_dir).save_pretrained(tmp)
+        (tmp / "paravt_meta.json").write_text(json.dumps(metadata, indent=2, default=str))
+    return out_dir

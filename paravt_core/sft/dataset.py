@@ -1,0 +1,169 @@
+"""The SFT dataset over materialized ParaVT-Parquet rows, with an on-disk frame cache.
+
+Decoded frames are cached keyed by (video content hash, sampling parameters), so a
+second epoch, a resumed run or a second rank reading the same video does not decode it
+again. Over-long samples are skipped or truncated per config, and counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paravt_core.atomic import atomic_write_bytes
+from paravt_core.sft.encode import IGNORE_INDEX, ConversationError, EncodedSample, encode_conversation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FrameSampling:
+    """How SFT samples a video: `fps` over the whole video, at most `max_frames` (SPEC §1)."""
+
+    fps: float
+    max_frames: int
+    min_pixels: int
+    max_pixels: int
+    factor: int = 32
+
+    def key(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+
+class FrameCache:
+    """Frames of (video, sampling) pairs kept as .npz files under `root`."""
+
+    def __init__(self, root: Path, sampling: FrameSampling):
+        self.root = Path(root)
+        self.sampling = sampling
+        self._video_hashes: dict[tuple[str, int, int], str] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def _video_hash(self, path: Path) -> str:
+        from paravt_core.video import video_sha256
+
+        stat = path.stat()
+        memo = (str(path), stat.st_size, stat.st_mtime_ns)
+        if memo not in self._video_hashes:
+            self._video_hashes[memo] = video_sha256(path)
+        return self._video_hashes[memo]
+
+    def _entry(self, path: Path) -> Path:
+        key = hashlib.sha256(f"{self._video_hash(path)}|{self.sampling.key()}".encode()).hexdigest()
+        return self.root / key[:2] / f"{key}.npz"
+
+    def load(self, path: Path):
+        """(frames uint8 [T, H, W, 3], transformers VideoMetadata) for one video."""
+        from transformers.video_utils import VideoMetadata
+
+        entry = self._entry(path)
+        if entry.is_file():
+            self.hits += 1
+            with np.load(entry) as z:
+                frames, meta = z["frames"], json.loads(str(z["meta"]))
+            return frames, VideoMetadata(**meta)
+        self.misses += 1
+        frames, meta = self._decode(path)
+        buf = io.BytesIO()
+        np.savez(buf, frames=frames, meta=np.array(json.dumps(meta)))
+        atomic_write_bytes(entry, buf.getvalue())
+        return frames, VideoMetadata(**meta)
+
+    def _decode(self, path: Path) -> tuple[np.ndarray, dict[str, Any]]:
+        from paravt_core.video import probe_video, sample_window_frames
+
+        s = self.sampling
+        info = probe_video(path)
+        frames = sample_window_frames(
+            path, 0.0, info.duration, fps=s.fps, min_frames=1, max_frames=s.max_frames,
+            min_pixels=s.min_pixels, max_pixels=s.max_pixels, factor=s.factor,
+        )
+        _, height, width, _ = frames.array.shape
+        meta = dict(total_num_frames=frames.total_frames, fps=frames.fps, width=width, height=height,
+                    duration=frames.duration, frames_indices=list(frames.indices))
+        return frames.array, meta
+
+
+def load_image(path: Path):
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return img.convert("RGB")
+
+
+def read_sft_rows(files: Sequence[Path]) -> list[dict[str, Any]]:
+    """All rows of the SFT parquet shards, `messages` decoded to Python lists."""
+    import pyarrow.parquet as pq
+
+    rows = []
+    for f in files:
+        for i, row in enumerate(pq.read_table(f).to_pylist()):
+            messages = row.get("messages")
+            if isinstance(messages, str):
+                messages = json.loads(messages)
+            if not messages:
+                raise ConversationError(f"{f}: row {i}: empty `messages`; validate the shard with the data contracts")
+            rows.append({"source": f"{Path(f).name}:{i}", "messages": messages})
+    return rows
+
+
+@dataclass
+class OverlongPolicy:
+    max_seq_len: int
+    mode: str  # "skip" | "truncate"
+    skipped: int = 0
+    truncated: int = 0
+    skipped_sources: list[str] = field(default_factory=list)
+
+
+class SFTDataset:
+    """Index -> EncodedSample, encoding lazily (frames through the cache)."""
+
+    def __init__(self, rows: list[dict[str, Any]], processor, cache: FrameCache, overlong: OverlongPolicy,
+                 tools: Sequence[dict[str, Any]] | None = None):
+        self.rows = rows
+        self.processor = processor
+        self.cache = cache
+        self.overlong = overlong
+        self.tools = tools
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def encode(self, index: int) -> EncodedSample | None:
+        """The encoded sample, or None when it is over-long and the policy skips it."""
+        row = self.rows[index]
+        try:
+            sample = encode_conversation(row["messages"], self.processor, self.cache.load, load_image, self.tools)
+        except ConversationError as err:
+            raise ConversationError(f"{row['source']}: {err}") from err
+        if sample.num_tokens <= self.overlong.max_seq_len:
+            return sample
+        if self.overlong.mode == "skip" or _cuts_vision(sample, self.overlong.max_seq_len):
+            self.overlong.skipped += 1
+            self.overlong.skipped_sources.append(row["source"])
+            log.warning("skipping %s: %d tokens > max_seq_len %d", row["source"], sample.num_tokens,
+                        self.overlong.max_seq_len)
+            return None
+        self.overlong.truncated += 1
+        n = self.overlong.max_seq_len
+        sample.input_ids, sample.labels = sample.input_ids[:n], sample.labels[:n]
+        sample.mm_token_type_ids = sample.mm_token_type_ids[:n]
+        if int((sample.labels != IGNORE_INDEX).sum()) == 0:
+            self.overlong.skipped += 1
+            return None
+        return sample
+
+
+def _cuts_vision(sample: EncodedSample, n: int) -> bool:
+    """Truncating inside the vision tokens would leave patches without placeholders."""
+    return bool((sample.mm_token_type_ids[n:] != 0).any())

@@ -1,0 +1,173 @@
+"""Turning one SFT conversation into model inputs and masked labels.
+
+Messages follow the ParaVT-Parquet layout (SPEC §8): chat turns whose content is a string
+or a list of items `{"type": "text"|"video_url"|"image_url", ...}`. The conversation is
+rendered with the processor's chat template; each video item becomes frames from
+`paravt_core.video` (SFT: `sft_fps`, at most `sft_max_frames`, pixel bounds from config;
+SPEC §1), each image item an image. Labels are -100 everywhere except the tokens of
+assistant turns (their `<|im_end|>` included, so the model learns to stop): system, user
+and tool-response turns are masked, while the tool-call JSON and the answer are trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100
+MEDIA_TYPES = {"video_url": "video", "video": "video", "image_url": "image", "image": "image"}
+
+
+class ConversationError(ValueError):
+    """A conversation that cannot be trained on; the message says which part and why."""
+
+
+@dataclass
+class EncodedSample:
+    input_ids: torch.Tensor  # [L] int64
+    labels: torch.Tensor  # [L] int64, IGNORE_INDEX outside assistant turns
+    mm_token_type_ids: torch.Tensor  # [L] int64
+    pixel_values_videos: torch.Tensor | None  # [N_patches, D]
+    video_grid_thw: torch.Tensor | None  # [n_videos, 3]
+    pixel_values: torch.Tensor | None  # [N_patches, D]
+    image_grid_thw: torch.Tensor | None  # [n_images, 3]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())
+
+
+def media_path(item: Mapping[str, Any]) -> Path:
+    """The local file a `video_url` / `image_url` item points at (`file://` URL or plain path)."""
+    url = item.get("url") or item.get("video") or item.get("image") or item.get("video_url") or item.get("image_url")
+    if isinstance(url, Mapping):
+        url = url.get("url")
+    if not isinstance(url, str) or not url:
+        raise ConversationError(f"media item {dict(item)} has no url")
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file"):
+        return Path(unquote(parsed.path) if parsed.scheme == "file" else url)
+    raise ConversationError(f"media url {url!r} is not a local file; run the materialize step first")
+
+
+def split_media(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[str, Path]]]:
+    """Chat-template messages (media items as bare placeholders) and the media in order."""
+    rendered, media = [], []
+    for turn, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, str):
+            rendered.append({"role": message["role"], "content": content})
+            continue
+        if content is None or isinstance(content, (bytes, Mapping)):
+            raise ConversationError(f"message {turn} ({message.get('role')}) has no usable content")
+        items = []
+        for item in content:
+            kind = item.get("type")
+            if kind == "text":
+                items.append({"type": "text", "text": item.get("text") or ""})
+            elif kind in MEDIA_TYPES:
+                media.append((MEDIA_TYPES[kind], media_path(item)))
+                items.append({"type": MEDIA_TYPES[kind]})
+            else:
+                raise ConversationError(f"message {turn} has a content item of unknown type {kind!r}")
+        rendered.append({"role": message["role"], "content": items})
+    return rendered, media
+
+
+def assistant_label_mask(input_ids: torch.Tensor, im_start: int, im_end: int, assistant_header: Sequence[int]) -> torch.Tensor:
+    """True on the tokens of assistant turns: after `<|im_start|>assistant\\n`, through `<|im_end|>`."""
+    ids = input_ids.tolist()
+    mask = torch.zeros(len(ids), dtype=torch.bool)
+    header = list(assistant_header)
+    i = 0
+    while i < len(ids):
+        if ids[i] == im_start and ids[i + 1 : i + 1 + len(header)] == header:
+            start = i + 1 + len(header)
+            end = start
+            while end < len(ids) and ids[end] != im_end:
+                end += 1
+            mask[start : min(end + 1, len(ids))] = True
+            i = end + 1
+        else:
+            i += 1
+    return mask
+
+
+FrameLoader = Callable[[Path], tuple[np.ndarray, Any]]  # path -> (frames [T,H,W,3], VideoMetadata)
+ImageLoader = Callable[[Path], Any]
+
+
+def encode_conversation(
+    messages: Sequence[Mapping[str, Any]],
+    processor,
+    load_video: FrameLoader,
+    load_image: ImageLoader,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> EncodedSample:
+    """Render, tokenize and mask one conversation (SPEC §8 messages)."""
+    rendered, media = split_media(messages)
+    if not any(m["role"] == "assistant" for m in rendered):
+        raise ConversationError("conversation has no assistant turn to train on")
+    text = processor.apply_chat_template(rendered, tools=tools, tokenize=False, add_generation_prompt=False)
+    videos, metas, images = [], [], []
+    for kind, path in media:
+        if kind == "video":
+            frames, meta = load_video(path)
+            videos.append(frames)
+            metas.append(meta)
+        else:
+            images.append(load_image(path))
+    kwargs: dict[str, Any] = {}
+    if videos:
+        kwargs.update(videos=videos, video_metadata=metas, do_sample_frames=False)
+    if images:
+        kwargs["images"] = images
+    batch = processor(text=[text], return_tensors="pt", **kwargs)
+    tok = processor.tokenizer
+    input_ids = batch["input_ids"][0]
+    mask = assistant_label_mask(
+        input_ids,
+        tok.convert_tokens_to_ids("<|im_start|>"),
+        tok.convert_tokens_to_ids("<|im_end|>"),
+        tok("assistant\n", add_special_tokens=False)["input_ids"],
+    )
+    labels = torch.where(mask, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    return EncodedSample(
+        input_ids=input_ids,
+        labels=labels,
+        mm_token_type_ids=batch["mm_token_type_ids"][0],
+        pixel_values_videos=batch.get("pixel_values_videos"),
+        video_grid_thw=batch.get("video_grid_thw"),
+        pixel_values=batch.get("pixel_values"),
+        image_grid_thw=batch.get("image_grid_thw"),
+    )
+
+
+def collate(samples: Sequence[EncodedSample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a micro-batch; vision patches of all samples are concatenated in order."""
+    length = max(s.num_tokens for s in samples)
+
+    def pad(values: torch.Tensor, fill: int) -> torch.Tensor:
+        return torch.nn.functional.pad(values, (0, length - values.numel()), value=fill)
+
+    batch = {
+        "input_ids": torch.stack([pad(s.input_ids, pad_id) for s in samples]),  # [B, L]
+        "labels": torch.stack([pad(s.labels, IGNORE_INDEX) for s in samples]),  # [B, L]
+        "attention_mask": torch.stack([pad(torch.ones_like(s.input_ids), 0) for s in samples]),  # [B, L]
+        "mm_token_type_ids": torch.stack([pad(s.mm_token_type_ids, 0) for s in samples]),  # [B, L]
+    }
+    for key in ("pixel_values_videos", "video_grid_thw", "pixel_values", "image_grid_thw"):
+        parts = [getattr(s, key) for s in samples if getattr(s, key) is not None]
+        if parts:
+            batch[key] = torch.cat(parts)
+    return batch

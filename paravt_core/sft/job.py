@@ -1,0 +1,24 @@
+"""What the SFT stage hands to its DeepSpeed workers (written as JSON beside the run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from paravt_core.config import PipelineConfig
+
+
+class SFTJob(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config: PipelineConfig
+    base_model: Path
+    base_model_sha256: str
+    data_files: list[Path]
+    data_sha256: str
+    out_dir: Path
+    frame_cache_dir: Path
+    tracking_uri: str | None
+    mlflow_run_id: str | None
+    git_revision: str

@@ -1,0 +1,79 @@
+"""SFT stage: cold-start SFT of the base model on the materialized SFT shards (SPEC §1).
+
+`run` launches the DeepSpeed workers (`paravt_core.sft.worker`) through the `deepspeed`
+launcher, so the same call trains on 1 CPU rank, N local GPUs or a hostfile's nodes. The
+run folder is keyed by (base model hash, data hash, config hash): calling `run` again
+after a crash resumes from the latest checkpoint in that folder, and calling it after a
+finished run returns the exported model at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from paravt_core.config import PipelineConfig
+from paravt_core.dist import LogLine, launch_workers
+from paravt_core.provenance import git_revision
+from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.sft.job import SFTJob
+
+log = logging.getLogger(__name__)
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def run_dir(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef) -> Path:
+    key = hashlib.sha256(
+        f"{base.sha256}|{sft_data.sha256}|{cfg.section_hash('sft', 'video', 'run')}".encode()
+    ).hexdigest()[:16]
+    return cfg.run.output_dir / "sft" / key
+
+
+def sft_shards(sft_data: ArtifactRef) -> list[Path]:
+    files = sorted(Path(sft_data.path).glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no SFT parquet shards in {sft_data.path}; run the data stage first")
+    return files
+
+
+def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
+    out = run_dir(cfg, base, sft_data)
+    model_dir = out / "model"
+    if (model_dir / "paravt_meta.json").is_file():
+        log.info("SFT already finished in %s", out)
+        return ArtifactRef(kind="sft_model", path=model_dir.resolve(), sha256=content_hash(model_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    job = SFTJob(
+        config=cfg,
+        base_model=base.path,
+        base_model_sha256=base.sha256,
+        data_files=sft_shards(sft_data),
+        data_sha256=sft_data.sha256,
+        out_dir=out.resolve(),
+        frame_cache_dir=(cfg.run.output_dir / "cache" / "frames").resolve(),
+        tracking_uri=cfg.mlflow_uri(),
+        mlflow_run_id=_mlflow_run(cfg, out, base, sft_data),
+        git_revision=git_revision(),
+    )
+    job_file = out / "job.json"
+    job_file.write_text(job.model_dump_json(indent=2))
+    launch_workers(WORKER, ["--job", str(job_file)], cfg.sft.num_ranks, cfg.sft.hostfile, log_line)
+    return ArtifactRef(kind="sft_model", path=model_dir.resolve(), sha256=content_hash(model_dir))
+
+
+def _mlflow_run(cfg: PipelineConfig, out: Path, base: ArtifactRef, sft_data: ArtifactRef) -> str:
+    """The run's MLflow run id; a resumed run keeps logging into the run it started."""
+    from paravt_core.tracking import flatten, start_stage_run
+
+    id_file = out / "mlflow_run_id"
+    if id_file.is_file():
+        return id_file.read_text().strip()
+    run_id = start_stage_run(
+        cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-sft",
+        tags={"stage": "sft", "base_model_sha256": base.sha256, "data_sha256": sft_data.sha256,
+              "config_hash": cfg.section_hash(), "git_revision": git_revision()},
+        params=flatten(cfg.model_dump(mode="json", include={"sft", "video", "model", "run"})),
+    )
+    id_file.write_text(run_id)
+    return run_id

@@ -1,0 +1,183 @@
+"""One rank of the SFT trainer; started by the DeepSpeed launcher (see `paravt_core.sft.stage`).
+
+Departures from the release's SFT (SPEC §1), point by point:
+- one trainer from 1 CPU rank to N GPUs (DeepSpeed ZeRO 0-3 from config, fp32 on CPU);
+- data order is a pure function of (seed, step), so a run resumed from a checkpoint sees
+  the same samples, and so the same losses, as an uninterrupted one;
+- no sequence packing: micro-batches are right-padded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from paravt_core.sft.job import SFTJob
+
+
+def sample_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
+def sample_index(position: int, num_samples: int, seed: int, cache: dict[int, np.ndarray]) -> int:
+    """The dataset index at a global position of the (endless, reshuffled per epoch) stream."""
+    epoch, offset = divmod(position, num_samples)
+    if epoch not in cache:
+        cache[epoch] = sample_order(num_samples, seed, epoch)
+    return int(cache[epoch][offset])
+
+
+def lr_lambda(total_steps: int, warmup_steps: int, schedule: str):
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def micro_batch(dataset, step: int, micro: int, rank: int, world: int, accum_index: int, accum: int,
+                seed: int, orders: dict[int, np.ndarray]):
+    """The samples of one rank's micro-batch; a skipped (over-long) sample is replaced by the next one."""
+    per_step = micro * accum * world
+    first = step * per_step + (accum_index * world + rank) * micro
+    samples = []
+    for k in range(micro):
+        position = first + k
+        for attempt in range(len(dataset)):
+            sample = dataset.encode(sample_index(position + attempt * per_step, len(dataset), seed, orders))
+            if sample is not None:
+                samples.append(sample)
+                break
+        else:
+            raise RuntimeError("every SFT sample is over max_seq_len; raise sft.max_seq_len")
+    return samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--local_rank", type=int, default=0)
+    args = parser.parse_args(argv)
+    job = SFTJob.model_validate_json(Path(args.job).read_text())
+    train(job)
+    return 0
+
+
+def train(job: SFTJob) -> None:
+    import deepspeed
+    import torch.distributed as dist
+    from tqdm import tqdm
+
+    from paravt_core import dist as pdist
+    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
+    from paravt_core.sft.encode import collate
+    from paravt_core.tracking import MetricLogger
+
+    cfg = job.config
+    sft = cfg.sft
+    rank, world, device = pdist.init_distributed()
+    torch.manual_seed(cfg.run.seed)
+    bf16 = device.startswith("cuda") and cfg.model.dtype == "bfloat16"
+
+    processor = load_processor(job.base_model)
+    model = load_model(job.base_model, dtype="float32")
+    if sft.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    sampling = FrameSampling(fps=cfg.video.sft_fps, max_frames=cfg.video.sft_max_frames,
+                             min_pixels=cfg.video.min_pixels, max_pixels=cfg.video.max_pixels)
+    dataset = SFTDataset(read_sft_rows(job.data_files), processor, FrameCache(job.frame_cache_dir, sampling),
+                         OverlongPolicy(sft.max_seq_len, sft.overlong))
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.learning_rate, weight_decay=sft.weight_decay)
+    warmup = int(round(sft.warmup_ratio * sft.max_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(sft.max_steps, warmup, sft.lr_schedule))
+    ds_config = pdist.deepspeed_config(micro_batch=sft.micro_batch_size, grad_accum=sft.grad_accum_steps,
+                                       zero_stage=sft.zero_stage, grad_clip=sft.grad_clip, bf16=bf16)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config)
+    ckpt_dir = job.out_dir / "checkpoints"
+    start = int(pdist.resume(engine, ckpt_dir).get("step", 0))
+    metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
+    kill_at = int(os.environ.get("PARAVT_TEST_KILL_AT_STEP", "-1"))
+    losses_path = job.out_dir / "losses.jsonl"
+    pad_id = processor.tokenizer.pad_token_id
+    orders: dict[int, np.ndarray] = {}
+
+    bar = tqdm(range(start, sft.max_steps), initial=start, total=sft.max_steps, desc="sft", disable=rank != 0,
+               mininterval=2.0)
+    for step in bar:
+        t0 = time.perf_counter()
+        step_loss, tokens, samples = 0.0, 0, 0
+        for a in range(sft.grad_accum_steps):
+            batch_samples = micro_batch(dataset, step, sft.micro_batch_size, rank, world, a,
+                                        sft.grad_accum_steps, cfg.run.seed, orders)
+            batch = {k: v.to(device) for k, v in collate(batch_samples, pad_id).items()}
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            engine.step()
+            step_loss += loss.item() / sft.grad_accum_steps
+            tokens += int(batch["attention_mask"].sum())
+            samples += len(batch_samples)
+        stats = torch.tensor([step_loss, tokens, samples], dtype=torch.float64)
+        dist.all_reduce(stats)
+        loss_mean, tokens_all, samples_all = stats[0].item() / world, stats[1].item(), stats[2].item()
+        elapsed = time.perf_counter() - t0
+        grad_norm = engine.get_global_grad_norm()
+        row = {"step": step + 1, "loss": loss_mean, "lr": scheduler.get_last_lr()[0],
+               "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+               "tokens_per_s": tokens_all / elapsed, "samples_per_s": samples_all / elapsed}
+        if rank == 0:
+            with open(losses_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            metrics.log(step + 1, {k: v for k, v in row.items() if k != "step"})
+            bar.set_postfix(loss=f"{loss_mean:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        done = step + 1
+        if done % sft.checkpoint_every == 0 or done == sft.max_steps:
+            pdist.save(engine, ckpt_dir, done, {"step": done})
+        if done == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # tests: a real kill, no cleanup
+
+    _export(job, engine, rank, dataset, ckpt_dir)
+    metrics.finish()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _export(job: SFTJob, engine, rank: int, dataset, ckpt_dir: Path) -> None:
+    from paravt_core import dist as pdist
+
+    state = pdist.full_state_dict(engine, ckpt_dir, job.config.sft.zero_stage)
+    if rank != 0:
+        return
+    meta = {
+        "stage": "sft",
+        "resolved_config": job.config.model_dump(mode="json"),
+        "base_model": str(job.base_model),
+        "base_model_sha256": job.base_model_sha256,
+        "data_sha256": job.data_sha256,
+        "git_revision": job.git_revision,
+        "steps": job.config.sft.max_steps,
+        "mlflow_run_id": job.mlflow_run_id,
+        "overlong_skipped": dataset.overlong.skipped,
+        "overlong_truncated": dataset.overlong.truncated,
+        "frame_cache": {"hits": dataset.cache.hits, "misses": dataset.cache.misses},
+    }
+    pdist.export_hf_model(state, job.base_model, job.out_dir / "model", job.config.model.dtype, meta)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

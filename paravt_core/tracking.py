@@ -1,0 +1,62 @@
+"""MLflow runs for the stages: opened by the stage, written to by rank 0 of its workers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def start_stage_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
+                    params: Mapping[str, Any]) -> str:
+    """Create an MLflow run with its params and tags; returns the run id."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    run = client.create_run(exp_id, run_name=run_name, tags=dict(tags))
+    flat = {k: str(v)[:6000] for k, v in params.items()}
+    items = list(flat.items())
+    for i in range(0, len(items), 100):
+        client.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, v) for k, v in items[i : i + 100]])
+    return run.info.run_id
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"sft": {"lr": 1}} -> {"sft.lr": 1}."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+class MetricLogger:
+    """Per-step metrics into an existing run; a no-op object on ranks other than 0."""
+
+    def __init__(self, tracking_uri: str | None, run_id: str | None, enabled: bool = True):
+        self.enabled = enabled and run_id is not None
+        if self.enabled:
+            from mlflow.tracking import MlflowClient
+
+            self.client = MlflowClient(tracking_uri)
+            self.run_id = run_id
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if self.enabled:
+            self.client.set_terminated(self.run_id, status)

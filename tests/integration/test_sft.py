@@ -1,0 +1,144 @@
+"""Cold-start SFT on DeepSpeed: label masking, 2-rank ZeRO-3 on CPU, kill-and-resume, export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from paravt_core.config import load_config
+from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+TOOL_TURN = (
+    "<think>The overview does not show the event; I will look at two windows.</think>"
+    '<tool_call>{"name": "crop_video", "arguments": {"video_path": "clip.mp4", "start_time": 2, "end_time": 6}}</tool_call>'
+    '<tool_call>{"name": "crop_video", "arguments": {"video_path": "clip.mp4", "start_time": 6, "end_time": 10}}</tool_call>'
+)
+FINAL_TURN = "<think>The first window shows a red square.</think><answer>A</answer>"
+
+
+def conversation(video: Path) -> list[dict]:
+    return [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": [
+            {"type": "video_url", "url": f"file://{video}"},
+            {"type": "text", "text": "What colour was the square? A. red B. blue C. green D. white"},
+        ]},
+        {"role": "assistant", "content": TOOL_TURN},
+        {"role": "tool", "content": "From 00:02.0 to 00:04.0 a red square appears in the centre."},
+        {"role": "tool", "content": "Nothing notable happens in this window."},
+        {"role": "assistant", "content": FINAL_TURN},
+    ]
+
+
+def _frames_of(cache_root: Path):
+    from paravt_core.sft.dataset import FrameCache, FrameSampling
+
+    return FrameCache(cache_root, FrameSampling(fps=1.0, max_frames=4, min_pixels=784, max_pixels=6144))
+
+
+def test_labels_cover_only_assistant_tokens(tiny_processor, short_video: Path, tmp_path: Path):
+    sample = encode_conversation(conversation(short_video), tiny_processor, _frames_of(tmp_path).load, None)
+    tok = tiny_processor.tokenizer
+    trained = sample.input_ids[sample.labels != IGNORE_INDEX]
+    assert tok.decode(trained) == TOOL_TURN + "<|im_end|>" + FINAL_TURN + "<|im_end|>"
+    # Everything else - system, user question, video tokens, tool responses - is masked.
+    masked_text = tok.decode(sample.input_ids[sample.labels == IGNORE_INDEX])
+    assert "<tool_response>" in masked_text and "What colour" in masked_text
+    assert int((sample.mm_token_type_ids != 0).sum()) > 0
+    assert not bool(((sample.mm_token_type_ids != 0) & (sample.labels != IGNORE_INDEX)).any())
+
+
+def test_frame_cache_hits_on_second_read(short_video: Path, tmp_path: Path):
+    cache = _frames_of(tmp_path)
+    frames1, meta1 = cache.load(short_video)
+    frames2, meta2 = cache.load(short_video)
+    assert (cache.misses, cache.hits) == (1, 1)
+    assert (frames1 == frames2).all() and meta1.frames_indices == meta2.frames_indices
+    assert frames1.shape[0] == 4 and frames1.shape[1] % 32 == 0 and frames1.shape[2] % 32 == 0
+
+
+@pytest.fixture()
+def sft_setup(tmp_path: Path, tiny_model_dir: Path, short_video: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "sft"
+    data.mkdir()
+    rows = [{"messages": json.dumps(conversation(short_video)), "videos": [str(short_video)]}] * 6
+    pq.write_table(pa.Table.from_pylist(rows), data / "toy.parquet")
+    base = ArtifactRef(kind="base_model", path=tiny_model_dir, sha256=content_hash(tiny_model_dir))
+    sft_data = ArtifactRef(kind="sft_data", path=data, sha256=content_hash(data))
+
+    def config(*overrides: str):
+        return load_config(REPO / "conf/pipeline/tiny.yaml", [
+            f"run.output_dir={tmp_path / 'out'}", "sft.learning_rate=0.002", "sft.warmup_ratio=0.0",
+            "video.sft_max_frames=4", "video.max_pixels=6144", *overrides,
+        ])
+
+    return config, base, sft_data
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows}  # a resumed run re-logs steps after its checkpoint: last wins
+
+
+def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_video: Path, tmp_path: Path):
+    from paravt_core.model.loading import load_model
+    from paravt_core.sft import stage
+
+    config, base, sft_data = sft_setup
+    cfg = config("sft.max_steps=4", "sft.num_ranks=2", "sft.zero_stage=3", "sft.checkpoint_every=2")
+    ref = stage.run(cfg, base, sft_data, log_line=lambda line: None)
+    losses = _losses(stage.run_dir(cfg, base, sft_data))
+    assert sorted(losses) == [1, 2, 3, 4]
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
+    assert losses[4] < losses[1], f"loss did not fall: {losses}"
+
+    meta = json.loads((ref.path / "paravt_meta.json").read_text())
+    assert meta["data_sha256"] == sft_data.sha256 and meta["base_model_sha256"] == base.sha256
+    assert meta["resolved_config"]["sft"]["zero_stage"] == 3 and meta["git_revision"]
+    trained, original = load_model(ref.path), load_model(base.path)
+    changed = [n for (n, p), (_, q) in zip(trained.named_parameters(), original.named_parameters()) if not torch.equal(p, q)]
+    assert len(changed) > 0.9 * len(list(original.parameters()))
+    from paravt_core.sft.encode import split_media
+
+    rendered, _ = split_media(conversation(short_video)[:2])
+    prompt = tiny_processor.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
+    frames, meta_v = _frames_of(tmp_path).load(short_video)
+    inputs = tiny_processor(text=[prompt], videos=[frames], video_metadata=[meta_v], do_sample_frames=False,
+                            return_tensors="pt")
+    out = trained.generate(**inputs, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > inputs["input_ids"].shape[1]
+    # Finished runs are not trained again.
+    assert stage.run(cfg, base, sft_data, log_line=lambda line: None) == ref
+
+
+def test_kill_then_resume_matches_uninterrupted(sft_setup, monkeypatch):
+    from paravt_core.sft import stage
+
+    config, base, sft_data = sft_setup
+    straight = config("sft.max_steps=5", "sft.checkpoint_every=2", "run.name=straight")
+    stage.run(straight, base, sft_data, log_line=lambda line: None)
+    expected = _losses(stage.run_dir(straight, base, sft_data))
+
+    killed = config("sft.max_steps=5", "sft.checkpoint_every=2", "run.name=killed")
+    monkeypatch.setenv("PARAVT_TEST_KILL_AT_STEP", "3")
+    with pytest.raises(RuntimeError, match="exited with code"):
+        stage.run(killed, base, sft_data, log_line=lambda line: None)
+    run_dir = stage.run_dir(killed, base, sft_data)
+    assert not (run_dir / "model").exists()
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step0000002"
+    monkeypatch.delenv("PARAVT_TEST_KILL_AT_STEP")
+    stage.run(killed, base, sft_data, log_line=lambda line: None)
+    resumed = _losses(run_dir)
+    assert sorted(resumed) == [1, 2, 3, 4, 5]
+    for step in expected:
+        assert resumed[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
