@@ -79,14 +79,14 @@ class FrameCache:
         return frames, VideoMetadata(**meta)
 
     def _decode(self, path: Path) -> tuple[np.ndarray, dict[str, Any]]:
-        from paravt_core.video import probe_video, sample_window_frames
+        from paravt_core.video import VideoFile, sample_window_frames
 
         s = self.sampling
-        info = probe_video(path)
-        frames = sample_window_frames(
-            path, 0.0, info.duration, fps=s.fps, min_frames=1, max_frames=s.max_frames,
-            min_pixels=s.min_pixels, max_pixels=s.max_pixels, factor=s.factor,
-        )
+        with VideoFile(path) as video:  # one open: index the file once for probe and decode
+            frames = sample_window_frames(
+                video, 0.0, video.info.duration, fps=s.fps, min_frames=1, max_frames=s.max_frames,
+                min_pixels=s.min_pixels, max_pixels=s.max_pixels, factor=s.factor,
+            )
         _, height, width, _ = frames.array.shape
         meta = dict(total_num_frames=frames.total_frames, fps=frames.fps, width=width, height=height,
                     duration=frames.duration, frames_indices=list(frames.indices))
