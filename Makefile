@@ -43,6 +43,7 @@ ui: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/serve.sh ui
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q -c requirements.lock -e '.[bench]'
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
