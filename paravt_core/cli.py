@@ -14,6 +14,7 @@ import sys
 
 COMMAND_MODULES = (
     "paravt_core.model.cli",
+    "paravt_core.data.cli",
     "paravt_core.eval.cli",
     "paravt_core.rl.cli",
     "flows.cli",

@@ -1,0 +1,64 @@
+"""Sizes of the generated long-video world (`paravt synth`).
+
+The defaults are the embedded CPU default of the pipeline: about a hundred short, small
+videos that generate in seconds on two cores, enough for a tiny random-weight Qwen3-VL to
+run the whole pipeline (SFT, PARA-GRPO and the seven-split evaluation of SPEC §7).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SynthConfig(BaseModel):
+    """Everything `generate_world` needs besides the output folder.
+
+    Durations are in seconds; `fps` is the frame rate the videos are written at. Events
+    are short (2-4 s by default) so that a handful of uniform overview frames (SPEC §3)
+    usually misses them, while a 1 fps crop of their window always shows them.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed: int = 0
+    train_videos: int = Field(48, ge=4, description="videos behind the SFT and RL shards (>= one per sentinel root)")
+    eval_videos_per_split: int = Field(8, ge=1, description="held-out videos per benchmark repo")
+    eval_rows_per_split: int = Field(12, ge=1, description="annotation rows per evaluation split")
+    min_duration_s: float = Field(30.0, ge=30.0, le=300.0)
+    max_duration_s: float = Field(120.0, ge=30.0, le=300.0)
+    fps: float = Field(2.0, ge=1.0, le=4.0)
+    width: int = Field(96, ge=64, le=128, multiple_of=2, description="even: yuv420p halves chroma")
+    height: int = Field(64, ge=64, le=128, multiple_of=2)
+    min_events: int = Field(1, ge=1, le=3)
+    max_events: int = Field(3, ge=1, le=3, description="at most one event of each kind per video")
+    min_event_s: float = Field(2.0, ge=1.0, le=10.0)
+    max_event_s: float = Field(4.0, ge=1.0, le=10.0)
+    overview_blind_frames: int = Field(
+        4,
+        ge=0,
+        le=16,
+        description="events avoid the instants of this many uniform overview frames (0: no avoidance)",
+    )
+    sft_traces_per_video: int = Field(3, ge=1)
+    rl_prompts_per_video: int = Field(2, ge=1)
+    no_tool_share: float = Field(0.2, ge=0.0, le=1.0, description="share of SFT traces answered from the overview")
+    max_calls_per_trace: int = Field(
+        3, ge=1, le=5, description="parallel crop calls of a teacher trace (SPEC §3: max 5)"
+    )
+    max_crop_s: float = Field(16.0, ge=4.0, le=16.0, description="teacher windows fit 16 frames at 1 fps (SPEC §3)")
+    codec: Literal["libx264", "mpeg4"] = "libx264"
+    revision: str = Field("main", pattern=r"^[A-Za-z0-9._-]+$", description="branch name written under refs/")
+
+    @model_validator(mode="after")
+    def _ranges_are_ordered(self) -> SynthConfig:
+        if self.min_duration_s > self.max_duration_s:
+            raise ValueError(f"min_duration_s {self.min_duration_s} > max_duration_s {self.max_duration_s}")
+        if self.min_events > self.max_events:
+            raise ValueError(f"min_events {self.min_events} > max_events {self.max_events}")
+        if self.min_event_s > self.max_event_s:
+            raise ValueError(f"min_event_s {self.min_event_s} > max_event_s {self.max_event_s}")
+        if self.max_event_s + 2.0 > self.max_crop_s:
+            raise ValueError(f"max_event_s {self.max_event_s} + 2 s of context must fit max_crop_s {self.max_crop_s}")
+        return self

@@ -1,0 +1,179 @@
+"""ParaVT-Parquet rows and ParaVT-Source archives built from the world (SPEC §8).
+
+Row formats:
+
+- SFT (`sft/paravt_sft_{shard}.parquet`): `messages` (chat turns whose `content` is a list
+  of items `{"type": "text", "text": ...}` or `{"type": "video_url", "video_url": {"url":
+  ...}}`, the OpenAI layout; a struct column, so absent keys read back as null) and
+  `videos` (the sentinel paths the messages use). A tool trace is system, user (video +
+  question), assistant (`<think>` + parallel `<tool_call>` blocks), then ONE `tool`
+  message per call in call order, then the final assistant turn. Consecutive `tool`
+  messages are the ONE user turn of SPEC §3: the chat template renders them as a single
+  user turn holding one `<tool_response>` block per call, so the content of a `tool`
+  message is the bare summary, without tags.
+- RL (`rl/paravt_rl_diverse.parquet`): `prompt` (system and user turns with string
+  content; `<video>` marks where the video goes), `videos` (`[{"video": sentinel}]`) and
+  `extra_info` (a JSON string with `answer`, `question_type` and `question`).
+
+Videos are named by sentinel-relative paths under the four roots of SPEC §8, spread
+round-robin; ParaVT-Source holds one zip per root whose members carry those paths.
+Shard names follow the release's (each root feeds one shard).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from paravt_core.data.synth.archives import zip_bytes
+from paravt_core.data.synth.config import SynthConfig
+from paravt_core.data.synth.prompts import SYSTEM_PROMPT, question_prompt
+from paravt_core.data.synth.questions import QUESTION_TYPES, background_question, event_question
+from paravt_core.data.synth.traces import TeacherTrace, no_tool_trace, tool_trace
+from paravt_core.data.synth.world import VideoSpec, derived_rng
+
+SENTINEL_ROOTS = ("longvt_source", "museg/charades", "museg/et_instruct_164k", "selfqa")
+SFT_SHARD_OF_ROOT = {
+    "longvt_source": "longvideoreason",
+    "museg/charades": "charades",
+    "museg/et_instruct_164k": "museg",
+    "selfqa": "selftrace",
+}
+LONGVT_SOURCE_NAME = "synthworld"  # the <src> level of longvt_source/<src>/<rel>
+RL_FILE = "rl/paravt_rl_diverse.parquet"
+
+_CONTENT_ITEM = pa.struct(
+    [("type", pa.string()), ("text", pa.string()), ("video_url", pa.struct([("url", pa.string())]))]
+)
+SFT_SCHEMA = pa.schema(
+    [
+        ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.list_(_CONTENT_ITEM))]))),
+        ("videos", pa.list_(pa.string())),
+    ]
+)
+RL_SCHEMA = pa.schema(
+    [
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("videos", pa.list_(pa.struct([("video", pa.string())]))),
+        ("extra_info", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class TrainVideo:
+    """A training video and its sentinel-relative path."""
+
+    spec: VideoSpec
+    sentinel: str
+
+    @property
+    def name(self) -> str:
+        """The file name the prompt and the tool calls use."""
+        return posixpath.basename(self.sentinel)
+
+    @property
+    def root(self) -> str:
+        return next(r for r in SENTINEL_ROOTS if self.sentinel.startswith(r + "/"))
+
+
+def sentinel_path(root: str, video_id: str) -> str:
+    """`longvt_source/<src>/<id>.mp4` or `<root>/<id>.mp4` (SPEC §8)."""
+    if root == "longvt_source":
+        return f"longvt_source/{LONGVT_SOURCE_NAME}/{video_id}.mp4"
+    return f"{root}/{video_id}.mp4"
+
+
+def sft_file(shard: str) -> str:
+    return f"sft/paravt_sft_{shard}.parquet"
+
+
+def source_archive(root: str) -> str:
+    """ParaVT-Source zip holding one root: `museg/charades` -> `museg_charades.zip`."""
+    return root.replace("/", "_") + ".zip"
+
+
+def _text(text: str) -> list[dict]:
+    return [{"type": "text", "text": text}]
+
+
+def sft_messages(trace: TeacherTrace, video: TrainVideo) -> list[dict]:
+    """The chat turns of one SFT row (see the module docstring for the tool turns)."""
+    video_item = {"type": "video_url", "video_url": {"url": video.sentinel}}
+    user = [video_item, *_text(question_prompt(trace.question, video.name))]
+    messages = [{"role": "system", "content": _text(SYSTEM_PROMPT)}, {"role": "user", "content": user}]
+    if trace.first_turn is not None:
+        messages.append({"role": "assistant", "content": _text(trace.first_turn)})
+        messages += [{"role": "tool", "content": _text(response)} for response in trace.tool_responses]
+    messages.append({"role": "assistant", "content": _text(trace.final_turn)})
+    return messages
+
+
+def sft_row(trace: TeacherTrace, video: TrainVideo) -> dict:
+    return {"messages": sft_messages(trace, video), "videos": [video.sentinel]}
+
+
+def rl_row(question, video: TrainVideo) -> dict:
+    """One RL prompt with its reward ground truth (SPEC §4.2 question types)."""
+    prompt = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": "<video>\n" + question_prompt(question, video.name)},
+    ]
+    extra = {"answer": question.answer, "question_type": question.qtype, "question": question.text}
+    return {"prompt": prompt, "videos": [{"video": video.sentinel}], "extra_info": json.dumps(extra)}
+
+
+def parquet_bytes(rows: Sequence[dict], schema: pa.Schema) -> bytes:
+    """Rows as parquet with an explicit schema (no pandas metadata), same bytes every time."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=schema), sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple[TrainVideo, TeacherTrace]]:
+    """`sft_traces_per_video` traces per video; exactly round(no_tool_share * n) answer without tools."""
+    slots = [(video, k) for video in videos for k in range(cfg.sft_traces_per_video)]
+    no_tool = set(derived_rng(cfg.seed, "no-tool").sample(range(len(slots)), round(cfg.no_tool_share * len(slots))))
+    traces = []
+    for index, (video, k) in enumerate(slots):
+        rng = derived_rng(cfg.seed, "sft", video.spec.video_id, k)
+        if index in no_tool:
+            question = background_question(rng, video.spec, rng.choice(("mcq", "oe")))
+            traces.append((video, no_tool_trace(video.spec, question)))
+            continue
+        question = event_question(rng, video.spec, rng.randrange(len(video.spec.events)), rng.choice(QUESTION_TYPES))
+        trace = tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace, cfg.max_crop_s)
+        traces.append((video, trace))
+    return traces
+
+
+def sft_shards(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> dict[str, list[dict]]:
+    """Repo path -> SFT rows, one shard per sentinel root."""
+    shards: dict[str, list[dict]] = {sft_file(SFT_SHARD_OF_ROOT[root]): [] for root in SENTINEL_ROOTS}
+    for video, trace in teacher_traces(cfg, videos):
+        shards[sft_file(SFT_SHARD_OF_ROOT[video.root])].append(sft_row(trace, video))
+    return shards
+
+
+def rl_rows(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[dict]:
+    """`rl_prompts_per_video` event questions per video, types drawn from mcq / tvg / oe."""
+    rows = []
+    for video in videos:
+        for k in range(cfg.rl_prompts_per_video):
+            rng = derived_rng(cfg.seed, "rl", video.spec.video_id, k)
+            event_index = rng.randrange(len(video.spec.events))
+            rows.append(rl_row(event_question(rng, video.spec, event_index, rng.choice(QUESTION_TYPES)), video))
+    return rows
+
+
+def source_archives(videos: Sequence[TrainVideo], media: Mapping[str, bytes]) -> dict[str, bytes]:
+    """ParaVT-Source: zip name -> bytes, one zip per root, members named by sentinel path."""
+    by_root: dict[str, dict[str, bytes]] = {root: {} for root in SENTINEL_ROOTS}
+    for video in videos:
+        by_root[video.root][video.sentinel] = media[video.sentinel]
+    return {source_archive(root): zip_bytes(members) for root, members in by_root.items() if members}

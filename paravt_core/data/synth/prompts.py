@@ -1,0 +1,59 @@
+"""The text the synthetic rows put in front of the model (SPEC §2, §7).
+
+One system prompt, shared by the SFT traces and the RL prompts, states the response
+grammar and carries the `crop_video` schema (SPEC §2) inline, so that each row is
+self-contained. Question prompts follow SPEC §7: the MCQ layout "Question: ...\\nOptions:
+\\nA. ...\\nAnswer with the option letter only.", and the agentic line "The video path for
+this video is: {basename}".
+"""
+
+from __future__ import annotations
+
+import json
+
+from paravt_core.data.synth.questions import Question
+
+CROP_VIDEO_TOOL: dict = {
+    "type": "function",
+    "function": {
+        "name": "crop_video",
+        "description": "Look closer at a time window of the video: returns a short summary of what happens in it.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "video_path": {"type": "string", "description": "the video's file name"},
+                "start_time": {"type": "number", "description": "window start in seconds"},
+                "end_time": {"type": "number", "description": "window end in seconds"},
+            },
+            "required": ["video_path", "start_time", "end_time"],
+        },
+    },
+}
+
+SYSTEM_PROMPT = (
+    "You answer questions about long videos. You see overview frames sampled uniformly over the "
+    "video, each preceded by its timestamp; short events can fall between them. To look closer, "
+    "call the crop_video tool on time windows in seconds. You may emit multiple <tool_call> blocks "
+    "in one turn: they run in parallel and each returns a summary of its window. Think inside "
+    "<think> </think> first, and give the final answer inside <answer> </answer>.\n\n"
+    "# Tools\n<tools>\n" + json.dumps(CROP_VIDEO_TOOL) + "\n</tools>\n"
+    'For each call write <tool_call>{"name": "crop_video", "arguments": {"video_path": ..., '
+    '"start_time": ..., "end_time": ...}}</tool_call>.'
+)
+
+ANSWER_INSTRUCTIONS = {
+    "mcq": "Answer with the option letter only.",
+    "tvg": "Answer with the start and end time in seconds as [start, end].",
+    "oe": "Answer with a short phrase.",
+}
+
+
+def question_prompt(question: Question, video_name: str) -> str:
+    """The user text of a sample: question, options, answer format and the video's name."""
+    lines = [f"Question: {question.text}"]
+    if question.qtype == "mcq":
+        lines.append("Options:")
+        lines += [f"{letter}. {option}" for letter, option in zip(question.letters, question.options, strict=True)]
+    lines.append(ANSWER_INSTRUCTIONS[question.qtype])
+    lines.append(f"The video path for this video is: {video_name}")
+    return "\n".join(lines)

@@ -1,0 +1,179 @@
+"""Questions about the generated world, answerable only from the frames that show them.
+
+Event questions (colour, shape, place, digit, direction, and "when") can be answered only
+from the event's frames, which the overview usually misses; background questions (tint,
+brighter side) can be answered from any frame and back the no-tool SFT traces.
+
+Answers follow the reward's conventions (SPEC §4.2): an MCQ answer is one option letter,
+a grounding (tvg) answer is "[start, end]" in seconds, an open-ended (oe) answer is a
+short phrase.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass
+from typing import Literal
+
+from paravt_core.data.synth.world import (
+    BRIGHT_SIDES,
+    COLOURS,
+    DIGIT_WORDS,
+    DIRECTION_OPTIONS,
+    POSITIONS,
+    SHAPES,
+    TINTS,
+    Event,
+    VideoSpec,
+)
+
+QuestionType = Literal["mcq", "tvg", "oe"]
+QUESTION_TYPES: tuple[QuestionType, ...] = ("mcq", "tvg", "oe")
+
+# The values each topic's answer is drawn from; MCQ distractors come from the same list.
+TOPIC_VALUES: dict[str, tuple[str, ...]] = {
+    "colour": tuple(sorted(COLOURS)),
+    "shape": SHAPES,
+    "position": POSITIONS,
+    "digit": DIGIT_WORDS,
+    "direction": DIRECTION_OPTIONS,
+    "tint": tuple(sorted(TINTS)),
+    "side": BRIGHT_SIDES,
+}
+# Which topics each event kind supports, and which question types each topic allows.
+EVENT_TOPICS: dict[str, tuple[str, ...]] = {
+    "shape": ("colour", "shape", "position", "when"),
+    "digit": ("digit", "colour", "when"),
+    "motion": ("direction", "colour", "shape", "when"),
+}
+BACKGROUND_TOPICS = ("tint", "side")
+TOPIC_TYPES: dict[str, tuple[QuestionType, ...]] = {
+    "colour": ("mcq", "oe"),
+    "shape": ("mcq", "oe"),
+    "position": ("mcq",),
+    "digit": ("mcq", "oe"),
+    "direction": ("mcq",),
+    "when": ("tvg",),
+    "tint": ("mcq", "oe"),
+    "side": ("mcq",),
+}
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question with its ground truth.
+
+    `answer` is what the scorer compares with (letter, "[s, e]" or phrase); `answer_text`
+    is the value in words, used by teacher reasoning and benchmark rationales.
+    """
+
+    video_id: str
+    qtype: QuestionType
+    topic: str
+    text: str
+    answer: str
+    answer_text: str
+    options: tuple[str, ...] = ()
+    event_index: int | None = None
+    window: tuple[float, float] | None = None
+
+    @property
+    def needs_tool(self) -> bool:
+        return self.event_index is not None
+
+    @property
+    def letters(self) -> tuple[str, ...]:
+        return tuple(string.ascii_uppercase[: len(self.options)])
+
+
+def option_text(value: str) -> str:
+    """How an answer value reads as an option: "top left" -> "Top left"."""
+    return value[:1].upper() + value[1:]
+
+
+def _event_question_text(event: Event, topic: str) -> str:
+    if event.kind == "digit":
+        texts = {
+            "digit": "Which digit was shown in the video?",
+            "colour": "What colour was the digit shown in the video?",
+            "when": f"When is the digit {DIGIT_WORDS[event.digit]} shown?",
+        }
+    elif event.kind == "shape":
+        texts = {
+            "colour": f"What colour was the {event.shape} that appeared in the video?",
+            "shape": f"What shape was the {event.colour} object that appeared in the video?",
+            "position": f"Where in the frame did the {event.label} appear?",
+            "when": f"When does the {event.label} appear?",
+        }
+    else:
+        texts = {
+            "colour": f"What colour was the {event.shape} that moved across the frame?",
+            "shape": f"What shape was the {event.colour} object that moved across the frame?",
+            "direction": f"In which direction did the {event.label} move across the frame?",
+            "when": f"When does the {event.label} move across the frame?",
+        }
+    return texts[topic]
+
+
+def _event_value(event: Event, topic: str) -> str:
+    values = {
+        "colour": event.colour,
+        "shape": event.shape,
+        "position": event.position,
+        "digit": DIGIT_WORDS[event.digit] if event.digit is not None else None,
+        "direction": event.direction,
+    }
+    return values[topic]
+
+
+def _answer(rng: random.Random, topic: str, value: str, qtype: QuestionType, n_options: int) -> dict:
+    """The answer fields of a question: options and letter for MCQ, the phrase for oe."""
+    if qtype == "oe":
+        return {"answer": value, "answer_text": value}
+    pool = [v for v in TOPIC_VALUES[topic] if v != value]
+    if len(pool) + 1 < n_options:
+        raise ValueError(f"topic {topic!r} has only {len(pool) + 1} values, cannot make {n_options} options")
+    values = [value, *rng.sample(pool, n_options - 1)]
+    rng.shuffle(values)
+    letter = string.ascii_uppercase[values.index(value)]
+    return {"answer": letter, "answer_text": value, "options": tuple(option_text(v) for v in values)}
+
+
+def event_question(
+    rng: random.Random,
+    spec: VideoSpec,
+    event_index: int,
+    qtype: QuestionType,
+    n_options: int = 4,
+    topic: str | None = None,
+) -> Question:
+    """A question of type `qtype` about one event; the topic is drawn if not given."""
+    event = spec.events[event_index]
+    if topic is None:
+        topic = rng.choice([t for t in EVENT_TOPICS[event.kind] if qtype in TOPIC_TYPES[t]])
+    if qtype not in TOPIC_TYPES[topic] or topic not in EVENT_TOPICS[event.kind]:
+        raise ValueError(f"no {qtype} question on topic {topic!r} for a {event.kind} event")
+    common = dict(video_id=spec.video_id, qtype=qtype, topic=topic, event_index=event_index)
+    text = _event_question_text(event, topic)
+    if qtype == "tvg":
+        window = (event.start_s, event.end_s)
+        answer = f"[{window[0]:.1f}, {window[1]:.1f}]"
+        return Question(**common, text=text, answer=answer, answer_text=answer, window=window)
+    return Question(**common, text=text, **_answer(rng, topic, _event_value(event, topic), qtype, n_options))
+
+
+def background_question(rng: random.Random, spec: VideoSpec, qtype: QuestionType, n_options: int = 4) -> Question:
+    """A question about the constant background: any overview frame answers it."""
+    topic = rng.choice([t for t in BACKGROUND_TOPICS if qtype in TOPIC_TYPES[t]])
+    if topic == "tint":
+        text, value = "What colour tint does the background of this video have?", spec.background.tint
+    else:
+        text, value = "Which side of the background is brighter?", spec.background.bright_side
+    fields = _answer(rng, topic, value, qtype, n_options)
+    return Question(video_id=spec.video_id, qtype=qtype, topic=topic, text=text, **fields)
+
+
+def random_event_question(rng: random.Random, spec: VideoSpec, n_options: int = 4) -> Question:
+    """A question on a random event, with the type drawn uniformly from mcq / tvg / oe."""
+    return event_question(rng, spec, rng.randrange(len(spec.events)), rng.choice(QUESTION_TYPES), n_options)

@@ -1,0 +1,169 @@
+"""Teacher traces in the response grammar of SPEC §2, written from the ground truth.
+
+A tool trace is: `<think>` (what the overview shows and the plan), one or more PARALLEL
+`<tool_call>` blocks on whole-second windows, one of which contains the asked event with
+some context around it and the others elsewhere in the video; then one tool response per
+call in call order (SPEC §3), each a factual summary of its window generated from the
+manifest (what appears there, in temporal order, or that nothing notable happens); then
+`<think>` over the evidence and `<answer>`. Windows are at most `max_crop_s` long, so a
+1 fps crop of each fits the sub-agent's 16 frames (SPEC §3).
+
+A no-tool trace answers a background question straight from the overview frames.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+
+from paravt_core.data.synth.questions import Question
+from paravt_core.data.synth.world import DIGIT_WORDS, Event, VideoSpec, events_in_window
+
+Window = tuple[int, int]
+MIN_EXTRA_WINDOW_S = 6
+
+
+@dataclass(frozen=True)
+class TeacherTrace:
+    """The assistant turns and tool responses of one sample, before they become rows.
+
+    `calls` and `tool_responses` are empty for a no-tool trace, whose whole answer is
+    `final_turn`.
+    """
+
+    question: Question
+    calls: tuple[Window, ...]
+    first_turn: str | None
+    tool_responses: tuple[str, ...]
+    final_turn: str
+
+
+def clock(seconds: float) -> str:
+    """MM:SS.s, the time format of the summaries (SPEC §7 reads M:SS(.f))."""
+    minutes, rest = divmod(seconds, 60.0)
+    return f"{int(minutes):02d}:{rest:04.1f}"
+
+
+def background_phrase(spec: VideoSpec) -> str:
+    tint = spec.background.tint
+    return "grey" if tint == "grey" else f"{tint}-tinted"
+
+
+def indefinite(phrase: str) -> str:
+    """"a red circle", "an orange star"."""
+    return ("an " if phrase[:1] in "aeiou" else "a ") + phrase
+
+
+def place_phrase(position: str) -> str:
+    return "the centre" if position == "centre" else f"the {position} corner"
+
+
+def describe_event(event: Event, start_s: float, end_s: float) -> str:
+    """One sentence on an event seen from start_s to end_s."""
+    span = f"From {clock(start_s)} to {clock(end_s)}"
+    if event.kind == "shape":
+        return f"{span} {indefinite(event.label)} appears in {place_phrase(event.position)}."
+    if event.kind == "digit":
+        word = DIGIT_WORDS[event.digit]
+        return f"{span} the digit {word} is shown in {event.colour} in {place_phrase(event.position)}."
+    return f"{span} {indefinite(event.label)} moves from {event.direction} across the frame."
+
+
+def summarize_window(spec: VideoSpec, start_s: float, end_s: float) -> str:
+    """What a sub-agent watching [start_s, end_s) should report, in temporal order."""
+    events = events_in_window(spec, start_s, end_s)
+    if not events:
+        background = background_phrase(spec)
+        return f"Nothing notable happens in this window: only the plain {background} background is visible."
+    return " ".join(describe_event(e, max(e.start_s, start_s), min(e.end_s, end_s)) for e in events)
+
+
+def _target_window(rng: random.Random, spec: VideoSpec, event: Event, max_crop_s: float) -> Window:
+    """Whole seconds containing the event with at least a second of context each side."""
+    last = math.floor(spec.duration_s)
+    need_start, need_end = math.floor(event.start_s), math.ceil(event.end_s)
+    length = rng.randint(min(need_end - need_start + 2, int(max_crop_s)), int(max_crop_s))
+    lo, hi = max(0, need_end - length), min(need_start, last - length)
+    if lo > hi:
+        return max(0, need_start - 1), min(last, need_end + 1)
+    start = rng.randint(lo, hi)
+    return start, start + length
+
+
+def _extra_window(rng: random.Random, spec: VideoSpec, taken: list[Window], max_crop_s: float) -> Window | None:
+    """A window elsewhere in the video that overlaps none of `taken`, or None."""
+    length = rng.randint(MIN_EXTRA_WINDOW_S, int(max_crop_s))
+    last = math.floor(spec.duration_s)
+    starts = [s for s in range(0, last - length + 1) if all(s + length <= a or s >= b for a, b in taken)]
+    if not starts:
+        return None
+    start = rng.choice(starts)
+    return start, start + length
+
+
+def plan_crop_windows(
+    rng: random.Random, spec: VideoSpec, event_index: int, max_calls: int, max_crop_s: float
+) -> tuple[Window, ...]:
+    """1..max_calls disjoint windows in temporal order, one of them holding the event."""
+    windows = [_target_window(rng, spec, spec.events[event_index], max_crop_s)]
+    for _ in range(rng.randint(0, max_calls - 1)):
+        extra = _extra_window(rng, spec, windows, max_crop_s)
+        if extra is not None:
+            windows.append(extra)
+    return tuple(sorted(windows))
+
+
+def tool_call_block(video_name: str, window: Window) -> str:
+    """`<tool_call>{"name": "crop_video", "arguments": {...}}</tool_call>` (SPEC §2)."""
+    arguments = {"video_path": video_name, "start_time": window[0], "end_time": window[1]}
+    return f"<tool_call>{json.dumps({'name': 'crop_video', 'arguments': arguments})}</tool_call>"
+
+
+def conclusion(question: Question, spec: VideoSpec) -> str:
+    """The last sentence of the final reasoning, naming the answer."""
+    if question.qtype == "tvg":
+        start, end = question.window
+        return f"So the {spec.events[question.event_index].label} is visible from {start:.1f} to {end:.1f} seconds."
+    if question.qtype == "mcq":
+        return f"So the answer is {question.answer_text}, which is option {question.answer}."
+    return f"So the answer is {question.answer_text}."
+
+
+def think(text: str) -> str:
+    return f"<think>\n{text}\n</think>"
+
+
+def tool_trace(
+    rng: random.Random, spec: VideoSpec, question: Question, video_name: str, max_calls: int, max_crop_s: float
+) -> TeacherTrace:
+    """A one-round trace with parallel crops for an event question."""
+    windows = plan_crop_windows(rng, spec, question.event_index, max_calls, max_crop_s)
+    plural = "a window" if len(windows) == 1 else f"{len(windows)} windows in parallel"
+    # Worded to stay true whatever the overview frame count K (SPEC §5 gating varies it).
+    opening = rng.choice(
+        (
+            f"The question asks: {question.text} The answer depends on a short event, which can fall "
+            f"between the overview frames of this {background_phrase(spec)} background. "
+            f"I will crop {plural} to look closer.",
+            f"{question.text} Short events are easy to miss in the overview frames, so let me crop {plural} and check.",
+        )
+    )
+    first_turn = think(opening) + "\n" + "\n".join(tool_call_block(video_name, w) for w in windows)
+    responses = tuple(summarize_window(spec, s, e) for s, e in windows)
+    evidence = " ".join(
+        f"The crop from {clock(s)} to {clock(e)} reports: {r}" for (s, e), r in zip(windows, responses, strict=True)
+    )
+    final_turn = think(f"{evidence} {conclusion(question, spec)}") + f"\n<answer>{question.answer}</answer>"
+    return TeacherTrace(question, windows, first_turn, responses, final_turn)
+
+
+def no_tool_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
+    """A direct answer to a background question, which every overview frame answers."""
+    reasoning = (
+        f"The question is about the background, which every overview frame shows: a plain "
+        f"{background_phrase(spec)} background that is brighter at the {spec.background.bright_side}. "
+        f"No crop is needed. {conclusion(question, spec)}"
+    )
+    return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>")
