@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from paravt_core.data.synth.config import SynthConfig
 from paravt_core.model.tiny import TinyModelSpec
 
 
@@ -69,12 +70,20 @@ class VideoConfig(_Section):
 
 
 class DataConfig(_Section):
-    """Where the ParaVT release and the benchmarks come from (SPEC §8)."""
+    """Where the ParaVT release and the benchmarks come from (SPEC §8).
+
+    `source: synth` generates the long-video world (`paravt_core.data.synth`) and lays it
+    out as a local hub cache, so the same download code then runs offline against it;
+    `source: hub` downloads the real repositories (into `hub_cache_dir` when set).
+    """
 
     source: Literal["synth", "hub"] = "synth"
+    synth: SynthConfig = SynthConfig()
+    hub_cache_dir: Path | None = None
     parquet_repo: str = "ParaVT/ParaVT-Parquet"
     source_repo: str = "ParaVT/ParaVT-Source"
     revision: str = "main"
+    download_retries: int = Field(3, ge=0)
     on_bad_rows: Literal["fail", "quarantine"] = "fail"
 
 
