@@ -1,0 +1,121 @@
+"""Checkpoints as MLflow model versions with lineage tags and aliases.
+
+A checkpoint folder is logged once as the artifacts of a registration run and becomes a
+model version whose source is that run's `model` folder (`runs:/<id>/model`); MLflow's
+`register_model` on a plain artifact folder fails, `create_model_version` with a runs:/
+source works. Registering a checkpoint whose content hash is already registered returns
+the existing version, so weights are stored once.
+
+Tags on every version: stage, parent_version, data_sha256, config_hash, git_revision,
+checkpoint_sha256. Aliases: `sft`, `candidate` (the latest RL checkpoint) and `champion`
+(moved by `promote` when a candidate's eval average beats the current champion's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from paravt_core.refs import ArtifactRef
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    name: str
+    version: str
+    source: str
+    run_id: str
+    checkpoint_sha256: str
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def find_version(tracking_uri: str, name: str, checkpoint_sha256: str) -> ModelVersion | None:
+    client = _client(tracking_uri)
+    for mv in client.search_model_versions(f"name = '{name}'"):
+        if mv.tags.get("checkpoint_sha256") == checkpoint_sha256:
+            return ModelVersion(name, str(mv.version), mv.source, mv.run_id, checkpoint_sha256)
+    return None
+
+
+def register_checkpoint(
+    tracking_uri: str,
+    experiment: str,
+    name: str,
+    checkpoint: ArtifactRef,
+    *,
+    stage: str,
+    parent_version: str | None,
+    data_sha256: str,
+    config_hash: str,
+    git_revision: str,
+    alias: str | None = None,
+) -> ModelVersion:
+    """Register `checkpoint` (a HF model folder) as a version of `name`; idempotent on its hash."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    existing = find_version(tracking_uri, name, checkpoint.sha256)
+    if existing is None:
+        try:
+            client.create_registered_model(name)
+        except MlflowException as err:
+            if "already exists" not in str(err).lower() and "RESOURCE_ALREADY_EXISTS" not in str(err):
+                raise
+        exp = client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+        tags = {
+            "stage": stage,
+            "parent_version": parent_version or "",
+            "data_sha256": data_sha256,
+            "config_hash": config_hash,
+            "git_revision": git_revision,
+            "checkpoint_sha256": checkpoint.sha256,
+        }
+        run = client.create_run(exp_id, run_name=f"register-{stage}", tags=tags)
+        client.log_artifacts(run.info.run_id, str(Path(checkpoint.path)), artifact_path="model")
+        client.set_terminated(run.info.run_id)
+        mv = client.create_model_version(name, source=f"runs:/{run.info.run_id}/model", run_id=run.info.run_id,
+                                         tags=tags)
+        existing = ModelVersion(name, str(mv.version), mv.source, run.info.run_id, checkpoint.sha256)
+    if alias:
+        client.set_registered_model_alias(name, alias, existing.version)
+    return existing
+
+
+def version_by_alias(tracking_uri: str, name: str, alias: str) -> ModelVersion | None:
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    try:
+        mv = client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+    return ModelVersion(name, str(mv.version), mv.source, mv.run_id, mv.tags.get("checkpoint_sha256", ""))
+
+
+def download_version(tracking_uri: str, version: ModelVersion, dst: Path) -> Path:
+    """The version's model folder on local disk (the artifact store may be remote)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(dst)))
+
+
+def promote(tracking_uri: str, name: str, candidate: ModelVersion, candidate_score: float,
+            metric_tag: str = "eval_average") -> bool:
+    """Move `champion` to the candidate when its score beats the champion's (or there is none)."""
+    client = _client(tracking_uri)
+    client.set_model_version_tag(name, candidate.version, metric_tag, f"{candidate_score:.6f}")
+    champion = version_by_alias(tracking_uri, name, "champion")
+    if champion is not None and champion.version != candidate.version:
+        mv = client.get_model_version(name, champion.version)
+        champion_score = float(mv.tags.get(metric_tag, "-inf"))
+        if candidate_score <= champion_score:
+            return False
+    client.set_registered_model_alias(name, "champion", candidate.version)
+    return True

@@ -1,0 +1,57 @@
+"""MLflow registry: versions with lineage tags, idempotent registration, aliases, promotion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paravt_core import registry
+from paravt_core.refs import ArtifactRef, content_hash
+
+
+def _checkpoint(folder: Path, payload: str) -> ArtifactRef:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model": "tiny"}')
+    (folder / "model.safetensors").write_text(payload)
+    return ArtifactRef(kind="model", path=folder, sha256=content_hash(folder))
+
+
+@pytest.fixture()
+def uri(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def _register(uri, ckpt, stage, parent=None, alias=None):
+    return registry.register_checkpoint(uri, "exp", "paravt-test", ckpt, stage=stage, parent_version=parent,
+                                        data_sha256="d" * 8, config_hash="c" * 8, git_revision="abc", alias=alias)
+
+
+def test_register_is_idempotent_and_tags_lineage(uri, tmp_path):
+    sft = _checkpoint(tmp_path / "sft", "weights-1")
+    v1 = _register(uri, sft, "sft", alias="sft")
+    again = _register(uri, sft, "sft", alias="sft")
+    assert again.version == v1.version and again.run_id == v1.run_id
+    rl = _register(uri, _checkpoint(tmp_path / "rl", "weights-2"), "rl", parent=v1.version, alias="candidate")
+    assert rl.version != v1.version
+
+    from mlflow.tracking import MlflowClient
+
+    mv = MlflowClient(uri, registry_uri=uri).get_model_version("paravt-test", rl.version)
+    assert mv.tags["parent_version"] == v1.version and mv.tags["stage"] == "rl"
+    assert mv.tags["checkpoint_sha256"] == rl.checkpoint_sha256
+    assert registry.version_by_alias(uri, "paravt-test", "sft").version == v1.version
+    assert registry.version_by_alias(uri, "paravt-test", "champion") is None
+
+    local = registry.download_version(uri, rl, tmp_path / "dl")
+    assert content_hash(local) == rl.checkpoint_sha256
+
+
+def test_promote_moves_champion_only_on_improvement(uri, tmp_path):
+    a = _register(uri, _checkpoint(tmp_path / "a", "A"), "rl")
+    b = _register(uri, _checkpoint(tmp_path / "b", "B"), "rl")
+    assert registry.promote(uri, "paravt-test", a, 0.40) is True
+    assert registry.promote(uri, "paravt-test", b, 0.35) is False
+    assert registry.version_by_alias(uri, "paravt-test", "champion").version == a.version
+    assert registry.promote(uri, "paravt-test", b, 0.45) is True
+    assert registry.version_by_alias(uri, "paravt-test", "champion").version == b.version
