@@ -161,8 +161,10 @@ class RLConfig(_Section):
     grad_clip: float = Field(1.0, gt=0)
     anchoring_mode: Literal["sequence", "token"] = "sequence"
     train_subagents: bool = True
+    micro_batch_size: int = Field(4, ge=1)  # trajectories per forward/backward within a step
     zero_stage: int = Field(3, ge=0, le=3)
     num_ranks: int = Field(1, ge=1)
+    hostfile: str | None = None
     checkpoint_every: int = Field(10, ge=1)
     reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()

@@ -108,6 +108,25 @@ def full_state_dict(engine, checkpoint_dir: Path, zero_stage: int) -> dict[str, 
     return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
 
 
+def gathered_state_dict(engine, zero_stage: int) -> dict[str, Any]:
+    """The full weights on every rank (ZeRO-3 shards gathered), e.g. for a rollout engine copy."""
+    import torch
+
+    module = engine.module
+    if zero_stage != 3:
+        return {k: v.detach() for k, v in module.state_dict().items()}
+    import deepspeed
+
+    state = {}
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param]):
+                state[name] = param.detach().clone().cpu()
+        for name, buf in module.named_buffers():
+            state[name] = buf.detach().clone().cpu()
+    return state
+
+
 def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: Path, dtype: str,
                     metadata: dict[str, Any]) -> Path:
     """Write a Hugging Face model directory (weights, processor, provenance) atomically."""

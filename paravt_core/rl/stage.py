@@ -1,0 +1,70 @@
+"""RL stage: PARA-GRPO from the SFT checkpoint on the materialized RL prompts (SPEC §5).
+
+Like SFT, `run` launches the DeepSpeed workers (`paravt_core.rl.worker`) through the
+`deepspeed` launcher; the run folder is keyed by (init model hash, data hash, RL config
+hash), a re-run after a crash resumes from its latest checkpoint, and a finished run
+returns its exported model at once. The MLflow run is tagged with the ablation row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from paravt_core.config import PipelineConfig
+from paravt_core.dist import LogLine, launch_workers
+from paravt_core.provenance import git_revision
+from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.rl.job import RLJob
+
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def run_dir(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef) -> Path:
+    key = hashlib.sha256(
+        f"{init.sha256}|{rl_data.sha256}|{cfg.section_hash('rl', 'video', 'run')}".encode()
+    ).hexdigest()[:16]
+    return cfg.run.output_dir / "rl" / f"{cfg.rl.row}-{key}"
+
+
+def rl_shards(rl_data: ArtifactRef) -> list[Path]:
+    files = sorted(Path(rl_data.path).glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no RL parquet shards in {rl_data.path}; run the data stage first")
+    return files
+
+
+def make_job(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, with_mlflow: bool = True) -> RLJob:
+    out = run_dir(cfg, init, rl_data)
+    out.mkdir(parents=True, exist_ok=True)
+    return RLJob(config=cfg, init_model=init.path, init_model_sha256=init.sha256, data_files=rl_shards(rl_data),
+                 data_sha256=rl_data.sha256, out_dir=out.resolve(), tracking_uri=cfg.mlflow_uri(),
+                 mlflow_run_id=_mlflow_run(cfg, out, init, rl_data) if with_mlflow else None,
+                 git_revision=git_revision())
+
+
+def run(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
+    out = run_dir(cfg, init, rl_data)
+    model_dir = out / "model"
+    if not (model_dir / "paravt_meta.json").is_file():
+        job = make_job(cfg, init, rl_data)
+        job_file = out / "job.json"
+        job_file.write_text(job.model_dump_json(indent=2))
+        launch_workers(WORKER, ["--job", str(job_file)], cfg.rl.num_ranks, cfg.rl.hostfile, log_line)
+    return ArtifactRef(kind="rl_model", path=model_dir.resolve(), sha256=content_hash(model_dir))
+
+
+def _mlflow_run(cfg: PipelineConfig, out: Path, init: ArtifactRef, rl_data: ArtifactRef) -> str:
+    from paravt_core.tracking import flatten, start_stage_run
+
+    id_file = out / "mlflow_run_id"
+    if id_file.is_file():
+        return id_file.read_text().strip()
+    run_id = start_stage_run(
+        cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-rl-{cfg.rl.row}",
+        tags={"stage": "rl", "ablation_row": cfg.rl.row, "init_model_sha256": init.sha256,
+              "data_sha256": rl_data.sha256, "config_hash": cfg.section_hash(), "git_revision": git_revision()},
+        params=flatten(cfg.model_dump(mode="json", include={"rl", "video", "model", "run"})),
+    )
+    id_file.write_text(run_id)
+    return run_id

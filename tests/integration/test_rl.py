@@ -1,0 +1,166 @@
+"""PARA-GRPO on the tiny model: it learns a scripted reward; tool responses carry no loss."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from paravt_core.agent.engine import Generation
+from paravt_core.config import load_config
+from paravt_core.dist import free_port
+from paravt_core.refs import ArtifactRef, content_hash
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+SYSTEM = "You answer questions about videos. Call crop_video to look closer."
+
+
+def _rl_rows(video: Path, n: int) -> list[dict]:
+    rows = []
+    for i in range(n):
+        question = f"<video>\nQuestion {i}: what colour was the square?\nA. red\nB. blue\nAnswer with the option letter only."
+        rows.append({
+            "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+            "videos": [{"video": f"file://{video}"}],
+            "extra_info": json.dumps({"answer": "A", "question_type": "mcq", "question": question}),
+        })
+    return rows
+
+
+@pytest.fixture()
+def rl_setup(tmp_path: Path, tiny_model_dir: Path, short_video: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "rl"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pylist(_rl_rows(short_video, 4)), data / "rl.parquet")
+    init = ArtifactRef(kind="sft_model", path=tiny_model_dir, sha256=content_hash(tiny_model_dir))
+    rl_data = ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
+    return init, rl_data, tmp_path
+
+
+def _single_rank_env(monkeypatch):
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+                       "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+
+
+REWARDED = range(100, 400)  # the scripted reward: 1 when the first generated token is one of these ids
+
+
+def _first_generated(episode) -> int:
+    return int(episode.token_ids[episode.loss_mask.bool()][0])
+
+
+def _p_rewarded(model, processor, episodes) -> float:
+    """Mean probability, over the prompts, that the first generated token is rewarded."""
+    from paravt_core.agent.engine import GenerationRequest
+    from paravt_core.agent.hf_engine import pad_requests
+
+    probs = []
+    with torch.no_grad():
+        for e in episodes:
+            first = int(e.loss_mask.bool().nonzero()[0])
+            batch = pad_requests([GenerationRequest(e.token_ids[:first].tolist(), e.vision)],
+                                 processor.tokenizer.pad_token_id, model.config.image_token_id,
+                                 model.config.video_token_id)
+            logits = model(**batch.model_inputs(torch.device("cpu"))).logits[0, -1]
+            probs.append(torch.softmax(logits, -1)[list(REWARDED)].sum().item())
+    return sum(probs) / len(probs)
+
+
+def test_grpo_learns_a_scripted_reward(rl_setup, monkeypatch, tiny_processor):
+    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.rollout import run_episodes
+    from paravt_core.model.loading import load_model
+    from paravt_core.rl import stage
+    from paravt_core.rl.data import read_rl_prompts
+    from paravt_core.rl.rewards import RewardBreakdown
+    from paravt_core.rl.worker import train
+
+    init, rl_data, tmp = rl_setup
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp / 'out'}", "rl.max_steps=24", "rl.prompts_per_step=2", "rl.group_size=8",
+        "rl.learning_rate=0.01", "rl.kl_mode=none", "rl.rollout.max_turns=0", "rl.rollout.max_new_tokens=1",
+        "rl.rollout.think_prefix=false", "rl.gating.enabled=false", "video.nframes=2", "video.max_pixels=3072",
+        "rl.temperature=1.0", "rl.checkpoint_every=100", "rl.zero_stage=0",
+    ])
+
+    def scripted(episode, prompt) -> RewardBreakdown:
+        hit = float(_first_generated(episode) in REWARDED)
+        return RewardBreakdown(answer="", acc=hit, format=0.0, tool=0.0, total=hit)
+
+    prompts = read_rl_prompts(stage.rl_shards(rl_data))
+    probe = run_episodes(HFEngine(load_model(init.path), tiny_processor), tiny_processor,
+                         [p.prompt for p in prompts], cfg.rl.rollout, cfg.video, group_size=1)
+    before = _p_rewarded(load_model(init.path), tiny_processor, probe)
+
+    _single_rank_env(monkeypatch)
+    job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+    train(job, reward_fn=scripted)
+
+    rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 24
+    early = sum(r["reward"] for r in rows[:6]) / 6
+    late = sum(r["reward"] for r in rows[-6:]) / 6
+    assert late > early + 0.2, f"mean reward did not rise: {early:.3f} -> {late:.3f}"
+    after = _p_rewarded(load_model(job.out_dir / "model"), tiny_processor, probe)
+    assert after > before + 0.2, f"P(rewarded) {before:.3f} -> {after:.3f}"
+
+
+class _Scripted:
+    """A rollout engine that answers with fixed text (a test double for generation)."""
+
+    def __init__(self, processor, texts: list[str]):
+        self.tok, self.texts, self.calls = processor.tokenizer, texts, 0
+
+    def generate(self, requests, params):
+        text = self.texts[min(self.calls, len(self.texts) - 1)]
+        self.calls += 1
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        return [Generation(list(ids), [-1.0] * len(ids), "stop") for _ in requests]
+
+    def update_weights(self, state_dict):
+        raise AssertionError("not used")
+
+
+def test_no_gradient_through_tool_response_tokens(rl_setup, tiny_processor, tiny_model):
+    from paravt_core.agent.rollout import run_episodes
+    from paravt_core.config import RLConfig
+    from paravt_core.rl import stage
+    from paravt_core.rl.data import read_rl_prompts
+    from paravt_core.rl.policy import StepAdvantages, micro_batch_loss, trajectories
+
+    init, rl_data, _ = rl_setup
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["video.nframes=2", "video.max_pixels=3072"])
+    call = '<tool_call>{"name": "crop_video", "arguments": {"video_path": "x.mp4", "start_time": 1, "end_time": 5}}</tool_call>'
+    main = _Scripted(tiny_processor, [f"look</think>{call}<|im_end|>", "seen</think><answer>A</answer><|im_end|>"])
+    sub = _Scripted(tiny_processor, ["A red square appears.<|im_end|>"])
+    prompt = read_rl_prompts(stage.rl_shards(rl_data))[0].prompt
+    (episode,) = run_episodes(main, tiny_processor, [prompt], cfg.rl.rollout, cfg.video, subagent_engine=sub)
+    assert episode.tool_calls == 1 and "<tool_response>" in episode.text("transcript")
+
+    captured = {}
+    handle = tiny_model.lm_head.register_forward_hook(lambda m, i, out: captured.setdefault("logits", out))
+    rl_cfg = RLConfig(kl_mode="none", temperature=1.0)
+    adv = StepAdvantages(torch.tensor([1.0]), None, [], torch.zeros(1))
+    (traj,) = trajectories([episode], train_subagents=False)
+    ids = {"pad": tiny_processor.tokenizer.pad_token_id, "image": tiny_model.config.image_token_id,
+           "video": tiny_model.config.video_token_id}
+    loss, _ = micro_batch_loss(tiny_model, [traj], adv, rl_cfg, ids, torch.tensor([0]),
+                               float(traj.loss_mask.sum()), "cpu")
+    logits = captured["logits"]
+    logits.retain_grad()
+    loss.backward()
+    handle.remove()
+    grad = logits.grad[0].abs().sum(-1)  # [L]; position t-1 predicts token t
+    predicts = torch.nn.functional.pad(grad[:-1], (1, 0))
+    response_text = tiny_processor.tokenizer.decode(episode.token_ids[episode.loss_mask == 0][-40:])
+    assert "</tool_response>" in response_text or "<tool_response>" in tiny_processor.tokenizer.decode(episode.token_ids)
+    assert (predicts[episode.loss_mask == 0] == 0).all(), "a masked (prompt/tool-response) token got a gradient"
+    assert (predicts[episode.loss_mask == 1] > 0).all(), "a generated token got no gradient"
