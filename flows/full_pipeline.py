@@ -1,16 +1,22 @@
 """The full ParaVT pipeline as one Prefect flow.
 
+    data -> base model -> SFT -> PARA-GRPO -> register -> seven-split eval -> promote
+
 Deployment `paravt/full-pipeline` (prefect.yaml) runs it on the process work pool;
-`paravt run --config ...` runs it in-process. Stages are cached tasks; each is a thin
-wrapper over one `paravt_core` stage.
+`paravt run --config ...` runs it in-process. Every stage is a cached task over one
+`paravt_core` stage, keyed by the content hashes of what it reads.
 """
 
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
+from flows.data import data_stage
 from flows.params import PipelineParams
 from tasks.model import base_model
+from tasks.registry import register
+from tasks.rl import rl
+from tasks.sft import sft
 
 
 @flow(name="paravt", log_prints=True)
@@ -18,6 +24,18 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
     cfg = params.load()
     log = get_run_logger()
     log.info("pipeline %s -> %s", cfg.run.name, cfg.run.output_dir.resolve())
+    data = data_stage(cfg)
     base = base_model(cfg)
-    log.info("base model %s (sha256 %s)", base.path, base.sha256[:12])
-    return {"base_model": str(base.path)}
+    sft_model = sft(cfg, base, data.sft)
+    sft_version = register(cfg, sft_model, "sft", data.sft.sha256, alias="sft")
+    rl_model = rl(cfg, sft_model, data.rl)
+    rl_version = register(cfg, rl_model, "rl", data.rl.sha256, parent_version=sft_version.version, alias="candidate")
+    log.info("registered %s v%s (sft) and v%s (rl, candidate)", cfg.model.registered_name, sft_version.version,
+             rl_version.version)
+    return {
+        "base_model": str(base.path),
+        "sft_model": str(sft_model.path),
+        "rl_model": str(rl_model.path),
+        "registered": f"{cfg.model.registered_name} v{sft_version.version} (sft), v{rl_version.version} (candidate)",
+        "mlflow": cfg.mlflow_uri(),
+    }
