@@ -1,0 +1,80 @@
+"""The rollout engine interface: token ids and images in, tokens and logprobs out.
+
+Backends: `hf` (transformers `generate`, batched; the embedded default, see
+`paravt_core.agent.hf_engine`) and `sglang` (a client of a running SGLang server, GPU
+only). The agentic rollout (SPEC §3) and the evaluator (SPEC §7) talk only to this
+interface, so the same protocol code runs on a laptop CPU and on GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class VisionInputs:
+    """Processed pixels of one prompt's images/videos, as Qwen3VLProcessor returns them.
+
+    Computed once per prompt and shared by every rollout of its group (SPEC §3).
+    """
+
+    pixel_values_videos: torch.Tensor | None = None  # [N_patches, D]
+    video_grid_thw: torch.Tensor | None = None  # [n_videos, 3]
+    pixel_values: torch.Tensor | None = None  # [N_patches, D]
+    image_grid_thw: torch.Tensor | None = None  # [n_images, 3]
+
+    def merged_with(self, other: VisionInputs) -> VisionInputs:
+        """The media of `self` followed by those of `other` (a later turn adds crops)."""
+
+        def cat(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+            if a is None:
+                return b
+            return a if b is None else torch.cat([a, b])
+
+        return VisionInputs(
+            cat(self.pixel_values_videos, other.pixel_values_videos),
+            cat(self.video_grid_thw, other.video_grid_thw),
+            cat(self.pixel_values, other.pixel_values),
+            cat(self.image_grid_thw, other.image_grid_thw),
+        )
+
+    def as_kwargs(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class GenerationRequest:
+    """One sequence to continue: the full context so far and the media it references."""
+
+    prompt_ids: list[int]
+    vision: VisionInputs = field(default_factory=VisionInputs)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]  # log-probability of each generated token under the sampling policy
+    finish_reason: str  # "stop" | "length"
+
+
+class RolloutEngine(Protocol):
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
+        """Continue every request in one batched call; results in request order."""
+        ...
+
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        """Load the policy's new weights (after an optimizer step)."""
+        ...

@@ -1,0 +1,233 @@
+"""The `hf` rollout backend: batched transformers `generate` on a Qwen3-VL model.
+
+One `generate` call continues several requests of different lengths and different media
+together: prompts are left-padded to one length, `mm_token_type_ids` marks each request's
+image (1) and video (2) placeholder tokens (M-RoPE positions need them), and the pixel
+values of all requests are concatenated in request order, which is the order in which
+the model scatters them into the placeholder tokens of the padded batch.
+
+Log-probabilities are recorded step by step while decoding (one [B, V] buffer, not a
+[steps, B, V] stack, so long generations fit). They are the policy's log_softmax(logits / T)
+over the full vocabulary, exactly what the trainer recomputes from a teacher-forced pass at
+the same temperature (`paravt_core.rl.policy.sequence_logprobs`); greedy decoding (T = 0)
+records log_softmax(logits), the model's distribution at T = 1. Two things narrow what is
+actually sampled without being renormalized into that value, since the trainer does not
+apply them either:
+- `top_p` < 1;
+- media placeholders (`<|image_pad|>`, `<|video_pad|>`, `<|vision_start|>`,
+  `<|vision_end|>`) are never generated: a generated placeholder would leave the context
+  with more vision tokens than pixels and break the next turn's prefill. They are masked
+  after their log-probabilities are recorded; their mass is what the policy loses.
+
+A fresh `GenerationConfig` is built per call with every sampling knob set explicitly, so
+no default from a checkpoint's `generation_config.json` (top_k, repetition penalty, ...)
+leaks into the rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, VisionInputs
+
+TEXT_TOKEN_TYPE = 0
+IMAGE_TOKEN_TYPE = 1
+VIDEO_TOKEN_TYPE = 2
+
+
+@dataclass
+class PaddedBatch:
+    """Left-padded token ids of a batch of requests with their merged media."""
+
+    input_ids: torch.Tensor  # [B, L] int64, left-padded
+    attention_mask: torch.Tensor  # [B, L] int64, 0 on padding
+    mm_token_type_ids: torch.Tensor  # [B, L] int64: 0 text, 1 image, 2 video
+    vision: VisionInputs  # media of all requests, concatenated in request order
+
+    def model_inputs(self, device: torch.device) -> dict[str, torch.Tensor]:
+        tensors = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "mm_token_type_ids": self.mm_token_type_ids,
+            **self.vision.as_kwargs(),
+        }
+        return {name: value.to(device) for name, value in tensors.items()}
+
+
+def pad_requests(requests: Sequence[GenerationRequest], pad_id: int, image_token_id: int,
+                 video_token_id: int) -> PaddedBatch:
+    """Left-pad the prompts of `requests` and merge their media in request order."""
+    length = max(len(request.prompt_ids) for request in requests)
+    input_ids = torch.full((len(requests), length), pad_id, dtype=torch.long)  # [B, L]
+    attention_mask = torch.zeros((len(requests), length), dtype=torch.long)  # [B, L]
+    vision = VisionInputs()
+    for row, request in enumerate(requests):
+        if not request.prompt_ids:
+            raise ValueError(f"request {row} has no prompt tokens")
+        ids = torch.tensor(request.prompt_ids, dtype=torch.long)
+        input_ids[row, length - ids.numel():] = ids
+        attention_mask[row, length - ids.numel():] = 1
+        vision = vision.merged_with(request.vision)
+    token_types = torch.zeros_like(input_ids)  # [B, L]
+    token_types[input_ids == image_token_id] = IMAGE_TOKEN_TYPE
+    token_types[input_ids == video_token_id] = VIDEO_TOKEN_TYPE
+    return PaddedBatch(input_ids, attention_mask, token_types, vision)
+
+
+def cut_at_stop(token_ids: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
+    """The tokens up to and including the first stop token, and whether one was found."""
+    for position, token in enumerate(token_ids):
+        if token in stop_ids:
+            return token_ids[: position + 1], True
+    return token_ids, False
+
+
+class StepLogprobRecorder:
+    """A logits processor that records log p(chosen token) of each decoding step, then
+    masks the tokens that must never be generated.
+
+    `generate` calls it with the scores of step t before it picks token t; the chosen
+    token becomes visible as the last input id at step t + 1, so each call first scores
+    the previous step and keeps only the current step's [B, V] log-probabilities.
+    `finish` scores the last step once the final sequences are known.
+    """
+
+    def __init__(self, temperature: float, masked_token_ids: Sequence[int] = ()):
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.masked_token_ids = list(masked_token_ids)
+        self._pending: torch.Tensor | None = None  # [B, V] log-probs of the last step
+        self._steps: list[torch.Tensor] = []  # each [B]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._pending is not None:
+            self._score_pending(input_ids[:, -1])
+        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        if not self.masked_token_ids:
+            return scores
+        masked = scores.clone()
+        masked[:, self.masked_token_ids] = float("-inf")
+        return masked
+
+    def _score_pending(self, chosen: torch.Tensor) -> None:
+        self._steps.append(self._pending.gather(1, chosen[:, None].to(self._pending.device))[:, 0])
+        self._pending = None
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """Log-probs of every generated token: [B, steps]."""
+        if self._pending is not None:
+            self._score_pending(last_tokens)
+        if not self._steps:
+            return torch.zeros((last_tokens.shape[0], 0))
+        return torch.stack(self._steps, dim=1).cpu()  # [B, steps]
+
+
+@contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+class HFEngine:
+    """`RolloutEngine` on a transformers Qwen3-VL model (the embedded CPU default).
+
+    Args:
+        model: a `Qwen3VLForConditionalGeneration` (the policy itself, or a copy of it).
+        processor: its `Qwen3VLProcessor`; the tokenizer gives the pad and stop tokens.
+    """
+
+    def __init__(self, model: Any, processor: Any):
+        self.model = model
+        tokenizer = processor.tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.default_stop_ids = (tokenizer.eos_token_id,)
+        self.image_token_id = model.config.image_token_id
+        self.video_token_id = model.config.video_token_id
+        # Media placeholders are the processor's to place (module docstring): never generated.
+        self.media_token_ids = [model.config.image_token_id, model.config.video_token_id,
+                                model.config.vision_start_token_id, model.config.vision_end_token_id]
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
+        """Continue every request in one batched `generate` call; results in request order."""
+        if not requests:
+            return []
+        batch = pad_requests(requests, self.pad_id, self.image_token_id, self.video_token_id)
+        stop_ids = params.stop_token_ids or self.default_stop_ids
+        recorder = StepLogprobRecorder(params.temperature, self.media_token_ids)
+        device = self.model.device
+        with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device):
+            sequences = self.model.generate(
+                **batch.model_inputs(device),
+                generation_config=self._generation_config(params, stop_ids),
+                logits_processor=[recorder],
+            )  # [B, L + steps]
+        new_tokens = sequences[:, batch.input_ids.shape[1]:].cpu()  # [B, steps]
+        logprobs = recorder.finish(sequences[:, -1])  # [B, steps]
+        return [self._row_generation(new_tokens[row], logprobs[row], set(stop_ids)) for row in range(len(requests))]
+
+    def _generation_config(self, params: SamplingParams, stop_ids: Sequence[int]):
+        from transformers import GenerationConfig
+
+        sampling = params.temperature > 0
+        return GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sampling,
+            temperature=params.temperature if sampling else 1.0,
+            top_p=params.top_p if sampling else 1.0,
+            top_k=0 if sampling else None,  # 0 disables top-k; greedy takes no sampling flags
+            min_new_tokens=0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            eos_token_id=list(stop_ids),
+            pad_token_id=self.pad_id,
+            num_beams=1,
+            use_cache=True,
+        )
+
+    @staticmethod
+    def _row_generation(tokens: torch.Tensor, logprobs: torch.Tensor, stop_ids: set[int]) -> Generation:
+        token_ids, stopped = cut_at_stop(tokens.tolist(), stop_ids)
+        return Generation(
+            token_ids=token_ids,
+            logprobs=logprobs[: len(token_ids)].tolist(),
+            finish_reason="stop" if stopped else "length",
+        )
+
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        """Copy the policy's new weights into the engine's model.
+
+        Every key of the model's `state_dict()` must be present. Extra keys are allowed
+        only for the model's non-persistent buffers (rotary `inv_freq`, which a gather of
+        `named_buffers()` includes): they are derived constants and are left as they are.
+
+        Raises:
+            KeyError: a weight is missing, or a key names nothing in the model.
+        """
+        expected = set(self.model.state_dict())
+        buffers = {name for name, _ in self.model.named_buffers()}
+        missing = sorted(expected - set(state_dict))
+        unknown = sorted(set(state_dict) - expected - buffers)
+        if missing or unknown:
+            raise KeyError(f"update_weights: missing {missing[:5]} ({len(missing)} in all), "
+                           f"unknown {unknown[:5]} ({len(unknown)} in all)")
+        with torch.no_grad():
+            self.model.load_state_dict({name: state_dict[name] for name in expected}, strict=True)

@@ -1,0 +1,63 @@
+"""Planning a tool round: per-block errors, max_parallel, window validation (SPEC §2, §3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from paravt_core.agent.dispatch import plan_tool_round
+from paravt_core.agent.tool_calls import parse_tool_calls
+
+
+def _call(start: object, end: object, path: str = "v.mp4") -> str:
+    arguments = f'{{"video_path": "{path}", "start_time": {start}, "end_time": {end}}}'
+    return f'<tool_call>{{"name": "crop_video", "arguments": {arguments}}}</tool_call>'
+
+
+def test_malformed_block_gets_an_error_and_its_siblings_run():
+    text = _call(1, 3) + '<tool_call>{"name": "crop_video", "arguments": {</tool_call>' + _call(5, 8)
+    plan = plan_tool_round(parse_tool_calls(text), duration=12.0, max_parallel=5)
+    assert [call.status for call in plan] == ["run", "malformed", "run"]
+    assert [call.window for call in plan] == [(1.0, 3.0), None, (5.0, 8.0)]
+    assert plan[1].error.startswith("Error: malformed JSON")
+
+
+def test_calls_past_max_parallel_get_an_error_and_malformed_blocks_do_not_count():
+    text = "<tool_code>crop_video(</tool_code>" + "".join(_call(i, i + 1) for i in range(4))
+    plan = plan_tool_round(parse_tool_calls(text), duration=12.0, max_parallel=2)
+    assert [call.status for call in plan] == ["malformed", "run", "run", "over_limit", "over_limit"]
+    assert "at most 2 crop_video calls" in plan[3].error
+    assert [call.block_index for call in plan] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "status", "window"),
+    [
+        (2, 30, "run", (2.0, 12.0)),  # end clamped to the duration
+        (5, 5, "invalid_window", None),
+        (7, 3, "invalid_window", None),
+        (12, 20, "invalid_window", None),  # starts at the end of the video
+        ('"00:02"', '"00:04.5"', "run", (2.0, 4.5)),
+    ],
+)
+def test_window_validation(start, end, status, window):
+    (call,) = plan_tool_round(parse_tool_calls(_call(start, end)), duration=12.0, max_parallel=5)
+    assert call.status == status
+    assert call.window == window
+    assert (call.error is None) == (status == "run")
+
+
+def test_invalid_windows_use_up_the_parallel_budget():
+    text = _call(20, 30) + _call(1, 2) + _call(2, 3)
+    plan = plan_tool_round(parse_tool_calls(text), duration=12.0, max_parallel=2)
+    assert [call.status for call in plan] == ["invalid_window", "run", "over_limit"]
+
+
+def test_model_written_video_path_does_not_matter():
+    (call,) = plan_tool_round(parse_tool_calls(_call(1, 2, path="/etc/passwd; rm -rf /")), 12.0, 5)
+    assert call.runs and call.window == (1.0, 2.0)
+
+
+def test_num_frames_is_kept():
+    body = '{"name": "crop_video", "arguments": {"video_path": "v", "start_time": 0, "end_time": 4, "num_frames": 3}}'
+    (call,) = plan_tool_round(parse_tool_calls(f"<tool_call>{body}</tool_call>"), 12.0, 5)
+    assert call.num_frames == 3

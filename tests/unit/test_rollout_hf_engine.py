@@ -1,0 +1,69 @@
+"""The hf engine's pure parts: left padding with media, stop cutting, step logprobs."""
+
+from __future__ import annotations
+
+import torch
+
+from paravt_core.agent.engine import GenerationRequest, VisionInputs
+from paravt_core.agent.hf_engine import StepLogprobRecorder, cut_at_stop, pad_requests
+
+PAD, IMAGE, VIDEO = 0, 8, 9
+
+
+def _vision(rows: int, fill: float) -> VisionInputs:
+    return VisionInputs(pixel_values_videos=torch.full((rows, 2), fill), video_grid_thw=torch.tensor([[1, rows, 1]]))
+
+
+def test_pad_requests_left_pads_marks_media_and_concatenates_pixels_in_order():
+    requests = [
+        GenerationRequest([1, VIDEO, VIDEO, 2], _vision(2, 1.0)),
+        GenerationRequest([3]),
+        GenerationRequest([4, IMAGE, VIDEO, 5, 6, 7], _vision(1, 2.0)),
+    ]
+    batch = pad_requests(requests, PAD, IMAGE, VIDEO)
+    assert batch.input_ids.tolist() == [[0, 0, 1, 9, 9, 2], [0, 0, 0, 0, 0, 3], [4, 8, 9, 5, 6, 7]]
+    assert batch.attention_mask.tolist() == [[0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1], [1] * 6]
+    assert batch.mm_token_type_ids.tolist() == [[0, 0, 0, 2, 2, 0], [0] * 6, [0, 1, 2, 0, 0, 0]]
+    assert batch.vision.pixel_values_videos[:, 0].tolist() == [1.0, 1.0, 2.0]
+    assert batch.vision.video_grid_thw.tolist() == [[1, 2, 1], [1, 1, 1]]
+    assert batch.vision.pixel_values is None
+
+
+def test_cut_at_stop_keeps_the_first_stop_token():
+    assert cut_at_stop([5, 6, 2, 7, 2], {2}) == ([5, 6, 2], True)
+    assert cut_at_stop([5, 6, 7], {2}) == ([5, 6, 7], False)
+    assert cut_at_stop([3, 5], {2, 3}) == ([3], True)
+
+
+def test_step_recorder_scores_each_chosen_token_at_the_temperature():
+    scores = [torch.tensor([[0.0, 1.0, 2.0], [2.0, 0.0, 0.0]]), torch.tensor([[1.0, 1.0, 3.0], [0.0, 0.0, 5.0]])]
+    chosen = [torch.tensor([2, 0]), torch.tensor([1, 2])]
+    recorder = StepLogprobRecorder(temperature=0.5)
+    prefix = torch.zeros((2, 4), dtype=torch.long)
+    sequence = prefix
+    for step_scores, step_tokens in zip(scores, chosen):
+        assert recorder(sequence, step_scores) is step_scores  # scores pass through unchanged
+        sequence = torch.cat([sequence, step_tokens[:, None]], dim=1)
+    got = recorder.finish(sequence[:, -1])
+    per_step = [torch.log_softmax(s / 0.5, -1).gather(1, c[:, None])[:, 0] for s, c in zip(scores, chosen)]
+    expected = torch.stack(per_step, dim=1)
+    assert got.shape == (2, 2)
+    torch.testing.assert_close(got, expected)
+
+
+def test_step_recorder_greedy_uses_the_plain_distribution():
+    recorder = StepLogprobRecorder(temperature=0.0)
+    scores = torch.tensor([[0.0, 2.0]])
+    recorder(torch.zeros((1, 1), dtype=torch.long), scores)
+    got = recorder.finish(torch.tensor([1]))
+    torch.testing.assert_close(got, torch.log_softmax(scores, -1)[:, 1:])
+
+
+def test_step_recorder_masks_tokens_after_recording_them():
+    recorder = StepLogprobRecorder(temperature=1.0, masked_token_ids=[1])
+    scores = torch.tensor([[0.0, 5.0, 1.0]])
+    returned = recorder(torch.zeros((1, 1), dtype=torch.long), scores)
+    assert returned[0, 1] == float("-inf") and returned[0, 2] == 1.0
+    assert scores[0, 1] == 5.0  # the caller's tensor is untouched
+    got = recorder.finish(torch.tensor([2]))
+    torch.testing.assert_close(got, torch.log_softmax(scores, -1)[:, 2:])

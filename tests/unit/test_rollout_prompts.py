@@ -1,0 +1,86 @@
+"""Main-agent and sub-agent prompts (SPEC §3, §7, §8) and the sglang backend's guard."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from paravt_core.agent.engine import SamplingParams, VisionInputs
+from paravt_core.agent.prompts import (
+    EpisodePrompt,
+    format_clock,
+    messages_from_rl_prompt,
+    question_prompt,
+    subagent_instruction,
+    subagent_messages,
+)
+
+
+@pytest.mark.parametrize(("seconds", "clock"), [(0, "00:00"), (9.99, "00:09"), (75, "01:15"), (3725.5, "62:05")])
+def test_format_clock(seconds, clock):
+    assert format_clock(seconds) == clock
+
+
+def test_subagent_prompt_states_window_duration_and_asks_for_a_summary_in_order():
+    text = subagent_instruction(65.0, 80.5)
+    assert "01:05 to 01:20" in text
+    assert "15.5 seconds" in text
+    assert "concise, factual summary" in text and "temporal order" in text
+    (message,) = subagent_messages(65.0, 80.5)
+    assert [item["type"] for item in message["content"]] == ["video", "text"]
+
+
+def test_question_prompt_has_one_video_and_the_video_path_line():
+    prompt = question_prompt("id-1", "/data/videos/clip.mp4", "What happens?", nframes=8)
+    (message,) = prompt.messages
+    assert message["content"][0] == {"type": "video"}
+    assert message["content"][1]["text"].endswith("The video path for this video is: clip.mp4")
+    assert "multiple <tool_call> blocks in one turn" in message["content"][1]["text"]
+    assert prompt.nframes == 8 and prompt.tools[0]["function"]["name"] == "crop_video"
+
+
+def test_rl_prompt_video_marker_becomes_the_video_item():
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<video>\nWhat colour?"}]
+    messages = messages_from_rl_prompt(turns)
+    assert messages[0] == {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
+    assert messages[1]["content"] == [{"type": "video"}, {"type": "text", "text": "\nWhat colour?"}]
+    EpisodePrompt("row-3", Path("v.mp4"), messages)
+
+
+@pytest.mark.parametrize("content", ["no video here", "<video> and <video>"])
+def test_episode_prompt_needs_exactly_one_video(content):
+    with pytest.raises(ValueError, match="exactly one video item"):
+        EpisodePrompt("row-9", Path("v.mp4"), messages_from_rl_prompt([{"role": "user", "content": content}]))
+
+
+def test_sglang_payloads_and_parsing():
+    from paravt_core.agent.sglang_engine import parse_generation, sampling_payload, vision_payload
+
+    assert vision_payload(VisionInputs()) == []
+    vision = VisionInputs(pixel_values_videos=torch.ones(2, 3), video_grid_thw=torch.tensor([[1, 1, 2]]))
+    (item,) = vision_payload(vision)
+    assert item["format"] == "processor_output" and item["video_grid_thw"] == [[1, 1, 2]]
+    payload = sampling_payload(SamplingParams(max_new_tokens=7, temperature=0.7, stop_token_ids=(5,), seed=3))
+    assert payload["max_new_tokens"] == 7 and payload["stop_token_ids"] == [5] and payload["top_k"] == -1
+    result = {"meta_info": {"output_token_logprobs": [[-0.1, 11, None], [-0.2, 5, None]],
+                            "finish_reason": {"type": "stop", "matched": 5}}}
+    generation = parse_generation(result)
+    assert generation.token_ids == [11, 5] and generation.logprobs == [-0.1, -0.2]
+    assert generation.finish_reason == "stop"
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None,
+                    reason="SGLang can run here")
+def test_sglang_engine_refuses_to_start_without_cuda_or_sglang():
+    from paravt_core.agent.sglang_engine import SGLangEngine, SGLangUnavailable, launch_sglang_server
+
+    with pytest.raises(SGLangUnavailable, match="needs a CUDA machine with SGLang") as raised:
+        SGLangEngine("http://127.0.0.1:30000", "model-dir")
+    message = str(raised.value)
+    assert ("not installed" in message) or ("no CUDA GPU" in message)
+    assert "hf backend" in message
+    with pytest.raises(SGLangUnavailable):
+        launch_sglang_server("model-dir")
