@@ -38,7 +38,10 @@ def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: 
     cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(free_port())]
     cmd += ["--hostfile", hostfile] if hostfile else ["--num_gpus", str(num_ranks)]
     cmd += [str(script), *args]
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    # Ranks on one CPU host share its cores: give each its share, not all of them each.
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, num_ranks)))
+    child_env = {"OMP_NUM_THREADS": threads, **os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+                 **(env or {})}
     tail: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
         assert proc.stdout is not None
