@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paravt_core.agent.prompts import EpisodePrompt
+from paravt_core.agent.prompts import EpisodePrompt, messages_from_rl_prompt
 from paravt_core.sft.encode import media_path
 
 QUESTION_TYPES = ("mcq", "tvg", "oe")
@@ -33,19 +33,6 @@ class RLPrompt:
     question: str
 
 
-def _content_items(text: str) -> list[dict[str, Any]]:
-    before, sep, after = text.partition("<video>")
-    if not sep:
-        return [{"type": "text", "text": text}]
-    items: list[dict[str, Any]] = []
-    if before.strip():
-        items.append({"type": "text", "text": before})
-    items.append({"type": "video"})
-    if after:
-        items.append({"type": "text", "text": after})
-    return items
-
-
 def rl_prompt_from_row(row: dict[str, Any], where: str) -> RLPrompt:
     try:
         turns = row["prompt"]
@@ -55,7 +42,7 @@ def rl_prompt_from_row(row: dict[str, Any], where: str) -> RLPrompt:
         raise RLRowError(f"{where}: malformed RL row ({err!r}); validate the shard with the data contracts") from err
     if extra.get("question_type") not in QUESTION_TYPES:
         raise RLRowError(f"{where}: extra_info.question_type {extra.get('question_type')!r} not in {QUESTION_TYPES}")
-    messages = tuple({"role": t["role"], "content": _content_items(t["content"])} for t in turns)
+    messages = messages_from_rl_prompt(turns)
     digest = hashlib.sha256(json.dumps([turns, str(video), extra], sort_keys=True).encode()).hexdigest()[:16]
     prompt = EpisodePrompt(prompt_id=digest, video_path=video, messages=messages, tools=())
     return RLPrompt(prompt, str(extra.get("answer", "")), extra["question_type"], str(extra.get("question", "")))

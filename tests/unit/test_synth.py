@@ -525,3 +525,11 @@ def test_cli_synth_reads_yaml_overrides_seed_and_prints_a_summary(tmp_path, caps
     args = parser.parse_args(["synth", "--out", str(tmp_path / "bad"), "--config", str(config), "--quiet"])
     assert args.func(args) == 2
     assert "train_videos" in capsys.readouterr().err
+
+
+def test_no_row_repeats(world):
+    # The data contracts refuse duplicate rows; a video's questions must be distinct.
+    sft = [json.dumps(r, sort_keys=True, default=str) for r in _sft_rows(world)]
+    assert len(sft) == len(set(sft))
+    rl = [json.dumps(r, sort_keys=True, default=str) for r in _rows(world, PARQUET_REPO, "rl/paravt_rl_diverse.parquet")]
+    assert len(rl) == len(set(rl))

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from paravt_core.data.synth.archives import zip_bytes
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.data.synth.prompts import SYSTEM_PROMPT, question_prompt
-from paravt_core.data.synth.questions import QUESTION_TYPES, background_question, event_question
+from paravt_core.data.synth.questions import QUESTION_TYPES, Question, background_question, event_question
 from paravt_core.data.synth.traces import TeacherTrace, no_tool_trace, tool_trace
 from paravt_core.data.synth.world import VideoSpec, derived_rng
 
@@ -135,20 +135,38 @@ def parquet_bytes(rows: Sequence[dict], schema: pa.Schema) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+MAX_REDRAWS = 32
+
+
+def _distinct(draw, seen: set[tuple]) -> Question | None:
+    """A question not asked yet about this video (a video's rows must not repeat), or None."""
+    for _ in range(MAX_REDRAWS):
+        question = draw()
+        key = (question.video_id, question.qtype, question.text, question.options)
+        if key not in seen:
+            seen.add(key)
+            return question
+    return None
+
+
 def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple[TrainVideo, TeacherTrace]]:
-    """`sft_traces_per_video` traces per video; exactly round(no_tool_share * n) answer without tools."""
+    """Up to `sft_traces_per_video` distinct traces per video; the no-tool slots are
+    round(no_tool_share * n). A slot whose video has no question left is dropped."""
     slots = [(video, k) for video in videos for k in range(cfg.sft_traces_per_video)]
     no_tool = set(derived_rng(cfg.seed, "no-tool").sample(range(len(slots)), round(cfg.no_tool_share * len(slots))))
-    traces = []
+    traces, seen = [], set()
     for index, (video, k) in enumerate(slots):
         rng = derived_rng(cfg.seed, "sft", video.spec.video_id, k)
         if index in no_tool:
-            question = background_question(rng, video.spec, rng.choice(("mcq", "oe")))
-            traces.append((video, no_tool_trace(video.spec, question)))
+            question = _distinct(lambda: background_question(rng, video.spec, rng.choice(("mcq", "oe"))), seen)
+            if question is not None:
+                traces.append((video, no_tool_trace(video.spec, question)))
             continue
-        question = event_question(rng, video.spec, rng.randrange(len(video.spec.events)), rng.choice(QUESTION_TYPES))
-        trace = tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace, cfg.max_crop_s)
-        traces.append((video, trace))
+        question = _distinct(lambda: event_question(rng, video.spec, rng.randrange(len(video.spec.events)),
+                                                    rng.choice(QUESTION_TYPES)), seen)
+        if question is not None:
+            traces.append((video, tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace,
+                                             cfg.max_crop_s)))
     return traces
 
 
@@ -161,13 +179,15 @@ def sft_shards(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> dict[str, list
 
 
 def rl_rows(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[dict]:
-    """`rl_prompts_per_video` event questions per video, types drawn from mcq / tvg / oe."""
-    rows = []
+    """Up to `rl_prompts_per_video` distinct event questions per video, types from mcq / tvg / oe."""
+    rows, seen = [], set()
     for video in videos:
         for k in range(cfg.rl_prompts_per_video):
             rng = derived_rng(cfg.seed, "rl", video.spec.video_id, k)
-            event_index = rng.randrange(len(video.spec.events))
-            rows.append(rl_row(event_question(rng, video.spec, event_index, rng.choice(QUESTION_TYPES)), video))
+            question = _distinct(lambda: event_question(rng, video.spec, rng.randrange(len(video.spec.events)),
+                                                        rng.choice(QUESTION_TYPES)), seen)
+            if question is not None:
+                rows.append(rl_row(question, video))
     return rows
 
 

@@ -1,0 +1,73 @@
+"""Does a checkpoint speak the response grammar? (the SFT stage's acceptance check, SPEC §2-§3)
+
+Held-out prompts (eval-split questions on videos no training row uses, put with the
+training rows' system prompt) are rolled out greedily with the agentic protocol. An
+episode follows the grammar when every main-agent turn closes its `<think>`, every tool
+call block parses and asks for a window inside the video, and the episode ends with an
+`<answer>...</answer>` turn (think -> tool calls -> ... -> answer, or think -> answer).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from paravt_core.agent.prompts import EpisodePrompt
+from paravt_core.agent.rollout import Episode
+from paravt_core.config import PipelineConfig
+
+ANSWER = re.compile(r"<answer>\s*\S.*?</answer>", re.S)
+
+
+@dataclass(frozen=True)
+class GrammarReport:
+    episodes: int
+    follows_grammar: int
+    used_tools: int
+    mean_tool_calls: float
+
+    @property
+    def rate(self) -> float:
+        return self.follows_grammar / self.episodes if self.episodes else 0.0
+
+
+def follows_grammar(episode: Episode) -> bool:
+    generated = [seg.text for seg in episode.transcript if seg.generated]
+    if not generated or episode.end_reason != "answer":
+        return False
+    if episode.parse_failures or episode.rejected_calls or episode.unanswered_calls:
+        return False
+    if not all("</think>" in turn for turn in generated):
+        return False
+    return bool(ANSWER.search(generated[-1]))
+
+
+def held_out_prompts(sft_rows: Sequence[dict], samples: Sequence, limit: int) -> list[EpisodePrompt]:
+    """Eval-split samples asked the way the training rows ask (their system prompt)."""
+    system = next((m for m in sft_rows[0]["messages"] if m["role"] == "system"), None)
+    prompts = []
+    for sample in samples[:limit]:
+        text = f"{sample.question}\nThe video path for this video is: {Path(sample.video_path).name}"
+        messages = ([{"role": "system", "content": system["content"]}] if system else []) + [
+            {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}
+        ]
+        prompts.append(EpisodePrompt(sample.id, Path(sample.video_path), tuple(messages), tools=()))
+    return prompts
+
+
+def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: PipelineConfig) -> GrammarReport:
+    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.rollout import run_episodes
+    from paravt_core.model.loading import load_model, load_processor
+
+    processor = load_processor(model_dir)
+    engine = HFEngine(load_model(model_dir).eval(), processor)
+    episodes = run_episodes(engine, processor, prompts, cfg.rl.rollout, cfg.video, group_size=1, temperature=0.0)
+    return GrammarReport(
+        episodes=len(episodes),
+        follows_grammar=sum(follows_grammar(e) for e in episodes),
+        used_tools=sum(e.tool_calls > 0 for e in episodes),
+        mean_tool_calls=sum(e.tool_calls for e in episodes) / max(1, len(episodes)),
+    )
