@@ -11,7 +11,7 @@ def _run(args: argparse.Namespace) -> int:
     from flows.full_pipeline import full_pipeline
     from flows.params import PipelineParams
 
-    params = PipelineParams(config_path=args.config, overrides=args.set)
+    params = PipelineParams(config_path=args.config, overrides=args.set, rl_row=args.rl_row)
     cfg = params.load()
     outputs = full_pipeline(params)
     print("\nPipeline finished. Outputs:")
@@ -26,4 +26,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run the full pipeline flow on a config (no server needed)")
     p.add_argument("--config", default="conf/pipeline/tiny.yaml", help="pipeline YAML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. sft.max_steps=20")
+    p.add_argument("--rl-row", default=None, help="RL ablation row (conf/rl/*.yaml) laid over the rl section")
     p.set_defaults(func=_run)

@@ -14,6 +14,7 @@ class PipelineParams(BaseModel):
 
     config_path: str = Field("conf/pipeline/tiny.yaml", description="pipeline YAML, relative to the project root")
     overrides: list[str] = Field(default_factory=list, description='e.g. ["sft.max_steps=20", "run.seed=1"]')
+    rl_row: str | None = Field(None, description="RL ablation row laid over the rl section, e.g. conf/rl/vanilla_grpo.yaml")
 
     @model_validator(mode="after")
     def _config_loads(self) -> PipelineParams:
@@ -21,4 +22,4 @@ class PipelineParams(BaseModel):
         return self
 
     def load(self) -> PipelineConfig:
-        return load_config(self.config_path, self.overrides)
+        return load_config(self.config_path, self.overrides, self.rl_row)

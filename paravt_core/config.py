@@ -114,6 +114,7 @@ class RewardConfig(_Section):
     format_weight: float = 1.0
     answer_suffix: bool = True
     anchor_weight: float = Field(0.5, ge=0)
+    unclosed_think_penalty: bool = True
     use_tool_reward: bool = True
     oe_mode: Literal["exact", "f1", "llm"] = "f1"
 
@@ -260,14 +261,34 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
-    """Read a pipeline YAML, apply `key=value` overrides and validate."""
-    path = Path(path)
+def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist (see conf/pipeline/ for the shipped ones)")
+        raise ConfigError(f"{what} file {path} does not exist (see conf/ for the shipped ones)")
     raw = yaml.safe_load(path.read_text()) or {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return raw
+
+
+def load_rl_row(path: str | Path) -> dict[str, Any]:
+    """An RL ablation row (`conf/rl/*.yaml`): a partial `rl` section, validated on its own."""
+    path = Path(path)
+    raw = _read_mapping(path, "RL row")
+    try:
+        RLConfig.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"rl.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
+        raise ConfigError(f"{path}: {problems}") from None
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None,
+                rl_row: str | Path | None = None) -> PipelineConfig:
+    """Read a pipeline YAML, lay an RL row over its `rl` section, apply `key=value` overrides, validate."""
+    path = Path(path)
+    raw = _read_mapping(path, "config")
+    if rl_row is not None:
+        raw = _merge(raw, {"rl": load_rl_row(rl_row)})
     raw = _merge(raw, parse_overrides(overrides or []))
     try:
         return PipelineConfig.model_validate(raw)

@@ -47,7 +47,8 @@ def paravt_reward(cfg: RLConfig) -> RewardFn:
     def score(episode: Episode, prompt: RLPrompt) -> RewardBreakdown:
         out = compute_reward(episode.text(r.scope), prompt.answer, prompt.question_type,
                              answer_suffix=r.answer_suffix, anchor_weight=r.anchor_weight,
-                             format_weight=r.format_weight, oe_mode=r.oe_mode, question=prompt.question)
+                             format_weight=r.format_weight, oe_mode=r.oe_mode, question=prompt.question,
+                             unclosed_think_penalty=r.unclosed_think_penalty)
         if not r.use_tool_reward:
             out = RewardBreakdown(out.answer, out.acc, out.format, 0.0, out.acc + r.format_weight * out.format)
         return out

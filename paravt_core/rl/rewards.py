@@ -113,6 +113,7 @@ def compute_reward(
     oe_mode: OpenEndedMode = "f1",
     judge: Judge | None = None,
     question: str = "",
+    unclosed_think_penalty: bool = True,
 ) -> RewardBreakdown:
     """Score one rollout text against its ground truth (SPEC §4).
 
@@ -123,12 +124,14 @@ def compute_reward(
         answer_suffix, anchor_weight: the format knobs of SPEC §4.3 (λ = anchor_weight).
         format_weight: weight of R_fmt in the scalar reward.
         oe_mode, judge, question: open-ended scoring, see `accuracy_reward`.
+        unclosed_think_penalty: keep the anchoring's -0.3 for an unclosed `<think>`.
     """
     prediction = extract_answer(text)
     if is_degenerate(text):
         return RewardBreakdown(prediction, 0.0, 0.0, 0.0, 0.0)
     acc = accuracy_reward(prediction, answer, question_type, oe_mode=oe_mode, judge=judge, question=question)
-    fmt = format_reward(text, answer_suffix=answer_suffix, anchor_weight=anchor_weight)
+    fmt = format_reward(text, answer_suffix=answer_suffix, anchor_weight=anchor_weight,
+                        unclosed_think_penalty=unclosed_think_penalty)
     tool = tool_reward(text, acc)
     return RewardBreakdown(prediction, acc, fmt, tool, acc + format_weight * fmt + tool)
 
@@ -221,8 +224,13 @@ def token_f1(prediction: str, ground_truth: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def format_reward(text: str, *, answer_suffix: bool = True, anchor_weight: float = 0.5) -> float:
-    """R_fmt (SPEC §4.3): capped at 1.0 above, not clamped below (it can be negative)."""
+def format_reward(text: str, *, answer_suffix: bool = True, anchor_weight: float = 0.5,
+                  unclosed_think_penalty: bool = True) -> float:
+    """R_fmt (SPEC §4.3): capped at 1.0 above, not clamped below (it can be negative).
+
+    `unclosed_think_penalty=False` drops the anchoring's -0.3 for an unclosed `<think>`
+    (the "full minus penalty" ablation row of SPEC §6).
+    """
     think, tool, answered = has_think(text), has_tool(text), has_answer(text)
     think_credit, open_credit, close_credit = (0.2, 0.3, 0.2) if answer_suffix else (0.3, 0.2, 0.1)
     score = think_credit if think else 0.0
@@ -230,7 +238,7 @@ def format_reward(text: str, *, answer_suffix: bool = True, anchor_weight: float
         score += open_credit if "<answer>" in text else 0.0
         score += close_credit if "</answer>" in text else 0.0
     if anchor_weight > 0:
-        score += anchor_weight * _anchor_bonus(text, think, answered)
+        score += anchor_weight * _anchor_bonus(text, think, answered, unclosed_think_penalty)
     if think and tool and _think_precedes_tools(text):
         score += 0.3
     if score > 0 and _tags_balanced(text):
@@ -318,10 +326,10 @@ def _judged_or_f1(prediction: str, ground_truth: str, question: str, judge: Judg
     return token_f1(prediction, ground_truth)
 
 
-def _anchor_bonus(text: str, think: bool, answered: bool) -> float:
+def _anchor_bonus(text: str, think: bool, answered: bool, penalty: bool = True) -> float:
     if "</think>" in text and think:
         return 0.4 + (0.3 if answered and "</answer>" in text else 0.0)
-    if "<think>" in text and "</think>" not in text:
+    if penalty and "<think>" in text and "</think>" not in text:
         return -0.3
     return 0.0
 

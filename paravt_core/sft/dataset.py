@@ -72,25 +72,26 @@ class FrameCache:
                 frames, meta = z["frames"], json.loads(str(z["meta"]))
             return frames, VideoMetadata(**meta)
         self.misses += 1
-        frames, meta = self._decode(path)
+        frames, meta = decode_video(path, self.sampling)
         buf = io.BytesIO()
         np.savez(buf, frames=frames, meta=np.array(json.dumps(meta)))
         atomic_write_bytes(entry, buf.getvalue())
         return frames, VideoMetadata(**meta)
 
-    def _decode(self, path: Path) -> tuple[np.ndarray, dict[str, Any]]:
-        from paravt_core.video import VideoFile, sample_window_frames
 
-        s = self.sampling
-        with VideoFile(path) as video:  # one open: index the file once for probe and decode
-            frames = sample_window_frames(
-                video, 0.0, video.info.duration, fps=s.fps, min_frames=1, max_frames=s.max_frames,
-                min_pixels=s.min_pixels, max_pixels=s.max_pixels, factor=s.factor,
-            )
-        _, height, width, _ = frames.array.shape
-        meta = dict(total_num_frames=frames.total_frames, fps=frames.fps, width=width, height=height,
-                    duration=frames.duration, frames_indices=list(frames.indices))
-        return frames.array, meta
+def decode_video(path: Path, s: FrameSampling) -> tuple[np.ndarray, dict[str, Any]]:
+    """Frames of a whole video at `s.fps`, at most `s.max_frames`, with their metadata fields."""
+    from paravt_core.video import VideoFile, sample_window_frames
+
+    with VideoFile(path) as video:  # one open: index the file once for probe and decode
+        frames = sample_window_frames(
+            video, 0.0, video.info.duration, fps=s.fps, min_frames=1, max_frames=s.max_frames,
+            min_pixels=s.min_pixels, max_pixels=s.max_pixels, factor=s.factor,
+        )
+    _, height, width, _ = frames.array.shape
+    meta = dict(total_num_frames=frames.total_frames, fps=frames.fps, width=width, height=height,
+                duration=frames.duration, frames_indices=list(frames.indices))
+    return frames.array, meta
 
 
 def load_image(path: Path):

@@ -23,6 +23,11 @@ def test_every_yaml_loads(path: Path):
     assert first_line.startswith("#"), f"{path} must open with a comment saying what it is for"
     if path.parent.name == "pipeline":
         assert isinstance(load_config(path), PipelineConfig)
+    elif path.parent.name == "rl":
+        cfg = load_config(CONF / "pipeline" / "tiny.yaml", rl_row=path)
+        assert cfg.rl.row == path.stem
+    else:
+        pytest.fail(f"{path}: no config type is known for conf/{path.parent.name}/")
 
 
 def test_paper_settings_in_8b_config():
@@ -66,3 +71,27 @@ def test_overrides_and_section_hash():
 def test_missing_file_is_clear(tmp_path: Path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_rl_rows_match_spec_table():
+    def row(name):
+        return load_config(CONF / "pipeline" / "tiny.yaml", rl_row=CONF / "rl" / f"{name}.yaml").rl
+
+    full, vanilla = row("paragrpo"), row("vanilla_grpo")
+    assert (full.rollout.think_prefix, full.reward.answer_suffix, full.reward.anchor_weight, full.gating.enabled) == (
+        True, True, 0.5, True)
+    assert (vanilla.rollout.think_prefix, vanilla.reward.answer_suffix, vanilla.reward.anchor_weight,
+            vanilla.gating.enabled) == (False, False, 0.0, False)
+    assert row("anchoring_only").gating.enabled is False and row("anchoring_only").reward.anchor_weight == 0.5
+    assert row("gating_only").gating.enabled is True and row("gating_only").reward.anchor_weight == 0.0
+    assert row("no_tool_reward").reward.use_tool_reward is False
+    assert row("no_penalty").reward.unclosed_think_penalty is False
+    # the row keeps the pipeline's budget
+    assert full.max_steps == load_config(CONF / "pipeline" / "tiny.yaml").rl.max_steps
+
+
+def test_bad_rl_row_names_file(tmp_path: Path):
+    bad = tmp_path / "row.yaml"
+    bad.write_text("# bad\nrow: x\ngating:\n  enabeld: true\n")
+    with pytest.raises(ConfigError, match=r"row\.yaml: rl\.gating\.enabeld"):
+        load_config(CONF / "pipeline" / "tiny.yaml", rl_row=bad)

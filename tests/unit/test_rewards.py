@@ -432,3 +432,12 @@ def test_scored_text_scopes() -> None:
     assert tool_reward(generated, 1.0) == pytest.approx(0.6)  # 0.1 + 0.5
     with pytest.raises(ValueError, match="scope"):
         scored_text(SEGMENTS, "everything")
+
+
+def test_no_penalty_row_drops_only_the_unclosed_think_penalty():
+    from paravt_core.rl.rewards import format_reward
+
+    text = "<think>still thinking about the video"  # has_think (open block, >= 10 chars), never closed
+    # answer_suffix on: +0.2 think; anchoring λ=0.5: -0.3 * 0.5 = -0.15; tags unbalanced -> no +0.1
+    assert format_reward(text) == pytest.approx(0.2 - 0.15)
+    assert format_reward(text, unclosed_think_penalty=False) == pytest.approx(0.2)
