@@ -16,7 +16,7 @@ from flows.params import PipelineParams
 from tasks.model import base_model
 from tasks.registry import register
 from tasks.rl import rl
-from tasks.sft import sft
+from tasks.sft import sft, sft_grammar
 
 
 @flow(name="paravt", log_prints=True)
@@ -27,6 +27,7 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
     data = data_stage(cfg)
     base = base_model(cfg)
     sft_model = sft(cfg, base, data.sft)
+    grammar = sft_grammar(cfg, base, sft_model, data)
     sft_version = register(cfg, sft_model, "sft", data.sft.sha256, alias="sft")
     rl_model = rl(cfg, sft_model, data.rl)
     rl_version = register(cfg, rl_model, "rl", data.rl.sha256, parent_version=sft_version.version, alias="candidate")
@@ -37,5 +38,6 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
         "sft_model": str(sft_model.path),
         "rl_model": str(rl_model.path),
         "registered": f"{cfg.model.registered_name} v{sft_version.version} (sft), v{rl_version.version} (candidate)",
+        "sft grammar": f"{grammar['grammar_rate_sft']:.0%} of held-out episodes (base {grammar['grammar_rate_base']:.0%})",
         "mlflow": cfg.mlflow_uri(),
     }

@@ -26,3 +26,20 @@ def sft(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef) -> Artifa
     """Cold-start SFT; a retry resumes from the run's latest DeepSpeed checkpoint."""
     log = get_run_logger()
     return sft_stage.run(cfg, base, sft_data, log_line=lambda line: log.info(line))
+
+
+@task(name="sft-grammar", persist_result=True, cache_key_fn=lambda ctx, p: stage_key(
+    "sft-grammar", p["base"].sha256, p["sft_model"].sha256, p["data"].eval.sha256, p["cfg"].section_hash("rl", "video")))
+def sft_grammar(cfg: PipelineConfig, base: ArtifactRef, sft_model: ArtifactRef, data) -> dict[str, float]:
+    """Share of held-out greedy episodes that follow the response grammar, before and after SFT."""
+    from paravt_core.sft import grammar
+    from paravt_core.tracking import MetricLogger
+
+    reports = grammar.run(cfg, base.path, sft_model.path, data.sft.path, data.eval.path)
+    out = {f"grammar_rate_{k}": r.rate for k, r in reports.items()}
+    out |= {f"tool_use_rate_{k}": r.used_tools / max(1, r.episodes) for k, r in reports.items()}
+    run_id_file = sft_stage.run_dir(cfg, base, data.sft) / "mlflow_run_id"
+    if run_id_file.is_file():
+        MetricLogger(cfg.mlflow_uri(), run_id_file.read_text().strip()).log(cfg.sft.max_steps, out)
+    get_run_logger().info("grammar on %d held-out prompts: %s", reports["sft"].episodes, out)
+    return out

@@ -71,3 +71,21 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
         used_tools=sum(e.tool_calls > 0 for e in episodes),
         mean_tool_calls=sum(e.tool_calls for e in episodes) / max(1, len(episodes)),
     )
+
+
+def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, eval_dir: Path,
+        limit: int = 20) -> dict[str, GrammarReport]:
+    """Grammar of the base and SFT checkpoints on held-out eval-split questions."""
+    from paravt_core.config import EVAL_SPLITS
+    from paravt_core.data.stage import load_split_file
+    from paravt_core.sft.dataset import read_sft_rows
+
+    rows = read_sft_rows(sorted(Path(sft_rows_dir).glob("*.parquet")))
+    per_split = max(1, limit // len(EVAL_SPLITS))
+    samples = []
+    for split in EVAL_SPLITS:
+        split_json = Path(eval_dir) / split / "split.json"
+        if split_json.is_file():
+            samples += [s for s in load_split_file(split_json) if not s.video_missing][:per_split]
+    prompts = held_out_prompts(rows, samples, limit)
+    return {"base": grammar_report(base_dir, prompts, cfg), "sft": grammar_report(sft_dir, prompts, cfg)}
