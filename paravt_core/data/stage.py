@@ -1,0 +1,349 @@
+"""Data stage: download, unzip, materialize, validate, prepare the evaluation splits.
+
+`run(cfg) -> DataBundle` reads top to bottom; each step is also a function of its own
+(the Prefect tasks in `tasks/data.py` wrap them one by one):
+
+1. `download`: the ParaVT release and the benchmark repos into a hub cache
+   (`paravt_core.data.hub`; with `data.source: synth` from a generated local mirror).
+2. `unzip`: every ParaVT-Source archive into one media root, `<output_dir>/data/media/paravt`,
+   and the benchmark video / subtitle archives into `<output_dir>/data/media/<repo>`
+   (`paravt_core.data.archives`).
+3. `materialize`: sentinel paths to `file://` URLs, into `<output_dir>/data/materialized/{sft,rl}`
+   (`paravt_core.data.materialize`, SPEC §8).
+4. `validate`: the data contracts (`data_contracts.validate`) on every materialized SFT
+   and RL shard, and on each evaluation split's downloaded annotation rows together with
+   the split's video (and subtitle) folder. Reports go to
+   `<output_dir>/data/validated/reports/<kind>/`. With `data.on_bad_rows: fail` a broken
+   row stops the stage (`ContractError`); with `quarantine` a contract hands back the
+   table of kept rows, and a kind whose shards lost rows is rewritten whole (kept shards
+   plus the untouched ones, names kept) into `<output_dir>/data/validated/<kind>/`, which
+   the bundle then points at instead of the materialized folder.
+5. `prepare_eval`: per SPEC §7 split, `<output_dir>/data/eval/<split>/` with the (kept)
+   annotation rows under their original file name, a `split.json` {"split", "rows",
+   "video_dir", "subtitle_dir"} of absolute paths (`paravt_core.eval.samples.load_split`'s
+   arguments; `load_split_file` reads one) and a `source.json` pinning the repo commit
+   and archive hashes behind it. Every split is loaded once before the folder is
+   published and must have no missing video.
+
+Only the splits in `eval.splits` are fetched and prepared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from fnmatch import fnmatch
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from paravt_core.atomic import atomic_dir
+from paravt_core.config import PipelineConfig
+from paravt_core.data.archives import extract_all
+from paravt_core.data.hub import Downloads, Snapshot, archive_pattern, download_all
+from paravt_core.data.materialize import Materialized, materialize_release
+from paravt_core.data.synth.benchmarks import LAYOUTS, BenchmarkLayout
+from paravt_core.refs import ArtifactRef, content_hash
+
+log = logging.getLogger(__name__)
+
+SPLIT_FILE = "split.json"
+SOURCE_FILE = "source.json"
+CONTRACT_KINDS = ("sft", "rl", "eval")
+
+
+class DataStageError(RuntimeError):
+    """A data stage step that cannot go on; the message names the step, the file and the fix."""
+
+
+class SplitMedia(BaseModel):
+    """Where one evaluation split's videos and subtitles lie after the unzip step."""
+
+    model_config = ConfigDict(frozen=True)
+
+    video_dir: Path
+    subtitle_dir: Path | None = None
+    archives: dict[str, str] = {}  # archive name -> sha256, of the archives behind video_dir / subtitle_dir
+
+
+class Media(BaseModel):
+    """The unzip step's result: the ParaVT media root and each split's media folders."""
+
+    model_config = ConfigDict(frozen=True)
+
+    paravt_root: Path
+    paravt_archives: dict[str, str]  # archive name -> sha256
+    splits: dict[str, SplitMedia]
+
+    @property
+    def paravt_digest(self) -> str:
+        """A hash of the archives the ParaVT media root was extracted from."""
+        return _json_digest(self.paravt_archives)
+
+
+class Validated(BaseModel):
+    """The validate step's result: the tables to go on with, after the contracts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sft: ArtifactRef
+    rl: ArtifactRef
+    eval_rows: dict[str, ArtifactRef]  # split -> annotation rows file
+
+
+class DataBundle(BaseModel):
+    """What the data stage hands on (STYLE §3): typed, hashed references.
+
+    `sft` and `rl` are folders of materialized parquet shards, `eval` is
+    `<output_dir>/data/eval` (one folder per split), each with `refs.content_hash` of its
+    content; `missing` counts the missing media files per sentinel root (SPEC §8).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    sft: ArtifactRef
+    rl: ArtifactRef
+    eval: ArtifactRef
+    missing: dict[str, int]
+
+
+def _json_digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ----- folders ------------------------------------------------------------------------
+
+
+def data_dir(cfg: PipelineConfig) -> Path:
+    return cfg.run.output_dir / "data"
+
+
+def media_dir(cfg: PipelineConfig) -> Path:
+    return data_dir(cfg) / "media"
+
+
+def materialized_dir(cfg: PipelineConfig) -> Path:
+    return data_dir(cfg) / "materialized"
+
+
+def validated_dir(cfg: PipelineConfig) -> Path:
+    return data_dir(cfg) / "validated"
+
+
+def eval_dir(cfg: PipelineConfig) -> Path:
+    return data_dir(cfg) / "eval"
+
+
+# ----- 1. download --------------------------------------------------------------------
+
+
+def download(cfg: PipelineConfig, progress: bool = True) -> Downloads:
+    """Step 1 (see `paravt_core.data.hub.download_all`)."""
+    return download_all(cfg, progress)
+
+
+# ----- 2. unzip -----------------------------------------------------------------------
+
+
+def _matching_files(snapshot: Snapshot, pattern: str) -> list[Path]:
+    """Files of a snapshot whose repo path matches a pattern (as `allow_patterns` does)."""
+    files = sorted(p for p in snapshot.path.rglob("*") if p.is_file())
+    return [p for p in files if fnmatch(p.relative_to(snapshot.path).as_posix(), pattern)]
+
+
+def _archives_of(snapshot: Snapshot, name: str, what: str) -> list[Path]:
+    archives = _matching_files(snapshot, archive_pattern(name))
+    if not archives:
+        raise DataStageError(
+            f"unzip: {snapshot.repo_id} (commit {snapshot.commit[:12]}, {snapshot.path}) has no {what} archive "
+            f"matching {archive_pattern(name)!r}; re-run the download step or check the repo layout"
+        )
+    return archives
+
+
+def split_media(cfg: PipelineConfig, layout: BenchmarkLayout, snapshot: Snapshot, progress: bool) -> SplitMedia:
+    """Extract one split's video and subtitle archives (if it has any); loose videos stay put."""
+    target = media_dir(cfg) / layout.repo_id.replace("/", "--")
+    archives: dict[str, str] = {}
+    if layout.video_archive:
+        archives |= extract_all(_archives_of(snapshot, layout.video_archive, "video"), target, progress)
+        video_dir = target / layout.video_dir
+    else:
+        video_dir = snapshot.path / layout.video_dir if layout.video_dir else snapshot.path
+    subtitle_dir = None
+    if layout.subtitle_archive:
+        archives |= extract_all(_archives_of(snapshot, layout.subtitle_archive, "subtitle"), target, progress)
+        subtitle_dir = target / (layout.subtitle_dir or "")
+    return SplitMedia(video_dir=video_dir.resolve(), subtitle_dir=subtitle_dir and subtitle_dir.resolve(),
+                      archives=archives)
+
+
+def unzip(cfg: PipelineConfig, downloads: Downloads, progress: bool = True) -> Media:
+    """Step 2: ParaVT-Source into one media root, benchmark archives per repo."""
+    source_archives = _matching_files(downloads.source, "*.zip")
+    if not source_archives:
+        raise DataStageError(f"unzip: no zip archives in {downloads.source.repo_id} at {downloads.source.path}; "
+                             f"re-run the download step")
+    root = media_dir(cfg) / "paravt"
+    paravt_archives = extract_all(source_archives, root, progress)
+    splits = {
+        split: split_media(cfg, LAYOUTS[split], downloads.benchmark(split), progress) for split in cfg.eval.splits
+    }
+    return Media(paravt_root=root.resolve(), paravt_archives=paravt_archives, splits=splits)
+
+
+# ----- 3. materialize -----------------------------------------------------------------
+
+
+def materialize(cfg: PipelineConfig, downloads: Downloads, media: Media, progress: bool = True) -> Materialized:
+    """Step 3 (SPEC §8; see `paravt_core.data.materialize`)."""
+    return materialize_release(downloads.parquet.path, media.paravt_root, materialized_dir(cfg), progress)
+
+
+# ----- 4. validate --------------------------------------------------------------------
+
+
+def contracts_version() -> str:
+    """A hash of the data contracts' source, so changed contracts re-validate cached tables."""
+    import data_contracts
+
+    package = Path(data_contracts.__file__).parent
+    files = sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return _json_digest({p.relative_to(package).as_posix(): content_hash(p) for p in files})
+
+
+def check_contract(
+    cfg: PipelineConfig, kind: str, table: Path, report_dir: Path, split: str | None = None,
+    media: SplitMedia | None = None,
+) -> Path:
+    """Run one data contract; returns the table to go on with (the kept rows on quarantine).
+
+    `data_contracts.validate` raises `ContractError` (naming the table, the failing rows and
+    the report) when `data.on_bad_rows` is "fail" and a row breaks the contract. Evaluation
+    rows are checked with their split's media, so a row whose video is absent fails too.
+    """
+    from data_contracts import validate as validate_contract
+
+    media_dirs = {}
+    if media is not None:
+        subtitle_dir = media.subtitle_dir if split == "videomme_wsub" else None
+        media_dirs = {"video_dir": media.video_dir, "subtitle_dir": subtitle_dir}
+    result = validate_contract(kind, table, split=split, on_bad_rows=cfg.data.on_bad_rows, report_dir=report_dir,
+                               **media_dirs)
+    return Path(result.kept_path)
+
+
+def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef) -> ArtifactRef:
+    """Check every shard of one kind; if any lost rows, write the kept shards to validated/<kind>/."""
+    reports = validated_dir(cfg) / "reports" / kind
+    shards = sorted(Path(ref.path).glob("*.parquet"))
+    kept = {shard: check_contract(cfg, kind, shard, reports) for shard in shards}
+    out = validated_dir(cfg) / kind
+    if all(table == shard for shard, table in kept.items()):
+        shutil.rmtree(out, ignore_errors=True)  # a quarantine of an earlier run no longer applies
+        return ref
+    with atomic_dir(out) as tmp:
+        for shard, table in kept.items():
+            shutil.copyfile(table, tmp / shard.name)
+    log.warning("%s shards lost rows to their contracts (quarantined); continuing with %s", kind, out)
+    return ArtifactRef(kind=ref.kind, path=out.resolve(), sha256=content_hash(out))
+
+
+def _validated_eval_rows(cfg: PipelineConfig, split: str, downloads: Downloads, media: Media) -> ArtifactRef:
+    rows = downloads.benchmark(split).path / LAYOUTS[split].annotation_file
+    if not rows.is_file():
+        raise DataStageError(f"validate: {split} annotation rows {rows} are missing; re-run the download step")
+    reports = validated_dir(cfg) / "reports" / "eval" / split
+    kept = check_contract(cfg, "eval", rows, reports, split=split, media=media.splits[split])
+    return ArtifactRef(kind=f"eval_rows_{split}", path=kept.absolute(), sha256=content_hash(kept))
+
+
+def validate(cfg: PipelineConfig, tables: Materialized, downloads: Downloads, media: Media) -> Validated:
+    """Step 4: the contracts of every SFT and RL shard and of each split's annotation rows."""
+    validated_dir(cfg).mkdir(parents=True, exist_ok=True)
+    return Validated(
+        sft=_validated_folder(cfg, "sft", tables.sft),
+        rl=_validated_folder(cfg, "rl", tables.rl),
+        eval_rows={split: _validated_eval_rows(cfg, split, downloads, media) for split in cfg.eval.splits},
+    )
+
+
+# ----- 5. evaluation splits -----------------------------------------------------------
+
+
+def split_record(split: str, rows: Path, media: SplitMedia) -> dict[str, str | None]:
+    """The `split.json` content: `load_split`'s arguments, absolute paths as strings."""
+    return {
+        "split": split,
+        "rows": str(rows),
+        "video_dir": str(media.video_dir),
+        "subtitle_dir": str(media.subtitle_dir) if split == "videomme_wsub" and media.subtitle_dir else None,
+    }
+
+
+def load_split_file(split_json: Path) -> list:
+    """The `EvalSample`s of a prepared split, from its `split.json`."""
+    from paravt_core.eval.samples import load_split
+
+    record = json.loads(Path(split_json).read_text())
+    subtitle_dir = Path(record["subtitle_dir"]) if record["subtitle_dir"] else None
+    return load_split(record["split"], Path(record["rows"]), Path(record["video_dir"]), subtitle_dir)
+
+
+def check_split_loads(split: str, rows: Path, media: SplitMedia) -> int:
+    """Load a split through `load_split`; raises unless every sample's video is there."""
+    from paravt_core.eval.samples import load_split, missing_videos
+
+    samples = load_split(split, rows, media.video_dir, media.subtitle_dir if split == "videomme_wsub" else None)
+    missing = missing_videos(samples)
+    if missing:
+        examples = ", ".join(str(s.video_path) for s in missing[:3])
+        raise DataStageError(
+            f"prepare_eval: split {split}: {len(missing)} of {len(samples)} samples have no video under "
+            f"{media.video_dir} (e.g. {examples}); check the unzip step's output and the repo layout"
+        )
+    return len(samples)
+
+
+def _write_split(tmp: Path, final: Path, split: str, rows: ArtifactRef, media: SplitMedia, snapshot: Snapshot) -> int:
+    """One split folder under the temporary eval folder; paths in split.json are the final ones."""
+    name = Path(LAYOUTS[split].annotation_file).name
+    (tmp / split).mkdir()
+    shutil.copyfile(rows.path, tmp / split / name)
+    count = check_split_loads(split, tmp / split / name, media)
+    record = split_record(split, (final / split / name).resolve(), media)
+    (tmp / split / SPLIT_FILE).write_text(json.dumps(record, indent=1))
+    source = {"repo_id": snapshot.repo_id, "revision": snapshot.revision, "commit": snapshot.commit,
+              "snapshot_sha256": snapshot.sha256, "rows_sha256": rows.sha256, "archives": media.archives}
+    (tmp / split / SOURCE_FILE).write_text(json.dumps(source, indent=1))
+    return count
+
+
+def prepare_eval(cfg: PipelineConfig, downloads: Downloads, media: Media, checked: Validated) -> ArtifactRef:
+    """Step 5: `<output_dir>/data/eval/<split>/`, published in one rename."""
+    final = eval_dir(cfg)
+    with atomic_dir(final) as tmp:
+        for split in cfg.eval.splits:
+            count = _write_split(tmp, final, split, checked.eval_rows[split], media.splits[split],
+                                 downloads.benchmark(split))
+            log.info("eval split %s: %d samples, every video present", split, count)
+    return ArtifactRef(kind="eval_data", path=final.resolve(), sha256=content_hash(final))
+
+
+# ----- the stage ----------------------------------------------------------------------
+
+
+def bundle(tables: Materialized, checked: Validated, eval_ref: ArtifactRef) -> DataBundle:
+    return DataBundle(sft=checked.sft, rl=checked.rl, eval=eval_ref, missing=tables.missing)
+
+
+def run(cfg: PipelineConfig, progress: bool = True) -> DataBundle:
+    """The whole data stage, steps 1 to 5 in order."""
+    downloads = download(cfg, progress)
+    media = unzip(cfg, downloads, progress)
+    tables = materialize(cfg, downloads, media, progress)
+    checked = validate(cfg, tables, downloads, media)
+    eval_ref = prepare_eval(cfg, downloads, media, checked)
+    return bundle(tables, checked, eval_ref)
