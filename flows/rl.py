@@ -1,0 +1,20 @@
+"""PARA-GRPO as its own Prefect flow, `paravt-rl`: from the (cached) SFT checkpoint of the same config."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.data import data_stage
+from flows.params import PipelineParams
+from paravt_core.refs import ArtifactRef
+from tasks.model import base_model
+from tasks.rl import rl
+from tasks.sft import sft
+
+
+@flow(name="paravt-rl", log_prints=True)
+def rl_flow(params: PipelineParams = PipelineParams()) -> ArtifactRef:
+    cfg = params.load()
+    data = data_stage(cfg)
+    sft_model = sft(cfg, base_model(cfg), data.sft)
+    return rl(cfg, sft_model, data.rl)

@@ -1,0 +1,18 @@
+"""Cold-start SFT as its own Prefect flow, `paravt-sft` (data and base model come from cache)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.data import data_stage
+from flows.params import PipelineParams
+from paravt_core.refs import ArtifactRef
+from tasks.model import base_model
+from tasks.sft import sft
+
+
+@flow(name="paravt-sft", log_prints=True)
+def sft_flow(params: PipelineParams = PipelineParams()) -> ArtifactRef:
+    cfg = params.load()
+    data = data_stage(cfg)
+    return sft(cfg, base_model(cfg), data.sft)
