@@ -54,6 +54,30 @@ def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: 
         raise RuntimeError(f"{script.name} exited with code {code}; last output:\n" + "\n".join(tail))
 
 
+class StepLog:
+    """Plain progress lines (step, metrics, steps/s, ETA) when stdout is a pipe, not a terminal.
+
+    The stage streams the workers' output into the Prefect log line by line, where a tqdm
+    bar (carriage returns) would show nothing until the end.
+    """
+
+    def __init__(self, name: str, total: int, start: int, enabled: bool, every: int = 10):
+        import time
+
+        self.name, self.total, self.start, self.enabled, self.every = name, total, start, enabled, every
+        self.t0 = time.perf_counter()
+
+    def step(self, done: int, **metrics: float) -> None:
+        import time
+
+        if not self.enabled or (done % self.every and done != self.total):
+            return
+        rate = (done - self.start) / max(1e-9, time.perf_counter() - self.t0)
+        eta = (self.total - done) / rate if rate > 0 else float("nan")
+        values = " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+        print(f"[{self.name}] step {done}/{self.total} {values} {rate:.2f} steps/s eta {eta:.0f}s", flush=True)
+
+
 def init_distributed() -> tuple[int, int, str]:
     """(rank, world size, device) after initializing torch.distributed for this accelerator."""
     import deepspeed

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import signal
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from paravt_core.dist import StepLog
 from paravt_core.rl.job import RLJob
 
 
@@ -184,7 +186,9 @@ def train(job: RLJob, reward_fn=None) -> None:
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=trainer.rank == 0)
     kill_at = int(os.environ.get("PARAVT_TEST_KILL_AT_STEP", "-1"))
     bar = tqdm(range(trainer.start, rl.max_steps), initial=trainer.start, total=rl.max_steps, desc="rl",
-               disable=trainer.rank != 0)
+               disable=trainer.rank != 0 or not sys.stdout.isatty())
+    progress = StepLog("rl", rl.max_steps, trainer.start, enabled=trainer.rank == 0 and not sys.stdout.isatty(),
+                       every=1)
     for step in bar:
         row = _all_reduce_mean(trainer.train_step(step), trainer.world)
         if trainer.rank == 0:
@@ -192,6 +196,8 @@ def train(job: RLJob, reward_fn=None) -> None:
                 f.write(json.dumps({"step": step + 1, **row}) + "\n")
             metrics.log(step + 1, row)
             bar.set_postfix(R=f"{row['reward']:.3f}", f=f"{row['f_tau']:.2f}", k=f"{row['kappa']:.2f}")
+            progress.step(step + 1, reward=row["reward"], f_tau=row["f_tau"], kappa=row["kappa"],
+                          rollout_s=row["time_rollout_s"])
         done = step + 1
         if done % rl.checkpoint_every == 0 or done == rl.max_steps:
             pdist.save(trainer.policy, trainer.ckpt_dir, done, {"step": done})

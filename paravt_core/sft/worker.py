@@ -14,12 +14,14 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from paravt_core.dist import StepLog
 from paravt_core.sft.job import SFTJob
 
 
@@ -117,8 +119,9 @@ def train(job: SFTJob) -> None:
     pad_id = processor.tokenizer.pad_token_id
     orders: dict[int, np.ndarray] = {}
 
-    bar = tqdm(range(start, sft.max_steps), initial=start, total=sft.max_steps, desc="sft", disable=rank != 0,
-               mininterval=2.0)
+    bar = tqdm(range(start, sft.max_steps), initial=start, total=sft.max_steps, desc="sft",
+               disable=rank != 0 or not sys.stdout.isatty(), mininterval=2.0)
+    progress = StepLog("sft", sft.max_steps, start, enabled=rank == 0 and not sys.stdout.isatty())
     for step in bar:
         t0 = time.perf_counter()
         step_loss, tokens, samples = 0.0, 0, 0
@@ -145,6 +148,7 @@ def train(job: SFTJob) -> None:
                 f.write(json.dumps(row) + "\n")
             metrics.log(step + 1, {k: v for k, v in row.items() if k != "step"})
             bar.set_postfix(loss=f"{loss_mean:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
+            progress.step(step + 1, loss=loss_mean, lr=row["lr"], tok_s=row["tokens_per_s"])
         done = step + 1
         if done % sft.checkpoint_every == 0 or done == sft.max_steps:
             pdist.save(engine, ckpt_dir, done, {"step": done})
