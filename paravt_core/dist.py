@@ -94,6 +94,15 @@ def init_distributed() -> tuple[int, int, str]:
     return rank, world, "cpu"
 
 
+def local_grad_norm(engine) -> float:
+    """Pre-clipping L2 norm of the full gradients (ZeRO-0 keeps them whole on every rank;
+    DeepSpeed records a global norm only for its ZeRO optimizers)."""
+    import torch
+
+    grads = [p.grad.detach().float() for p in engine.module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+
+
 def deepspeed_config(*, micro_batch: int, grad_accum: int, zero_stage: int, grad_clip: float,
                      bf16: bool) -> dict[str, Any]:
     return {

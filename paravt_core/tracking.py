@@ -24,6 +24,19 @@ def start_stage_run(tracking_uri: str, experiment: str, run_name: str, tags: Map
     return run.info.run_id
 
 
+def stage_run_id(out_dir, tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
+                 params: Mapping[str, Any]) -> str:
+    """The MLflow run of a stage's run folder: created once, reused when the stage resumes."""
+    from pathlib import Path
+
+    id_file = Path(out_dir) / "mlflow_run_id"
+    if id_file.is_file():
+        return id_file.read_text().strip()
+    run_id = start_stage_run(tracking_uri, experiment, run_name, tags, params)
+    id_file.write_text(run_id)
+    return run_id
+
+
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"sft": {"lr": 1}} -> {"sft.lr": 1}."""
     flat: dict[str, Any] = {}

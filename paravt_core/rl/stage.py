@@ -55,16 +55,12 @@ def run(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, log_line: 
 
 
 def _mlflow_run(cfg: PipelineConfig, out: Path, init: ArtifactRef, rl_data: ArtifactRef) -> str:
-    from paravt_core.tracking import flatten, start_stage_run
+    """The run's MLflow run id, tagged with its ablation row; a resumed run reuses it."""
+    from paravt_core.tracking import flatten, stage_run_id
 
-    id_file = out / "mlflow_run_id"
-    if id_file.is_file():
-        return id_file.read_text().strip()
-    run_id = start_stage_run(
-        cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-rl-{cfg.rl.row}",
+    return stage_run_id(
+        out, cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-rl-{cfg.rl.row}",
         tags={"stage": "rl", "ablation_row": cfg.rl.row, "init_model_sha256": init.sha256,
               "data_sha256": rl_data.sha256, "config_hash": cfg.section_hash(), "git_revision": git_revision()},
         params=flatten(cfg.model_dump(mode="json", include={"rl", "video", "model", "run"})),
     )
-    id_file.write_text(run_id)
-    return run_id

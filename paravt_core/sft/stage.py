@@ -64,16 +64,11 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
 
 def _mlflow_run(cfg: PipelineConfig, out: Path, base: ArtifactRef, sft_data: ArtifactRef) -> str:
     """The run's MLflow run id; a resumed run keeps logging into the run it started."""
-    from paravt_core.tracking import flatten, start_stage_run
+    from paravt_core.tracking import flatten, stage_run_id
 
-    id_file = out / "mlflow_run_id"
-    if id_file.is_file():
-        return id_file.read_text().strip()
-    run_id = start_stage_run(
-        cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-sft",
+    return stage_run_id(
+        out, cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-sft",
         tags={"stage": "sft", "base_model_sha256": base.sha256, "data_sha256": sft_data.sha256,
               "config_hash": cfg.section_hash(), "git_revision": git_revision()},
         params=flatten(cfg.model_dump(mode="json", include={"sft", "video", "model", "run"})),
     )
-    id_file.write_text(run_id)
-    return run_id

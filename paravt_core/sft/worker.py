@@ -131,6 +131,8 @@ def train(job: SFTJob) -> None:
             batch = {k: v.to(device) for k, v in collate(batch_samples, pad_id).items()}
             loss = engine(**batch).loss
             engine.backward(loss)
+            if a == sft.grad_accum_steps - 1:
+                stage0_norm = pdist.local_grad_norm(engine) if sft.zero_stage == 0 else None
             engine.step()
             step_loss += loss.item() / sft.grad_accum_steps
             tokens += int(batch["attention_mask"].sum())
@@ -139,7 +141,7 @@ def train(job: SFTJob) -> None:
         dist.all_reduce(stats)
         loss_mean, tokens_all, samples_all = stats[0].item() / world, stats[1].item(), stats[2].item()
         elapsed = time.perf_counter() - t0
-        grad_norm = engine.get_global_grad_norm()
+        grad_norm = stage0_norm if sft.zero_stage == 0 else engine.get_global_grad_norm()
         row = {"step": step + 1, "loss": loss_mean, "lr": scheduler.get_last_lr()[0],
                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                "tokens_per_s": tokens_all / elapsed, "samples_per_s": samples_all / elapsed}

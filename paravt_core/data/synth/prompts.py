@@ -11,24 +11,8 @@ from __future__ import annotations
 
 import json
 
+from paravt_core.agent.prompts import CROP_VIDEO_TOOL
 from paravt_core.data.synth.questions import Question
-
-CROP_VIDEO_TOOL: dict = {
-    "type": "function",
-    "function": {
-        "name": "crop_video",
-        "description": "Look closer at a time window of the video: returns a short summary of what happens in it.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "video_path": {"type": "string", "description": "the video's file name"},
-                "start_time": {"type": "number", "description": "window start in seconds"},
-                "end_time": {"type": "number", "description": "window end in seconds"},
-            },
-            "required": ["video_path", "start_time", "end_time"],
-        },
-    },
-}
 
 SYSTEM_PROMPT = (
     "You answer questions about long videos. You see overview frames sampled uniformly over the "
