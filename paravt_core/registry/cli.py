@@ -1,0 +1,27 @@
+"""`paravt report --experiment NAME`: Table-1/Table-2 shaped report and fτ/κ plots from MLflow."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _report(args: argparse.Namespace) -> int:
+    from paravt_core.config import load_config
+    from paravt_core.registry.report import write_report
+
+    uri = args.tracking_uri or load_config(args.config).mlflow_uri()
+    out = Path(args.out or f"outputs/report/{args.experiment}")
+    path = write_report(uri, args.experiment, out)
+    print(path.read_text())
+    print(f"report written to {path} (plots beside it) and logged to MLflow ({uri})")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("report", help="Markdown tables and fτ/κ plots of an MLflow experiment")
+    p.add_argument("--experiment", required=True, help="MLflow experiment name (mlflow.experiment in the config)")
+    p.add_argument("--config", default="conf/pipeline/tiny.yaml", help="pipeline YAML whose MLflow store to read")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the config's)")
+    p.add_argument("--out", default=None, help="output folder (default outputs/report/<experiment>)")
+    p.set_defaults(func=_report)
