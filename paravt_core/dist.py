@@ -54,6 +54,25 @@ def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: 
         raise RuntimeError(f"{script.name} exited with code {code}; last output:\n" + "\n".join(tail))
 
 
+def maybe_kill_for_test(done_steps: int) -> None:
+    """Fault injection for tests: SIGKILL this process after step PARAVT_TEST_KILL_AT_STEP.
+
+    With PARAVT_TEST_KILL_ONCE_MARKER set, only the first time (the marker file is written
+    before the kill), so a retried run resumes and finishes. A real kill: no cleanup runs.
+    """
+    import signal
+
+    kill_at = int(os.environ.get("PARAVT_TEST_KILL_AT_STEP", "-1"))
+    if done_steps != kill_at:
+        return
+    marker = os.environ.get("PARAVT_TEST_KILL_ONCE_MARKER")
+    if marker:
+        if Path(marker).exists():
+            return
+        Path(marker).write_text(str(done_steps))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class StepLog:
     """Plain progress lines (step, metrics, steps/s, ETA) when stdout is a pipe, not a terminal.
 

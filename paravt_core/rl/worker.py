@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import signal
 import sys
 import time
 from collections import Counter
@@ -184,7 +182,6 @@ def train(job: RLJob, reward_fn=None) -> None:
     trainer = Trainer(job, reward_fn)
     rl = job.config.rl
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=trainer.rank == 0)
-    kill_at = int(os.environ.get("PARAVT_TEST_KILL_AT_STEP", "-1"))
     bar = tqdm(range(trainer.start, rl.max_steps), initial=trainer.start, total=rl.max_steps, desc="rl",
                disable=trainer.rank != 0 or not sys.stdout.isatty())
     progress = StepLog("rl", rl.max_steps, trainer.start, enabled=trainer.rank == 0 and not sys.stdout.isatty(),
@@ -201,8 +198,7 @@ def train(job: RLJob, reward_fn=None) -> None:
         done = step + 1
         if done % rl.checkpoint_every == 0 or done == rl.max_steps:
             pdist.save(trainer.policy, trainer.ckpt_dir, done, {"step": done})
-        if done == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
+        pdist.maybe_kill_for_test(done)
     state = pdist.full_state_dict(trainer.policy, trainer.ckpt_dir, rl.zero_stage)
     if trainer.rank == 0:
         meta = {"stage": "rl", "row": rl.row, "resolved_config": job.config.model_dump(mode="json"),

@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -114,7 +112,6 @@ def train(job: SFTJob) -> None:
     ckpt_dir = job.out_dir / "checkpoints"
     start = int(pdist.resume(engine, ckpt_dir).get("step", 0))
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
-    kill_at = int(os.environ.get("PARAVT_TEST_KILL_AT_STEP", "-1"))
     losses_path = job.out_dir / "losses.jsonl"
     pad_id = processor.tokenizer.pad_token_id
     orders: dict[int, np.ndarray] = {}
@@ -154,8 +151,7 @@ def train(job: SFTJob) -> None:
         done = step + 1
         if done % sft.checkpoint_every == 0 or done == sft.max_steps:
             pdist.save(engine, ckpt_dir, done, {"step": done})
-        if done == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)  # tests: a real kill, no cleanup
+        pdist.maybe_kill_for_test(done)
 
     _export(job, engine, rank, dataset, ckpt_dir)
     metrics.finish()

@@ -31,6 +31,18 @@ def _task_states(flow_run_id) -> dict[str, str]:
     return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
 
 
+def _task_runs(flow_run_id) -> dict[str, list]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    grouped: dict[str, list] = {}
+    for r in runs:
+        grouped.setdefault(r.name.rsplit("-", 1)[0], []).append(r)
+    return grouped
+
+
 def test_full_pipeline_runs_and_caches(prefect_harness, tmp_path: Path):
     from flows.full_pipeline import full_pipeline
     from flows.params import PipelineParams
@@ -58,6 +70,38 @@ def test_full_pipeline_runs_and_caches(prefect_harness, tmp_path: Path):
     third = full_pipeline(params, return_state=True)
     assert _task_states(third.state_details.flow_run_id)["base-model"] == "Completed"
     assert (Path(outputs["base_model"]) / "config.json").is_file()
+
+    # Changing only the RL config re-runs only RL and what follows it.
+    rl_changed = PipelineParams(config_path=params.config_path, overrides=[*params.overrides, "rl.max_steps=2"])
+    fourth = full_pipeline(rl_changed, return_state=True)
+    runs = _task_runs(fourth.state_details.flow_run_id)
+    assert runs["sft"][0].state.name == "Cached" and runs["data-materialize"][0].state.name == "Cached"
+    assert runs["rl"][0].state.name == "Completed"
+    assert sorted(r.state.name for r in runs["register"]) == ["Cached", "Completed"]  # sft cached, rl new
+
+
+def test_injected_failure_is_retried_without_redoing_finished_stages(prefect_harness, tmp_path: Path, monkeypatch):
+    """SFT is killed once mid-run (a real SIGKILL); its task retries, resumes from the
+    checkpoint, and the flow completes; the stages before it come from the cache."""
+    from flows.full_pipeline import full_pipeline
+    from flows.params import PipelineParams
+
+    overrides = [*fast_overrides(tmp_path), "sft.max_steps=4", "sft.checkpoint_every=2"]
+    params = PipelineParams(config_path=str(REPO / "conf/pipeline/tiny.yaml"), overrides=overrides)
+    monkeypatch.setenv("PARAVT_TEST_KILL_AT_STEP", "3")
+    monkeypatch.setenv("PARAVT_TEST_KILL_ONCE_MARKER", str(tmp_path / "killed-once"))
+    state = full_pipeline(params, return_state=True)
+    assert state.is_completed()
+    assert (tmp_path / "killed-once").read_text() == "3"
+    runs = _task_runs(state.state_details.flow_run_id)
+    (sft_run,) = runs["sft"]
+    assert sft_run.run_count == 2 and sft_run.state.name == "Completed"
+    assert all(r.run_count == 1 for name in ("data-materialize", "base-model", "rl") for r in runs[name])
+    import json
+
+    sft_dir = Path(state.result()["sft_model"]).parent
+    steps = [json.loads(line)["step"] for line in (sft_dir / "losses.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 3, 4]  # killed after step 3, resumed from the step-2 checkpoint
 
 
 def test_bad_parameters_refused_before_any_stage(tmp_path: Path):
