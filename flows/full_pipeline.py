@@ -12,9 +12,11 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from flows.data import data_stage
+from flows.eval import eval_stage
 from flows.params import PipelineParams
+from paravt_core.eval.report import format_table
 from tasks.model import base_model
-from tasks.registry import register
+from tasks.registry import promote, register
 from tasks.rl import rl
 from tasks.sft import sft, sft_grammar
 
@@ -33,11 +35,19 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
     rl_version = register(cfg, rl_model, "rl", data.rl.sha256, parent_version=sft_version.version, alias="candidate")
     log.info("registered %s v%s (sft) and v%s (rl, candidate)", cfg.model.registered_name, sft_version.version,
              rl_version.version)
+    reports = {label: eval_stage(cfg, model, data.eval, label)
+               for label, model in (("base", base), ("sft", sft_model), ("rl", rl_model))}
+    promoted = promote(cfg, rl_version, reports["rl"].average)
+    table = format_table(reports)
+    log.info("seven-split evaluation:\n%s", table)
+    print(table)
     return {
         "base_model": str(base.path),
         "sft_model": str(sft_model.path),
         "rl_model": str(rl_model.path),
         "registered": f"{cfg.model.registered_name} v{sft_version.version} (sft), v{rl_version.version} (candidate)",
         "sft grammar": f"{grammar['grammar_rate_sft']:.0%} of held-out episodes (base {grammar['grammar_rate_base']:.0%})",
+        "champion": f"v{rl_version.version}" + (" (promoted now)" if promoted else " (kept the earlier champion)"),
+        "eval results": str(reports["rl"].results_dir.parent),
         "mlflow": cfg.mlflow_uri(),
     }

@@ -8,6 +8,8 @@
   <tool_call> blocks in one turn", then "The video path for this video is: {basename}").
 - `messages_from_rl_prompt` turns an RL row's `prompt` turns (SPEC §8: the text `<video>`
   marks where the video goes) into such messages.
+- `ForcedAnswer`: the evaluation's "answer now" user turn after the last tool round
+  (SPEC §7), carried by an `EpisodePrompt`; training prompts have none.
 - `subagent_messages` is the sub-agent's prompt of SPEC §3: the frames of one window only,
   the window as MM:SS to MM:SS with its duration, and a request for a concise factual
   summary in temporal order.
@@ -59,6 +61,23 @@ SUBAGENT_INSTRUCTION = (
 
 
 @dataclass(frozen=True)
+class ForcedAnswer:
+    """A user turn asking for the answer now, added after the last allowed tool round (SPEC §7).
+
+    Attributes:
+        text: the user turn's text, e.g. "... answer with ONLY the letter ...".
+        max_new_tokens: the budget of the generation that follows (SPEC §7: 64, or 128
+            for grounding).
+        think_prefix: end that generation's prompt with the think prefix too; off by
+            default, since the turn asks for the bare answer within a small budget.
+    """
+
+    text: str
+    max_new_tokens: int
+    think_prefix: bool = False
+
+
+@dataclass(frozen=True)
 class EpisodePrompt:
     """One question about one video, put to the main agent.
 
@@ -68,6 +87,8 @@ class EpisodePrompt:
         messages: chat messages; exactly one content item is `{"type": "video"}` (the overview).
         nframes: overview frame count for this prompt; None uses `video.nframes`.
         tools: tool schemas listed in the system turn.
+        forced_answer: a user turn added after the last allowed tool round (SPEC §7
+            evaluation); None adds nothing (training).
     """
 
     prompt_id: str
@@ -75,6 +96,7 @@ class EpisodePrompt:
     messages: tuple[Mapping[str, Any], ...]
     nframes: int | None = None
     tools: tuple[Mapping[str, Any], ...] = field(default=(CROP_VIDEO_TOOL,))
+    forced_answer: ForcedAnswer | None = None
 
     def __post_init__(self) -> None:
         videos = sum(1 for message in self.messages for item in _items(message) if item.get("type") == "video")

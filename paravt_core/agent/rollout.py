@@ -15,6 +15,10 @@
    generations of ALL episodes' calls go to the engine in ONE call.
 5. All tool responses of a turn are appended as ONE user turn, one `<tool_response>` per
    call in call order, as token deltas (`context.py`), then the next turn begins.
+6. Evaluation only (SPEC §7): a prompt's `forced_answer` is added after the tool responses
+   of the last allowed round as a user turn of the same delta; the final generation then
+   gets its token budget (main-agent calls are grouped by budget) and no think prefix
+   unless the `ForcedAnswer` asks for it.
 
 Loss mask 1 on policy-generated tokens only; old logprobs aligned to the ids (0.0 where
 masked); the transcript keeps every segment after the prompt with its `generated` flag
@@ -186,6 +190,7 @@ class _EpisodeState:
     subagents: list[SubagentTrajectory] = field(default_factory=list)
     turns: int = 0
     end_reason: EndReason | None = None
+    next_max_new_tokens: int | None = None  # set by a forced-answer turn (SPEC §7)
 
     @property
     def done(self) -> bool:
@@ -225,15 +230,16 @@ class _Rollout:
             context.append_forced(self.renderer.encode(prefix), prefix)
         return _EpisodeState(prepared, sample_index, context, [dict(m) for m in prepared.prompt.messages])
 
-    def params(self, turn: int, subagent: bool) -> SamplingParams:
+    def params(self, turn: int, subagent: bool, max_new_tokens: int | None = None) -> SamplingParams:
         max_new = self.cfg.subagent_max_new_tokens if subagent else self.cfg.max_new_tokens
+        max_new = max_new_tokens or max_new
         seed = None if self.seed is None else self.seed * 1_000_003 + 2 * turn + int(subagent)
         return SamplingParams(max_new_tokens=max_new, temperature=self.temperature, top_p=self.top_p,
                               stop_token_ids=(self.renderer.turn_end_id,), seed=seed)
 
     def play_turn(self, states: Sequence[_EpisodeState], turn: int) -> None:
         """One main-agent generation for every live episode, then one tool round for all."""
-        generations = self.engine.generate([state.request() for state in states], self.params(turn, False))
+        generations = self.generate_main(states, turn)
         plans = [self.take_generation(state, generation, turn) for state, generation in zip(states, generations)]
         rounds = [(state, plan) for state, plan in zip(states, plans) if plan is not None]
         jobs = [CropJob(state.prepared.source, call.window, call.num_frames)
@@ -244,6 +250,18 @@ class _Rollout:
             self.append_tool_round(state, plan, answered, turn)
         logger.info("turn %d: %d episodes generated, %d with a tool round, %d calls executed", turn,
                     len(states), len(rounds), len(jobs))
+
+    def generate_main(self, states: Sequence[_EpisodeState], turn: int) -> list[Generation]:
+        """The main-agent generations of a turn, in state order: one engine call per token
+        budget (one call unless a forced-answer turn set a smaller budget for some states)."""
+        budgets = [state.next_max_new_tokens or self.cfg.max_new_tokens for state in states]
+        generations: list[Generation | None] = [None] * len(states)
+        for budget in sorted(set(budgets)):
+            rows = [row for row, row_budget in enumerate(budgets) if row_budget == budget]
+            outputs = self.engine.generate([states[row].request() for row in rows], self.params(turn, False, budget))
+            for row, generation in zip(rows, outputs):
+                generations[row] = generation
+        return generations
 
     def take_generation(self, state: _EpisodeState, generation: Generation, turn: int) -> list[PlannedCall] | None:
         """Append a generation; return the planned tool round, or None when the episode ends."""
@@ -287,8 +305,14 @@ class _Rollout:
             if result is not None and result.generation is not None:
                 state.subagents.append(_trajectory(turn, call, result, text))
         self._count_round(state, plan)
+        forced = state.prepared.prompt.forced_answer if turn == self.cfg.max_turns - 1 else None
+        if forced is not None:
+            messages.append({"role": "user", "content": forced.text})
+            state.next_max_new_tokens = forced.max_new_tokens
         delta_text = self.renderer.after_turn_end + self.renderer.turn_text(
             state.history, messages, state.prepared.prompt.tools)
+        if forced is not None and not forced.think_prefix and self.renderer.generation_prefix:
+            delta_text = delta_text.removesuffix(self.renderer.generation_prefix)
         state.context.append_forced(self.renderer.encode(delta_text, videos), delta_text)
         state.history.extend(messages)
 

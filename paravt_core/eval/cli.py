@@ -8,6 +8,10 @@
         reads JSON lines {"kind": "mcq"|"grounding", "response", "answer"} on stdin
         (answer: a letter, or [start, end] seconds) and prints {"pred", "score"} per line.
 
+    paravt eval run --config FILE [--set K=V] --model REF [--split S ...] [--label L]
+        evaluate a model on the prepared splits and print the table
+        (`paravt_core.eval.run_cli`; the Prefect flow is `paravt-eval`).
+
 Open-ended answers (MMVU) have no SPEC §7 scoring rule, so `score` refuses kind "open".
 Exit status 2 on a bad rows file or a bad input line, with the file / line named.
 """
@@ -42,6 +46,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     score = commands.add_parser("score", help="score JSON-line responses read on stdin")
     score.set_defaults(func=score_stdin)
+
+    run = commands.add_parser("run", help="evaluate a model on the prepared splits (no Prefect)")
+    run.add_argument("--config", default="conf/pipeline/tiny.yaml", help="pipeline YAML")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. eval.concurrency=4")
+    run.add_argument("--model", default="champion",
+                     help='MLflow alias (champion, candidate, sft), version number, "base" or a model folder')
+    run.add_argument("--split", action="append", choices=SPLITS, dest="splits", help="repeatable; default eval.splits")
+    run.add_argument("--label", default=None, help="row name in the table (default: the alias / v<version>)")
+    run.set_defaults(func=run_evaluation)
 
 
 def sample_record(sample: EvalSample) -> dict[str, Any]:
@@ -108,6 +121,12 @@ def score_record(record: Any) -> Scored:
     if kind == "grounding":
         return score_grounding(response, _grounding_answer(answer))
     raise ValueError(f'"kind" must be "mcq" or "grounding", got {kind!r}')
+
+
+def run_evaluation(args: argparse.Namespace) -> int:
+    from paravt_core.eval.run_cli import run_command  # deferred: torch loads only for this command
+
+    return run_command(args)
 
 
 def score_stdin(args: argparse.Namespace) -> int:

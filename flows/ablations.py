@@ -1,0 +1,54 @@
+"""The ablation study of SPEC §6 as one flow (deployment `paravt/ablations`).
+
+    data -> base -> SFT (once) -> for each RL row: PARA-GRPO variant -> eval
+                                -> sequential-dispatch eval of the full row
+
+Every row trains from the same SFT checkpoint; each is an MLflow run tagged
+`ablation_row` (fτ, κ and the other SPEC §5 metrics per step), evaluated on the configured
+splits with the eval run labelled by the row. `paravt report --experiment ...` turns the
+runs into the Table-2-shaped table and the fτ / κ plots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from pydantic import Field
+
+from flows.data import data_stage
+from flows.eval import eval_stage
+from flows.params import PipelineParams
+from paravt_core.config import load_config
+from paravt_core.eval.report import format_table
+from tasks.model import base_model
+from tasks.rl import rl
+from tasks.sft import sft
+
+DEFAULT_ROWS = ["paragrpo", "vanilla_grpo", "anchoring_only", "gating_only", "no_tool_reward", "no_penalty"]
+
+
+class AblationParams(PipelineParams):
+    rows: list[str] = Field(default_factory=lambda: list(DEFAULT_ROWS),
+                            description="RL rows: names of conf/rl/<row>.yaml")
+    sequential_eval: bool = Field(True, description="also evaluate the full row with sequential dispatch")
+
+
+@flow(name="paravt", log_prints=True)
+def ablations(params: AblationParams = AblationParams()) -> str:
+    cfg = params.load()
+    log = get_run_logger()
+    data = data_stage(cfg)
+    sft_model = sft(cfg, base_model(cfg), data.sft)
+    reports = {"sft": eval_stage(cfg, sft_model, data.eval, "sft")}
+    rl_dir = Path(params.config_path).resolve().parents[1] / "rl"
+    for row in params.rows:
+        row_cfg = load_config(params.config_path, params.overrides, rl_dir / f"{row}.yaml")
+        model = rl(row_cfg, sft_model, data.rl)
+        reports[row] = eval_stage(row_cfg, model, data.eval, row)
+        if row == "paragrpo" and params.sequential_eval:
+            seq_cfg = row_cfg.model_copy(update={"eval": row_cfg.eval.model_copy(update={"dispatch": "sequential"})})
+            reports["paragrpo-sequential"] = eval_stage(seq_cfg, model, data.eval, "paragrpo-sequential")
+    table = format_table(reports)
+    log.info("ablations:\n%s", table)
+    return table

@@ -1,0 +1,59 @@
+"""The evaluation stage as its own Prefect flow, `paravt-eval`.
+
+    data (cached) -> resolve model -> one task per split -> report -> MLflow run
+
+`eval_stage(cfg, model_ref, eval_data, label)` chains the per-split tasks and the MLflow
+logging; the full pipeline flow calls it once per model (base, sft, rl). The `paravt-eval`
+flow evaluates one model named by an MLflow alias, a version number, "base" or a folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prefect import flow, get_run_logger
+from pydantic import Field, model_validator
+
+from flows.data import data_stage
+from flows.params import PipelineParams
+from paravt_core.config import EVAL_SPLITS, PipelineConfig
+from paravt_core.eval.report import EvalReport, format_table
+from paravt_core.eval.stage import report_of
+from paravt_core.refs import ArtifactRef
+from tasks.eval import eval_split, log_eval, resolve_model
+
+
+class EvalParams(PipelineParams):
+    """A pipeline config plus which model to evaluate on which splits."""
+
+    model: str = Field("champion", description='MLflow alias ("champion", "candidate", "sft"), a version number '
+                                               '("3"), "base", or a local model folder')
+    splits: list[str] = Field(default_factory=list, description="splits to evaluate; empty: eval.splits")
+    label: str | None = Field(None, description="row name in the table; default: the alias / v<version>")
+
+    @model_validator(mode="after")
+    def _known_splits(self) -> EvalParams:
+        unknown = sorted(set(self.splits) - set(EVAL_SPLITS))
+        if unknown:
+            raise ValueError(f"unknown split(s) {unknown}; known: {list(EVAL_SPLITS)}")
+        return self
+
+
+def eval_stage(cfg: PipelineConfig, model_ref: ArtifactRef, eval_data: ArtifactRef, label: str,
+               splits: Sequence[str] | None = None) -> EvalReport:
+    """Every split of `splits` (default `eval.splits`) as a cached task, then the MLflow run."""
+    runs = [eval_split(cfg, model_ref, eval_data, split) for split in (splits or cfg.eval.splits)]
+    report = report_of(cfg, model_ref, label, runs)
+    log_eval(cfg, report, model_ref)
+    return report
+
+
+@flow(name="paravt-eval", log_prints=True)
+def eval_flow(params: EvalParams = EvalParams()) -> EvalReport:
+    cfg = params.load()
+    data = data_stage(cfg)
+    resolved = resolve_model(cfg, params.model)
+    report = eval_stage(cfg, resolved.artifact, data.eval, params.label or resolved.label, params.splits or None)
+    get_run_logger().info("eval of %s (results in %s):\n%s", report.label, report.results_dir,
+                          format_table({report.label: report}))
+    return report

@@ -1,0 +1,307 @@
+"""The `openai` evaluation engine: the SPEC §3 / §7 episode over an OpenAI-compatible
+chat-completions server (SGLang or vLLM serving the checkpoint on GPUs).
+
+The `hf` engine works on token ids (`paravt_core.agent.rollout`); a chat-completions server
+takes messages and renders them with the checkpoint's own chat template, so this module
+plays the same protocol at the message level:
+- The user turn holds the overview frames as base64 JPEG images, each preceded by its
+  timestamp text "<12.0 seconds>" (SPEC §1), then the question text of the prompt mode.
+  The tool schema goes in the request's `tools` with `tool_choice: "none"`, so the
+  server's template lists it while the model's `<tool_call>` text comes back as plain
+  content, parsed here block by block (`parse_tool_calls`, SPEC §2).
+- Each tool round is ONE user message, one `<tool_response>` block per call in call
+  order (SPEC §3). `frames` mode: each crop's frames (timestamped images) followed by
+  "<tool_response>\\nN frames from S.Ss to E.Es.\\n</tool_response>" (SPEC §7). `subagent`
+  mode: the sub-agent requests of a turn (the window's frames and the SPEC §3 summary
+  request) are sent concurrently, one thread per call. Responses are truncated to
+  `tool_response_max_tokens` tokens with the model's tokenizer, as in the hf engine.
+- Call planning (max_parallel, invalid windows, malformed blocks) is `plan_tool_round`,
+  frame selection `CropRunner.frames`: the same code as the hf path.
+- After the last allowed round the prompt's forced-answer turn is a separate user
+  message, and the final request gets its token budget (SPEC §7).
+- The think prefix (SPEC §3) is sent as a final assistant message "<think>\\n" with
+  `continue_final_message: true` and `add_generation_prompt: false`, the chat parameters
+  vLLM documents for continuing a message; a server without them cannot honour the
+  prefix, so run prompt modes without one there, or check the server's version.
+- Greedy decoding (temperature 0). Each HTTP request has a timeout; timeouts, refused
+  connections and HTTP 408/429/500/502/503/504 are retried with exponential backoff;
+  other errors fail at once with the server's message.
+
+STATUS: exercised in CI only against a local stub server (tests/unit/test_eval_openai.py);
+not yet run against a real SGLang or vLLM server, which needs a GPU machine.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from paravt_core.agent.context import ChatRenderer
+from paravt_core.agent.dispatch import CropJob, CropRunner, CropSource, PlannedCall, ToolMode, plan_tool_round
+from paravt_core.agent.prompts import EpisodePrompt, frames_tool_text, subagent_instruction
+from paravt_core.agent.tool_calls import parse_tool_calls
+from paravt_core.config import RolloutConfig, VideoConfig
+from paravt_core.eval.results import EpisodeOutcome
+from paravt_core.video import Frames, VideoFile, sample_overview_frames
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+Message = dict[str, Any]
+
+
+class ChatError(RuntimeError):
+    """A chat-completions request that failed for good; the message names the server."""
+
+
+class _Retryable(Exception):
+    """A failure worth another attempt (timeout, refused connection, 429 / 5xx)."""
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    text: str
+    finish_reason: str  # "stop" | "length" | ...
+
+
+class OpenAIChatClient:
+    """A minimal chat-completions client (stdlib HTTP) with timeouts and retries.
+
+    Args:
+        base_url: the server's OpenAI API root, e.g. "http://127.0.0.1:30000/v1".
+        model: the served model name sent as "model".
+        timeout_s: per-request timeout (connect and each read).
+        max_retries: retries after the first attempt for retryable failures.
+        backoff_s: first retry delay; doubled each retry, capped at `max_backoff_s`.
+        api_key: sent as a bearer token when given.
+        sleep: the delay function (tests pass a recorder).
+    """
+
+    def __init__(self, base_url: str, model: str, *, timeout_s: float = 600.0, max_retries: int = 5,
+                 backoff_s: float = 2.0, max_backoff_s: float = 60.0, api_key: str | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.timeout_s, self.max_retries = timeout_s, max_retries
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.api_key = api_key
+        self.sleep = sleep
+
+    def complete(self, messages: Sequence[Message], *, max_tokens: int,
+                 tools: Sequence[Mapping[str, Any]] = (), continue_final_message: bool = False) -> ChatReply:
+        """One greedy completion of `messages`."""
+        payload: dict[str, Any] = {"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
+                                   "temperature": 0.0, "top_p": 1.0}
+        if tools:
+            payload["tools"], payload["tool_choice"] = [dict(tool) for tool in tools], "none"
+        if continue_final_message:
+            payload["continue_final_message"], payload["add_generation_prompt"] = True, False
+        return self._reply(self._post(payload))
+
+    def _reply(self, data: Any) -> ChatReply:
+        try:
+            choice = data["choices"][0]
+            return ChatReply(choice["message"].get("content") or "", choice.get("finish_reason") or "stop")
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ChatError(f"{self.url} answered without choices[0].message: {str(data)[:300]}") from exc
+
+    def _post(self, payload: Mapping[str, Any]) -> Any:
+        body = json.dumps(payload).encode()
+        for attempt in range(self.max_retries + 1):
+            try:
+                return self._post_once(body)
+            except _Retryable as exc:
+                if attempt == self.max_retries:
+                    raise ChatError(f"{self.url}: gave up after {attempt + 1} attempts: {exc}") from exc
+                delay = min(self.backoff_s * 2**attempt, self.max_backoff_s)
+                logger.warning("%s: %s; retry %d/%d in %.1f s", self.url, exc, attempt + 1, self.max_retries,
+                               delay)
+                self.sleep(delay)
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _post_once(self, body: bytes) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as error:
+            detail = error.read().decode(errors="replace")[:500]
+            if error.code in RETRYABLE_STATUS:
+                raise _Retryable(f"HTTP {error.code}: {detail}") from error
+            raise ChatError(f"{self.url} answered HTTP {error.code}: {detail}") from error
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+            raise _Retryable(f"{type(error).__name__}: {error}") from error
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ChatError(f"{self.url} answered with non-JSON: {raw[:200]!r}") from exc
+
+
+def jpeg_data_url(frame: Any, quality: int = 95) -> str:
+    """A uint8 [H, W, 3] RGB frame as a base64 JPEG data URL."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(frame).save(buffer, format="JPEG", quality=quality)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def frame_items(frames: Frames) -> list[Message]:
+    """Content items of a clip: "<t seconds>" text then the image, frame by frame (SPEC §1)."""
+    items: list[Message] = []
+    for timestamp, frame in zip(frames.timestamps, frames.array):
+        items.append({"type": "text", "text": f"<{timestamp:.1f} seconds>"})
+        items.append({"type": "image_url", "image_url": {"url": jpeg_data_url(frame)}})
+    return items
+
+
+def chat_messages(prompt: EpisodePrompt, overview: Frames) -> list[Message]:
+    """The prompt's messages with its video item replaced by the overview's frame items."""
+    messages = []
+    for message in prompt.messages:
+        content = message["content"]
+        if not isinstance(content, str):
+            items: list[Message] = []
+            for item in content:
+                items.extend(frame_items(overview) if item.get("type") == "video" else [dict(item)])
+            content = items
+        messages.append({"role": message["role"], "content": content})
+    return messages
+
+
+@dataclass
+class _ChatEpisode:
+    """A live episode: the chat so far, the next request's prefix and budget, counters."""
+
+    prompt: EpisodePrompt
+    source: CropSource
+    messages: list[Message]
+    prefix: str
+    budget: int | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    parse_failures: int = 0
+    rejected_calls: int = 0
+    unanswered_calls: int = 0
+    final_text: str = ""
+    end_reason: str | None = None
+
+    def request_messages(self) -> list[Message]:
+        if not self.prefix:
+            return self.messages
+        return [*self.messages, {"role": "assistant", "content": self.prefix}]
+
+    def outcome(self) -> EpisodeOutcome:
+        assert self.end_reason is not None, "the final turn always ends an episode"
+        return EpisodeOutcome(self.final_text, self.turns, self.tool_calls, self.parse_failures,
+                              self.rejected_calls, self.unanswered_calls, self.end_reason)
+
+
+class OpenAIAgent:
+    """Plays one sample's episode over chat completions (module docstring).
+
+    Args:
+        client: the chat client.
+        processor: the checkpoint's processor; only its tokenizer is used (tool-response
+            truncation) and its chat template (the think prefix text).
+        rollout_cfg: max_turns, max_parallel, max_new_tokens, think_prefix,
+            subagent_max_new_tokens, tool_response_max_tokens.
+        video_cfg: overview pixel bounds, crop fps and frame counts.
+        tool_mode: "frames" or "subagent".
+    """
+
+    def __init__(self, client: OpenAIChatClient, processor: Any, rollout_cfg: RolloutConfig, video_cfg: VideoConfig,
+                 tool_mode: ToolMode):
+        self.client, self.cfg, self.video_cfg, self.tool_mode = client, rollout_cfg, video_cfg, tool_mode
+        self.renderer = ChatRenderer(processor, rollout_cfg.think_prefix)
+
+    def run(self, prompt: EpisodePrompt) -> EpisodeOutcome:
+        with VideoFile(prompt.video_path) as video:
+            cfg = self.video_cfg
+            overview = sample_overview_frames(video, prompt.nframes or cfg.nframes, min_pixels=cfg.min_pixels,
+                                              max_pixels=cfg.max_pixels)
+            crops = CropRunner(self.renderer, cfg, "frames")  # window decoding only
+            episode = _ChatEpisode(prompt, CropSource(0, video, overview.duration), chat_messages(prompt, overview),
+                                   self.renderer.generation_prefix)
+            for turn in range(self.cfg.max_turns + 1):
+                plan = self._take_generation(episode, turn)
+                if plan is None:
+                    break
+                self._tool_round(episode, plan, crops, turn)
+        return episode.outcome()
+
+    def _take_generation(self, episode: _ChatEpisode, turn: int) -> list[PlannedCall] | None:
+        reply = self.client.complete(episode.request_messages(), max_tokens=episode.budget or self.cfg.max_new_tokens,
+                                     tools=episode.prompt.tools, continue_final_message=bool(episode.prefix))
+        episode.messages.append({"role": "assistant", "content": episode.prefix + reply.text})
+        episode.final_text, episode.turns = reply.text, episode.turns + 1
+        blocks = parse_tool_calls(reply.text)
+        episode.parse_failures += sum(1 for block in blocks if not block.ok)
+        if reply.finish_reason == "length":
+            episode.end_reason = "length"
+        elif not blocks:
+            episode.end_reason = "answer"
+        elif turn >= self.cfg.max_turns:
+            episode.end_reason = "max_turns"
+        else:
+            return plan_tool_round(blocks, episode.source.duration, self.cfg.max_parallel)
+        episode.unanswered_calls += sum(1 for block in blocks if block.ok)
+        return None
+
+    def _tool_round(self, episode: _ChatEpisode, plan: Sequence[PlannedCall], crops: CropRunner, turn: int) -> None:
+        """One user message with every call's response in call order, then the forced turn."""
+        frames = {call.block_index: crops.frames(CropJob(episode.source, call.window, call.num_frames))
+                  for call in plan if call.runs}
+        summaries = self._summaries(plan, frames) if self.tool_mode == "subagent" else {}
+        content: list[Message] = []
+        for call in plan:
+            if not call.runs:
+                text = call.error or ""
+            elif self.tool_mode == "frames":
+                content += frame_items(frames[call.block_index])
+                text = frames_tool_text(len(frames[call.block_index].indices), *call.window)
+            else:
+                text = summaries[call.block_index]
+            text = self.renderer.tool_response_text(text, self.cfg.tool_response_max_tokens)
+            content.append({"type": "text", "text": f"<tool_response>\n{text}\n</tool_response>"})
+        episode.messages.append({"role": "user", "content": content})
+        episode.tool_calls += len(frames)
+        episode.rejected_calls += sum(1 for call in plan if call.status in ("over_limit", "invalid_window"))
+        self._next_turn_prompt(episode, turn)
+
+    def _next_turn_prompt(self, episode: _ChatEpisode, turn: int) -> None:
+        forced = episode.prompt.forced_answer if turn == self.cfg.max_turns - 1 else None
+        if forced is None:
+            return
+        episode.messages.append({"role": "user", "content": forced.text})
+        episode.budget = forced.max_new_tokens
+        episode.prefix = self.renderer.generation_prefix if forced.think_prefix else ""
+
+    def _summaries(self, plan: Sequence[PlannedCall], frames: Mapping[int, Frames]) -> dict[int, str]:
+        """The sub-agent summaries of a turn's calls, requested concurrently (parallel dispatch)."""
+        runs = [call for call in plan if call.runs]
+        if not runs:
+            return {}
+
+        def summarize(call: PlannedCall) -> str:
+            content = [*frame_items(frames[call.block_index]),
+                       {"type": "text", "text": subagent_instruction(*call.window)}]
+            reply = self.client.complete([{"role": "user", "content": content}],
+                                         max_tokens=self.cfg.subagent_max_new_tokens)
+            return reply.text.strip()
+
+        with ThreadPoolExecutor(max_workers=len(runs), thread_name_prefix="paravt-subagent") as pool:
+            texts = list(pool.map(summarize, runs))
+        return {call.block_index: text for call, text in zip(runs, texts)}

@@ -1,0 +1,43 @@
+"""`paravt eval run`: evaluate one model on the prepared SPEC §7 splits, without Prefect.
+
+    paravt eval run --config conf/pipeline/tiny.yaml [--set eval.concurrency=4]
+                    --model champion|candidate|sft|<version>|base|<model folder>
+                    [--split videomme --split charades] [--label rl]
+
+Reads the splits the data stage prepared under `<output_dir>/data/eval/`, evaluates into
+`<output_dir>/eval/<model>-<settings>/` (resuming from the split logs) and prints the
+Table-1-shaped table. Exit status 2 when the config, the model reference or the
+prepared data is not usable, with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+INPUT_ERROR = 2
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from paravt_core.config import ConfigError, load_config
+    from paravt_core.data.stage import eval_dir
+    from paravt_core.eval import stage
+    from paravt_core.eval.evaluator import EvalError
+    from paravt_core.eval.models import ModelReferenceError, resolve_model
+    from paravt_core.refs import ArtifactRef, content_hash
+
+    try:
+        cfg = load_config(args.config, args.set)
+        root = eval_dir(cfg)
+        if not root.is_dir():
+            raise EvalError(f"no prepared evaluation splits under {root}; run the data stage first "
+                            "(the paravt-data flow, or `paravt run`)")
+        data = ArtifactRef(kind="eval_data", path=root.resolve(), sha256=content_hash(root))
+        resolved = resolve_model(cfg, args.model)
+        report = stage.run(cfg, resolved.artifact, data, args.label or resolved.label, args.splits)
+    except (ConfigError, ModelReferenceError, EvalError) as exc:
+        print(f"paravt eval run: {exc}", file=sys.stderr)
+        return INPUT_ERROR
+    print(stage.format_table({report.label: report}))
+    print(f"results: {report.results_dir}")
+    return 0

@@ -1,0 +1,228 @@
+"""Evaluation stage: a checkpoint on the prepared SPEC §7 splits -> `EvalReport`.
+
+`run(cfg, model, eval_data, label, splits)` reads top to bottom:
+1. one runner of `eval.engine` for all splits, opened when a split first has samples left
+   to run (`hf`: the checkpoint loaded into an `HFEngine`, on CUDA when there is one;
+   `openai`: a client of a server already serving it);
+2. per split: load `<eval_data>/<split>/split.json` (the data stage's output), keep the
+   first `eval.max_samples_per_split` samples, and `evaluate_split` them into the results
+   folder, resuming from the split's JSON line log;
+3. `build_report`: the splits' summaries and their average.
+
+The results folder is `<output_dir>/eval/<model sha256[:12]>-<results config hash>/`: the
+same checkpoint under the same result-shaping settings (`results_config`) always lands in
+the same folder, so a re-run resumes instead of redoing samples. Each split also gets
+`<split>.source.json` pinning the hash of its data folder: when the split's data changed,
+the old log is set aside as `<split>.jsonl.stale-<hash>` and the split starts over.
+
+The `openai` engine has no `EvalConfig` fields yet; it reads the environment: PARAVT_EVAL_ENDPOINT (required, e.g.
+"http://127.0.0.1:30000/v1"), PARAVT_EVAL_MODEL_NAME (default: the checkpoint folder's
+path, vLLM's default served name), PARAVT_EVAL_API_KEY, PARAVT_EVAL_TIMEOUT_S (600).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from paravt_core.atomic import atomic_write_text
+from paravt_core.config import EVAL_SPLITS, PipelineConfig
+from paravt_core.eval.evaluator import (
+    EvalError,
+    EvalSettings,
+    HFSampleRunner,
+    OpenAISampleRunner,
+    SampleRunner,
+    SplitRun,
+    evaluate_split,
+)
+from paravt_core.eval.report import EvalReport, build_report, format_table
+from paravt_core.eval.results import EpisodeOutcome
+from paravt_core.eval.samples import EvalSample
+from paravt_core.refs import ArtifactRef, content_hash
+
+logger = logging.getLogger(__name__)
+
+ENDPOINT_ENV = "PARAVT_EVAL_ENDPOINT"
+MODEL_NAME_ENV = "PARAVT_EVAL_MODEL_NAME"
+API_KEY_ENV = "PARAVT_EVAL_API_KEY"
+TIMEOUT_ENV = "PARAVT_EVAL_TIMEOUT_S"
+SPLIT_FILE = "split.json"
+
+
+def results_config(cfg: PipelineConfig) -> dict[str, Any]:
+    """The settings a per-sample result depends on. Not the split list, the sample cap or
+    the concurrency: those choose or schedule samples without changing any one result."""
+    shaping = cfg.eval.model_dump(mode="json", exclude={"splits", "max_samples_per_split", "concurrency"})
+    rollout = cfg.rl.rollout
+    return {"eval": shaping, "video": cfg.video.model_dump(mode="json"), "dtype": cfg.model.dtype,
+            "subagent_max_new_tokens": rollout.subagent_max_new_tokens,
+            "tool_response_max_tokens": rollout.tool_response_max_tokens}
+
+
+def results_config_hash(cfg: PipelineConfig) -> str:
+    return hashlib.sha256(json.dumps(results_config(cfg), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def results_dir(cfg: PipelineConfig, model: ArtifactRef) -> Path:
+    return cfg.run.output_dir / "eval" / f"{model.sha256[:12]}-{results_config_hash(cfg)}"
+
+
+def split_folder(eval_data: ArtifactRef, split: str) -> Path:
+    folder = Path(eval_data.path) / split
+    if not (folder / SPLIT_FILE).is_file():
+        prepared = sorted(p.name for p in Path(eval_data.path).iterdir() if (p / SPLIT_FILE).is_file())
+        raise EvalError(f"split {split}: {folder / SPLIT_FILE} does not exist (prepared splits: {prepared}); add "
+                        f"{split} to eval.splits and re-run the data stage")
+    return folder
+
+
+def split_data_hash(eval_data: ArtifactRef, split: str) -> str:
+    """Content hash of one split's prepared folder (rows, split.json, source.json)."""
+    return content_hash(split_folder(eval_data, split))
+
+
+def load_samples(cfg: PipelineConfig, eval_data: ArtifactRef, split: str) -> list[EvalSample]:
+    """The split's samples, the first `eval.max_samples_per_split` of them when set."""
+    from paravt_core.data.stage import load_split_file
+
+    samples = load_split_file(split_folder(eval_data, split) / SPLIT_FILE)
+    cap = cfg.eval.max_samples_per_split
+    return samples[:cap] if cap else samples
+
+
+# --- runners --------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _loaded_hf_engine(model_path: str, sha256: str, dtype: str, device: str) -> tuple[Any, Any]:
+    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.model.loading import load_model, load_processor
+
+    logger.info("loading %s (sha256 %s) as %s on %s", model_path, sha256[:12], dtype, device)
+    processor = load_processor(model_path)
+    return HFEngine(load_model(model_path, dtype, device), processor), processor
+
+
+def hf_engine(model: ArtifactRef, dtype: str) -> tuple[Any, Any]:
+    """(HFEngine, processor) of a checkpoint on CUDA when there is one, else the CPU; loaded
+    once per process and shared by all its splits (the last checkpoint loaded stays cached)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return _loaded_hf_engine(str(model.path), model.sha256, dtype, device)
+
+
+def _openai_client(model: ArtifactRef) -> Any:
+    from paravt_core.eval.openai_engine import OpenAIChatClient
+
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    if not endpoint:
+        raise EvalError(f"eval.engine is openai but {ENDPOINT_ENV} is not set; serve the checkpoint {model.path} "
+                        f"with SGLang or vLLM and set {ENDPOINT_ENV}, e.g. http://127.0.0.1:30000/v1")
+    return OpenAIChatClient(endpoint, os.environ.get(MODEL_NAME_ENV, str(model.path)),
+                            timeout_s=float(os.environ.get(TIMEOUT_ENV, "600")), api_key=os.environ.get(API_KEY_ENV))
+
+
+class LazyRunner:
+    """Opens the real runner (loads the model) only once a sample is left to run, so a
+    finished split re-summarized after a restart costs no model load."""
+
+    def __init__(self, cfg: PipelineConfig, model: ArtifactRef):
+        self.cfg, self.model = cfg, model
+        self._runner: SampleRunner | None = None
+
+    def outcomes(self, samples: Sequence[EvalSample]) -> Iterator[tuple[EvalSample, EpisodeOutcome]]:
+        if not samples:
+            return iter(())
+        if self._runner is None:
+            self._runner = open_runner(self.cfg, self.model)
+        return self._runner.outcomes(samples)
+
+
+def open_runner(cfg: PipelineConfig, model: ArtifactRef) -> SampleRunner:
+    """The `SampleRunner` of `eval.engine` for this checkpoint."""
+    settings = EvalSettings.from_pipeline(cfg)
+    if cfg.eval.engine == "openai":
+        from paravt_core.model.loading import load_processor
+
+        return OpenAISampleRunner(_openai_client(model), load_processor(model.path), settings)
+    engine, processor = hf_engine(model, cfg.model.dtype)
+    return HFSampleRunner(engine, processor, settings)
+
+
+# --- one split ------------------------------------------------------------------------
+
+
+def _pin_split_data(folder: Path, split: str, data_hash: str) -> None:
+    """Set aside a log made from other split data, then record this split data's hash."""
+    source = folder / f"{split}.source.json"
+    if source.is_file():
+        old = json.loads(source.read_text()).get("split_sha256", "")
+        if old == data_hash:
+            return
+        for name in (f"{split}.jsonl", f"{split}.json"):
+            if (folder / name).exists():
+                (folder / name).rename(folder / f"{name}.stale-{old[:12]}")
+                logger.warning("split %s: its data changed since %s was written; set aside as %s.stale-%s", split,
+                               name, name, old[:12])
+    atomic_write_text(source, json.dumps({"split": split, "split_sha256": data_hash}, indent=1) + "\n")
+
+
+def evaluate_prepared_split(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, split: str,
+                            runner: SampleRunner | None = None, progress: bool = True) -> SplitRun:
+    """One prepared split of `eval_data` evaluated into `results_dir(cfg, model)`."""
+    if split not in EVAL_SPLITS:
+        raise EvalError(f"unknown split {split!r}; known: {', '.join(EVAL_SPLITS)}")
+    folder = results_dir(cfg, model)
+    folder.mkdir(parents=True, exist_ok=True)
+    _pin_split_data(folder, split, split_data_hash(eval_data, split))
+    samples = load_samples(cfg, eval_data, split)
+    return evaluate_split(split, samples, runner or LazyRunner(cfg, model), folder, progress)
+
+
+def report_of(cfg: PipelineConfig, model: ArtifactRef, label: str, runs: Sequence[SplitRun]) -> EvalReport:
+    return build_report(label, model.sha256, results_dir(cfg, model), {r.split: r.summary for r in runs})
+
+
+def run(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, label: str,
+        splits: Sequence[str] | None = None, progress: bool = True) -> EvalReport:
+    """Evaluate `model` on `splits` (default `eval.splits`) of the prepared `eval_data`."""
+    eval_data.check()
+    chosen = tuple(splits or cfg.eval.splits)
+    runner = LazyRunner(cfg, model)
+    runs = [evaluate_prepared_split(cfg, model, eval_data, split, runner, progress) for split in chosen]
+    report = report_of(cfg, model, label, runs)
+    logger.info("eval %s: average %.3f over %d splits; results in %s", label, report.average, len(runs),
+                report.results_dir)
+    return report
+
+
+def log_to_mlflow(cfg: PipelineConfig, report: EvalReport, model: ArtifactRef) -> str:
+    """An MLflow run for the evaluated model, tagged with its label and registry version
+    (when the checkpoint is registered): a metric per split, the table as an artifact.
+
+    Returns:
+        the run id.
+    """
+    from paravt_core import registry
+    from paravt_core.eval.report import log_report
+    from paravt_core.provenance import git_revision
+    from paravt_core.tracking import flatten
+
+    uri, name = cfg.mlflow_uri(), cfg.model.registered_name
+    version = registry.find_version(uri, name, model.sha256)
+    tags = {"stage": "eval", "label": report.label, "model_sha256": model.sha256, "registered_name": name,
+            "model_version": version.version if version else "", "config_hash": cfg.section_hash(),
+            "results_config_hash": results_config_hash(cfg), "git_revision": git_revision(),
+            "results_dir": str(report.results_dir)}
+    params = flatten(cfg.model_dump(mode="json", include={"eval", "video"}))
+    table = format_table({report.label: report})
+    return log_report(uri, cfg.mlflow.experiment, f"{cfg.run.name}-eval-{report.label}", report, table, tags,
+                      params)

@@ -1,0 +1,302 @@
+"""The `openai` evaluation engine's chat client against a stub server on 127.0.0.1.
+
+The stub is a real HTTP server started by the test: the client's retries, backoff and
+timeouts run over real sockets. Episode-level behaviour (frames as timestamped images,
+tool responses, forced answer) is in tests/integration/test_evaluator.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+import pytest
+
+from paravt_core.agent.prompts import question_prompt
+from paravt_core.eval.openai_engine import ChatError, OpenAIChatClient, chat_messages, frame_items
+from paravt_core.video import Frames
+
+Reply = tuple[int, Any, float]  # (HTTP status, JSON body, seconds to wait before answering)
+
+
+class StubChatServer:
+    """Answers POST /v1/chat/completions with `respond(request_number, body)`; records bodies."""
+
+    def __init__(self, respond: Callable[[int, dict], Reply]):
+        self.requests: list[dict] = []
+        self.in_flight = self.max_in_flight = 0
+        lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # the name http.server calls
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append({"path": self.path, "body": body,
+                                        "authorization": self.headers.get("Authorization")})
+                status, reply, delay = respond(len(server.requests), body)
+                with lock:
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                time.sleep(delay)
+                with lock:
+                    server.in_flight -= 1
+                data = json.dumps(reply).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client timed out and went away
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> StubChatServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def completion(text: str, finish_reason: str = "stop") -> dict:
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish_reason}]}
+
+
+def test_a_503_is_retried_with_backoff_then_the_reply_is_returned():
+    def respond(number: int, body: dict) -> Reply:
+        if number == 1:
+            return 503, {"error": "server warming up"}, 0.0
+        return 200, completion("<answer>B</answer>"), 0.0
+
+    delays: list[float] = []
+    with StubChatServer(respond) as server:
+        client = OpenAIChatClient(server.base_url, "paravt-8b", backoff_s=0.5, sleep=delays.append, api_key="k")
+        reply = client.complete([{"role": "user", "content": "Q"}], max_tokens=64)
+    assert (reply.text, reply.finish_reason) == ("<answer>B</answer>", "stop")
+    assert delays == [0.5]
+    assert len(server.requests) == 2 and server.requests[1]["path"] == "/v1/chat/completions"
+    body = server.requests[1]["body"]
+    assert body["model"] == "paravt-8b" and body["max_tokens"] == 64
+    assert body["temperature"] == 0.0 and body["top_p"] == 1.0  # greedy
+    assert "tools" not in body and "continue_final_message" not in body
+    assert server.requests[1]["authorization"] == "Bearer k"
+
+
+def test_backoff_doubles_and_the_client_gives_up_naming_the_server():
+    delays: list[float] = []
+    with StubChatServer(lambda number, body: (503, {"error": "busy"}, 0.0)) as server:
+        client = OpenAIChatClient(server.base_url, "m", max_retries=3, backoff_s=1.0, max_backoff_s=3.0,
+                                  sleep=delays.append)
+        with pytest.raises(ChatError, match=r"chat/completions: gave up after 4 attempts: HTTP 503"):
+            client.complete([{"role": "user", "content": "Q"}], max_tokens=8)
+    assert delays == [1.0, 2.0, 3.0] and len(server.requests) == 4
+
+
+def test_a_timed_out_request_is_retried():
+    def respond(number: int, body: dict) -> Reply:
+        return 200, completion(f"reply {number}"), (1.0 if number == 1 else 0.0)
+
+    with StubChatServer(respond) as server:
+        client = OpenAIChatClient(server.base_url, "m", timeout_s=0.3, sleep=lambda s: None)
+        reply = client.complete([{"role": "user", "content": "Q"}], max_tokens=8)
+    assert reply.text == "reply 2" and len(server.requests) == 2
+
+
+def test_a_client_error_fails_at_once_with_the_servers_message():
+    with StubChatServer(lambda number, body: (400, {"error": "max_tokens too large"}, 0.0)) as server:
+        client = OpenAIChatClient(server.base_url, "m", sleep=lambda s: pytest.fail("must not retry"))
+        with pytest.raises(ChatError, match="HTTP 400.*max_tokens too large"):
+            client.complete([{"role": "user", "content": "Q"}], max_tokens=10**9)
+    assert len(server.requests) == 1
+
+
+def test_a_refused_connection_is_retried_then_reported():
+    with StubChatServer(lambda number, body: (200, completion("x"), 0.0)) as server:
+        url = server.base_url
+    delays: list[float] = []
+    client = OpenAIChatClient(url, "m", max_retries=2, backoff_s=0.1, sleep=delays.append)
+    with pytest.raises(ChatError, match="gave up after 3 attempts"):
+        client.complete([{"role": "user", "content": "Q"}], max_tokens=8)
+    assert delays == [0.1, 0.2]
+
+
+def test_tools_are_listed_but_not_parsed_and_the_think_prefix_is_continued():
+    with StubChatServer(lambda number, body: (200, completion("ok"), 0.0)) as server:
+        client = OpenAIChatClient(server.base_url, "m")
+        prompt = question_prompt("q", "/v/clip.mp4", "What?")
+        client.complete([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<think>\n"}],
+                        max_tokens=8, tools=prompt.tools, continue_final_message=True)
+    body = server.requests[0]["body"]
+    assert body["tools"][0]["function"]["name"] == "crop_video" and body["tool_choice"] == "none"
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+
+
+def _frames(count: int) -> Frames:
+    array = np.zeros((count, 28, 28, 3), dtype=np.uint8)  # [T, H, W, 3]
+    array[:, :, :, 0] = np.arange(count)[:, None, None] * 40
+    return Frames(array=array, timestamps=[2.0 * i + 0.5 for i in range(count)], indices=list(range(count)),
+                  fps=2.0, duration=8.0, total_frames=16)
+
+
+def test_frames_become_timestamp_texts_and_base64_jpeg_images():
+    items = frame_items(_frames(3))
+    assert [item["type"] for item in items] == ["text", "image_url"] * 3
+    assert [items[i]["text"] for i in (0, 2, 4)] == ["<0.5 seconds>", "<2.5 seconds>", "<4.5 seconds>"]
+    import base64
+    import io
+
+    from PIL import Image
+
+    url = items[5]["image_url"]["url"]
+    assert url.startswith("data:image/jpeg;base64,")
+    image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert image.size == (28, 28) and abs(np.asarray(image)[..., 0].mean() - 80) < 4
+
+
+def test_chat_messages_replace_the_video_item_with_the_overview():
+    prompt = question_prompt("q", "/v/clip.mp4", "What?")
+    (message,) = chat_messages(prompt, _frames(2))
+    kinds = [item["type"] for item in message["content"]]
+    assert kinds == ["text", "image_url", "text", "image_url", "text"]
+    assert message["content"][-1]["text"].endswith("The video path for this video is: clip.mp4")
+
+
+# --- whole episodes over the stub (tiny processor for truncation, the shared short clip) -------
+
+SUBAGENT_MARK = "concise, factual summary"
+
+
+def _calls(*windows: tuple[float, float]) -> str:
+    blocks = [f'<tool_call>{{"name": "crop_video", "arguments": {{"video_path": "clip.mp4", "start_time": {s}, '
+              f'"end_time": {e}}}}}</tool_call>' for s, e in windows]
+    return "Let me look closer.\n</think>\n" + "\n".join(blocks)
+
+
+def _texts(message: dict) -> list[str]:
+    content = message["content"]
+    return [content] if isinstance(content, str) else [i["text"] for i in content if i["type"] == "text"]
+
+
+def scripted(main_turns: list[str], delay: float = 0.0) -> Callable[[int, dict], Reply]:
+    """Sub-agent requests get a summary naming their window; main turn k gets main_turns[k]."""
+    def respond(number: int, body: dict) -> Reply:
+        texts = [text for message in body["messages"] for text in _texts(message)]
+        window = next((t for t in texts if SUBAGENT_MARK in t), None)
+        if window is not None:
+            return 200, completion(f"Summary: {window.split(' of a longer video')[0]}"), delay
+        assistant_turns = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        turn = assistant_turns - (1 if body.get("continue_final_message") else 0)
+        return 200, completion(main_turns[min(turn, len(main_turns) - 1)]), delay
+    return respond
+
+
+def _sample(video, sample_id: str = "q1"):
+    from paravt_core.eval.samples import EvalSample
+
+    question = f"Question: What colour ({sample_id})?\nOptions:\nA. red\nB. blue\nAnswer with the option letter only."
+    return EvalSample(id=sample_id, split="videomme", video_path=video, question=question, answer="B", kind="mcq",
+                      options=("red", "blue"))
+
+
+def _settings(**eval_fields):
+    from paravt_core.config import EvalConfig, RolloutConfig, VideoConfig
+    from paravt_core.eval.evaluator import EvalSettings
+
+    return EvalSettings(EvalConfig(nframes=4, max_new_tokens=300, **eval_fields), VideoConfig(nframes=4, max_pixels=6144),
+                        RolloutConfig(subagent_max_new_tokens=40))
+
+
+@pytest.mark.integration
+def test_frames_episode_sends_timestamped_images_then_forces_the_answer(tiny_processor, short_video):
+    from paravt_core.eval.evaluator import OpenAISampleRunner
+    from paravt_core.eval.prompting import FORCED_MCQ
+
+    with StubChatServer(scripted([_calls((2, 6), (0, 3)), "<answer>B</answer>"])) as server:
+        runner = OpenAISampleRunner(OpenAIChatClient(server.base_url, "m"), tiny_processor,
+                                    _settings(max_turns=1, tool_mode="frames"))
+        ((_, outcome),) = list(runner.outcomes([_sample(short_video)]))
+    first, final = (request["body"] for request in server.requests)
+
+    assert first["continue_final_message"] and first["messages"][-1] == {"role": "assistant", "content": "<think>\n"}
+    assert first["tools"][0]["function"]["name"] == "crop_video" and first["max_tokens"] == 300
+    overview = first["messages"][0]["content"]
+    assert [item["type"] for item in overview] == ["text", "image_url"] * 4 + ["text"]
+    assert re.fullmatch(r"<\d+\.\d seconds>", overview[0]["text"])
+    assert overview[-1]["text"].endswith("The video path for this video is: clip.mp4")
+
+    assert "continue_final_message" not in final and final["max_tokens"] == 64  # forced answer: no think prefix
+    *_, assistant, tool_turn, forced = final["messages"]
+    assert assistant == {"role": "assistant", "content": "<think>\n" + _calls((2, 6), (0, 3))}
+    assert forced == {"role": "user", "content": FORCED_MCQ.text}
+    kinds = [item["type"] for item in tool_turn["content"]]
+    assert kinds == ["text", "image_url"] * 4 + ["text"] + ["text", "image_url"] * 3 + ["text"]
+    assert tool_turn["content"][8]["text"] == "<tool_response>\n4 frames from 2.0s to 6.0s.\n</tool_response>"
+    assert tool_turn["content"][-1]["text"] == "<tool_response>\n3 frames from 0.0s to 3.0s.\n</tool_response>"
+    assert (outcome.final_text, outcome.tool_calls, outcome.turns, outcome.end_reason) == ("<answer>B</answer>", 2, 2,
+                                                                                          "answer")
+
+
+@pytest.mark.integration
+def test_subagent_episodes_run_concurrently_and_are_scored(tiny_processor, short_video, tmp_path):
+    from paravt_core.eval.evaluator import OpenAISampleRunner, evaluate_split
+    from paravt_core.eval.prompting import FORCED_MCQ
+
+    respond = scripted([_calls((0, 4), (4, 8)), "</think>\n<answer>B</answer>"], delay=0.2)
+    with StubChatServer(respond) as server:
+        runner = OpenAISampleRunner(OpenAIChatClient(server.base_url, "m"), tiny_processor,
+                                    _settings(max_turns=2, tool_mode="subagent", concurrency=2))
+        run = evaluate_split("videomme", [_sample(short_video, "a"), _sample(short_video, "b")], runner, tmp_path,
+                             progress=False)
+    assert run.evaluated == 2 and run.summary["accuracy"] == 1.0 and run.summary["avg_tool_calls"] == 2.0
+    bodies = [request["body"] for request in server.requests]
+    subagent = [b for b in bodies if any(SUBAGENT_MARK in t for m in b["messages"] for t in _texts(m))]
+    assert len(subagent) == 4 and all("tools" not in b and b["max_tokens"] == 40 for b in subagent)
+    assert all(sum(i["type"] == "image_url" for i in b["messages"][0]["content"]) == 4 for b in subagent)
+    finals = [b for b in bodies if len([m for m in b["messages"] if m["role"] == "assistant"]) == 2]
+    assert len(finals) == 2
+    tool_turn = finals[0]["messages"][-2]["content"]
+    responses = [item["text"] for item in tool_turn if item["type"] == "text"]
+    assert responses == [
+        "<tool_response>\nSummary: These frames show the window 00:00 to 00:04 (4.0 seconds)\n</tool_response>",
+        "<tool_response>\nSummary: These frames show the window 00:04 to 00:08 (4.0 seconds)\n</tool_response>"]
+    assert not any(FORCED_MCQ.text in text for b in bodies for m in b["messages"] for text in _texts(m))
+    assert server.max_in_flight >= 2  # samples, and the sub-agents of a turn, overlap
+
+
+@pytest.mark.integration
+def test_a_failed_sample_is_named_and_the_finished_ones_are_kept(tiny_processor, short_video, tmp_path):
+    from paravt_core.eval.evaluator import OpenAISampleRunner, evaluate_split
+    from paravt_core.eval.results import ResultsLog
+
+    def respond(number: int, body: dict) -> Reply:
+        texts = [text for message in body["messages"] for text in _texts(message)]
+        if any("(bad)" in text for text in texts):
+            return 400, {"error": "image too large"}, 0.3  # fails after the good sample is done
+        return 200, completion("<answer>B</answer>"), 0.0
+
+    with StubChatServer(respond) as server:
+        runner = OpenAISampleRunner(OpenAIChatClient(server.base_url, "m"), tiny_processor,
+                                    _settings(prompt_mode="direct", concurrency=2))
+        with pytest.raises(ChatError, match="image too large") as failure:
+            evaluate_split("videomme", [_sample(short_video, "good"), _sample(short_video, "bad")], runner, tmp_path,
+                           progress=False)
+    assert any("split videomme, sample(s) bad" in note for note in failure.value.__notes__)
+    assert list(ResultsLog(tmp_path / "videomme.jsonl").load()) == ["good"]
