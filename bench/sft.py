@@ -38,7 +38,6 @@ def prepare(tmp: Path, rows: int):
 
 
 def ours(cfg, base, data, steps: int) -> list[dict]:
-    from paravt_core.config import load_config
     from paravt_core.sft import stage
 
     run_cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={
