@@ -47,7 +47,13 @@ def eval_split(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, 
     return result
 
 
-@task(name="eval-log", retries=2, retry_delay_seconds=5)
+def _log_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    cfg: PipelineConfig = parameters["cfg"]
+    report: EvalReport = parameters["report"]
+    return stage_key("eval-log", cfg.mlflow_uri(), cfg.mlflow.experiment, report.model_dump_json())
+
+
+@task(name="eval-log", cache_key_fn=_log_key, persist_result=True, retries=2, retry_delay_seconds=5)
 def log_eval(cfg: PipelineConfig, report: EvalReport, model: ArtifactRef) -> str:
     """An MLflow run for the evaluated model: a metric per split, the summary table."""
     run_id = eval_stage.log_to_mlflow(cfg, report, model)

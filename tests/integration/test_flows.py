@@ -22,23 +22,31 @@ def fast_overrides(out: Path) -> list[str]:
     ]
 
 
-def _task_states(flow_run_id) -> dict[str, str]:
+def _read_task_runs(flow_run_id) -> list:
+    """The flow run's task runs once the server has recorded a final state for each
+    (task states reach the API through events, a moment after the flow returns)."""
+    import time
+
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {r.name.rsplit("-", 1)[0]: r.state.name for r in runs}
+    runs: list = []
+    for _ in range(60):
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        if runs and all(r.state is not None and r.state.is_final() for r in runs):
+            return runs
+        time.sleep(0.5)
+    raise AssertionError(f"task runs of {flow_run_id} never all reached a final state: {runs}")
+
+
+def _task_states(flow_run_id) -> dict[str, str]:
+    return {r.name.rsplit("-", 1)[0]: r.state.name for r in _read_task_runs(flow_run_id)}
 
 
 def _task_runs(flow_run_id) -> dict[str, list]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     grouped: dict[str, list] = {}
-    for r in runs:
+    for r in _read_task_runs(flow_run_id):
         grouped.setdefault(r.name.rsplit("-", 1)[0], []).append(r)
     return grouped
 
@@ -58,8 +66,9 @@ def test_full_pipeline_runs_and_caches(prefect_harness, tmp_path: Path):
     assert second.is_completed()
     states = _task_states(second.state_details.flow_run_id)
     assert {"base-model", "sft", "rl", "register", "data-materialize", "data-validate"} <= set(states)
-    # download/unzip re-check their (pinned) sources every run and return at once
-    heavy = {name: state for name, state in states.items() if name not in ("data-download", "data-unzip")}
+    # download/unzip re-check their (pinned) sources every run and return at once; promote
+    # re-reads the registry's champion (it may have moved since) and is idempotent.
+    heavy = {name: state for name, state in states.items() if name not in ("data-download", "data-unzip", "promote")}
     assert all(state == "Cached" for state in heavy.values()), states
     assert second.result() == outputs
 
@@ -113,3 +122,26 @@ def test_bad_parameters_refused_before_any_stage(tmp_path: Path):
         PipelineParams(config_path=str(REPO / "conf/pipeline/tiny.yaml"), overrides=["sft.max_stepz=1"])
     with pytest.raises(ValidationError, match="does not exist"):
         PipelineParams(config_path=str(tmp_path / "missing.yaml"))
+
+
+def test_ablation_flow_rows_from_one_sft_checkpoint(prefect_harness, tmp_path: Path):
+    """Two RL rows from one SFT checkpoint, each an MLflow run tagged with its row; the
+    report then has both rows with fτ and κ."""
+    from flows.ablations import AblationParams, ablations
+    from paravt_core.config import load_config
+    from paravt_core.registry.report import write_report
+
+    overrides = [*fast_overrides(tmp_path), "eval.splits=[videomme, charades]"]
+    params = AblationParams(config_path=str(REPO / "conf/pipeline/tiny.yaml"), overrides=overrides,
+                            rows=["paragrpo", "vanilla_grpo"], sequential_eval=True)
+    state = ablations(params, return_state=True)
+    assert state.is_completed()
+    table = state.result()
+    assert "| paragrpo |" in table and "| vanilla_grpo |" in table and "| paragrpo-sequential |" in table
+    runs = _task_runs(state.state_details.flow_run_id)
+    assert len(runs["sft"]) == 1 and len(runs["rl"]) == 2
+
+    cfg = load_config(params.config_path, overrides)
+    text = write_report(cfg.mlflow_uri(), cfg.mlflow.experiment, tmp_path / "report").read_text()
+    assert "| paragrpo | " in text and "| vanilla_grpo | " in text
+    assert (tmp_path / "report" / "kappa_per_step.png").is_file()
