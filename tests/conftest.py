@@ -104,6 +104,37 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_SESSION_DIR, ignore_errors=True)
 
 
+def read_task_runs(flow_run_id) -> list:
+    """A flow run's task runs once the server has recorded a final state for each (task
+    states reach the API through events, a moment after the flow returns)."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    runs: list = []
+    for _ in range(60):
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        if runs and all(r.state is not None and r.state.is_final() for r in runs):
+            return runs
+        time.sleep(0.5)
+    raise AssertionError(f"task runs of {flow_run_id} never all reached a final state: {runs}")
+
+
+@pytest.fixture(scope="session")
+def task_runs():
+    """flow run id -> {task name without its suffix: [task runs]}."""
+
+    def grouped(flow_run_id) -> dict[str, list]:
+        out: dict[str, list] = {}
+        for run in read_task_runs(flow_run_id):
+            out.setdefault(run.name.rsplit("-", 1)[0], []).append(run)
+        return out
+
+    return grouped
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     from prefect.testing.utilities import prefect_test_harness

@@ -359,16 +359,13 @@ def test_eval_run_command_prints_the_table(tmp_path, eval_data, tiny_model_dir, 
 # --- the paravt-eval flow --------------------------------------------------------------------------
 
 
-def _task_states(flow_run_id) -> list[tuple[str, str]]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return sorted((r.name.rsplit("-", 1)[0], r.state.name) for r in runs if r.name.startswith("eval-"))
+def _eval_states(task_runs, flow_run_id) -> list[tuple[str, str]]:
+    return sorted((name, run.state.name) for name, group in task_runs(flow_run_id).items()
+                  for run in group if name.startswith("eval-"))
 
 
-def test_eval_flow_resolves_the_champion_caches_splits_and_logs_to_mlflow(prefect_harness, tmp_path, tiny_ref):
+def test_eval_flow_resolves_the_champion_caches_splits_and_logs_to_mlflow(prefect_harness, task_runs, tmp_path,
+                                                                         tiny_ref):
     from mlflow.tracking import MlflowClient
 
     from flows.eval import EvalParams, eval_flow
@@ -389,19 +386,20 @@ def test_eval_flow_resolves_the_champion_caches_splits_and_logs_to_mlflow(prefec
     report = first.result()
     assert report.label == "champion" and set(report.summaries) == {"videomme", "charades"}
     assert report.model_sha256 == tiny_ref.sha256
-    assert _task_states(first.state_details.flow_run_id) == [
+    assert _eval_states(task_runs, first.state_details.flow_run_id) == [
         ("eval-log", "Completed"), ("eval-model", "Completed"), ("eval-split", "Completed"),
         ("eval-split", "Completed")]
 
     second = eval_flow(params, return_state=True)
     assert second.result().summaries == report.summaries
-    states = _task_states(second.state_details.flow_run_id)
+    states = _eval_states(task_runs, second.state_details.flow_run_id)
     assert [state for name, state in states if name == "eval-split"] == ["Cached", "Cached"]
+    assert ("eval-log", "Cached") in states  # the same report is not logged twice
 
     client = MlflowClient(cfg.mlflow_uri())
     experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
     runs = client.search_runs([experiment.experiment_id], "tags.stage = 'eval'")
-    assert len(runs) == 2
+    assert len(runs) == 1
     run = runs[0]
     assert run.data.tags["label"] == "champion" and run.data.tags["model_version"] == version.version
     assert run.data.metrics["videomme/accuracy"] == report.summaries["videomme"]["accuracy"]

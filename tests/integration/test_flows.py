@@ -22,36 +22,11 @@ def fast_overrides(out: Path) -> list[str]:
     ]
 
 
-def _read_task_runs(flow_run_id) -> list:
-    """The flow run's task runs once the server has recorded a final state for each
-    (task states reach the API through events, a moment after the flow returns)."""
-    import time
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    runs: list = []
-    for _ in range(60):
-        with get_client(sync_client=True) as client:
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        if runs and all(r.state is not None and r.state.is_final() for r in runs):
-            return runs
-        time.sleep(0.5)
-    raise AssertionError(f"task runs of {flow_run_id} never all reached a final state: {runs}")
+def _states(runs: dict[str, list]) -> dict[str, str]:
+    return {name: group[-1].state.name for name, group in runs.items()}
 
 
-def _task_states(flow_run_id) -> dict[str, str]:
-    return {r.name.rsplit("-", 1)[0]: r.state.name for r in _read_task_runs(flow_run_id)}
-
-
-def _task_runs(flow_run_id) -> dict[str, list]:
-    grouped: dict[str, list] = {}
-    for r in _read_task_runs(flow_run_id):
-        grouped.setdefault(r.name.rsplit("-", 1)[0], []).append(r)
-    return grouped
-
-
-def test_full_pipeline_runs_and_caches(prefect_harness, tmp_path: Path):
+def test_full_pipeline_runs_and_caches(prefect_harness, task_runs, tmp_path: Path):
     from flows.full_pipeline import full_pipeline
     from flows.params import PipelineParams
 
@@ -60,11 +35,11 @@ def test_full_pipeline_runs_and_caches(prefect_harness, tmp_path: Path):
     assert first.is_completed()
     outputs = first.result()
     assert (Path(outputs["base_model"]) / "config.json").is_file()
-    assert _task_states(first.state_details.flow_run_id)["base-model"] == "Completed"
+    assert _states(task_runs(first.state_details.flow_run_id))["base-model"] == "Completed"
 
     second = full_pipeline(params, return_state=True)
     assert second.is_completed()
-    states = _task_states(second.state_details.flow_run_id)
+    states = _states(task_runs(second.state_details.flow_run_id))
     assert {"base-model", "sft", "rl", "register", "data-materialize", "data-validate"} <= set(states)
     # download/unzip re-check their (pinned) sources every run and return at once; promote
     # re-reads the registry's champion (it may have moved since) and is idempotent.
@@ -77,19 +52,20 @@ def test_full_pipeline_runs_and_caches(prefect_harness, tmp_path: Path):
 
     shutil.rmtree(outputs["base_model"])
     third = full_pipeline(params, return_state=True)
-    assert _task_states(third.state_details.flow_run_id)["base-model"] == "Completed"
+    assert _states(task_runs(third.state_details.flow_run_id))["base-model"] == "Completed"
     assert (Path(outputs["base_model"]) / "config.json").is_file()
 
     # Changing only the RL config re-runs only RL and what follows it.
     rl_changed = PipelineParams(config_path=params.config_path, overrides=[*params.overrides, "rl.max_steps=2"])
     fourth = full_pipeline(rl_changed, return_state=True)
-    runs = _task_runs(fourth.state_details.flow_run_id)
+    runs = task_runs(fourth.state_details.flow_run_id)
     assert runs["sft"][0].state.name == "Cached" and runs["data-materialize"][0].state.name == "Cached"
     assert runs["rl"][0].state.name == "Completed"
     assert sorted(r.state.name for r in runs["register"]) == ["Cached", "Completed"]  # sft cached, rl new
 
 
-def test_injected_failure_is_retried_without_redoing_finished_stages(prefect_harness, tmp_path: Path, monkeypatch):
+def test_injected_failure_is_retried_without_redoing_finished_stages(prefect_harness, task_runs, tmp_path: Path,
+                                                                     monkeypatch):
     """SFT is killed once mid-run (a real SIGKILL); its task retries, resumes from the
     checkpoint, and the flow completes; the stages before it come from the cache."""
     from flows.full_pipeline import full_pipeline
@@ -102,7 +78,7 @@ def test_injected_failure_is_retried_without_redoing_finished_stages(prefect_har
     state = full_pipeline(params, return_state=True)
     assert state.is_completed()
     assert (tmp_path / "killed-once").read_text() == "3"
-    runs = _task_runs(state.state_details.flow_run_id)
+    runs = task_runs(state.state_details.flow_run_id)
     (sft_run,) = runs["sft"]
     assert sft_run.run_count == 2 and sft_run.state.name == "Completed"
     assert all(r.run_count == 1 for name in ("data-materialize", "base-model", "rl") for r in runs[name])
@@ -124,7 +100,7 @@ def test_bad_parameters_refused_before_any_stage(tmp_path: Path):
         PipelineParams(config_path=str(tmp_path / "missing.yaml"))
 
 
-def test_ablation_flow_rows_from_one_sft_checkpoint(prefect_harness, tmp_path: Path):
+def test_ablation_flow_rows_from_one_sft_checkpoint(prefect_harness, task_runs, tmp_path: Path):
     """Two RL rows from one SFT checkpoint, each an MLflow run tagged with its row; the
     report then has both rows with fτ and κ."""
     from flows.ablations import AblationParams, ablations
@@ -138,7 +114,7 @@ def test_ablation_flow_rows_from_one_sft_checkpoint(prefect_harness, tmp_path: P
     assert state.is_completed()
     table = state.result()
     assert "| paragrpo |" in table and "| vanilla_grpo |" in table and "| paragrpo-sequential |" in table
-    runs = _task_runs(state.state_details.flow_run_id)
+    runs = task_runs(state.state_details.flow_run_id)
     assert len(runs["sft"]) == 1 and len(runs["rl"]) == 2
 
     cfg = load_config(params.config_path, overrides)
