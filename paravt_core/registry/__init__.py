@@ -76,7 +76,8 @@ def register_checkpoint(
             "git_revision": git_revision,
             "checkpoint_sha256": checkpoint.sha256,
         }
-        run = client.create_run(exp_id, run_name=f"register-{stage}", tags=tags)
+        run_tags = {**tags, "stage": "register", "checkpoint_stage": stage}  # not a training run of that stage
+        run = client.create_run(exp_id, run_name=f"register-{stage}", tags=run_tags)
         client.log_artifacts(run.info.run_id, str(Path(checkpoint.path)), artifact_path="model")
         client.set_terminated(run.info.run_id)
         mv = client.create_model_version(name, source=f"runs:/{run.info.run_id}/model", run_id=run.info.run_id,

@@ -64,7 +64,9 @@ def eval_rows(uri: str, experiment: str) -> dict[str, dict[str, float]]:
 def rl_rows(uri: str, experiment: str) -> list[RLRow]:
     client, rows = _client(uri), {}
     for run in _runs(uri, experiment, "rl"):
-        name = run.data.tags.get("ablation_row", "paragrpo")
+        name = run.data.tags.get("ablation_row")
+        if not name:
+            continue
         history = {m: [(h.step, h.value) for h in client.get_metric_history(run.info.run_id, m)]
                    for m in ("f_tau", "kappa")}
         rows[name] = RLRow(name, history["f_tau"], history["kappa"])
