@@ -188,6 +188,12 @@ class EvalConfig(_Section):
     max_turns: int = Field(3, ge=0)
     max_parallel: int = Field(5, ge=1)
     engine: Literal["hf", "openai"] = "hf"
+    # openai engine: an OpenAI-compatible server (SGLang / vLLM) serving the checkpoint. The
+    # API key is never put in config: PARAVT_EVAL_API_KEY. Env vars PARAVT_EVAL_ENDPOINT /
+    # PARAVT_EVAL_MODEL_NAME / PARAVT_EVAL_TIMEOUT_S fill fields left unset.
+    endpoint: str | None = Field(None, pattern=r"^https?://")
+    served_model_name: str | None = None
+    request_timeout_s: float | None = Field(None, gt=0)
     concurrency: int = Field(1, ge=1)
     max_samples_per_split: int | None = Field(None, ge=1)
 

@@ -15,9 +15,10 @@ the same folder, so a re-run resumes instead of redoing samples. Each split also
 `<split>.source.json` pinning the hash of its data folder: when the split's data changed,
 the old log is set aside as `<split>.jsonl.stale-<hash>` and the split starts over.
 
-The `openai` engine has no `EvalConfig` fields yet; it reads the environment: PARAVT_EVAL_ENDPOINT (required, e.g.
-"http://127.0.0.1:30000/v1"), PARAVT_EVAL_MODEL_NAME (default: the checkpoint folder's
-path, vLLM's default served name), PARAVT_EVAL_API_KEY, PARAVT_EVAL_TIMEOUT_S (600).
+The `openai` engine's server comes from `eval.endpoint` / `eval.served_model_name` /
+`eval.request_timeout_s`, or from PARAVT_EVAL_ENDPOINT / PARAVT_EVAL_MODEL_NAME /
+PARAVT_EVAL_TIMEOUT_S when those are unset (model name default: the checkpoint folder's path,
+vLLM's default served name; timeout default 600 s); the key only from PARAVT_EVAL_API_KEY.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.atomic import atomic_write_text
-from paravt_core.config import EVAL_SPLITS, PipelineConfig
+from paravt_core.config import EVAL_SPLITS, EvalConfig, PipelineConfig
 from paravt_core.eval.evaluator import (
     EvalError,
     EvalSettings,
@@ -119,15 +120,17 @@ def hf_engine(model: ArtifactRef, dtype: str) -> tuple[Any, Any]:
     return _loaded_hf_engine(str(model.path), model.sha256, dtype, device)
 
 
-def _openai_client(model: ArtifactRef) -> Any:
+def _openai_client(model: ArtifactRef, eval_cfg: EvalConfig) -> Any:
     from paravt_core.eval.openai_engine import OpenAIChatClient
 
-    endpoint = os.environ.get(ENDPOINT_ENV)
+    endpoint = eval_cfg.endpoint or os.environ.get(ENDPOINT_ENV)
     if not endpoint:
-        raise EvalError(f"eval.engine is openai but {ENDPOINT_ENV} is not set; serve the checkpoint {model.path} "
-                        f"with SGLang or vLLM and set {ENDPOINT_ENV}, e.g. http://127.0.0.1:30000/v1")
-    return OpenAIChatClient(endpoint, os.environ.get(MODEL_NAME_ENV, str(model.path)),
-                            timeout_s=float(os.environ.get(TIMEOUT_ENV, "600")), api_key=os.environ.get(API_KEY_ENV))
+        raise EvalError(f"eval.engine is openai but neither eval.endpoint nor {ENDPOINT_ENV} is set; serve the "
+                        f"checkpoint {model.path} with SGLang or vLLM and set eval.endpoint, e.g. "
+                        "http://127.0.0.1:30000/v1")
+    name = eval_cfg.served_model_name or os.environ.get(MODEL_NAME_ENV, str(model.path))
+    timeout = eval_cfg.request_timeout_s or float(os.environ.get(TIMEOUT_ENV, "600"))
+    return OpenAIChatClient(endpoint, name, timeout_s=timeout, api_key=os.environ.get(API_KEY_ENV))
 
 
 class LazyRunner:
@@ -152,7 +155,7 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef) -> SampleRunner:
     if cfg.eval.engine == "openai":
         from paravt_core.model.loading import load_processor
 
-        return OpenAISampleRunner(_openai_client(model), load_processor(model.path), settings)
+        return OpenAISampleRunner(_openai_client(model, cfg.eval), load_processor(model.path), settings)
     engine, processor = hf_engine(model, cfg.model.dtype)
     return HFSampleRunner(engine, processor, settings)
 

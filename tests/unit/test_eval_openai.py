@@ -300,3 +300,23 @@ def test_a_failed_sample_is_named_and_the_finished_ones_are_kept(tiny_processor,
                            progress=False)
     assert any("split videomme, sample(s) bad" in note for note in failure.value.__notes__)
     assert list(ResultsLog(tmp_path / "videomme.jsonl").load()) == ["good"]
+
+
+def test_openai_client_settings_come_from_config_then_environment(monkeypatch, tmp_path):
+    from paravt_core.config import EvalConfig
+    from paravt_core.eval.stage import EvalError, _openai_client
+    from paravt_core.refs import ArtifactRef
+
+    model = ArtifactRef(kind="model", path=tmp_path, sha256="0" * 64)
+    for name in ("PARAVT_EVAL_ENDPOINT", "PARAVT_EVAL_MODEL_NAME", "PARAVT_EVAL_TIMEOUT_S", "PARAVT_EVAL_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(EvalError, match="eval.endpoint"):
+        _openai_client(model, EvalConfig(engine="openai"))
+    client = _openai_client(model, EvalConfig(engine="openai", endpoint="http://127.0.0.1:30000/v1",
+                                              served_model_name="paravt", request_timeout_s=5))
+    assert (client.url, client.model, client.timeout_s) == ("http://127.0.0.1:30000/v1/chat/completions", "paravt", 5)
+    monkeypatch.setenv("PARAVT_EVAL_ENDPOINT", "http://127.0.0.1:30001/v1")
+    client = _openai_client(model, EvalConfig(engine="openai"))
+    assert client.url == "http://127.0.0.1:30001/v1/chat/completions" and client.model == str(tmp_path)
+    with pytest.raises(ValueError, match="endpoint"):
+        EvalConfig(endpoint="127.0.0.1:30000")
