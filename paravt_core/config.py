@@ -171,6 +171,15 @@ class RLConfig(_Section):
     rollout: RolloutConfig = RolloutConfig()
     gating: GatingConfig = GatingConfig()
 
+    @model_validator(mode="after")
+    def _prompts_split_over_ranks(self) -> RLConfig:
+        # Each rank rolls out whole groups (GRPO normalizes within a prompt's group), so the
+        # step's prompts must divide evenly over the ranks.
+        if self.hostfile is None and self.prompts_per_step % self.num_ranks:
+            raise ValueError(f"rl.prompts_per_step ({self.prompts_per_step}) must be a multiple of rl.num_ranks "
+                             f"({self.num_ranks}): each rank rolls out whole prompt groups")
+        return self
+
 
 EVAL_SPLITS = ("videomme", "videomme_wsub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades")
 

@@ -97,6 +97,25 @@ class StepLog:
         print(f"[{self.name}] step {done}/{self.total} {values} {rate:.2f} steps/s eta {eta:.0f}s", flush=True)
 
 
+def run_stage_workers(out: Path, kind: str, make_job: Callable[[], Any], worker: Path, num_ranks: int,
+                      hostfile: str | None, log_line: LogLine = print):
+    """Run, or resume, a training stage's DeepSpeed workers in its run folder `out`.
+
+    A run whose exported model is complete returns at once; otherwise the job (a pydantic
+    model) is written to `out/job.json` and the workers resume from the folder's latest
+    checkpoint, if any. Returns the exported model as an `ArtifactRef` of `kind`.
+    """
+    from paravt_core.atomic import atomic_write_text
+    from paravt_core.refs import ArtifactRef, content_hash
+
+    model_dir = out / "model"
+    if not (model_dir / "paravt_meta.json").is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        job_file = atomic_write_text(out / "job.json", make_job().model_dump_json(indent=2))
+        launch_workers(worker, ["--job", str(job_file)], num_ranks, hostfile, log_line)
+    return ArtifactRef(kind=kind, path=model_dir.resolve(), sha256=content_hash(model_dir))
+
+
 def init_distributed() -> tuple[int, int, str]:
     """(rank, world size, device) after initializing torch.distributed for this accelerator."""
     import deepspeed

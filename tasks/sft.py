@@ -28,8 +28,15 @@ def sft(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef) -> Artifa
     return sft_stage.run(cfg, base, sft_data, log_line=lambda line: log.info(line))
 
 
-@task(name="sft-grammar", persist_result=True, cache_key_fn=lambda ctx, p: stage_key(
-    "sft-grammar", p["base"].sha256, p["sft_model"].sha256, p["data"].eval.sha256, p["cfg"].section_hash("rl", "video")))
+def _grammar_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    # The check reads only the rollout protocol and frame settings: an RL-only change
+    # (steps, rewards, a new ablation row with the same protocol) must not re-run it.
+    cfg: PipelineConfig = parameters["cfg"]
+    return stage_key("sft-grammar", parameters["base"].sha256, parameters["sft_model"].sha256,
+                     parameters["data"].eval.sha256, cfg.rl.rollout.model_dump_json(), cfg.section_hash("video"))
+
+
+@task(name="sft-grammar", persist_result=True, cache_key_fn=_grammar_key)
 def sft_grammar(cfg: PipelineConfig, base: ArtifactRef, sft_model: ArtifactRef, data) -> dict[str, float]:
     """Share of held-out greedy episodes that follow the response grammar, before and after SFT."""
     from paravt_core.sft import grammar

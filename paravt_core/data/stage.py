@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 
 SPLIT_FILE = "split.json"
 SOURCE_FILE = "source.json"
-CONTRACT_KINDS = ("sft", "rl", "eval")
 
 
 class DataStageError(RuntimeError):

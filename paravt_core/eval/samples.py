@@ -148,13 +148,6 @@ class Row:
             raise self.error(field_name, f"expected non-empty text, got {value!r}")
         return value.strip()
 
-    def raw_text(self, field_name: str) -> str:
-        """A string field as stored (may be empty)."""
-        value = self._get(field_name)
-        if not isinstance(value, str):
-            raise self.error(field_name, f"expected text, got {value!r}")
-        return value
-
     def real(self, field_name: str) -> float:
         value = self._get(field_name)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):

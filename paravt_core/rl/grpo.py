@@ -6,7 +6,12 @@ Departures from the release, point by point:
 - `anchoring_mode: token` implements the paper's wording: the format term's
   group-normalized advantage lands only on structural tokens, every other token gets the
   advantage of R_acc + R_tool (the release only has the sequence mode);
-- the group std is the unbiased sample std (as torch.std), plus 1e-6.
+- the group std is the unbiased sample std (as torch.std), plus 1e-6;
+- the KL to the reference uses the non-negative k3 estimator exp(ref - logp) - (ref - logp) - 1
+  per token; `kl_mode: reward` subtracts kl_coef times its sum over an episode's generated
+  main-agent tokens (under the rollout's log-probs) from R before shaping, `kl_mode: loss`
+  adds kl_coef times its token mean to the loss. SPEC §5 names the coefficient and the two
+  modes but not the estimator.
 """
 
 from __future__ import annotations

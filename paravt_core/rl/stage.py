@@ -12,9 +12,9 @@ import hashlib
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.dist import LogLine, launch_workers
+from paravt_core.dist import LogLine, run_stage_workers
 from paravt_core.provenance import git_revision
-from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.refs import ArtifactRef
 from paravt_core.rl.job import RLJob
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -44,14 +44,8 @@ def make_job(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, with_
 
 
 def run(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
-    out = run_dir(cfg, init, rl_data)
-    model_dir = out / "model"
-    if not (model_dir / "paravt_meta.json").is_file():
-        job = make_job(cfg, init, rl_data)
-        job_file = out / "job.json"
-        job_file.write_text(job.model_dump_json(indent=2))
-        launch_workers(WORKER, ["--job", str(job_file)], cfg.rl.num_ranks, cfg.rl.hostfile, log_line)
-    return ArtifactRef(kind="rl_model", path=model_dir.resolve(), sha256=content_hash(model_dir))
+    return run_stage_workers(run_dir(cfg, init, rl_data), "rl_model", lambda: make_job(cfg, init, rl_data), WORKER,
+                             cfg.rl.num_ranks, cfg.rl.hostfile, log_line)
 
 
 def _mlflow_run(cfg: PipelineConfig, out: Path, init: ArtifactRef, rl_data: ArtifactRef) -> str:

@@ -33,7 +33,9 @@ def step_prompts(prompts: list, step: int, per_step: int, rank: int, world: int,
     from paravt_core.sft.worker import sample_index
 
     orders: dict[int, np.ndarray] = {}
-    per_rank = max(1, per_step // world)
+    if per_step % world:
+        raise ValueError(f"rl.prompts_per_step ({per_step}) is not a multiple of the {world} ranks")
+    per_rank = per_step // world
     first = step * per_rank * world + rank * per_rank
     picked = [prompts[sample_index(first + k, len(prompts), seed, orders)] for k in range(per_rank)]
     return picked, first // len(prompts)

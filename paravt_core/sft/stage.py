@@ -10,16 +10,13 @@ finished run returns the exported model at once.
 from __future__ import annotations
 
 import hashlib
-import logging
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.dist import LogLine, launch_workers
+from paravt_core.dist import LogLine, run_stage_workers
 from paravt_core.provenance import git_revision
-from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.refs import ArtifactRef
 from paravt_core.sft.job import SFTJob
-
-log = logging.getLogger(__name__)
 WORKER = Path(__file__).with_name("worker.py")
 
 
@@ -39,27 +36,22 @@ def sft_shards(sft_data: ArtifactRef) -> list[Path]:
 
 def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
     out = run_dir(cfg, base, sft_data)
-    model_dir = out / "model"
-    if (model_dir / "paravt_meta.json").is_file():
-        log.info("SFT already finished in %s", out)
-        return ArtifactRef(kind="sft_model", path=model_dir.resolve(), sha256=content_hash(model_dir))
-    out.mkdir(parents=True, exist_ok=True)
-    job = SFTJob(
-        config=cfg,
-        base_model=base.path,
-        base_model_sha256=base.sha256,
-        data_files=sft_shards(sft_data),
-        data_sha256=sft_data.sha256,
-        out_dir=out.resolve(),
-        frame_cache_dir=(cfg.run.output_dir / "cache" / "frames").resolve(),
-        tracking_uri=cfg.mlflow_uri(),
-        mlflow_run_id=_mlflow_run(cfg, out, base, sft_data),
-        git_revision=git_revision(),
-    )
-    job_file = out / "job.json"
-    job_file.write_text(job.model_dump_json(indent=2))
-    launch_workers(WORKER, ["--job", str(job_file)], cfg.sft.num_ranks, cfg.sft.hostfile, log_line)
-    return ArtifactRef(kind="sft_model", path=model_dir.resolve(), sha256=content_hash(model_dir))
+
+    def job() -> SFTJob:
+        return SFTJob(
+            config=cfg,
+            base_model=base.path,
+            base_model_sha256=base.sha256,
+            data_files=sft_shards(sft_data),
+            data_sha256=sft_data.sha256,
+            out_dir=out.resolve(),
+            frame_cache_dir=(cfg.run.output_dir / "cache" / "frames").resolve(),
+            tracking_uri=cfg.mlflow_uri(),
+            mlflow_run_id=_mlflow_run(cfg, out, base, sft_data),
+            git_revision=git_revision(),
+        )
+
+    return run_stage_workers(out, "sft_model", job, WORKER, cfg.sft.num_ranks, cfg.sft.hostfile, log_line)
 
 
 def _mlflow_run(cfg: PipelineConfig, out: Path, base: ArtifactRef, sft_data: ArtifactRef) -> str:

@@ -60,6 +60,7 @@ def test_full_pipeline_runs_and_caches(prefect_harness, task_runs, tmp_path: Pat
     fourth = full_pipeline(rl_changed, return_state=True)
     runs = task_runs(fourth.state_details.flow_run_id)
     assert runs["sft"][0].state.name == "Cached" and runs["data-materialize"][0].state.name == "Cached"
+    assert runs["sft-grammar"][0].state.name == "Cached"
     assert runs["rl"][0].state.name == "Completed"
     assert sorted(r.state.name for r in runs["register"]) == ["Cached", "Completed"]  # sft cached, rl new
 

@@ -95,3 +95,8 @@ def test_bad_rl_row_names_file(tmp_path: Path):
     bad.write_text("# bad\nrow: x\ngating:\n  enabeld: true\n")
     with pytest.raises(ConfigError, match=r"row\.yaml: rl\.gating\.enabeld"):
         load_config(CONF / "pipeline" / "tiny.yaml", rl_row=bad)
+
+
+def test_rl_prompts_must_split_over_ranks():
+    with pytest.raises(ConfigError, match="multiple of rl.num_ranks"):
+        load_config(CONF / "pipeline" / "tiny.yaml", ["rl.prompts_per_step=7", "rl.num_ranks=2"])

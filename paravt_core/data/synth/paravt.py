@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from paravt_core.data.synth.archives import zip_bytes
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.data.synth.prompts import SYSTEM_PROMPT, question_prompt
-from paravt_core.data.synth.questions import QUESTION_TYPES, Question, background_question, event_question
+from paravt_core.data.synth.questions import Question, background_question, random_event_question
 from paravt_core.data.synth.traces import TeacherTrace, no_tool_trace, tool_trace
 from paravt_core.data.synth.world import VideoSpec, derived_rng
 
@@ -162,8 +162,7 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
             if question is not None:
                 traces.append((video, no_tool_trace(video.spec, question)))
             continue
-        question = _distinct(lambda: event_question(rng, video.spec, rng.randrange(len(video.spec.events)),
-                                                    rng.choice(QUESTION_TYPES)), seen)
+        question = _distinct(lambda: random_event_question(rng, video.spec), seen)
         if question is not None:
             traces.append((video, tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace,
                                              cfg.max_crop_s)))
@@ -184,8 +183,7 @@ def rl_rows(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[dict]:
     for video in videos:
         for k in range(cfg.rl_prompts_per_video):
             rng = derived_rng(cfg.seed, "rl", video.spec.video_id, k)
-            question = _distinct(lambda: event_question(rng, video.spec, rng.randrange(len(video.spec.events)),
-                                                        rng.choice(QUESTION_TYPES)), seen)
+            question = _distinct(lambda: random_event_question(rng, video.spec), seen)
             if question is not None:
                 rows.append(rl_row(question, video))
     return rows

@@ -79,10 +79,6 @@ class Question:
     window: tuple[float, float] | None = None
 
     @property
-    def needs_tool(self) -> bool:
-        return self.event_index is not None
-
-    @property
     def letters(self) -> tuple[str, ...]:
         return tuple(string.ascii_uppercase[: len(self.options)])
 
