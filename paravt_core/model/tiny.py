@@ -45,6 +45,12 @@ GRAMMAR_TAGS = (
     "</answer>",
 )
 
+# The pre-tokenizer split of the Qwen2/Qwen3 tokenizers (contractions, letter runs with
+# one leading non-letter, single digits, punctuation runs, newlines, other whitespace).
+QWEN_PRE_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 class TinyModelSpec(BaseModel):
     """Sizes of the tiny Qwen3-VL. Defaults give about 1.5 M parameters."""
@@ -110,11 +116,18 @@ def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
 
 def build_tokenizer(spec: TinyModelSpec):
     """A byte-level BPE tokenizer with Qwen's control tokens and the grammar tags."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen's pre-split: words, single digits, punctuation runs, whitespace; then bytes. Digits
+    # stay one token each, as in Qwen3-VL, so numbers (crop windows, timestamps) are spelled out.
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRE_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
     reserved = len(QWEN_SPECIAL_TOKENS) + len(GRAMMAR_TAGS)
     trainer = trainers.BpeTrainer(

@@ -44,11 +44,11 @@ def follows_grammar(episode: Episode) -> bool:
     return bool(ANSWER.search(generated[-1]))
 
 
-def held_out_prompts(sft_rows: Sequence[dict], samples: Sequence, limit: int) -> list[EpisodePrompt]:
+def held_out_prompts(sft_rows: Sequence[dict], samples: Sequence) -> list[EpisodePrompt]:
     """Eval-split samples asked the way the training rows ask (their system prompt)."""
     system = next((m for m in sft_rows[0]["messages"] if m["role"] == "system"), None)
     prompts = []
-    for sample in samples[:limit]:
+    for sample in samples:
         text = f"{sample.question}\nThe video path for this video is: {Path(sample.video_path).name}"
         messages = ([{"role": "system", "content": system["content"]}] if system else []) + [
             {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}
@@ -74,18 +74,21 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
 
 
 def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, eval_dir: Path,
-        limit: int = 20) -> dict[str, GrammarReport]:
-    """Grammar of the base and SFT checkpoints on held-out eval-split questions."""
+        per_split: int = 8) -> dict[str, GrammarReport]:
+    """Grammar of the base and SFT checkpoints on held-out eval-split questions.
+
+    The first `per_split` samples of each of the seven splits with a video: 56 prompts on the
+    embedded default, enough that one episode moves the rate by under 2 points.
+    """
     from paravt_core.config import EVAL_SPLITS
     from paravt_core.data.stage import load_split_file
     from paravt_core.sft.dataset import read_sft_rows
 
     rows = read_sft_rows(sorted(Path(sft_rows_dir).glob("*.parquet")))
-    per_split = max(1, limit // len(EVAL_SPLITS))
     samples = []
     for split in EVAL_SPLITS:
         split_json = Path(eval_dir) / split / "split.json"
         if split_json.is_file():
             samples += [s for s in load_split_file(split_json) if not s.video_missing][:per_split]
-    prompts = held_out_prompts(rows, samples, limit)
+    prompts = held_out_prompts(rows, samples)
     return {"base": grammar_report(base_dir, prompts, cfg), "sft": grammar_report(sft_dir, prompts, cfg)}

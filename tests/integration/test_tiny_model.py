@@ -37,6 +37,14 @@ def test_special_tokens_and_tags_are_single_tokens(tiny_processor):
     assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
 
 
+
+def test_numbers_split_into_single_digits_as_in_qwen(tiny_processor):
+    tok = tiny_processor.tokenizer
+    text = '<12.5 seconds> {"start_time": 48, "end_time": 64} From 01:04.0'
+    pieces = [tok.decode([i]) for i in tok(text, add_special_tokens=False)["input_ids"]]
+    assert all(not any(c.isdigit() for c in p) or p.strip().isdigit() and len(p.strip()) == 1 for p in pieces), pieces
+    assert "".join(pieces) == text
+
 def test_video_prompt_has_timestamps_and_mm_token_types(tiny_processor, two_frame_clip):
     inputs = _video_inputs(tiny_processor, two_frame_clip)
     assert "mm_token_type_ids" in inputs

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import re
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from paravt_core.data.synth.glyphs import DIGIT_BITMAPS, digit_mask, shape_mask
 from paravt_core.data.synth.paravt import RL_FILE, SENTINEL_ROOTS
 from paravt_core.data.synth.prompts import ANSWER_INSTRUCTIONS, question_prompt
 from paravt_core.data.synth.questions import Question
-from paravt_core.data.synth.traces import summarize_window
+from paravt_core.data.synth.traces import plan_crop_windows, segment_grid, summarize_window
 from paravt_core.data.synth.world import COLOURS, Background, Event, VideoSpec, overview_frame_indices
 
 SHARED_BENCHMARKS = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks"
@@ -206,6 +207,32 @@ def test_sft_rows_follow_the_response_grammar(world, train_specs):
         assert any(_events_between(video, s, e) for s, e in windows)
     assert no_tool == round(SMALL.no_tool_share * len(rows))
 
+
+
+def _spec(duration: float, *events: tuple[float, float]) -> VideoSpec:
+    """A 2 fps video spec with shape events at the given seconds."""
+    made = tuple(Event("shape", round(2 * s), round(2 * e), 2.0, "red", "circle", "centre") for s, e in events)
+    return VideoSpec("v", round(2 * duration), 2.0, 64, 64, Background("grey", "left", 100, ()), made)
+
+
+@pytest.mark.parametrize(
+    ("duration", "event", "max_calls", "must_hold"),
+    [
+        (70.5, (20.0, 23.0), 3, {(16, 32)}),  # inside one segment
+        (70.5, (30.5, 33.0), 3, {(16, 32), (32, 48)}),  # straddles a boundary: both segments
+        (70.5, (66.0, 69.0), 3, {(64, 70)}),  # the last, shorter segment ends at the last whole second
+        (70.5, (30.5, 33.0), 1, {(29, 34)}),  # one call allowed: a window centred on the event
+    ],
+)
+def test_teacher_windows_are_grid_segments_that_hold_the_event(duration, event, max_calls, must_hold):
+    spec = _spec(duration, event)
+    grid = set(segment_grid(spec, 16))
+    for seed in range(20):
+        windows = plan_crop_windows(random.Random(seed), spec, 0, max_calls, 16.0)
+        assert must_hold <= set(windows) and 1 <= len(windows) <= max_calls
+        assert list(windows) == sorted(set(windows))
+        if max_calls > 1:
+            assert set(windows) <= grid
 
 def test_sft_answers_match_the_ground_truth(world, train_specs):
     """A tvg answer is its event's window; an MCQ answer's option names an attribute of the video."""

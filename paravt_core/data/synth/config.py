@@ -41,7 +41,9 @@ class SynthConfig(BaseModel):
         le=16,
         description="events avoid the instants of this many uniform overview frames (0: no avoidance)",
     )
-    sft_traces_per_video: int = Field(3, ge=1)
+    sft_traces_per_video: int = Field(
+        8, ge=1, description="distinct questions per video: 8 x 48 videos teach the tiny model the grammar (#4)"
+    )
     rl_prompts_per_video: int = Field(2, ge=1)
     no_tool_share: float = Field(0.2, ge=0.0, le=1.0, description="share of SFT traces answered from the overview")
     max_calls_per_trace: int = Field(

@@ -1,8 +1,8 @@
 """Teacher traces in the response grammar of SPEC §2, written from the ground truth.
 
 A tool trace is: `<think>` (what the overview shows and the plan), one or more PARALLEL
-`<tool_call>` blocks on whole-second windows, one of which contains the asked event with
-some context around it and the others elsewhere in the video; then one tool response per
+`<tool_call>` blocks on whole-second segments of a fixed grid, the one(s) the asked event
+falls in and others elsewhere in the video; then one tool response per
 call in call order (SPEC §3), each a factual summary of its window generated from the
 manifest (what appears there, in temporal order, or that nothing notable happens); then
 `<think>` over the evidence and `<answer>`. Windows are at most `max_crop_s` long, so a
@@ -22,7 +22,6 @@ from paravt_core.data.synth.questions import Question
 from paravt_core.data.synth.world import DIGIT_WORDS, Event, VideoSpec, events_in_window
 
 Window = tuple[int, int]
-MIN_EXTRA_WINDOW_S = 6
 
 
 @dataclass(frozen=True)
@@ -80,39 +79,38 @@ def summarize_window(spec: VideoSpec, start_s: float, end_s: float) -> str:
     return " ".join(describe_event(e, max(e.start_s, start_s), min(e.end_s, end_s)) for e in events)
 
 
-def _target_window(rng: random.Random, spec: VideoSpec, event: Event, max_crop_s: float) -> Window:
-    """Whole seconds containing the event with at least a second of context each side."""
+def segment_grid(spec: VideoSpec, length: int) -> list[Window]:
+    """The video cut into consecutive whole-second segments of `length` s (the last one shorter)."""
     last = math.floor(spec.duration_s)
-    need_start, need_end = math.floor(event.start_s), math.ceil(event.end_s)
-    length = rng.randint(min(need_end - need_start + 2, int(max_crop_s)), int(max_crop_s))
-    lo, hi = max(0, need_end - length), min(need_start, last - length)
-    if lo > hi:
-        return max(0, need_start - 1), min(last, need_end + 1)
-    start = rng.randint(lo, hi)
-    return start, start + length
+    return [(start, min(start + length, last)) for start in range(0, last, length)]
 
 
-def _extra_window(rng: random.Random, spec: VideoSpec, taken: list[Window], max_crop_s: float) -> Window | None:
-    """A window elsewhere in the video that overlaps none of `taken`, or None."""
-    length = rng.randint(MIN_EXTRA_WINDOW_S, int(max_crop_s))
-    last = math.floor(spec.duration_s)
-    starts = [s for s in range(0, last - length + 1) if all(s + length <= a or s >= b for a, b in taken)]
-    if not starts:
-        return None
-    start = rng.choice(starts)
-    return start, start + length
+def _centred_window(spec: VideoSpec, event: Event) -> Window:
+    """Whole seconds around the event with a second of context each side."""
+    return max(0, math.floor(event.start_s) - 1), min(math.floor(spec.duration_s), math.ceil(event.end_s) + 1)
 
 
 def plan_crop_windows(
     rng: random.Random, spec: VideoSpec, event_index: int, max_calls: int, max_crop_s: float
 ) -> tuple[Window, ...]:
-    """1..max_calls disjoint windows in temporal order, one of them holding the event."""
-    windows = [_target_window(rng, spec, spec.events[event_index], max_crop_s)]
-    for _ in range(rng.randint(0, max_calls - 1)):
-        extra = _extra_window(rng, spec, windows, max_crop_s)
-        if extra is not None:
-            windows.append(extra)
-    return tuple(sorted(windows))
+    """1..max_calls disjoint windows in temporal order that together hold the event.
+
+    The teacher scans the timeline: it cuts the video into `max_crop_s`-second segments
+    (0-16, 16-32, ...) and crops the segment(s) the event falls in plus a few others, all in
+    one turn. Grid-aligned windows keep the numbers a small model must write regular (end =
+    start + segment length): with free-form windows the tiny model of the embedded default
+    wrote start >= end or starts past the video's end in most of its failures (#4). An
+    event that straddles two segments takes both; with `max_calls` 1 it gets one window
+    centred on it instead.
+    """
+    event = spec.events[event_index]
+    grid = segment_grid(spec, int(max_crop_s))
+    target = [w for w in grid if w[0] < event.end_s and event.start_s < w[1]]
+    if len(target) > max_calls:
+        return (_centred_window(spec, event),)
+    others = [w for w in grid if w not in target]
+    extra = rng.sample(others, min(len(others), rng.randint(0, max_calls - len(target))))
+    return tuple(sorted(target + extra))
 
 
 def tool_call_block(video_name: str, window: Window) -> str:

@@ -1,0 +1,45 @@
+"""The SFT acceptance check: which episodes follow the response grammar (SPEC §2-§3)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from paravt_core.rl.rewards import TranscriptSegment as Seg
+from paravt_core.sft.grammar import follows_grammar
+
+CALL = '<tool_call>{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 0, "end_time": 16}}</tool_call>'
+THINK_CALL = f"plan\n</think>\n{CALL}<|im_end|>"
+RESPONSE = "<|im_start|>user\n<tool_response>\nNothing notable.\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"
+FINAL = "evidence\n</think>\n<answer>B</answer><|im_end|>"
+
+
+def episode(*segments: Seg, end_reason: str = "answer", parse_failures: int = 0, rejected_calls: int = 0,
+            unanswered_calls: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(transcript=list(segments), end_reason=end_reason, parse_failures=parse_failures,
+                           rejected_calls=rejected_calls, unanswered_calls=unanswered_calls)
+
+
+def test_think_tool_calls_answer_and_think_answer_follow_the_grammar():
+    assert follows_grammar(episode(Seg(THINK_CALL, True), Seg(RESPONSE, False), Seg(FINAL, True)))
+    assert follows_grammar(episode(Seg(FINAL, True)))
+
+
+@pytest.mark.parametrize(
+    ("ep", "why"),
+    [
+        (episode(Seg(THINK_CALL, True), Seg(RESPONSE, False), Seg(FINAL, True), rejected_calls=1),
+         "a crop window outside the video (or start >= end) was rejected"),
+        (episode(Seg(THINK_CALL, True), Seg(RESPONSE, False), Seg(FINAL, True), parse_failures=1),
+         "a call block did not parse"),
+        (episode(Seg(THINK_CALL, True), end_reason="max_turns", unanswered_calls=1), "no answer turn"),
+        (episode(Seg("evidence <answer>B</answer>", True)), "think never closed"),
+        (episode(Seg("evidence\n</think>\n<answer> </answer>", True)), "empty answer"),
+        (episode(Seg("evidence\n</think>\nB", True)), "no answer tags"),
+        (episode(Seg(FINAL[:-5], True), end_reason="length"), "cut by max_new_tokens"),
+        (episode(), "nothing generated"),
+    ],
+)
+def test_broken_episodes_do_not(ep, why):
+    assert not follows_grammar(ep), why
