@@ -83,8 +83,23 @@ class DataConfig(_Section):
     parquet_repo: str = "ParaVT/ParaVT-Parquet"
     source_repo: str = "ParaVT/ParaVT-Source"
     revision: str = "main"
+    # Benchmark repo id -> the revision (a commit sha for a reproducible eval) to fetch it at
+    # with `source: hub`; unlisted benchmark repos come from "main".
+    benchmark_revisions: dict[str, str] = Field(default_factory=dict)
     download_retries: int = Field(3, ge=0)
     on_bad_rows: Literal["fail", "quarantine"] = "fail"
+
+    @model_validator(mode="after")
+    def _pins_name_benchmark_repos(self) -> DataConfig:
+        from paravt_core.data.synth.benchmarks import LAYOUTS
+
+        known = sorted({layout.repo_id for layout in LAYOUTS.values()})
+        unknown = sorted(set(self.benchmark_revisions) - set(known))
+        if unknown:
+            raise ValueError(f"benchmark_revisions names {unknown}, which no split reads; benchmark repos: {known}")
+        if self.benchmark_revisions and self.source == "synth":
+            raise ValueError("benchmark_revisions applies to source: hub (the synth mirror sits at synth.revision)")
+        return self
 
 
 class SFTConfig(_Section):

@@ -49,3 +49,24 @@ def content_hash(path: str | Path) -> str:
         digest.update(b"\0")
         digest.update(file_hash(f).encode())
     return digest.hexdigest()
+
+
+def source_digest(package: str) -> str:
+    """sha256 (16 hex) of the source files of `package` (its .py and .jinja files).
+
+    Outputs that are pure functions of a config AND of the code that builds them (the tiny
+    model, the synthetic world) put this in their folder name and cache key, so that a
+    change to the builder's code builds them again instead of reusing a stale folder.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"source_digest: no package {package!r}")
+    root = Path(spec.origin).parent
+    digest = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".jinja") and "__pycache__" not in p.parts):
+        digest.update(f.relative_to(root).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]

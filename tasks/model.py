@@ -16,8 +16,10 @@ from tasks._cache import stage_key
 def _base_model_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     cfg: PipelineConfig = parameters["cfg"]
     if cfg.model.is_tiny:
-        # The tiny model is a pure function of its spec: cache on it, while its folder exists.
-        return stage_key("base-model", cfg.section_hash("model"), output=model_stage.base_model_dir(cfg))
+        # The tiny model is a pure function of its spec and of the builder's code (both in the
+        # folder name): cache on the folder, while it exists.
+        out = model_stage.base_model_dir(cfg)
+        return stage_key("base-model", out.name, output=out)
     # A hub or local checkpoint can change behind our back: always re-resolve (cheap).
     return stage_key("base-model", cfg.model.base, context.task_run.id)
 

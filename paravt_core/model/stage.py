@@ -17,7 +17,10 @@ log = logging.getLogger(__name__)
 
 
 def base_model_dir(cfg: PipelineConfig) -> Path:
-    return cfg.run.output_dir / "models" / f"base-{cfg.section_hash('model')}"
+    """`<output_dir>/models/base-<hash of the model section>-<tiny builder code digest>`."""
+    from paravt_core.refs import source_digest
+
+    return cfg.run.output_dir / "models" / f"base-{cfg.section_hash('model')}-{source_digest('paravt_core.model')}"
 
 
 def run(cfg: PipelineConfig) -> ArtifactRef:

@@ -100,3 +100,15 @@ def test_bad_rl_row_names_file(tmp_path: Path):
 def test_rl_prompts_must_split_over_ranks():
     with pytest.raises(ConfigError, match="multiple of rl.num_ranks"):
         load_config(CONF / "pipeline" / "tiny.yaml", ["rl.prompts_per_step=7", "rl.num_ranks=2"])
+
+
+def test_benchmark_pins_name_known_repos_and_need_the_hub():
+    from paravt_core.data.hub import benchmark_requests
+
+    pinned = load_config(CONF / "pipeline" / "paravt_8b.yaml", ['data.benchmark_revisions={"lmms-lab/LVBench": "c0ffee"}'])
+    revisions = {r.repo_id: r.revision for r in benchmark_requests("main", pins=pinned.data.benchmark_revisions)}
+    assert revisions["lmms-lab/LVBench"] == "c0ffee" and revisions["lmms-lab/Video-MME"] == "main"
+    with pytest.raises(ConfigError, match=r"\['lmms-lab/LVBenhc'\], which no split reads"):
+        load_config(CONF / "pipeline" / "paravt_8b.yaml", ['data.benchmark_revisions={"lmms-lab/LVBenhc": "c0ffee"}'])
+    with pytest.raises(ConfigError, match="applies to source: hub"):
+        load_config(CONF / "pipeline" / "tiny.yaml", ['data.benchmark_revisions={"lmms-lab/LVBench": "c0ffee"}'])

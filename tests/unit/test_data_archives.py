@@ -4,9 +4,11 @@ from an interrupted one."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -169,3 +171,103 @@ def test_several_archives_go_into_one_root(tmp_path):
     assert hashes == {"selfqa.zip": file_hash(first), "museg_charades.zip": file_hash(second)}
     assert (tmp_path / "root" / "selfqa" / "a.mp4").is_file()
     assert (tmp_path / "root" / "museg" / "charades" / "B.mp4").is_file()
+
+
+# ----- tars split into parts (LongVideoBench) ----------------------------------------------
+
+
+def make_tar(members: dict[str, bytes], *, link: str | None = None, fifo: str | None = None) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+        if link:
+            info = tarfile.TarInfo(link)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            archive.addfile(info)
+        if fifo:
+            info = tarfile.TarInfo(fifo)
+            info.type = tarfile.FIFOTYPE
+            archive.addfile(info)
+    return buffer.getvalue()
+
+
+def write_parts(folder: Path, data: bytes, count: int, stem: str = "videos.tar") -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    size = -(-len(data) // count)
+    paths = []
+    for i in range(count):
+        path = folder / f"{stem}.part.a{chr(97 + i)}"
+        path.write_bytes(data[i * size:(i + 1) * size])
+        paths.append(path)
+    return paths
+
+
+TAR_MEMBERS = {"videos/a.mp4": b"A" * 3000, "videos/sub/b.mp4": b"B" * 5000, "videos/c.mp4": b"C" * 10}
+
+
+def test_split_tar_parts_extract_as_one_archive(tmp_path):
+    parts = write_parts(tmp_path / "snap", make_tar(TAR_MEMBERS), 4)
+    hashes = extract_all(list(reversed(parts)), tmp_path / "root", progress=False)  # any order in
+    for name, data in TAR_MEMBERS.items():
+        assert (tmp_path / "root" / name).read_bytes() == data
+    assert list(hashes) == ["videos.tar"]
+    record = json.loads((tmp_path / "root" / ".unzipped" / "videos.tar.json").read_text())
+    assert record["parts"] == [p.name for p in parts] and sorted(record["members"]) == sorted(TAR_MEMBERS)
+    assert not list((tmp_path / "root").glob(".extracting-*"))
+    (tmp_path / "root" / "videos" / "a.mp4").write_bytes(b"edited")  # a finished extraction is not redone
+    extract_all(parts, tmp_path / "root", progress=False)
+    assert (tmp_path / "root" / "videos" / "a.mp4").read_bytes() == b"edited"
+
+
+def test_a_lone_tar_and_the_synth_writer_round_trip(tmp_path):
+    from paravt_core.data.synth.archives import split_parts, tar_bytes
+
+    lone = tmp_path / "snap" / "subtitles.tar"
+    lone.parent.mkdir()
+    lone.write_bytes(tar_bytes({"subtitles/x.srt": b"1"}))
+    assert extract_all([lone], tmp_path / "root", progress=False) == {"subtitles.tar": file_hash(lone)}
+    pieces = split_parts("videos.tar", tar_bytes(TAR_MEMBERS), 3)
+    assert list(pieces) == ["videos.tar.part.aa", "videos.tar.part.ab", "videos.tar.part.ac"]
+    assert tar_bytes(TAR_MEMBERS) == tar_bytes(dict(reversed(TAR_MEMBERS.items())))  # deterministic
+    for name, data in pieces.items():
+        (tmp_path / "snap" / name).write_bytes(data)
+    extract_all(sorted((tmp_path / "snap").glob("videos.tar.part.*")), tmp_path / "root", progress=False)
+    assert (tmp_path / "root" / "videos" / "sub" / "b.mp4").read_bytes() == TAR_MEMBERS["videos/sub/b.mp4"]
+
+
+def test_a_missing_part_is_named(tmp_path):
+    parts = write_parts(tmp_path / "snap", make_tar({"videos/big.mp4": b"V" * 30000}), 4)
+    with pytest.raises(ArchiveError, match=r"videos\.tar\.part\.ac are missing"):
+        extract_all([parts[0], parts[1], parts[3]], tmp_path / "root", progress=False)
+    with pytest.raises(ArchiveError, match="not a complete tar archive"):
+        extract_all(parts[:3], tmp_path / "root", progress=False)  # no last part: the stream ends mid-member
+    assert not (tmp_path / "root" / "videos").exists()
+
+
+def test_a_truncated_part_leaves_nothing_behind(tmp_path):
+    parts = write_parts(tmp_path / "snap", make_tar(TAR_MEMBERS), 2)
+    parts[1].write_bytes(parts[1].read_bytes()[:100])
+    with pytest.raises(ArchiveError, match="not a complete tar archive"):
+        extract_all(parts, tmp_path / "root", progress=False)
+    assert not [p for p in (tmp_path / "root").rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "why"),
+    [
+        ({"members": {**TAR_MEMBERS, "../escaped.mp4": b"x"}}, "climbs out"),
+        ({"members": {**TAR_MEMBERS, "/tmp/abs.mp4": b"x"}}, "absolute path"),
+        ({"members": TAR_MEMBERS, "link": "videos/link.mp4"}, "is a link"),
+        ({"members": TAR_MEMBERS, "fifo": "videos/pipe"}, "not a regular file"),
+    ],
+    ids=["dotdot", "absolute", "symlink", "fifo"],
+)
+def test_unsafe_tar_members_are_refused_and_nothing_is_written(tmp_path, kwargs, why):
+    parts = write_parts(tmp_path / "snap", make_tar(**kwargs), 2)
+    with pytest.raises(UnsafeArchiveError, match=why):
+        extract_all(parts, tmp_path / "root", progress=False)
+    assert not [p for p in (tmp_path / "root").rglob("*") if p.is_file()]
+    assert not (tmp_path / "escaped.mp4").exists()

@@ -180,7 +180,7 @@ def test_benchmark_requests_merge_the_splits_of_one_repo():
     videomme = requests["lmms-lab/Video-MME"].allow_patterns
     assert videomme == ("videomme/test-00000-of-00001.parquet", "videos_chunked_*.zip", "subtitle.zip")
     assert requests["longvideobench/LongVideoBench"].allow_patterns == (
-        "validation-00000-of-00001.parquet", "videos/*")
+        "validation-00000-of-00001.parquet", "videos.tar.part.*")
     assert requests["yale-nlp/MMVU"].allow_patterns[1] == "*.mp4"
     assert requests["lmms-lab/charades_sta"].allow_patterns[1] == "Charades_v1_480.zip"
 

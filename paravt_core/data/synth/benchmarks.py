@@ -9,14 +9,16 @@ rows in `shared/benchmarks/`):
 |---|---|---|---|
 | videomme | lmms-lab/Video-MME | videomme/test-00000-of-00001.parquet | videos_chunked_01.zip: data/<videoID>.mp4 |
 | videomme_wsub | (same repo and rows) | (same) | + subtitle.zip: subtitle/<videoID>.srt |
-| longvideobench | longvideobench/LongVideoBench | validation-00000-of-00001.parquet | videos/<video_path> |
+| longvideobench | longvideobench/LongVideoBench | validation-00000-of-00001.parquet | videos.tar.part.aa, .ab, ...: videos/<video_path> |
 | lvbench | lmms-lab/LVBench | data/test-00000-of-00001.parquet | videos/<key>.mp4 |
-| mlvu | sy1998/MLVU_dev | data/test-00000-of-00001.parquet | video/<video_name> |
+| mlvu | sy1998/MLVU_dev | data/test-00000-of-00001.parquet | video/<video_name> (or video/<n_task>/<video_name>) |
 | mmvu | yale-nlp/MMVU | data/validation-00000-of-00001.parquet | <`video` after "/main/">: videos/<Subject>/<n>.mp4 |
 | charades | lmms-lab/charades_sta | data/test-00000-of-00001.parquet | Charades_v1_480.zip: Charades_v1_480/<video> |
 
-Where the real repo splits its videos differently (LongVideoBench ships tar parts,
-MLVU per-task folders) the mirror keeps the extracted layout, one level simpler.
+LongVideoBench's videos come as a tar split into parts (`videos.tar.part.aa`, ...), as the
+real repo ships them. MLVU's real repo keeps videos in per-task folders
+(`1_plotQA/<video_name>`); the mirror puts them directly under `video/`, and the loader
+accepts both.
 Categorical fields that describe real content (Video-MME `domain`, LVBench `type`,
 LongVideoBench `topic_category`, MMVU `subject`) carry honest synthetic values;
 LongVideoBench subtitle files are not generated (SPEC §7 uses subtitles only for
@@ -82,7 +84,11 @@ LAYOUTS: dict[str, BenchmarkLayout] = {
         subtitle_dir="subtitle",
     ),
     "longvideobench": BenchmarkLayout(
-        "longvideobench", "longvideobench/LongVideoBench", "validation-00000-of-00001.parquet", "videos"
+        "longvideobench",
+        "longvideobench/LongVideoBench",
+        "validation-00000-of-00001.parquet",
+        "videos",
+        video_archive="videos.tar.part.aa",
     ),
     "lvbench": BenchmarkLayout("lvbench", "lmms-lab/LVBench", "data/test-00000-of-00001.parquet", "videos"),
     "mlvu": BenchmarkLayout("mlvu", "sy1998/MLVU_dev", "data/test-00000-of-00001.parquet", "video"),

@@ -26,7 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from paravt_core.atomic import atomic_write_text
-from paravt_core.data.synth.archives import zip_bytes
+from paravt_core.data.synth.archives import split_parts, tar_bytes, zip_bytes
 from paravt_core.data.synth.benchmarks import (
     GENERATED_SPLITS,
     LAYOUTS,
@@ -57,6 +57,8 @@ PARQUET_REPO = "ParaVT/ParaVT-Parquet"
 SOURCE_REPO = "ParaVT/ParaVT-Source"
 HUB_DIR = "hub"
 MANIFEST = "manifest.json"
+TAR_PART_AA = ".part.aa"
+TAR_PARTS = 3  # a split tar's videos come in this many parts, so the join is exercised
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,10 @@ def benchmark_repo_files(cfg: SynthConfig, splits: dict[str, EvalSplit], media: 
         files = repos.setdefault(layout.repo_id, {})
         files[layout.annotation_file] = parquet_bytes(data.rows, SCHEMAS[split])
         videos = {layout.video_member(v.file_name): media[(split, v.file_name)] for v in data.videos}
-        if layout.video_archive:
+        if layout.video_archive and layout.video_archive.endswith(TAR_PART_AA):
+            stem = layout.video_archive.removesuffix(TAR_PART_AA)
+            files.update(split_parts(stem, tar_bytes(videos), TAR_PARTS))
+        elif layout.video_archive:
             files[layout.video_archive] = zip_bytes(videos)
         else:
             files.update(videos)
