@@ -138,14 +138,16 @@ def tool_trace(
 ) -> TeacherTrace:
     """A one-round trace with parallel crops for an event question."""
     windows = plan_crop_windows(rng, spec, question.event_index, max_calls, max_crop_s)
-    plural = "a window" if len(windows) == 1 else f"{len(windows)} windows in parallel"
+    # The plan names the windows ("16-32 s"): start and end side by side are an easier pattern
+    # for a small model than across the call's JSON, which then copies them.
+    spans = " and ".join(f"{s}-{e} s" for s, e in windows)
+    plural = f"a window ({spans})" if len(windows) == 1 else f"{len(windows)} windows in parallel ({spans})"
     # Worded to stay true whatever the overview frame count K (SPEC §5 gating varies it).
     opening = rng.choice(
         (
-            f"The question asks: {question.text} The answer depends on a short event, which can fall "
-            f"between the overview frames of this {background_phrase(spec)} background. "
-            f"I will crop {plural} to look closer.",
-            f"{question.text} Short events are easy to miss in the overview frames, so let me crop {plural} and check.",
+            f"The answer depends on a short event, which can fall between the overview frames of this "
+            f"{background_phrase(spec)} background. I will crop {plural} to look closer.",
+            f"Short events are easy to miss in the overview frames, so let me crop {plural} and check.",
         )
     )
     first_turn = think(opening) + "\n" + "\n".join(tool_call_block(video_name, w) for w in windows)
