@@ -38,7 +38,7 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
     # The RL row is labelled by its ablation row, so Table 2 of `paravt report` joins on it.
     reports = {label: eval_stage(cfg, model, data.eval, label)
                for label, model in (("base", base), ("sft", sft_model), (cfg.rl.row, rl_model))}
-    promoted = promote(cfg, rl_version, reports[cfg.rl.row].average)
+    promoted = promote(cfg, rl_version, reports[cfg.rl.row].average, data.eval)
     table = format_table(reports)
     log.info("seven-split evaluation:\n%s", table)
     print(table)
@@ -48,7 +48,7 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
         "rl_model": str(rl_model.path),
         "registered": f"{cfg.model.registered_name} v{sft_version.version} (sft), v{rl_version.version} (candidate)",
         "sft grammar": f"{grammar['grammar_rate_sft']:.0%} of held-out episodes (base {grammar['grammar_rate_base']:.0%})",
-        "champion": f"v{rl_version.version}" if promoted else "unchanged (the candidate did not beat it)",
+        "champion": f"v{rl_version.version}" if promoted else "unchanged (the candidate did not beat it on this evaluation)",
         "eval results": str(reports[cfg.rl.row].results_dir.parent),
         "mlflow": cfg.mlflow_uri(),
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from prefect import task
@@ -32,6 +33,8 @@ def register(cfg: PipelineConfig, checkpoint: ArtifactRef, stage: str, data_sha2
 
 
 @task(name="promote", retries=1)
-def promote(cfg: PipelineConfig, candidate: registry.ModelVersion, score: float) -> bool:
-    """Move `champion` to the candidate when its seven-split average beats the champion's."""
-    return registry.promote(cfg.mlflow_uri(), cfg.model.registered_name, candidate, score)
+def promote(cfg: PipelineConfig, candidate: registry.ModelVersion, score: float, eval_data: ArtifactRef) -> bool:
+    """Move `champion` to the candidate when its seven-split average beats the champion's
+    on the same evaluation (eval data and eval settings)."""
+    eval_key = hashlib.sha256(f"{eval_data.sha256}|{cfg.section_hash('eval')}".encode()).hexdigest()[:16]
+    return registry.promote(cfg.mlflow_uri(), cfg.model.registered_name, candidate, score, eval_key)

@@ -13,10 +13,13 @@ checkpoint_sha256. Aliases: `sft`, `candidate` (the latest RL checkpoint) and `c
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.refs import ArtifactRef
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,15 +111,25 @@ def download_version(tracking_uri: str, version: ModelVersion, dst: Path) -> Pat
 
 
 def promote(tracking_uri: str, name: str, candidate: ModelVersion, candidate_score: float,
-            metric_tag: str = "eval_average") -> bool:
-    """Move `champion` to the candidate when its score beats the champion's (or there is none)."""
+            eval_key: str, metric_tag: str = "eval_average") -> bool:
+    """Move `champion` to the candidate when its score beats the champion's (or there is none).
+
+    Scores are only compared on the same evaluation: `eval_key` (a hash of the eval data and
+    the eval settings) is tagged beside the score. A champion scored on another evaluation
+    (new benchmark data, more samples per split) has no comparable score, so the candidate,
+    scored on the current one, takes its place, with a log line saying so.
+    """
     client = _client(tracking_uri)
     client.set_model_version_tag(name, candidate.version, metric_tag, f"{candidate_score:.6f}")
+    client.set_model_version_tag(name, candidate.version, "eval_key", eval_key)
     champion = version_by_alias(tracking_uri, name, "champion")
     if champion is not None and champion.version != candidate.version:
         mv = client.get_model_version(name, champion.version)
-        champion_score = float(mv.tags.get(metric_tag, "-inf"))
-        if candidate_score <= champion_score:
+        if mv.tags.get("eval_key") != eval_key:
+            log.warning("champion v%s of %s was scored on another evaluation (eval_key %s, now %s); "
+                        "v%s, scored on the current one, replaces it", champion.version, name,
+                        mv.tags.get("eval_key"), eval_key, candidate.version)
+        elif candidate_score <= float(mv.tags.get(metric_tag, "-inf")):
             return False
     client.set_registered_model_alias(name, "champion", candidate.version)
     return True

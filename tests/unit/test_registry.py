@@ -50,8 +50,18 @@ def test_register_is_idempotent_and_tags_lineage(uri, tmp_path):
 def test_promote_moves_champion_only_on_improvement(uri, tmp_path):
     a = _register(uri, _checkpoint(tmp_path / "a", "A"), "rl")
     b = _register(uri, _checkpoint(tmp_path / "b", "B"), "rl")
-    assert registry.promote(uri, "paravt-test", a, 0.40) is True
-    assert registry.promote(uri, "paravt-test", b, 0.35) is False
+    assert registry.promote(uri, "paravt-test", a, 0.40, "eval-1") is True
+    assert registry.promote(uri, "paravt-test", b, 0.35, "eval-1") is False
     assert registry.version_by_alias(uri, "paravt-test", "champion").version == a.version
-    assert registry.promote(uri, "paravt-test", b, 0.45) is True
+    assert registry.promote(uri, "paravt-test", b, 0.45, "eval-1") is True
+    assert registry.version_by_alias(uri, "paravt-test", "champion").version == b.version
+
+
+def test_a_champion_scored_on_another_evaluation_is_not_compared(uri, tmp_path, caplog):
+    a = _register(uri, _checkpoint(tmp_path / "a", "A"), "rl")
+    b = _register(uri, _checkpoint(tmp_path / "b", "B"), "rl")
+    assert registry.promote(uri, "paravt-test", a, 0.90, "old-benchmark-data") is True
+    with caplog.at_level("WARNING"):
+        assert registry.promote(uri, "paravt-test", b, 0.10, "new-benchmark-data") is True
+    assert "scored on another evaluation" in caplog.text
     assert registry.version_by_alias(uri, "paravt-test", "champion").version == b.version
