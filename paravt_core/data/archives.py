@@ -272,7 +272,7 @@ class _JoinedParts(io.RawIOBase):
     def readinto(self, buffer) -> int:
         while self._index < len(self._parts):
             if self._file is None:
-                self._file = open(self._parts[self._index], "rb")
+                self._file = open(self._parts[self._index], "rb")  # noqa: SIM115 - held across reads, closed below
             count = self._file.readinto(buffer)
             if count:
                 return count

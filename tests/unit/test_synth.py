@@ -367,7 +367,8 @@ def _repo_video_names(world, layout) -> set[str]:
         parts = sorted(snapshot.glob(layout.video_archive.replace(".part.aa", ".part.*")))
         assert len(parts) > 1  # really split, as the real repo ships it
         joined = io.BytesIO(b"".join(p.read_bytes() for p in parts))
-        names = tarfile.open(fileobj=joined).getnames()
+        with tarfile.open(fileobj=joined) as archive:
+            names = archive.getnames()
     elif layout.video_archive:
         names = zipfile.ZipFile(snapshot / layout.video_archive).namelist()
     else:
