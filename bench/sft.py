@@ -32,6 +32,7 @@ def prepare(tmp: Path, rows: int):
     per_video = 3
     cfg = load_config(Path(__file__).resolve().parents[1] / "conf/pipeline/tiny.yaml", [
         f"run.output_dir={tmp / 'out'}", f"data.synth.train_videos={max(4, rows // per_video)}",
+        f"data.synth.sft_traces_per_video={per_video}",
         "data.synth.eval_videos_per_split=1", "data.synth.eval_rows_per_split=1", "data.on_bad_rows=quarantine",
     ])
     return cfg, model_stage.run(cfg), data_stage.run(cfg, progress=False)
