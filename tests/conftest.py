@@ -92,6 +92,21 @@ def write_test_video(path: Path, seconds: float = 12.0, fps: float = 2.0, size: 
     return path
 
 
+@pytest.fixture()
+def fake_checkpoint():
+    """`make(folder, payload) -> ArtifactRef`: a two-file model folder whose hash follows payload
+    (for registry and model-reference tests that never load weights)."""
+    from paravt_core.refs import ArtifactRef, content_hash
+
+    def make(folder: Path, payload: str) -> ArtifactRef:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text('{"model": "tiny"}')
+        (folder / "model.safetensors").write_text(payload)
+        return ArtifactRef(kind="model", path=folder, sha256=content_hash(folder))
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def short_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One generated 12 s, 2 fps, 64x96 clip shared by the tests."""

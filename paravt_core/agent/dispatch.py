@@ -40,6 +40,20 @@ TOOL_MODES: tuple[ToolMode, ...] = ("subagent", "frames")
 
 
 CallStatus = Literal["run", "malformed", "over_limit", "invalid_window"]
+EndReason = Literal["answer", "length", "max_turns"]
+
+
+def episode_end(blocks: Sequence[ParsedBlock], cut_by_length: bool, turn: int, max_turns: int) -> EndReason | None:
+    """Why an episode ends after a main-agent generation (SPEC §3), or None when its calls run:
+    a generation cut by the token budget ends it ("length"), one without call blocks is the
+    answer, and calls in the generation after the last allowed tool round are not run."""
+    if cut_by_length:
+        return "length"
+    if not blocks:
+        return "answer"
+    if turn >= max_turns:
+        return "max_turns"
+    return None
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -63,8 +63,10 @@ from paravt_core.agent.dispatch import (
     CropResult,
     CropRunner,
     CropSource,
+    EndReason,
     PlannedCall,
     ToolMode,
+    episode_end,
     plan_tool_round,
 )
 from paravt_core.agent.engine import Generation, GenerationRequest, RolloutEngine, SamplingParams, VisionInputs
@@ -75,8 +77,6 @@ from paravt_core.rl.rewards import RewardScope, TranscriptSegment, scored_text
 from paravt_core.video import VideoFile, sample_overview_frames
 
 logger = logging.getLogger(__name__)
-
-EndReason = Literal["answer", "length", "max_turns"]
 
 
 @dataclass
@@ -273,13 +273,8 @@ class _Rollout:
         state.counters.parse_failures += sum(1 for block in blocks if not block.ok)
         well_formed = sum(1 for block in blocks if block.ok)
         ended_turn = bool(generation.token_ids) and generation.token_ids[-1] == self.renderer.turn_end_id
-        if not ended_turn:
-            state.end_reason = "length"
-        elif not blocks:
-            state.end_reason = "answer"
-        elif turn >= self.cfg.max_turns:
-            state.end_reason = "max_turns"
-        else:
+        state.end_reason = episode_end(blocks, not ended_turn, turn, self.cfg.max_turns)
+        if state.end_reason is None:
             return plan_tool_round(blocks, state.prepared.source.duration, self.cfg.max_parallel)
         state.counters.unanswered_calls += well_formed
         return None

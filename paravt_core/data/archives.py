@@ -200,7 +200,7 @@ def extract_all(archives: Sequence[Path], target: Path, progress: bool = True) -
     """
     zips, tars = [], {}
     for archive in map(Path, archives):
-        part = _TAR_PART.match(archive.name)
+        part = TAR_PART.match(archive.name)
         if part:
             tars.setdefault(part["stem"], []).append(archive)
         elif archive.name.endswith(_TAR_SUFFIXES):
@@ -216,22 +216,22 @@ def extract_all(archives: Sequence[Path], target: Path, progress: bool = True) -
     for stem, parts in tars.items():
         extract_tar(stem, parts, target, progress)
     hashes = {a.name: json.loads(marker_path(target, a).read_text())["sha256"] for a in zips}
-    return hashes | {stem: json.loads((target / MARKER_DIR / f"{stem}.json").read_text())["sha256"] for stem in tars}
+    return hashes | {stem: json.loads(marker_path(target, Path(stem)).read_text())["sha256"] for stem in tars}
 
 
 # ----- tar archives (in parts) ---------------------------------------------------------
 
-_TAR_PART = re.compile(r"^(?P<stem>.+\.tar)\.part\.(?P<suffix>[a-z]+)$")
+TAR_PART = re.compile(r"^(?P<stem>.+\.tar)\.part\.(?P<suffix>[a-z]+)$")
 _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
 def ordered_parts(stem: str, parts: Sequence[Path]) -> list[Path]:
     """The parts of `stem` in `split` order (aa, ab, ..., az, ba, ...); a gap is an error."""
-    if len(parts) == 1 and not _TAR_PART.match(Path(parts[0]).name):
+    if len(parts) == 1 and not TAR_PART.match(Path(parts[0]).name):
         return [Path(parts[0])]
     suffixes = {}
     for part in map(Path, parts):
-        match = _TAR_PART.match(part.name)
+        match = TAR_PART.match(part.name)
         if match is None or match["suffix"] in suffixes:
             raise ArchiveError(f"{stem}: both a whole tar and parts, or one part twice, in "
                                f"{sorted(str(p) for p in parts)}; keep one copy")
@@ -241,7 +241,7 @@ def ordered_parts(stem: str, parts: Sequence[Path]) -> list[Path]:
         raise ArchiveError(f"{stem}: parts {sorted(p.name for p in parts)} mix suffix lengths; re-download them")
     width = widths.pop()
     ordered = sorted(suffixes)
-    expected = [_part_suffix(i, width) for i in range(len(ordered))]
+    expected = [part_suffix(i, width) for i in range(len(ordered))]
     if ordered != expected:
         missing = sorted(set(expected) - set(ordered)) or [expected[len(ordered) - 1]]
         raise ArchiveError(
@@ -252,7 +252,8 @@ def ordered_parts(stem: str, parts: Sequence[Path]) -> list[Path]:
     return [suffixes[s] for s in ordered]
 
 
-def _part_suffix(index: int, width: int) -> str:
+def part_suffix(index: int, width: int = 2) -> str:
+    """The `split` suffix of part `index`: 0 -> "aa", 1 -> "ab", 26 -> "ba" (width 2)."""
     letters = []
     for _ in range(width):
         index, rest = divmod(index, 26)
@@ -305,7 +306,7 @@ def extract_tar(stem: str, parts: Sequence[Path], target: Path, progress: bool =
     label = parts[0].parent / (stem if len(parts) > 1 else parts[0].name)
     part_hashes = [archive_sha256(p) for p in parts]
     sha256 = part_hashes[0] if len(parts) == 1 else hashlib.sha256("|".join(part_hashes).encode()).hexdigest()
-    marker = target / MARKER_DIR / f"{stem}.json"
+    marker = marker_path(target, Path(stem))
     if _marker_is_current(marker, target, sha256):
         log.info("%s already extracted into %s", stem, target)
         return json.loads(marker.read_text())["members"]

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from paravt_core.data.archives import TAR_PART
 from paravt_core.config import PipelineConfig
 from paravt_core.data.synth.benchmarks import LAYOUTS, BenchmarkLayout
 from paravt_core.refs import file_hash
@@ -60,7 +61,6 @@ SOURCE_PATTERNS = ("*.zip",)
 BENCHMARK_REVISION = "main"
 MAX_BACKOFF_S = 60.0
 _NUMBERED_CHUNK = re.compile(r"_chunked_\d+(\.zip)$")
-_TAR_PART = re.compile(r"^(.+\.tar)\.part\.[a-z]+$")
 _SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
 _TRANSIENT_STATUS = frozenset({408, 429})
 
@@ -114,8 +114,8 @@ class Downloads(BaseModel):
 def archive_pattern(archive: str) -> str:
     """`videos_chunked_01.zip` -> `videos_chunked_*.zip`, `videos.tar.part.aa` -> `videos.tar.part.*`;
     other names unchanged."""
-    if _TAR_PART.match(archive):
-        return _TAR_PART.sub(r"\1.part.*", archive)
+    if part := TAR_PART.match(archive):
+        return f"{part['stem']}.part.*"
     return _NUMBERED_CHUNK.sub(r"_chunked_*\1", archive)
 
 

@@ -46,7 +46,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from paravt_core.agent.context import ChatRenderer
-from paravt_core.agent.dispatch import CropJob, CropRunner, CropSource, PlannedCall, ToolMode, plan_tool_round
+from paravt_core.agent.dispatch import (
+    CropJob,
+    CropRunner,
+    CropSource,
+    PlannedCall,
+    ToolMode,
+    episode_end,
+    plan_tool_round,
+)
 from paravt_core.agent.prompts import EpisodePrompt, frames_tool_text, subagent_instruction
 from paravt_core.agent.tool_calls import parse_tool_calls
 from paravt_core.config import RolloutConfig, VideoConfig
@@ -249,13 +257,8 @@ class OpenAIAgent:
         episode.final_text, episode.turns = reply.text, episode.turns + 1
         blocks = parse_tool_calls(reply.text)
         episode.parse_failures += sum(1 for block in blocks if not block.ok)
-        if reply.finish_reason == "length":
-            episode.end_reason = "length"
-        elif not blocks:
-            episode.end_reason = "answer"
-        elif turn >= self.cfg.max_turns:
-            episode.end_reason = "max_turns"
-        else:
+        episode.end_reason = episode_end(blocks, reply.finish_reason == "length", turn, self.cfg.max_turns)
+        if episode.end_reason is None:
             return plan_tool_round(blocks, episode.source.duration, self.cfg.max_parallel)
         episode.unanswered_calls += sum(1 for block in blocks if block.ok)
         return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -10,13 +9,6 @@ from paravt_core import registry
 from paravt_core.config import PipelineConfig
 from paravt_core.eval.models import ModelReferenceError, resolve_model
 from paravt_core.refs import ArtifactRef, content_hash
-
-
-def checkpoint(folder: Path, payload: str) -> ArtifactRef:
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text('{"model": "tiny"}')
-    (folder / "model.safetensors").write_text(payload)
-    return ArtifactRef(kind="model", path=folder, sha256=content_hash(folder))
 
 
 @pytest.fixture()
@@ -30,9 +22,9 @@ def register(cfg: PipelineConfig, ckpt: ArtifactRef, alias: str) -> registry.Mod
                                         git_revision="g", alias=alias)
 
 
-def test_aliases_and_versions_resolve_to_hash_checked_downloads(cfg, tmp_path):
-    sft = register(cfg, checkpoint(tmp_path / "sft", "weights-1"), "sft")
-    rl = register(cfg, checkpoint(tmp_path / "rl", "weights-2"), "champion")
+def test_aliases_and_versions_resolve_to_hash_checked_downloads(cfg, tmp_path, fake_checkpoint):
+    sft = register(cfg, fake_checkpoint(tmp_path / "sft", "weights-1"), "sft")
+    rl = register(cfg, fake_checkpoint(tmp_path / "rl", "weights-2"), "champion")
 
     by_alias = resolve_model(cfg, "champion")
     assert (by_alias.label, by_alias.version) == ("champion", rl.version)
@@ -48,15 +40,15 @@ def test_aliases_and_versions_resolve_to_hash_checked_downloads(cfg, tmp_path):
     assert resolve_model(cfg, "champion") == by_alias and weights.stat().st_mtime_ns == stamp  # no second download
 
 
-def test_a_local_folder_is_used_in_place(cfg, tmp_path):
-    ckpt = checkpoint(tmp_path / "my-model", "w")
+def test_a_local_folder_is_used_in_place(cfg, tmp_path, fake_checkpoint):
+    ckpt = fake_checkpoint(tmp_path / "my-model", "w")
     resolved = resolve_model(cfg, str(ckpt.path))
     assert resolved.artifact.path == ckpt.path.resolve() and resolved.artifact.sha256 == ckpt.sha256
     assert (resolved.label, resolved.version) == ("my-model", None)
 
 
-def test_unknown_alias_and_version_name_what_to_pass(cfg, tmp_path):
-    register(cfg, checkpoint(tmp_path / "a", "w"), "sft")
+def test_unknown_alias_and_version_name_what_to_pass(cfg, tmp_path, fake_checkpoint):
+    register(cfg, fake_checkpoint(tmp_path / "a", "w"), "sft")
     with pytest.raises(ModelReferenceError, match="alias 'candidate'.*version number, 'base' or a local model"):
         resolve_model(cfg, "candidate")
     with pytest.raises(ModelReferenceError, match="has no version 9"):

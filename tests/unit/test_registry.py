@@ -7,14 +7,7 @@ from pathlib import Path
 import pytest
 
 from paravt_core import registry
-from paravt_core.refs import ArtifactRef, content_hash
-
-
-def _checkpoint(folder: Path, payload: str) -> ArtifactRef:
-    folder.mkdir(parents=True)
-    (folder / "config.json").write_text('{"model": "tiny"}')
-    (folder / "model.safetensors").write_text(payload)
-    return ArtifactRef(kind="model", path=folder, sha256=content_hash(folder))
+from paravt_core.refs import content_hash
 
 
 @pytest.fixture()
@@ -27,12 +20,12 @@ def _register(uri, ckpt, stage, parent=None, alias=None):
                                         data_sha256="d" * 8, config_hash="c" * 8, git_revision="abc", alias=alias)
 
 
-def test_register_is_idempotent_and_tags_lineage(uri, tmp_path):
-    sft = _checkpoint(tmp_path / "sft", "weights-1")
+def test_register_is_idempotent_and_tags_lineage(uri, tmp_path, fake_checkpoint):
+    sft = fake_checkpoint(tmp_path / "sft", "weights-1")
     v1 = _register(uri, sft, "sft", alias="sft")
     again = _register(uri, sft, "sft", alias="sft")
     assert again.version == v1.version and again.run_id == v1.run_id
-    rl = _register(uri, _checkpoint(tmp_path / "rl", "weights-2"), "rl", parent=v1.version, alias="candidate")
+    rl = _register(uri, fake_checkpoint(tmp_path / "rl", "weights-2"), "rl", parent=v1.version, alias="candidate")
     assert rl.version != v1.version
 
     from mlflow.tracking import MlflowClient
@@ -47,9 +40,9 @@ def test_register_is_idempotent_and_tags_lineage(uri, tmp_path):
     assert content_hash(local) == rl.checkpoint_sha256
 
 
-def test_promote_moves_champion_only_on_improvement(uri, tmp_path):
-    a = _register(uri, _checkpoint(tmp_path / "a", "A"), "rl")
-    b = _register(uri, _checkpoint(tmp_path / "b", "B"), "rl")
+def test_promote_moves_champion_only_on_improvement(uri, tmp_path, fake_checkpoint):
+    a = _register(uri, fake_checkpoint(tmp_path / "a", "A"), "rl")
+    b = _register(uri, fake_checkpoint(tmp_path / "b", "B"), "rl")
     assert registry.promote(uri, "paravt-test", a, 0.40, "eval-1") is True
     assert registry.promote(uri, "paravt-test", b, 0.35, "eval-1") is False
     assert registry.version_by_alias(uri, "paravt-test", "champion").version == a.version
@@ -57,9 +50,9 @@ def test_promote_moves_champion_only_on_improvement(uri, tmp_path):
     assert registry.version_by_alias(uri, "paravt-test", "champion").version == b.version
 
 
-def test_a_champion_scored_on_another_evaluation_is_not_compared(uri, tmp_path, caplog):
-    a = _register(uri, _checkpoint(tmp_path / "a", "A"), "rl")
-    b = _register(uri, _checkpoint(tmp_path / "b", "B"), "rl")
+def test_a_champion_scored_on_another_evaluation_is_not_compared(uri, tmp_path, caplog, fake_checkpoint):
+    a = _register(uri, fake_checkpoint(tmp_path / "a", "A"), "rl")
+    b = _register(uri, fake_checkpoint(tmp_path / "b", "B"), "rl")
     assert registry.promote(uri, "paravt-test", a, 0.90, "old-benchmark-data") is True
     with caplog.at_level("WARNING"):
         assert registry.promote(uri, "paravt-test", b, 0.10, "new-benchmark-data") is True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paravt_core.agent.dispatch import plan_tool_round
+from paravt_core.agent.dispatch import episode_end, plan_tool_round
 from paravt_core.agent.tool_calls import parse_tool_calls
 
 
@@ -61,3 +61,18 @@ def test_num_frames_is_kept():
     body = '{"name": "crop_video", "arguments": {"video_path": "v", "start_time": 0, "end_time": 4, "num_frames": 3}}'
     (call,) = plan_tool_round(parse_tool_calls(f"<tool_call>{body}</tool_call>"), 12.0, 5)
     assert call.num_frames == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "cut", "turn", "expected"),
+    [
+        (_call(0, 9)[:-20], True, 0, "length"),
+        ("<answer>A</answer>", False, 0, "answer"),
+        (_call(0, 9), False, 3, "max_turns"),
+        (_call(0, 9), False, 2, None),
+        ("<tool_call>not json</tool_call>", False, 0, None),  # a malformed block still gets its error response
+    ],
+)
+def test_episode_end_after_a_generation(text, cut, turn, expected):
+    """SPEC §3: a cut generation ends the episode, so does one without calls or past max_turns (3)."""
+    assert episode_end(parse_tool_calls(text), cut, turn, max_turns=3) == expected

@@ -12,6 +12,8 @@ import tarfile
 import zipfile
 from collections.abc import Mapping
 
+from paravt_core.data.archives import part_suffix
+
 FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 
 
@@ -43,5 +45,5 @@ def split_parts(stem: str, data: bytes, parts: int) -> dict[str, bytes]:
     if not 1 <= parts <= 26 * 26:
         raise ValueError(f"parts must be 1..676, got {parts}")
     size = -(-len(data) // parts)
-    names = (f"{stem}.part.{chr(97 + i // 26)}{chr(97 + i % 26)}" for i in range(parts))
+    names = (f"{stem}.part.{part_suffix(i)}" for i in range(parts))
     return {name: data[i * size:(i + 1) * size] for i, name in enumerate(names)}
