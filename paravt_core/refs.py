@@ -51,12 +51,14 @@ def content_hash(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def source_digest(package: str) -> str:
-    """sha256 (16 hex) of the source files of `package` (its .py and .jinja files).
+def source_digest(package: str, only: tuple[str, ...] | None = None) -> str:
+    """sha256 (16 hex) of the source files of `package` (its .py and .jinja files, or just the
+    ones named in `only`, relative to the package folder).
 
     Outputs that are pure functions of a config AND of the code that builds them (the tiny
     model, the synthetic world) put this in their folder name and cache key, so that a
-    change to the builder's code builds them again instead of reusing a stale folder.
+    change to the builder's code builds them again instead of reusing a stale folder. `only`
+    keeps edits to the package's other files (its CLI, loaders) from rebuilding everything.
     """
     import importlib.util
 
@@ -65,7 +67,9 @@ def source_digest(package: str) -> str:
         raise ModuleNotFoundError(f"source_digest: no package {package!r}")
     root = Path(spec.origin).parent
     digest = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".jinja") and "__pycache__" not in p.parts):
+    files = ([root / name for name in only] if only is not None else
+             [p for p in root.rglob("*") if p.suffix in (".py", ".jinja") and "__pycache__" not in p.parts])
+    for f in sorted(files):
         digest.update(f.relative_to(root).as_posix().encode())
         digest.update(b"\0")
         digest.update(f.read_bytes())

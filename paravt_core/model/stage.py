@@ -16,11 +16,16 @@ from paravt_core.refs import ArtifactRef, content_hash
 log = logging.getLogger(__name__)
 
 
+# What the tiny model is built from; its folder name carries their digest.
+BUILDER_FILES = ("tiny.py", "chat_template.jinja")
+
+
 def base_model_dir(cfg: PipelineConfig) -> Path:
     """`<output_dir>/models/base-<hash of the model section>-<tiny builder code digest>`."""
     from paravt_core.refs import source_digest
 
-    return cfg.run.output_dir / "models" / f"base-{cfg.section_hash('model')}-{source_digest('paravt_core.model')}"
+    builder = source_digest("paravt_core.model", only=BUILDER_FILES)
+    return cfg.run.output_dir / "models" / f"base-{cfg.section_hash('model')}-{builder}"
 
 
 def run(cfg: PipelineConfig) -> ArtifactRef:

@@ -23,8 +23,11 @@ def test_digest_follows_the_package_source(tmp_path, monkeypatch):
     assert len(first) == 16 and source_digest("builderpkg") == first
     (package / "notes.txt").write_text("still not code")
     assert source_digest("builderpkg") == first
+    only = source_digest("builderpkg", only=("sub/build.py",))
+    (package / "__init__.py").write_text("# not the builder\n")
+    assert source_digest("builderpkg", only=("sub/build.py",)) == only != source_digest("builderpkg")
     (package / "sub" / "build.py").write_text("SIZE = 2\n")
-    assert source_digest("builderpkg") != first
+    assert source_digest("builderpkg") != first and source_digest("builderpkg", only=("sub/build.py",)) != only
     sys.modules.pop("builderpkg", None)
 
 
@@ -39,5 +42,7 @@ def test_tiny_model_and_world_folders_carry_the_builder_digest(tmp_path):
     from paravt_core.model.stage import base_model_dir
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml", [f"run.output_dir={tmp_path}"])
-    assert base_model_dir(cfg).name.endswith(source_digest("paravt_core.model"))
+    from paravt_core.model.stage import BUILDER_FILES
+
+    assert base_model_dir(cfg).name.endswith(source_digest("paravt_core.model", only=BUILDER_FILES))
     assert synth_world_dir(cfg).parent == tmp_path / "data"
