@@ -125,7 +125,7 @@ class SFTConfig(_Section):
 class RewardConfig(_Section):
     """Reward knobs (SPEC §4)."""
 
-    scope: Literal["transcript", "generated"] = "transcript"
+    scope: Literal["transcript", "generated"] = "generated"  # SPEC §4.5: the paper rows score generated tokens
     format_weight: float = 1.0
     answer_suffix: bool = True
     anchor_weight: float = Field(0.5, ge=0)
@@ -167,11 +167,19 @@ class RLConfig(_Section):
     prompts_per_step: int = Field(7, ge=1)
     group_size: int = Field(8, ge=2)
     temperature: float = Field(0.7, gt=0)
+    # The release's advantage pipeline (SPEC §5 steps 1-5), each step a switch; the
+    # defaults are the paper's. `paravt_core/rl/grpo.py` documents each step.
     reward_shift: float = 0.2
     reward_scale: float = 10.0
+    reward_clip: float | None = Field(20.0, gt=0)  # step 1; None: no clip
     clip_eps: float = Field(0.2, gt=0)
-    kl_mode: Literal["reward", "loss", "none"] = "reward"
+    # step 3: token_reward (release: -kl_coef * k1 per token after the group statistics);
+    # sequence_reward (summed k3 subtracted from R before them), loss (k3 in the loss), none.
+    kl_mode: Literal["token_reward", "sequence_reward", "loss", "none"] = "token_reward"
     kl_coef: float = Field(0.01, ge=0)
+    batch_norm_advantages: bool = True  # step 4
+    decoupled_ppo: bool = True  # step 5: ratio to recomputed log-probs, behaviour weight
+    behaviour_weight_cap: float = Field(5.0, gt=1)
     learning_rate: float = Field(2e-6, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     grad_clip: float = Field(1.0, gt=0)

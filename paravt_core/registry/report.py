@@ -10,7 +10,7 @@ Markdown report and the PNG plots are written to a folder and logged as MLflow a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from paravt_core.eval.report import PAPER_TABLE1, TABLE1_HEADERS, TABLE1_SPLITS, metric_name
@@ -33,9 +33,14 @@ TABLE2_LAST_STEPS = 3
 
 @dataclass
 class RLRow:
+    """One RL row's per-step series. `f_tau` is fτ under the ONE fixed definition of SPEC §5
+    (`f_tau_fixed`: answer_suffix on, λ = 0.5, scope generated), so rows with different
+    reward knobs compare; `f_tau_own` is the row's own R_fmt, logged beside it."""
+
     row: str
     f_tau: list[tuple[int, float]]
     kappa: list[tuple[int, float]]
+    f_tau_own: list[tuple[int, float]] = field(default_factory=list)
 
     def final(self, series: list[tuple[int, float]]) -> float | None:
         tail = [v for _, v in sorted(series)[-TABLE2_LAST_STEPS:]]
@@ -68,8 +73,8 @@ def rl_rows(uri: str, experiment: str) -> list[RLRow]:
         if not name:
             continue
         history = {m: [(h.step, h.value) for h in client.get_metric_history(run.info.run_id, m)]
-                   for m in ("f_tau", "kappa")}
-        rows[name] = RLRow(name, history["f_tau"], history["kappa"])
+                   for m in ("f_tau_fixed", "f_tau", "kappa")}
+        rows[name] = RLRow(name, history["f_tau_fixed"], history["kappa"], history["f_tau"])
     return list(rows.values())
 
 
@@ -117,7 +122,7 @@ def plot(rows: Sequence[RLRow], metric: str, out: Path) -> Path:
         if series:
             ax.plot([s for s, _ in series], [v for _, v in series], marker="o", markersize=3, label=row.row)
     ax.set_xlabel("RL step")
-    ax.set_ylabel({"f_tau": "fτ (mean R_fmt at τ=0.7)", "kappa": "κ (tool calls per rollout)"}[metric])
+    ax.set_ylabel({"f_tau": "fτ (fixed R_fmt, τ=0.7)", "kappa": "κ (tool calls per rollout)"}[metric])
     ax.grid(alpha=0.3)
     if rows:
         ax.legend(fontsize=7)
@@ -138,7 +143,8 @@ def write_report(uri: str, experiment: str, out_dir: Path) -> Path:
     text = "\n\n".join([
         f"# ParaVT report: experiment `{experiment}`",
         "## Table 1 (seven splits; % accuracy, Charades-STA mIoU)", table1(evals),
-        f"## Table 2 (ablation rows; fτ and κ: mean of the last {TABLE2_LAST_STEPS} RL steps)", table2(rows, evals),
+        f"## Table 2 (ablation rows; fτ and κ: mean of the last {TABLE2_LAST_STEPS} RL steps; fτ under one fixed "
+        "definition for every row: answer_suffix on, λ = 0.5, scope generated)", table2(rows, evals),
         "## Curves", *[f"![{p.stem}]({p.name})" for p in plots],
     ]) + "\n"
     report = atomic_write_text(out_dir / "report.md", text)

@@ -1,4 +1,18 @@
-"""From episodes to a PARA-GRPO loss: trajectories, rewards, advantages, log-probs (SPEC §4, §5)."""
+"""From episodes to a PARA-GRPO loss: trajectories, rewards, advantages, log-probs (SPEC §4, §5).
+
+The step's data flow (each stage a function here, driven by `rl/worker.py`):
+1. `trajectories`: the main-agent episodes, then (with `train_subagents`) their sub-agent
+   runs, each with the structural-token mask of its ids (`agent/tags.py`: tags matched as
+   token sequences, never as single ids).
+2. `reference_pass` and `proximal_pass`: log-probs of every trajectory under the frozen
+   reference (KL) and under the policy before the update (decoupled PPO).
+3. `step_advantages`: rewards (SPEC §4), shaped, clipped, group-normalized (SPEC §5 steps
+   1-2); `assign_token_advantages`: per-token advantages with the KL reward to go (step 3);
+   the worker then batch-normalizes them over all ranks (step 4).
+4. `micro_batch_loss`: decoupled PPO-clip over a micro-batch (step 5).
+Sub-agent trajectories get their episode's normalized scalar at their last generated token
+and their own KL rewards (SPEC §5: sub-agents trained with their episode's advantage).
+"""
 
 from __future__ import annotations
 
@@ -10,19 +24,23 @@ import torch
 from paravt_core.agent.engine import GenerationRequest, VisionInputs
 from paravt_core.agent.hf_engine import pad_requests
 from paravt_core.agent.rollout import Episode
+from paravt_core.agent.tags import TagLocator
 from paravt_core.config import RLConfig
 from paravt_core.rl.data import RLPrompt
 from paravt_core.rl.grpo import (
+    Moments,
+    batch_normalize,
+    behaviour_weight,
     group_advantages,
+    kl_k1,
     kl_per_token,
+    masked_moments,
     policy_loss,
     sequence_kl,
     shaped_reward,
     token_advantages,
 )
 from paravt_core.rl.rewards import RewardBreakdown, compute_reward
-
-STRUCTURAL_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<answer>", "</answer>", "<|im_end|>")
 
 RewardFn = Callable[[Episode, RLPrompt], RewardBreakdown]
 
@@ -33,11 +51,14 @@ class Trajectory:
 
     token_ids: torch.Tensor  # [L]
     loss_mask: torch.Tensor  # [L]
-    old_logprobs: torch.Tensor  # [L]
+    old_logprobs: torch.Tensor  # [L] under the rollout engine
     vision: VisionInputs
     episode: int  # index of the episode it belongs to
     is_subagent: bool
+    structural: torch.Tensor | None = None  # [L] bool, token anchoring only
     ref_logprobs: torch.Tensor | None = None  # [L], filled by the reference pass
+    prox_logprobs: torch.Tensor | None = None  # [L], filled by the proximal pass (decoupled PPO)
+    advantages: torch.Tensor | None = None  # [L], filled by assign_token_advantages
 
 
 def paravt_reward(cfg: RLConfig) -> RewardFn:
@@ -56,11 +77,24 @@ def paravt_reward(cfg: RLConfig) -> RewardFn:
     return score
 
 
-def trajectories(episodes: Sequence[Episode], train_subagents: bool) -> list[Trajectory]:
+def fixed_format_reward(episode: Episode) -> float:
+    """R_fmt under ONE definition for every row (SPEC §5, Table 2 fτ): answer_suffix on,
+    λ = 0.5, scope generated, so rows with different reward knobs stay comparable."""
+    from paravt_core.rl.rewards import format_reward
+
+    return format_reward(episode.text("generated"), answer_suffix=True, anchor_weight=0.5)
+
+
+def trajectories(episodes: Sequence[Episode], train_subagents: bool,
+                 locator: TagLocator | None = None) -> list[Trajectory]:
+    """The step's trained sequences; `locator` (token anchoring) marks their structural tokens."""
     out = [Trajectory(e.token_ids, e.loss_mask, e.old_logprobs, e.vision, i, False) for i, e in enumerate(episodes)]
     if train_subagents:
         for i, e in enumerate(episodes):
             out += [Trajectory(s.token_ids, s.loss_mask, s.old_logprobs, s.vision, i, True) for s in e.subagents]
+    if locator is not None:
+        for t in out:
+            t.structural = locator.mask(t.token_ids)
     return out
 
 
@@ -87,72 +121,125 @@ def left_pad(rows: Sequence[torch.Tensor], length: int, dtype=torch.float32) -> 
     return out
 
 
-@dataclass
-class StepAdvantages:
-    per_episode: torch.Tensor  # [E] sequence advantage (R_acc + R_tool (+ R_fmt in sequence mode))
-    format_per_episode: torch.Tensor | None  # [E] token anchoring only
-    rewards: list[RewardBreakdown]
-    kl: torch.Tensor  # [E] summed KL of each episode (0 when not computed)
-
-
-def step_advantages(episodes: Sequence[Episode], prompts: Sequence[RLPrompt], cfg: RLConfig, reward_fn: RewardFn,
-                    seq_kl: torch.Tensor) -> StepAdvantages:
-    """Group-normalized advantages of the episodes (prompt-major, G per prompt)."""
-    rewards = [reward_fn(e, prompts[e.prompt_index]) for e in episodes]
-    fmt_w = cfg.reward.format_weight
-    if cfg.anchoring_mode == "token":
-        main = torch.tensor([r.total - fmt_w * r.format for r in rewards])
-        fmt = group_advantages(shaped_reward(torch.tensor([r.format for r in rewards]) * fmt_w,
-                                             cfg.reward_shift, cfg.reward_scale), cfg.group_size)
-    else:
-        main, fmt = torch.tensor([r.total for r in rewards]), None
-    if cfg.kl_mode == "reward":
-        main = main - cfg.kl_coef * seq_kl
-    adv = group_advantages(shaped_reward(main, cfg.reward_shift, cfg.reward_scale), cfg.group_size)
-    return StepAdvantages(adv, fmt, rewards, seq_kl)
-
-
-def structural_mask(token_ids: torch.Tensor, structural_ids: torch.Tensor) -> torch.Tensor:
-    return torch.isin(token_ids, structural_ids)
+def _logprob_pass(model, trajs: Sequence[Trajectory], micro: int, ids: dict[str, int], temperature: float,
+                  device: str) -> list[torch.Tensor]:
+    rows: list[torch.Tensor] = []
+    with torch.no_grad():
+        for i in range(0, len(trajs), micro):
+            chunk = trajs[i : i + micro]
+            logp, _ = sequence_logprobs(model, chunk, ids["pad"], ids["image"], ids["video"], temperature, device)
+            rows += [row[row.numel() - t.token_ids.numel():] for row, t in zip(logp.cpu(), chunk)]
+    return rows
 
 
 def reference_pass(ref_model, trajs: Sequence[Trajectory], micro: int, ids: dict[str, int], temperature: float,
                    device: str) -> None:
     """Fill each trajectory's `ref_logprobs` from the frozen reference (SPEC §5 KL)."""
-    with torch.no_grad():
-        for i in range(0, len(trajs), micro):
-            chunk = trajs[i : i + micro]
-            logp, _ = sequence_logprobs(ref_model, chunk, ids["pad"], ids["image"], ids["video"], temperature, device)
-            for row, t in zip(logp.cpu(), chunk):
-                t.ref_logprobs = row[row.numel() - t.token_ids.numel():]
+    for t, row in zip(trajs, _logprob_pass(ref_model, trajs, micro, ids, temperature, device)):
+        t.ref_logprobs = row
 
 
-def episode_kl(episodes: Sequence[Episode], trajs: Sequence[Trajectory]) -> torch.Tensor:
-    """Summed KL(rollout policy || reference) over each episode's generated tokens [E]."""
+def proximal_pass(policy, trajs: Sequence[Trajectory], micro: int, ids: dict[str, int], temperature: float,
+                  device: str) -> None:
+    """Fill each trajectory's `prox_logprobs`: the policy's log-probs before this step's update
+    (SPEC §5 step 5, the decoupled loss's ratio denominator)."""
+    for t, row in zip(trajs, _logprob_pass(policy, trajs, micro, ids, temperature, device)):
+        t.prox_logprobs = row
+
+
+@dataclass
+class StepAdvantages:
+    """The step's per-episode terms (SPEC §5 steps 1-2); token advantages come from them."""
+
+    per_episode: torch.Tensor  # [E] normalized scalar (R_acc + R_tool (+ R_fmt in sequence mode))
+    format_per_episode: torch.Tensor | None  # [E] token anchoring only
+    rewards: list[RewardBreakdown]
+    kl: torch.Tensor  # [E] summed KL estimate of each episode's generated tokens (0 when not computed)
+
+
+def step_advantages(episodes: Sequence[Episode], prompts: Sequence[RLPrompt], cfg: RLConfig, reward_fn: RewardFn,
+                    seq_kl: torch.Tensor) -> StepAdvantages:
+    """Shaped, clipped, group-normalized scalars of the episodes (prompt-major, G per prompt).
+
+    KL enters the group statistics only with `kl_mode: sequence_reward` (the older variant);
+    the release's `token_reward` adds it per token afterwards (`assign_token_advantages`).
+    """
+    rewards = [reward_fn(e, prompts[e.prompt_index]) for e in episodes]
+    fmt_w = cfg.reward.format_weight
+
+    def normalized(values: torch.Tensor) -> torch.Tensor:
+        return group_advantages(shaped_reward(values, cfg.reward_shift, cfg.reward_scale, cfg.reward_clip),
+                                cfg.group_size)
+
+    if cfg.anchoring_mode == "token":
+        main = torch.tensor([r.total - fmt_w * r.format for r in rewards])
+        fmt = normalized(torch.tensor([r.format for r in rewards]) * fmt_w)
+    else:
+        main, fmt = torch.tensor([r.total for r in rewards]), None
+    if cfg.kl_mode == "sequence_reward":
+        main = main - cfg.kl_coef * seq_kl
+    return StepAdvantages(normalized(main), fmt, rewards, seq_kl)
+
+
+def assign_token_advantages(trajs: Sequence[Trajectory], adv: StepAdvantages, cfg: RLConfig) -> None:
+    """Each trajectory's per-token advantages before batch normalization (SPEC §5 step 3)."""
+    for t in trajs:
+        kl_reward = None
+        if cfg.kl_mode == "token_reward" and t.ref_logprobs is not None:
+            kl_reward = -cfg.kl_coef * kl_k1(t.old_logprobs, t.ref_logprobs)
+        fmt = adv.format_per_episode[t.episode] if adv.format_per_episode is not None else None
+        t.advantages = token_advantages(adv.per_episode[t.episode], t.loss_mask, kl_reward, fmt, t.structural)
+
+
+def local_advantage_moments(trajs: Sequence[Trajectory]) -> Moments:
+    """This rank's share of the batch statistics of step 4."""
+    return masked_moments([t.advantages for t in trajs], [t.loss_mask for t in trajs])
+
+
+def normalize_token_advantages(trajs: Sequence[Trajectory], moments: Moments) -> None:
+    """Step 4: batch-normalize the token advantages with the (all-rank) moments."""
+    normalized = batch_normalize([t.advantages for t in trajs], [t.loss_mask for t in trajs], moments)
+    for t, values in zip(trajs, normalized):
+        t.advantages = values
+
+
+def episode_kl(episodes: Sequence[Episode], trajs: Sequence[Trajectory], kl_mode: str) -> torch.Tensor:
+    """Summed KL estimate over each episode's generated tokens [E]: k1 for the release's
+    per-token reward, k3 for the other modes (both under the rollout's log-probs)."""
     kl = torch.zeros(len(episodes))
     for t in trajs:
-        if not t.is_subagent and t.ref_logprobs is not None:
-            kl[t.episode] = sequence_kl(t.old_logprobs[None], t.ref_logprobs[None], t.loss_mask[None].float())[0]
+        if t.is_subagent or t.ref_logprobs is None:
+            continue
+        mask = t.loss_mask.float()
+        if kl_mode == "token_reward":
+            kl[t.episode] = float((kl_k1(t.old_logprobs, t.ref_logprobs) * mask).sum())
+        else:
+            kl[t.episode] = sequence_kl(t.old_logprobs[None], t.ref_logprobs[None], mask[None])[0]
     return kl
 
 
-def micro_batch_loss(model, batch_trajs: Sequence[Trajectory], adv: StepAdvantages, cfg: RLConfig, ids: dict[str, int], structural_ids: torch.Tensor, total_tokens: int,
-                     device: str) -> tuple[torch.Tensor, dict[str, float]]:
-    """This micro-batch's share of the step's token-mean loss (sums to the token mean over the step)."""
+def micro_batch_loss(model, batch_trajs: Sequence[Trajectory], cfg: RLConfig, ids: dict[str, int],
+                     total_tokens: int, device: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the step's token-mean loss (sums to the token mean over the step).
+
+    Needs `advantages` on every trajectory, and `prox_logprobs` with `decoupled_ppo`.
+    """
     logp, _ = sequence_logprobs(model, batch_trajs, ids["pad"], ids["image"], ids["video"], cfg.temperature, device)
     length = logp.shape[1]
     mask = left_pad([t.loss_mask for t in batch_trajs], length).to(device)  # [B, L]
-    old = left_pad([t.old_logprobs for t in batch_trajs], length).to(device)
-    tokens = torch.stack([torch.nn.functional.pad(t.token_ids, (length - t.token_ids.numel(), 0)) for t in batch_trajs])
-    episode_idx = torch.tensor([t.episode for t in batch_trajs])
-    fmt = adv.format_per_episode[episode_idx] if adv.format_per_episode is not None else None
-    structural = structural_mask(tokens, structural_ids).to(device) if fmt is not None else None
-    token_adv = token_advantages(adv.per_episode[episode_idx].to(device), mask,
-                                 fmt.to(device) if fmt is not None else None, structural)
-    loss, clip_frac = policy_loss(logp, old, token_adv, mask, cfg.clip_eps)
+    rollout = left_pad([t.old_logprobs for t in batch_trajs], length).to(device)  # [B, L]
+    token_adv = left_pad([t.advantages for t in batch_trajs], length).to(device)  # [B, L]
+    weight = None
+    if cfg.decoupled_ppo:
+        prox = left_pad([t.prox_logprobs for t in batch_trajs], length).to(device)  # [B, L]
+        weight = behaviour_weight(prox, rollout, cfg.behaviour_weight_cap)
+        loss, clip_frac = policy_loss(logp, prox, token_adv, mask, cfg.clip_eps, weight)
+    else:
+        loss, clip_frac = policy_loss(logp, rollout, token_adv, mask, cfg.clip_eps)
     n = mask.sum()
     loss = loss * n / total_tokens
     if cfg.kl_mode == "loss":
         ref = left_pad([t.ref_logprobs for t in batch_trajs], length).to(device)
         loss = loss + cfg.kl_coef * (kl_per_token(logp, ref) * mask).sum() / total_tokens
-    return loss, {"clip_frac": float(clip_frac) * float(n), "tokens": float(n)}
+    dropped = float(((weight == 0).float() * mask).sum()) if weight is not None else 0.0
+    return loss, {"clip_frac": float(clip_frac) * float(n), "tokens": float(n), "dropped_tokens": dropped}

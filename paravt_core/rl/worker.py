@@ -2,13 +2,14 @@
 
 Each step: pick this rank's prompts, draw each prompt's frame budget K (nFrames gating),
 roll out G episodes per prompt with the agentic protocol (SPEC §3) on the rollout engine,
-score them (SPEC §4), score the reference, turn rewards into group advantages, and take
-one PPO-clip step over the episodes and (with `train_subagents`) their sub-agent runs.
-The rollout engine is then given the new weights.
+score them (SPEC §4), score the reference and (decoupled PPO) the policy before the update,
+turn rewards into token advantages by the release's five steps (SPEC §5; batch statistics
+summed over all ranks), and take one PPO-clip step over the episodes and (with
+`train_subagents`) their sub-agent runs. The rollout engine is then given the new weights.
 
 Departures from the release (SPEC §5): sub-agent trajectories are trained (each with its
 episode's advantage); K really sets the overview frame count; token-level anchoring is
-available; rewards score the whole transcript by default (SPEC §4.5).
+available; `reward.scope: transcript` is a row of its own (SPEC §4.5).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class Trainer:
         from paravt_core.agent.hf_engine import HFEngine
         from paravt_core.model.loading import load_model, load_processor
         from paravt_core.rl.data import read_rl_prompts
-        from paravt_core.rl.policy import STRUCTURAL_TOKENS, paravt_reward
+        from paravt_core.agent.tags import TagLocator
+        from paravt_core.rl.policy import paravt_reward
 
         self.job, self.cfg, self.rl = job, job.config, job.config.rl
         self.rank, self.world, self.device = pdist.init_distributed()
@@ -77,7 +79,8 @@ class Trainer:
         self.reward_fn = reward_fn or paravt_reward(self.rl)
         tok = self.processor.tokenizer
         self.ids = {"pad": tok.pad_token_id, "image": policy.config.image_token_id, "video": policy.config.video_token_id}
-        self.structural_ids = torch.tensor([tok.convert_tokens_to_ids(t) for t in STRUCTURAL_TOKENS])
+        # Tags are matched as token sequences (SPEC §2): in Qwen3-VL's tokenizer `<answer>` is several tokens.
+        self.locator = TagLocator(tok) if self.rl.anchoring_mode == "token" else None
         optimizer = torch.optim.AdamW(policy.parameters(), lr=self.rl.learning_rate, weight_decay=self.rl.weight_decay)
         bf16 = self.device.startswith("cuda") and self.cfg.model.dtype == "bfloat16"
         ds_config = pdist.deepspeed_config(micro_batch=1, grad_accum=1, zero_stage=self.rl.zero_stage,
@@ -112,39 +115,63 @@ class Trainer:
         return prompts, episodes
 
     def train_step(self, step: int) -> dict[str, float]:
-        from paravt_core.rl.policy import episode_kl, micro_batch_loss, reference_pass, step_advantages, trajectories
+        from paravt_core.rl import policy as P
 
         t0 = time.perf_counter()
         prompts, episodes = self.rollout(step)
         t1 = time.perf_counter()
-        trajs = trajectories(episodes, self.rl.train_subagents)
+        trajs = P.trajectories(episodes, self.rl.train_subagents, self.locator)
         micro = max(1, self.rl.micro_batch_size)
         if self.ref_model is not None:
-            reference_pass(self.ref_model, trajs, micro, self.ids, self.rl.temperature, self.device)
-        kl = episode_kl(episodes, trajs) if self.ref_model is not None else torch.zeros(len(episodes))
+            P.reference_pass(self.ref_model, trajs, micro, self.ids, self.rl.temperature, self.device)
+        kl = P.episode_kl(episodes, trajs, self.rl.kl_mode) if self.ref_model is not None else torch.zeros(len(episodes))
         t2 = time.perf_counter()
-        adv = step_advantages(episodes, prompts, self.rl, self.reward_fn, kl)
+        if self.rl.decoupled_ppo:
+            P.proximal_pass(self.policy, trajs, micro, self.ids, self.rl.temperature, self.device)
+        adv = P.step_advantages(episodes, prompts, self.rl, self.reward_fn, kl)
+        P.assign_token_advantages(trajs, adv, self.rl)
+        raw_stats = _advantage_stats(trajs, "adv_raw")
+        if self.rl.batch_norm_advantages:
+            P.normalize_token_advantages(trajs, self._all_rank_moments(P.local_advantage_moments(trajs)))
         total = float(sum(t.loss_mask.sum() for t in trajs)) or 1.0
-        loss_sum, clip_sum = 0.0, 0.0
+        loss_sum, clip_sum, dropped = 0.0, 0.0, 0.0
         chunks = [trajs[i : i + micro] for i in range(0, len(trajs), micro)]
         for i, chunk in enumerate(chunks):
             self.policy.set_gradient_accumulation_boundary(i == len(chunks) - 1)
-            loss, stats = micro_batch_loss(self.policy, chunk, adv, self.rl, self.ids, self.structural_ids, total,
-                                           self.device)
+            loss, stats = P.micro_batch_loss(self.policy, chunk, self.rl, self.ids, total, self.device)
             self.policy.backward(loss)
             loss_sum += loss.item()
             clip_sum += stats["clip_frac"]
+            dropped += stats["dropped_tokens"]
         self.policy.step()
         self.push_weights()
         t3 = time.perf_counter()
-        return self.metrics(episodes, adv, loss_sum, clip_sum / total, (t1 - t0, t2 - t1, t3 - t2))
+        row = self.metrics(episodes, adv, loss_sum, clip_sum / total, (t1 - t0, t2 - t1, t3 - t2))
+        row.update(raw_stats, **_advantage_stats(trajs, "adv"), dropped_frac=dropped / total,
+                   saturated_groups=_saturated_share(adv.rewards, self.rl.group_size))
+        return row
+
+    def _all_rank_moments(self, local):
+        """Step 4's batch statistics over the whole step: every rank's sums added up."""
+        import torch.distributed as dist
+
+        from paravt_core.rl.grpo import Moments
+
+        if not dist.is_initialized() or self.world == 1:
+            return local
+        sums = torch.tensor([local.total, local.total_sq, local.count], dtype=torch.float64, device=self.device)
+        dist.all_reduce(sums)
+        return Moments(*(float(x) for x in sums.cpu()))
 
     def metrics(self, episodes, adv, loss: float, clip_frac: float, times) -> dict[str, float]:
         """SPEC §5 per-step metrics of this rank (averaged over ranks by the caller)."""
+        from paravt_core.rl.policy import fixed_format_reward
+
         r = adv.rewards
         gen_len = [float(e.loss_mask.sum()) for e in episodes]
         row = {
             "f_tau": float(np.mean([x.format for x in r])),
+            "f_tau_fixed": float(np.mean([fixed_format_reward(e) for e in episodes])),
             "kappa": float(np.mean([e.tool_calls for e in episodes])),
             "reward_acc": float(np.mean([x.acc for x in r])),
             "reward_tool": float(np.mean([x.tool for x in r])),
@@ -163,6 +190,22 @@ class Trainer:
         for k, n in Counter(e.nframes for e in episodes).items():
             row[f"nframes_{k}"] = n / len(episodes)
         return row
+
+
+def _advantage_stats(trajs, prefix: str) -> dict[str, float]:
+    """Mean, std and largest magnitude of the trained tokens' advantages."""
+    values = torch.cat([t.advantages[t.loss_mask.bool()] for t in trajs]) if trajs else torch.zeros(0)
+    if values.numel() == 0:
+        return {f"{prefix}_mean": 0.0, f"{prefix}_std": 0.0, f"{prefix}_absmax": 0.0}
+    return {f"{prefix}_mean": float(values.mean()), f"{prefix}_std": float(values.std()) if values.numel() > 1 else 0.0,
+            f"{prefix}_absmax": float(values.abs().max())}
+
+
+def _saturated_share(rewards, group_size: int) -> float:
+    """Share of prompt groups whose rollouts all got the same R (no task signal to normalize)."""
+    totals = [r.total for r in rewards]
+    groups = [totals[i : i + group_size] for i in range(0, len(totals), group_size)]
+    return float(np.mean([max(g) - min(g) < 1e-9 for g in groups])) if groups else 0.0
 
 
 def _all_reduce_mean(row: dict[str, float], world: int) -> dict[str, float]:

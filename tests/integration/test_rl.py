@@ -133,7 +133,7 @@ def test_no_gradient_through_tool_response_tokens(rl_setup, tiny_processor, tiny
     from paravt_core.config import RLConfig
     from paravt_core.rl import stage
     from paravt_core.rl.data import read_rl_prompts
-    from paravt_core.rl.policy import StepAdvantages, micro_batch_loss, trajectories
+    from paravt_core.rl.policy import StepAdvantages, assign_token_advantages, micro_batch_loss, trajectories
 
     init, rl_data, _ = rl_setup
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["video.nframes=2", "video.max_pixels=3072"])
@@ -146,13 +146,13 @@ def test_no_gradient_through_tool_response_tokens(rl_setup, tiny_processor, tiny
 
     captured = {}
     handle = tiny_model.lm_head.register_forward_hook(lambda m, i, out: captured.setdefault("logits", out))
-    rl_cfg = RLConfig(kl_mode="none", temperature=1.0)
+    rl_cfg = RLConfig(kl_mode="none", temperature=1.0, decoupled_ppo=False)
     adv = StepAdvantages(torch.tensor([1.0]), None, [], torch.zeros(1))
     (traj,) = trajectories([episode], train_subagents=False)
+    assign_token_advantages([traj], adv, rl_cfg)
     ids = {"pad": tiny_processor.tokenizer.pad_token_id, "image": tiny_model.config.image_token_id,
            "video": tiny_model.config.video_token_id}
-    loss, _ = micro_batch_loss(tiny_model, [traj], adv, rl_cfg, ids, torch.tensor([0]),
-                               float(traj.loss_mask.sum()), "cpu")
+    loss, _ = micro_batch_loss(tiny_model, [traj], rl_cfg, ids, float(traj.loss_mask.sum()), "cpu")
     logits = captured["logits"]
     logits.retain_grad()
     loss.backward()

@@ -14,13 +14,14 @@ def test_report_tables_and_plots(tmp_path: Path):
         run = start_stage_run(uri, "exp", f"rl-{row}", {"stage": "rl", "ablation_row": row}, {})
         log = MetricLogger(uri, run)
         for step, kappa in enumerate(kappas, start=1):
-            log.log(step, {"f_tau": 0.1 * step, "kappa": kappa})
+            # each row's own fτ differs (its reward knobs); Table 2 must use the fixed one
+            log.log(step, {"f_tau_fixed": 0.1 * step, "f_tau": 0.9 if row == "paragrpo" else 0.05, "kappa": kappa})
     run = start_stage_run(uri, "exp", "eval-paragrpo", {"stage": "eval", "label": "paragrpo"}, {})
     MetricLogger(uri, run).log(0, {"videomme/primary": 0.5, "charades/primary": 0.25, "average": 0.4})
 
     report = write_report(uri, "exp", tmp_path / "out")
     text = report.read_text()
-    # paragrpo: fτ mean of steps 2..4 = (0.2+0.3+0.4)/3 = 0.30; κ = (0.4+0.3+0.2)/3 = 0.30; VideoMME 50.0
+    # paragrpo: fτ_fixed mean of steps 2..4 = (0.2+0.3+0.4)/3 = 0.30; κ = (0.4+0.3+0.2)/3 = 0.30; VideoMME 50.0
     assert "| paragrpo | 0.30 | 0.30 | 50.0 | – | – | – | 0.41 | 0.21 | 62.1 |" in text
     # vanilla: κ = (0.1+0+0)/3 = 0.03
     assert "| vanilla_grpo | 0.30 | 0.03 |" in text
