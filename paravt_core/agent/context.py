@@ -189,14 +189,19 @@ class TokenContext:
         ids = list(prompt.token_ids)
         return cls(ids, prompt.vision, len(ids), [0] * len(ids), [0.0] * len(ids))
 
-    def append_forced(self, delta: Encoded, text: str) -> None:
-        """Tokens the policy did not choose: a think prefix or a tool-response turn."""
+    def append_forced(self, delta: Encoded, text: str, scored: str | None = None) -> None:
+        """Tokens the policy did not choose: a think prefix or a tool-response turn.
+
+        Args:
+            scored: what the transcript reward scope scores instead of `text` (a tool
+                turn's empty markers, SPEC §4.5); None scores `text`.
+        """
         self.token_ids.extend(delta.token_ids)
         self.loss_mask.extend([0] * len(delta.token_ids))
         self.logprobs.extend([0.0] * len(delta.token_ids))
         if delta.vision.as_kwargs():  # keep the group-shared overview object when nothing is added
             self.vision = self.vision.merged_with(delta.vision)
-        self.transcript.append(TranscriptSegment(text, generated=False))
+        self.transcript.append(TranscriptSegment(text, generated=False, scored=scored))
 
     def append_generated(self, token_ids: Sequence[int], logprobs: Sequence[float], text: str) -> None:
         if len(token_ids) != len(logprobs):

@@ -73,7 +73,7 @@ from paravt_core.agent.engine import Generation, GenerationRequest, RolloutEngin
 from paravt_core.agent.prompts import EpisodePrompt
 from paravt_core.agent.tool_calls import parse_tool_calls
 from paravt_core.config import RolloutConfig, VideoConfig
-from paravt_core.rl.rewards import RewardScope, TranscriptSegment, scored_text
+from paravt_core.rl.rewards import EMPTY_TOOL_RESPONSE, RewardScope, TranscriptSegment, scored_text
 from paravt_core.video import VideoFile, sample_overview_frames
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Episode:
     end_reason: EndReason
     subagents: list[SubagentTrajectory]
 
-    def text(self, scope: RewardScope = "transcript") -> str:
+    def text(self, scope: RewardScope = "generated") -> str:
         """The text the reward scores (SPEC §4.5)."""
         return scored_text(self.transcript, scope)
 
@@ -308,7 +308,10 @@ class _Rollout:
             state.history, messages, state.prepared.prompt.tools)
         if forced is not None and not forced.think_prefix and self.renderer.generation_prefix:
             delta_text = delta_text.removesuffix(self.renderer.generation_prefix)
-        state.context.append_forced(self.renderer.encode(delta_text, videos), delta_text)
+        # SPEC §4.5: the transcript scope sees each response as an empty marker, never its body.
+        prefix = self.renderer.generation_prefix if delta_text.endswith(self.renderer.generation_prefix) else ""
+        scored = EMPTY_TOOL_RESPONSE * sum(1 for m in messages if m["role"] == "tool") + prefix
+        state.context.append_forced(self.renderer.encode(delta_text, videos), delta_text, scored)
         state.history.extend(messages)
 
     @staticmethod

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 QuestionType = Literal["mcq", "tvg", "oe"]
 OpenEndedMode = Literal["exact", "f1", "llm"]
-RewardScope = Literal["transcript", "generated"]
+RewardScope = Literal["generated", "transcript"]
 Judge = Callable[[str, str, str], float]
 
 QUESTION_TYPES: tuple[QuestionType, ...] = ("mcq", "tvg", "oe")
@@ -91,15 +91,24 @@ class RewardBreakdown:
     total: float
 
 
+EMPTY_TOOL_RESPONSE = "<tool_response></tool_response>"
+
+
 @dataclass(frozen=True)
 class TranscriptSegment:
     """A piece of the main agent's transcript after the prompt (SPEC §4.5).
 
-    `generated` is True for policy tokens, False for forced prefixes and tool responses.
+    Attributes:
+        text: the exact text of the segment's tokens.
+        generated: True for policy tokens, False for forced prefixes and tool turns.
+        scored: what `reward.scope: transcript` scores in place of `text`; None scores
+            `text`. A tool turn sets it to one empty `<tool_response></tool_response>`
+            marker per call (then its think prefix), so no sub-agent text is ever scored.
     """
 
     text: str
     generated: bool
+    scored: str | None = None
 
 
 def compute_reward(
@@ -280,12 +289,15 @@ def has_answer(text: str) -> bool:
 def scored_text(segments: Iterable[TranscriptSegment], scope: RewardScope = "transcript") -> str:
     """The text the reward scores (SPEC §4.5).
 
-    "transcript" (our default) joins every segment in order: forced prefixes, generations
-    and tool responses; "generated" keeps the policy's own segments only, as the release.
+    "generated" (the release, default of the paper rows) keeps the policy's own segments
+    only; "transcript" joins every segment in order, forced prefixes and generations as
+    they are and each tool turn as its empty markers (`TranscriptSegment.scored`).
     """
     if scope not in ("transcript", "generated"):
         raise ValueError(f"reward scope must be 'transcript' or 'generated', got {scope!r}")
-    return "".join(seg.text for seg in segments if scope == "transcript" or seg.generated)
+    if scope == "generated":
+        return "".join(seg.text for seg in segments if seg.generated)
+    return "".join(seg.text if seg.scored is None else seg.scored for seg in segments)
 
 
 def _strip_tool_blocks_and_markers(text: str) -> str:

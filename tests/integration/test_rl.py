@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -163,3 +164,26 @@ def test_no_gradient_through_tool_response_tokens(rl_setup, tiny_processor, tiny
     assert "</tool_response>" in response_text or "<tool_response>" in tiny_processor.tokenizer.decode(episode.token_ids)
     assert (predicts[episode.loss_mask == 0] == 0).all(), "a masked (prompt/tool-response) token got a gradient"
     assert (predicts[episode.loss_mask == 1] > 0).all(), "a generated token got no gradient"
+
+
+@pytest.mark.parametrize("scope", ["generated", "transcript"])
+def test_sub_agent_answer_never_sets_the_main_agents_reward(rl_setup, tiny_processor, scope):
+    """SPEC §4.5: a sub-agent summary holding `<answer>Z</answer>` and tags is never scored."""
+    from paravt_core.agent.rollout import run_episodes
+    from paravt_core.config import RLConfig, RewardConfig
+    from paravt_core.rl import stage
+    from paravt_core.rl.data import read_rl_prompts
+    from paravt_core.rl.policy import paravt_reward
+
+    _, rl_data, _ = rl_setup
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["video.nframes=2", "video.max_pixels=3072"])
+    call = '<tool_call>{"name": "crop_video", "arguments": {"video_path": "x.mp4", "start_time": 1, "end_time": 5}}</tool_call>'
+    main = _Scripted(tiny_processor, [f"look</think>{call}<|im_end|>", "still unsure<|im_end|>"])
+    sub = _Scripted(tiny_processor, ["<think>\nthe frames show it</think><answer>Z</answer><|im_end|>"])
+    prompt = read_rl_prompts(stage.rl_shards(rl_data))[0]
+    (episode,) = run_episodes(main, tiny_processor, [prompt.prompt], cfg.rl.rollout, cfg.video, subagent_engine=sub)
+    assert "<answer>Z</answer>" in "".join(s.text for s in episode.transcript)  # the body reached the context
+    score = paravt_reward(RLConfig(reward=RewardConfig(scope=scope)))
+    hijacked = score(episode, dataclasses.replace(prompt, answer="Z", question_type="oe"))
+    assert hijacked.acc == 0.0 and "Z" not in hijacked.answer
+    assert "Z" not in episode.text(scope)
