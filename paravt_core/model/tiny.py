@@ -4,7 +4,8 @@ With no model hub reachable, the pipeline's CPU default needs a real
 `Qwen3VLForConditionalGeneration` that the same loading, training and generation code
 handles as it would the 8B checkpoint. This module writes one as a Hugging Face model
 directory: config and safetensors weights, a byte-level BPE tokenizer trained here on a
-small domain corpus (Qwen's special tokens plus the SPEC §2 tags, each one token), the
+small domain corpus (Qwen's special tokens, and the SPEC §2 tags split as Qwen3-VL splits
+them: six single added tokens, `<answer>`/`<tool_code>` and their closers plain text), the
 image and video processors with Qwen3-VL's patch geometry, and our chat template.
 
 Everything is a pure function of `TinyModelSpec`, so the same spec and seed give the same
@@ -30,20 +31,20 @@ QWEN_SPECIAL_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
-# The response grammar's structural tags (SPEC §2); each must be ONE token so that
-# token-level anchoring (SPEC §5) can find them. Not "special": decoding keeps them.
-GRAMMAR_TAGS = (
+# The response grammar's tags as the real Qwen3-VL tokenizer has them (SPEC §2): these six
+# are single added tokens (not "special": decoding keeps them) ...
+SINGLE_TOKEN_TAGS = (
     "<think>",
     "</think>",
     "<tool_call>",
     "</tool_call>",
-    "<tool_code>",
-    "</tool_code>",
     "<tool_response>",
     "</tool_response>",
-    "<answer>",
-    "</answer>",
 )
+# ... while these are ordinary text of several tokens, so code that looks for them in token
+# ids must match a token sequence (`paravt_core.agent.tags`), on the tiny kit as on Qwen.
+TEXT_TAGS = ("<answer>", "</answer>", "<tool_code>", "</tool_code>")
+GRAMMAR_TAGS = SINGLE_TOKEN_TAGS + TEXT_TAGS
 
 # The pre-tokenizer split of the Qwen2/Qwen3 tokenizers (contractions, letter runs with
 # one leading non-letter, single digits, punctuation runs, newlines, other whitespace).
@@ -109,6 +110,8 @@ def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
             )
         elif kind == 3:
             lines.append(f"The event happens in the {s:.1f} - {e:.1f} seconds. [{s}, {e}]")
+            # the text tags, so their pieces merge as Qwen's do ("<", "answer", ">")
+            lines.append(f"<answer>{rng.choice('ABCD')}</answer> <tool_code>crop_video(\"v.mp4\", {s}, {e})</tool_code>")
         else:
             lines.append(" ".join(rng.choice(words + digits + colours) for _ in range(12)) + ".")
     return lines
@@ -129,7 +132,7 @@ def build_tokenizer(spec: TinyModelSpec):
         ]
     )
     backend.decoder = decoders.ByteLevel()
-    reserved = len(QWEN_SPECIAL_TOKENS) + len(GRAMMAR_TAGS)
+    reserved = len(QWEN_SPECIAL_TOKENS) + len(SINGLE_TOKEN_TAGS)
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size - reserved,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -137,7 +140,7 @@ def build_tokenizer(spec: TinyModelSpec):
     )
     backend.train_from_iterator(_corpus(spec.seed), trainer=trainer)
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS])
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in GRAMMAR_TAGS])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in SINGLE_TOKEN_TAGS])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",

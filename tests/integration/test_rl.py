@@ -187,3 +187,64 @@ def test_sub_agent_answer_never_sets_the_main_agents_reward(rl_setup, tiny_proce
     hijacked = score(episode, dataclasses.replace(prompt, answer="Z", question_type="oe"))
     assert hijacked.acc == 0.0 and "Z" not in hijacked.answer
     assert "Z" not in episode.text(scope)
+
+
+def test_token_anchoring_marks_every_token_of_the_answer_tags(rl_setup, tiny_processor):
+    """SPEC §2/§5 on the real-style tokenizer: `<answer>` is several tokens; all are structural."""
+    from paravt_core.agent.rollout import run_episodes
+    from paravt_core.agent.tags import TagLocator
+    from paravt_core.config import RLConfig
+    from paravt_core.rl import stage
+    from paravt_core.rl.data import read_rl_prompts
+    from paravt_core.rl.policy import StepAdvantages, assign_token_advantages, trajectories
+
+    _, rl_data, _ = rl_setup
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["video.nframes=2", "video.max_pixels=3072"])
+    tok = tiny_processor.tokenizer
+    assert len(tok("<answer>", add_special_tokens=False)["input_ids"]) > 1
+    main = _Scripted(tiny_processor, ["the square is red</think>\n<answer>A</answer><|im_end|>"])
+    prompt = read_rl_prompts(stage.rl_shards(rl_data))[0].prompt
+    (episode,) = run_episodes(main, tiny_processor, [prompt], cfg.rl.rollout, cfg.video)
+    (traj,) = trajectories([episode], train_subagents=False, locator=TagLocator(tok))
+    generated = traj.token_ids[traj.loss_mask.bool()].tolist()
+    marked = traj.structural[traj.loss_mask.bool()].tolist()
+    pieces = [tok.decode([i]) for i in generated]
+    text = "".join(pieces)
+    for tag in ("</think>", "<answer>", "</answer>", "<|im_end|>"):
+        start = text.index(tag)
+        ends = [sum(len(p) for p in pieces[: k + 1]) for k in range(len(pieces))]
+        covering = [k for k, end in enumerate(ends) if end > start and end - len(pieces[k]) < start + len(tag)]
+        assert len(covering) >= 1 and all(marked[k] for k in covering), (tag, pieces, marked)
+    assert not all(marked), "content tokens must not be structural"
+    # the format advantage lands on exactly those tokens
+    rl_cfg = RLConfig(anchoring_mode="token", kl_mode="none")
+    assign_token_advantages([traj], StepAdvantages(torch.tensor([1.0]), torch.tensor([0.5]), [], torch.zeros(1)),
+                            rl_cfg)
+    trained_adv = traj.advantages[traj.loss_mask.bool()]
+    assert torch.allclose(trained_adv, 1.0 + 0.5 * torch.tensor(marked, dtype=torch.float32))
+
+
+def test_paragrpo_with_token_anchoring_runs_end_to_end(rl_setup, monkeypatch):
+    """conf/rl/paragrpo.yaml with anchoring_mode token: real rewards, reference KL as a per-token
+    reward, batch normalization and decoupled PPO, for two RL steps on the real-style tokenizer."""
+    from paravt_core.rl import stage
+    from paravt_core.rl.worker import train
+
+    init, rl_data, tmp = rl_setup
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp / 'out'}", "rl.max_steps=2", "rl.prompts_per_step=2", "rl.group_size=2",
+        "rl.anchoring_mode=token", "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=24",
+        "rl.rollout.subagent_max_new_tokens=8", "video.nframes=4", "video.max_pixels=3072",
+        "rl.checkpoint_every=100", "rl.zero_stage=0", "rl.learning_rate=1e-3",
+    ], rl_row=REPO / "conf/rl/paragrpo.yaml")
+    assert cfg.rl.kl_mode == "token_reward" and cfg.rl.decoupled_ppo and cfg.rl.batch_norm_advantages
+    _single_rank_env(monkeypatch)
+    job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+    train(job)
+    rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        for key in ("f_tau", "f_tau_fixed", "kappa", "kl", "adv_raw_std", "adv_std", "dropped_frac", "loss"):
+            assert key in row and row[key] == row[key] and abs(row[key]) != float("inf"), (key, row)
+        assert row["adv_mean"] == pytest.approx(0.0, abs=1e-4)  # batch-normalized over the step's tokens
+    assert (job.out_dir / "model" / "config.json").exists()

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from paravt_core.model.tiny import GRAMMAR_TAGS, QWEN_SPECIAL_TOKENS, TinyModelSpec, build_tiny_model
+from paravt_core.model.tiny import (
+    QWEN_SPECIAL_TOKENS,
+    SINGLE_TOKEN_TAGS,
+    TEXT_TAGS,
+    TinyModelSpec,
+    build_tiny_model,
+)
 from paravt_core.refs import content_hash
 
 pytestmark = pytest.mark.integration
@@ -28,14 +34,36 @@ def test_loads_through_auto_classes(tiny_model, tiny_processor):
     assert 1_000_000 <= n_params <= 10_000_000
 
 
-def test_special_tokens_and_tags_are_single_tokens(tiny_processor):
+def test_tags_tokenize_as_in_qwen3_vl(tiny_processor):
+    """SPEC §2: control tokens and six tags are single tokens; <answer>/<tool_code> are text."""
     tok = tiny_processor.tokenizer
-    for t in QWEN_SPECIAL_TOKENS + GRAMMAR_TAGS:
+    for t in QWEN_SPECIAL_TOKENS + SINGLE_TOKEN_TAGS:
         ids = tok(t, add_special_tokens=False)["input_ids"]
         assert len(ids) == 1, f"{t} splits into {ids}"
+    for t in TEXT_TAGS:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        assert len(ids) >= 2, f"{t} must be several tokens, as in Qwen3-VL, got {ids}"
+        assert tok.unk_token_id is None or tok.unk_token_id not in ids
     text = "<think>look</think><tool_call>{}</tool_call><answer>A</answer>"
     assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
 
+
+def test_structural_mask_marks_every_token_of_multi_token_tags(tiny_processor):
+    from paravt_core.agent.tags import TagLocator
+
+    tok = tiny_processor.tokenizer
+    locator = TagLocator(tok)
+    text = "<think>the dog</think>\n<answer>A</answer>\n<|im_end|>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    marked = locator.mask(ids)
+    covered = "".join(tok.decode([i]) for i, m in zip(ids, marked.tolist()) if m)
+    for tag in ("<think>", "</think>", "<answer>", "</answer>", "<|im_end|>"):
+        assert tag in covered, f"{tag} not fully marked: {covered!r}"
+    unmarked = "".join(tok.decode([i]) for i, m in zip(ids, marked.tolist()) if not m)
+    assert "the dog" in unmarked and "answer" not in unmarked
+    # Qwen's pre-split glues one leading non-letter to a word ("<answer", ">A"), as here: a
+    # token shared by a tag and its neighbour is marked, since it spells part of the tag
+    assert len(tok("<answer>", add_special_tokens=False)["input_ids"]) >= 2
 
 
 def test_numbers_split_into_single_digits_as_in_qwen(tiny_processor):
