@@ -4,7 +4,8 @@ The release re-renders the whole conversation with the chat template after each 
 round and slices the new ids at the old length; that corrupts the context when a turn has
 two or more calls or a forced prefix. Here the ids only ever grow:
 
-- the prompt is rendered and tokenized once (overview frames expanded by the processor);
+- the prompt is rendered and tokenized once (overview frames as timestamped image items,
+  `agent/media.py`, each image expanded by the processor);
 - each generation is appended as the exact token ids the engine returned;
 - each tool round appends the token ids of the text the chat template adds for it:
   `ChatRenderer.turn_text` renders the message history with and without the round's tool
@@ -22,15 +23,15 @@ full render + processor call with 1, 2 and 5 parallel calls, in both tool modes.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from paravt_core.agent.engine import VisionInputs
+from paravt_core.agent.media import clip_images
 from paravt_core.rl.rewards import TranscriptSegment
-from paravt_core.video import Frames, video_metadata
+from paravt_core.video import Frames
 
 THINK_PREFIX = "<think>\n"
 TURN_END_TOKEN = "<|im_end|>"
@@ -55,8 +56,9 @@ class ChatRenderer:
     """Renders chat turns with the processor's template and tokenizes them (SPEC §3).
 
     Args:
-        processor: a Qwen3-VL processor whose chat template renders video items as
-            `<|video_pad|>` (ours, `paravt_core/model/chat_template.jinja`).
+        processor: a Qwen3-VL processor whose chat template renders image items as
+            `<|vision_start|><|image_pad|><|vision_end|>` (ours,
+            `paravt_core/model/chat_template.jinja`, and Qwen3-VL's).
         think_prefix: end every main-agent generation prompt with `<think>\\n` (SPEC §3).
     """
 
@@ -66,7 +68,6 @@ class ChatRenderer:
         self.generation_prefix = THINK_PREFIX if think_prefix else ""
         self.turn_end_id: int = self.tokenizer.convert_tokens_to_ids(TURN_END_TOKEN)
         self.after_turn_end = self._text_after_turn_end()
-        self.temporal_patch_size: int = getattr(processor.video_processor, "temporal_patch_size", 1) or 1
         self._special_texts = [token.content for token in self.tokenizer.added_tokens_decoder.values()
                                if token.special]
 
@@ -105,37 +106,20 @@ class ChatRenderer:
             raise TemplateNotPrefixStable(f"the chat template does not end assistant turns with {TURN_END_TOKEN}")
         return closing[len(TURN_END_TOKEN):]
 
-    def encode(self, text: str, videos: Sequence[Frames] = (), *, continuation: bool = True) -> Encoded:
-        """Token ids of `text`; each `<|video_pad|>` in it is expanded for the matching video.
+    def encode(self, text: str, clips: Sequence[Frames] = (), *, continuation: bool = True) -> Encoded:
+        """Token ids of `text`, whose image items (`media.with_frames`) hold `clips`' frames in order.
 
         Args:
             continuation: True for a delta appended to a context (no BOS-like special
                 tokens are added), False for the start of a sequence.
         """
-        if not videos:
+        if not clips:
             ids = self.tokenizer(text, add_special_tokens=not continuation)["input_ids"]
             return Encoded(list(ids), VisionInputs())
-        videos = [self._with_min_frames(frames) for frames in videos]
-        batch = self.processor(
-            text=[text], videos=[frames.array for frames in videos],
-            video_metadata=[video_metadata(frames) for frames in videos], do_sample_frames=False,
-            add_special_tokens=not continuation, return_tensors="pt")
-        vision = VisionInputs(pixel_values_videos=batch["pixel_values_videos"], video_grid_thw=batch["video_grid_thw"])
+        batch = self.processor(text=[text], images=clip_images(clips), add_special_tokens=not continuation,
+                               return_tensors="pt")
+        vision = VisionInputs(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
         return Encoded(batch["input_ids"][0].tolist(), vision)
-
-    def _with_min_frames(self, frames: Frames) -> Frames:
-        """`frames`, its last frame repeated up to one temporal patch (a 1-frame crop, SPEC §3).
-
-        Qwen3-VL's video processor rejects videos shorter than its temporal patch (2), and
-        pads longer odd-length ones by repeating the last frame; this does the same for
-        the short ones.
-        """
-        missing = self.temporal_patch_size - len(frames.indices)
-        if missing <= 0:
-            return frames
-        array = np.concatenate([frames.array, np.repeat(frames.array[-1:], missing, axis=0)])  # [T', H, W, 3]
-        return replace(frames, array=array, timestamps=frames.timestamps + [frames.timestamps[-1]] * missing,
-                       indices=frames.indices + [frames.indices[-1]] * missing)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Exact text of generated ids, special tokens kept (rewards look for `<|im_start|>`)."""

@@ -12,7 +12,7 @@
 decodes each window from the episode's own video (the model-written `video_path` is never
 looked at), at `crop_fps` with 1 to 16 frames (SPEC §3), and then either
 - `subagent` mode (training): builds one sub-agent request per call (that window's
-  frames only + the SPEC §3 summary request) and sends ALL of them in ONE engine call
+  frames only, as timestamped image items (SPEC §1), + the SPEC §3 summary request) and sends ALL of them in ONE engine call
   (`batched=False` sends one call per engine call, one after another, for comparison);
   the summary (special tokens dropped) is the tool response, which the rollout then
   truncates to `tool_response_max_tokens` tokens + " [truncated]";
@@ -30,6 +30,7 @@ from typing import Literal
 
 from paravt_core.agent.context import ChatRenderer, Encoded
 from paravt_core.agent.engine import Generation, GenerationRequest, RolloutEngine, SamplingParams
+from paravt_core.agent.media import with_frames
 from paravt_core.agent.prompts import frames_tool_text, subagent_messages
 from paravt_core.agent.tool_calls import ParsedBlock, validate_crop_call
 from paravt_core.config import VideoConfig
@@ -161,8 +162,9 @@ class CropRunner:
         """The sub-agent prompt of SPEC §3 for one window, tokenized with its frames."""
         key = _job_key(job)
         if key not in self._prompts:
-            text = self.renderer.prompt_text(subagent_messages(*job.window), tools=None)
-            self._prompts[key] = self.renderer.encode(text, [self.frames(job)], continuation=False)
+            frames = self.frames(job)
+            text = self.renderer.prompt_text(with_frames(subagent_messages(*job.window), [frames]), tools=None)
+            self._prompts[key] = self.renderer.encode(text, [frames], continuation=False)
         prompt = self._prompts[key]
         return GenerationRequest(list(prompt.token_ids), prompt.vision)
 

@@ -2,8 +2,9 @@
 
 `run_episodes` plays every episode of the batch in lock step:
 1. Once per prompt: open its video, decode `nframes` overview frames (the prompt's own
-   `nframes` when set: nFrames gating, SPEC §5), render and tokenize the prompt. All
-   rollouts of the group share these ids and the same processed pixels (SPEC §3).
+   `nframes` when set: nFrames gating, SPEC §5), render them as K timestamped image items
+   (SPEC §1, `agent/media.py`, the same rendering as the server path) and tokenize the
+   prompt. All rollouts of the group share these ids and the same processed pixels (SPEC §3).
 2. Each turn, the main-agent generations of all unfinished episodes go to the engine in
    one call; each generation prompt ends with `<think>\\n` when `think_prefix` is on.
 3. Each generation is parsed block by block (SPEC §2). The episode ends when it holds no
@@ -39,8 +40,8 @@ Points the SPEC leaves open, decided here:
   tool turn can follow it.
 - Tool-response text has special-token strings removed before truncation, so a summary
   cannot inject `<|im_start|>` or `<|video_pad|>` into the main agent's context.
-- A 1-frame crop is sent as that frame repeated to one temporal patch (2 frames): the
-  Qwen3-VL video processor rejects shorter videos and pads odd lengths the same way.
+- Crops (sub-agent prompts, `frames` tool mode) are timestamped image items like the
+  overview, so a 1-frame crop is one image.
 - Transcript segments are the exact text of their tokens, chat markers included (a
   tool turn reads "\\n<|im_start|>user\\n<tool_response>...<|im_start|>assistant\\n<think>\\n"),
   so `"".join(...)` equals the decoded context after the prompt.
@@ -70,6 +71,7 @@ from paravt_core.agent.dispatch import (
     plan_tool_round,
 )
 from paravt_core.agent.engine import Generation, GenerationRequest, RolloutEngine, SamplingParams, VisionInputs
+from paravt_core.agent.media import clip_items, with_frames
 from paravt_core.agent.prompts import EpisodePrompt
 from paravt_core.agent.tool_calls import parse_tool_calls
 from paravt_core.config import RolloutConfig, VideoConfig
@@ -157,17 +159,20 @@ class PreparedPrompt:
     nframes: int
     encoded: Encoded
     source: CropSource
+    messages: list[dict[str, Any]]  # the prompt's messages, overview as timestamped image items
 
 
 def prepare_prompt(index: int, prompt: EpisodePrompt, renderer: ChatRenderer, video_cfg: VideoConfig,
                    stack: ExitStack) -> PreparedPrompt:
-    """Open the prompt's video (closed with `stack`), decode its overview, tokenize the prompt."""
+    """Open the prompt's video (closed with `stack`), decode its overview, tokenize the prompt
+    with the overview as K timestamped image items (SPEC §1, `agent/media.py`)."""
     video = stack.enter_context(VideoFile(prompt.video_path))
     nframes = prompt.nframes or video_cfg.nframes
     overview = sample_overview_frames(video, nframes, min_pixels=video_cfg.min_pixels, max_pixels=video_cfg.max_pixels)
-    text = renderer.prompt_text(prompt.messages, prompt.tools)
+    messages = with_frames(prompt.messages, [overview])
+    text = renderer.prompt_text(messages, prompt.tools)
     encoded = renderer.encode(text, [overview], continuation=False)
-    return PreparedPrompt(index, prompt, nframes, encoded, CropSource(index, video, overview.duration))
+    return PreparedPrompt(index, prompt, nframes, encoded, CropSource(index, video, overview.duration), messages)
 
 
 @dataclass
@@ -228,7 +233,7 @@ class _Rollout:
         prefix = self.renderer.generation_prefix
         if prefix:
             context.append_forced(self.renderer.encode(prefix), prefix)
-        return _EpisodeState(prepared, sample_index, context, [dict(m) for m in prepared.prompt.messages])
+        return _EpisodeState(prepared, sample_index, context, [dict(m) for m in prepared.messages])
 
     def params(self, turn: int, subagent: bool, max_new_tokens: int | None = None) -> SamplingParams:
         max_new = self.cfg.subagent_max_new_tokens if subagent else self.cfg.max_new_tokens
@@ -288,13 +293,13 @@ class _Rollout:
     def append_tool_round(self, state: _EpisodeState, plan: Sequence[PlannedCall],
                           answered: Sequence[CropResult | None], turn: int) -> None:
         """Append the turn's tool responses as one user turn of token deltas (SPEC §3)."""
-        messages, videos = [], []
+        messages, clips = [], []
         for call, result in zip(plan, answered):
             text = self.renderer.tool_response_text(call.error if result is None else result.text,
                                                     self.cfg.tool_response_max_tokens)
             if result is not None and result.frames is not None:
-                videos.append(result.frames)
-                messages.append({"role": "tool", "content": [{"type": "video"}, {"type": "text", "text": text}]})
+                clips.append(result.frames)
+                messages.append({"role": "tool", "content": [*clip_items(result.frames), {"type": "text", "text": text}]})
             else:
                 messages.append({"role": "tool", "content": text})
             if result is not None and result.generation is not None:
@@ -311,7 +316,7 @@ class _Rollout:
         # SPEC §4.5: the transcript scope sees each response as an empty marker, never its body.
         prefix = self.renderer.generation_prefix if delta_text.endswith(self.renderer.generation_prefix) else ""
         scored = EMPTY_TOOL_RESPONSE * sum(1 for m in messages if m["role"] == "tool") + prefix
-        state.context.append_forced(self.renderer.encode(delta_text, videos), delta_text, scored)
+        state.context.append_forced(self.renderer.encode(delta_text, clips), delta_text, scored)
         state.history.extend(messages)
 
     @staticmethod

@@ -7,8 +7,9 @@ backend; until that test has passed on a GPU machine, treat this backend as unve
 Points known to need that check:
 - Media go as `image_data` items in SGLang's "processor_output" format (the processed
   pixels and grids of `VisionInputs`, as nested lists, since `/generate` takes JSON),
-  because our prompt ids already hold the expanded `<|video_pad|>` tokens and timestamps.
-  Whether the HTTP server accepts video pixels in that form depends on the SGLang version.
+  because our prompt ids already hold the expanded `<|image_pad|>` tokens and timestamps
+  (frames are timestamped images, SPEC §1). Whether the HTTP server accepts pixels in that
+  form depends on the SGLang version.
 - Whether the returned `output_token_logprobs` include the temperature depends on the
   SGLang version and its settings; `Generation.logprobs` must be the sampling
   distribution's (see `hf_engine.py`), and the gpu test compares them with a

@@ -33,8 +33,6 @@ not yet run against a real SGLang or vLLM server, which needs a GPU machine.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import logging
 import time
@@ -55,6 +53,7 @@ from paravt_core.agent.dispatch import (
     episode_end,
     plan_tool_round,
 )
+from paravt_core.agent.media import clip_items, jpeg_image, with_frames
 from paravt_core.agent.prompts import EpisodePrompt, frames_tool_text, subagent_instruction
 from paravt_core.agent.tool_calls import parse_tool_calls
 from paravt_core.config import RolloutConfig, VideoConfig
@@ -157,36 +156,15 @@ class OpenAIChatClient:
             raise ChatError(f"{self.url} answered with non-JSON: {raw[:200]!r}") from exc
 
 
-def jpeg_data_url(frame: Any, quality: int = 95) -> str:
-    """A uint8 [H, W, 3] RGB frame as a base64 JPEG data URL."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(frame).save(buffer, format="JPEG", quality=quality)
-    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
 def frame_items(frames: Frames) -> list[Message]:
-    """Content items of a clip: "<t seconds>" text then the image, frame by frame (SPEC §1)."""
-    items: list[Message] = []
-    for timestamp, frame in zip(frames.timestamps, frames.array):
-        items.append({"type": "text", "text": f"<{timestamp:.1f} seconds>"})
-        items.append({"type": "image_url", "image_url": {"url": jpeg_data_url(frame)}})
-    return items
+    """Content items of a clip on the server path: "<t seconds>" then the JPEG image, frame
+    by frame (SPEC §1); the same rendering as the embedded path (`agent/media.py`)."""
+    return clip_items(frames, jpeg_image)
 
 
 def chat_messages(prompt: EpisodePrompt, overview: Frames) -> list[Message]:
     """The prompt's messages with its video item replaced by the overview's frame items."""
-    messages = []
-    for message in prompt.messages:
-        content = message["content"]
-        if not isinstance(content, str):
-            items: list[Message] = []
-            for item in content:
-                items.extend(frame_items(overview) if item.get("type") == "video" else [dict(item)])
-            content = items
-        messages.append({"role": message["role"], "content": content})
-    return messages
+    return with_frames(prompt.messages, [overview], jpeg_image)
 
 
 @dataclass

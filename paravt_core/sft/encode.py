@@ -4,7 +4,8 @@ Messages follow the ParaVT-Parquet layout (SPEC §8): chat turns whose content i
 or a list of items `{"type": "text"|"video_url"|"image_url", ...}`. The conversation is
 rendered with the processor's chat template; each video item becomes frames from
 `paravt_core.video` (SFT: `sft_fps`, at most `sft_max_frames`, pixel bounds from config;
-SPEC §1), each image item an image. Labels are -100 everywhere except the tokens of
+SPEC §1) shown as timestamped image items, exactly as the rollout shows frames
+(`paravt_core.agent.media`), each image item an image. Labels are -100 everywhere except the tokens of
 assistant turns (their `<|im_end|>` included, so the model learns to stop): system, user
 and tool-response turns are masked, while the tool-call JSON and the answer are trained.
 """
@@ -19,6 +20,8 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 import torch
+
+from paravt_core.agent.media import frame_items
 
 IGNORE_INDEX = -100
 MEDIA_TYPES = {"video_url": "video", "video": "video", "image_url": "image", "image": "image"}
@@ -107,6 +110,32 @@ FrameLoader = Callable[[Path], tuple[np.ndarray, Any]]  # path -> (frames [T,H,W
 ImageLoader = Callable[[Path], Any]
 
 
+def with_media(rendered: Sequence[Mapping[str, Any]], media: Sequence[tuple[str, Path]], load_video: FrameLoader,
+               load_image: ImageLoader) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The messages with each video placeholder as timestamped image items (SPEC §1: the
+    same rendering as the rollout, `agent/media.py`) and the images in item order."""
+    pending = list(media)
+    images: list[Any] = []
+    out = []
+    for message in rendered:
+        content = message["content"]
+        if isinstance(content, list):
+            items: list[dict[str, Any]] = []
+            for item in content:
+                if item["type"] == "video":
+                    frames, meta = load_video(pending.pop(0)[1])
+                    items += frame_items([index / meta.fps for index in meta.frames_indices], list(frames))
+                    images += list(frames)
+                elif item["type"] == "image":
+                    images.append(load_image(pending.pop(0)[1]))
+                    items.append({"type": "image"})
+                else:
+                    items.append(item)
+            content = items
+        out.append({"role": message["role"], "content": content})
+    return out, images
+
+
 def encode_conversation(
     messages: Sequence[Mapping[str, Any]],
     processor,
@@ -118,20 +147,9 @@ def encode_conversation(
     rendered, media = split_media(messages)
     if not any(m["role"] == "assistant" for m in rendered):
         raise ConversationError("conversation has no assistant turn to train on")
+    rendered, images = with_media(rendered, media, load_video, load_image)
     text = processor.apply_chat_template(rendered, tools=tools, tokenize=False, add_generation_prompt=False)
-    videos, metas, images = [], [], []
-    for kind, path in media:
-        if kind == "video":
-            frames, meta = load_video(path)
-            videos.append(frames)
-            metas.append(meta)
-        else:
-            images.append(load_image(path))
-    kwargs: dict[str, Any] = {}
-    if videos:
-        kwargs.update(videos=videos, video_metadata=metas, do_sample_frames=False)
-    if images:
-        kwargs["images"] = images
+    kwargs: dict[str, Any] = {"images": images} if images else {}
     batch = processor(text=[text], return_tensors="pt", **kwargs)
     tok = processor.tokenizer
     input_ids = batch["input_ids"][0]

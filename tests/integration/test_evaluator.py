@@ -164,9 +164,11 @@ def test_frames_tool_mode_shows_the_crop_then_its_frame_count_and_window(tiny_pr
     assert len(responses) == 2
     for response, expected in zip(responses, ["4 frames from 2.0s to 6.0s.", "2 frames from 7.0s to 9.0s."]):
         frames, after = response.rsplit("<|vision_end|>", 1)
-        assert frames.startswith("<") and "<|video_pad|>" in frames  # timestamped frames come first
+        assert frames.startswith("<") and "<|image_pad|>" in frames  # timestamped frames come first
         assert after == expected
-    assert final[0].vision.video_grid_thw.shape[0] == 3  # overview + two crops
+        assert frames.count("<|vision_start|>") == int(expected.split()[0])  # one image per frame (SPEC §1)
+    overview = engine.prompt_text(final[0]).split("<|im_start|>assistant", 1)[0].count("<|vision_start|>")
+    assert final[0].vision.image_grid_thw.shape[0] == overview + 4 + 2  # overview frames + the crops' frames
     assert engine.sub_call_sizes() == []  # no sub-agent in frames mode
 
 

@@ -21,7 +21,8 @@ from paravt_core.agent.hf_engine import HFEngine
 from paravt_core.agent.prompts import frames_tool_text, question_prompt
 from paravt_core.agent.rollout import Episode, run_episodes
 from paravt_core.config import RolloutConfig, VideoConfig
-from paravt_core.video import sample_overview_frames, sample_window_frames, video_metadata
+from paravt_core.agent.media import clip_images, clip_items, with_frames
+from paravt_core.video import sample_overview_frames, sample_window_frames
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +117,7 @@ def _tool_messages(processor, video: Path, windows, tool_mode: str):
                                           max_pixels=VIDEO_CFG.max_pixels)
             crops.append(frames)
             text = frames_tool_text(len(frames.indices), start, end)
-            messages.append({"role": "tool", "content": [{"type": "video"}, {"type": "text", "text": text}]})
+            messages.append({"role": "tool", "content": [*clip_items(frames), {"type": "text", "text": text}]})
         else:
             clock = lambda t: f"{int(t) // 60:02d}:{int(t) % 60:02d}"  # noqa: E731
             messages.append({"role": "tool", "content": f"From {clock(start)} to {clock(end)} a red square "
@@ -129,9 +130,7 @@ def _full_ids(processor, prompt, overview, messages, crops, add_generation_promp
                                          add_generation_prompt=add_generation_prompt)
     if add_generation_prompt:
         text += "<think>\n"
-    videos = [overview, *crops]
-    batch = processor(text=[text], videos=[f.array for f in videos], video_metadata=[video_metadata(f) for f in videos],
-                      do_sample_frames=False, return_tensors="pt")
+    batch = processor(text=[text], images=clip_images([overview, *crops]), return_tensors="pt")
     return batch["input_ids"][0].tolist(), batch
 
 
@@ -146,7 +145,7 @@ def test_delta_built_ids_equal_a_full_render(tiny_processor, short_video, n_call
     (episode,) = run_episodes(engine, tiny_processor, [prompt], rollout_cfg(), VIDEO_CFG, tool_mode=tool_mode)
 
     overview = sample_overview_frames(short_video, 4, min_pixels=VIDEO_CFG.min_pixels, max_pixels=VIDEO_CFG.max_pixels)
-    messages, crops = [dict(m) for m in prompt.messages], []
+    messages, crops = with_frames(prompt.messages, [overview]), []
     main_requests = [requests[0] for requests in engine.calls_of("main")]
     assert len(main_requests) == 3
     for turn, (script, windows) in enumerate(zip(scripts, [first, second, None])):
@@ -162,8 +161,9 @@ def test_delta_built_ids_equal_a_full_render(tiny_processor, short_video, n_call
     newline = tiny_processor.tokenizer("\n", add_special_tokens=False)["input_ids"]
     assert full[-len(newline):] == newline  # the template's text after the final <|im_end|>
     assert episode.token_ids.tolist() == full[: -len(newline)]
-    torch.testing.assert_close(episode.vision.pixel_values_videos, batch["pixel_values_videos"])
-    assert torch.equal(episode.vision.video_grid_thw, batch["video_grid_thw"])
+    torch.testing.assert_close(episode.vision.pixel_values, batch["pixel_values"])
+    assert torch.equal(episode.vision.image_grid_thw, batch["image_grid_thw"])
+    assert episode.vision.pixel_values_videos is None
     assert episode.tool_calls == n_calls + 1 and episode.turns == 3 and episode.end_reason == "answer"
 
 
@@ -223,7 +223,7 @@ def test_calls_in_the_final_generation_are_unanswered(tiny_processor, short_vide
     assert episode.end_reason == "max_turns"
     assert episode.tool_calls == 2 * max_turns
     assert episode.unanswered_calls == (2 if max_turns == 0 else 3)
-    assert episode.text().count("<tool_response>") == 2 * max_turns
+    assert episode.text("transcript").count("<tool_response>") == 2 * max_turns
     assert len(engine.calls_of("sub")) == max_turns
 
 
@@ -257,11 +257,12 @@ def test_tool_response_text_cannot_smuggle_control_tokens(tiny_processor):
     assert renderer.tool_response_text("a<|video_pad|>b<|im_start|>c<|im_end|>", 50) == "abc"
 
 
-def test_one_frame_crop_is_padded_to_one_temporal_patch(tiny_processor, short_video):
+def test_one_frame_crop_is_one_timestamped_image(tiny_processor, short_video):
     engine = ScriptedEngine(tiny_processor, [calls_turn([(3, 4)]), ANSWER])
     (episode,) = run_episodes(engine, tiny_processor, [one_prompt(short_video)], rollout_cfg(), VIDEO_CFG)
     (trajectory,) = episode.subagents
-    assert trajectory.vision.video_grid_thw.tolist() == [[1, 4, 6]]  # 1 frame repeated to 2 = 1 temporal group
+    assert trajectory.vision.image_grid_thw.tolist() == [[1, 4, 6]]  # one image
+    assert "<3.0 seconds><|vision_start|>" in tiny_processor.tokenizer.decode(trajectory.prompt_ids)
 
 
 def test_loss_mask_covers_exactly_the_generated_tokens(tiny_processor, short_video):
@@ -272,7 +273,7 @@ def test_loss_mask_covers_exactly_the_generated_tokens(tiny_processor, short_vid
     generated = [tokenizer(s, add_special_tokens=False)["input_ids"] + [engine.turn_end] for s in scripts]
     mask = episode.loss_mask.bool()
     assert episode.token_ids[mask].tolist() == generated[0] + generated[1]
-    for tag in ("<tool_response>", "</tool_response>", "<|video_pad|>", "<think>"):
+    for tag in ("<tool_response>", "</tool_response>", "<|image_pad|>", "<think>"):
         tag_id = tokenizer.convert_tokens_to_ids(tag)
         positions = episode.token_ids == tag_id
         assert positions.any() and not mask[positions].any(), tag
@@ -283,7 +284,7 @@ def test_loss_mask_covers_exactly_the_generated_tokens(tiny_processor, short_vid
     assert episode.prompt_length < int(mask.nonzero()[0])
     assert [s.generated for s in episode.transcript] == [False, True, False, True]
     assert episode.text("generated") == "".join(tokenizer.decode(ids) for ids in generated)
-    assert episode.text().startswith("<think>\n")
+    assert episode.text("transcript").startswith("<think>\n")
 
 
 def test_group_shares_one_overview_decode_and_one_set_of_pixels(tiny_processor, short_video, monkeypatch):
@@ -301,10 +302,10 @@ def test_group_shares_one_overview_decode_and_one_set_of_pixels(tiny_processor, 
     assert decodes == [2, 8]  # one decode per prompt, at the prompt's own nframes
     assert [(e.prompt_id, e.sample_index) for e in episodes] == [(p, s) for p in ("p0", "p1") for s in range(3)]
     for group in (episodes[:3], episodes[3:]):
-        pixels = {id(e.vision.pixel_values_videos) for e in group}
+        pixels = {id(e.vision.pixel_values) for e in group}
         assert len(pixels) == 1
-    # 2 frames make one temporal group of the overview, 8 frames make four (temporal patch 2)
-    assert episodes[0].vision.video_grid_thw[0, 0] == 1 and episodes[3].vision.video_grid_thw[0, 0] == 4
+    # K overview frames are K images (SPEC §1), never pairs fused into one video group
+    assert len(episodes[0].vision.image_grid_thw) == 2 and len(episodes[3].vision.image_grid_thw) == 8
     assert [e.nframes for e in episodes] == [2, 2, 2, 8, 8, 8]
 
 
@@ -327,15 +328,15 @@ def test_subagent_sees_only_its_window_of_the_episodes_own_video(tiny_processor,
     (episode,) = run_episodes(engine, tiny_processor, [one_prompt(short_video)], rollout_cfg(), VIDEO_CFG)
     (trajectory,) = episode.subagents
     window = sample_window_frames(short_video, 4, 7, min_pixels=VIDEO_CFG.min_pixels, max_pixels=VIDEO_CFG.max_pixels)
-    expected = tiny_processor(text=["<|video_pad|>"], videos=[window.array], video_metadata=[video_metadata(window)],
-                              do_sample_frames=False, return_tensors="pt")
-    torch.testing.assert_close(trajectory.vision.pixel_values_videos, expected["pixel_values_videos"])
-    window_ids = expected["input_ids"][0].tolist()  # "<t seconds><|vision_start|>pads<|vision_end|>" per group
+    clip_text = "".join(f"<{t:.1f} seconds><|vision_start|><|image_pad|><|vision_end|>" for t in window.timestamps)
+    expected = tiny_processor(text=[clip_text], images=list(window.array), return_tensors="pt")
+    torch.testing.assert_close(trajectory.vision.pixel_values, expected["pixel_values"])
+    window_ids = expected["input_ids"][0].tolist()  # "<t seconds><|vision_start|>pads<|vision_end|>" per frame
     prompt_ids = trajectory.prompt_ids.tolist()
     starts = [i for i in range(len(prompt_ids)) if prompt_ids[i : i + len(window_ids)] == window_ids]
     assert len(starts) == 1
-    video_pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    assert prompt_ids.count(video_pad) == window_ids.count(video_pad)  # no overview frames
+    image_pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert prompt_ids.count(image_pad) == window_ids.count(image_pad)  # no overview frames
     assert "window 00:04 to 00:07 (3.0 seconds)" in tiny_processor.tokenizer.decode(prompt_ids)
     assert trajectory.window == (4.0, 7.0) and trajectory.turn == 0 and trajectory.call_index == 0
     assert trajectory.loss_mask.sum() == trajectory.generated_ids.numel()
@@ -347,8 +348,8 @@ def test_subagent_sees_only_its_window_of_the_episodes_own_video(tiny_processor,
 
 def _request(processor, question: str, frames=None) -> GenerationRequest:
     content = ([{"type": "video"}] if frames is not None else []) + [{"type": "text", "text": question}]
-    text = processor.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                         add_generation_prompt=True)
+    messages = with_frames([{"role": "user", "content": content}], [frames] if frames is not None else [])
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     if frames is None:
         return GenerationRequest(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
     from paravt_core.agent.context import ChatRenderer
@@ -374,6 +375,7 @@ def teacher_forced_logprobs(model, request: GenerationRequest, generated: Sequen
     """log p(generated token) at each position of one forward pass over prompt + generation: [G]."""
     ids = torch.tensor([list(request.prompt_ids) + list(generated)])
     token_types = torch.zeros_like(ids)
+    token_types[ids == model.config.image_token_id] = 1
     token_types[ids == model.config.video_token_id] = 2
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=token_types,
@@ -482,7 +484,7 @@ def test_rollout_on_hf_engine_logprobs_match_teacher_forcing(tiny_model, tiny_pr
             request = GenerationRequest(trajectory.prompt_ids.tolist(), trajectory.vision)
             expected = teacher_forced_logprobs(tiny_model, request, trajectory.generated_ids.tolist(), 0.7)
             torch.testing.assert_close(trajectory.logprobs, expected, atol=1e-4, rtol=0)
-            assert trajectory.response in episode.text()
+            assert trajectory.response in "".join(s.text for s in episode.transcript)
 
 
 def test_rollout_with_the_hf_main_agent_is_consistent(tiny_model, tiny_processor, short_video):
@@ -516,3 +518,54 @@ def test_sglang_greedy_matches_hf(tiny_model_dir, tiny_processor, mixed_requests
             torch.testing.assert_close(torch.tensor(theirs.logprobs), torch.tensor(ours.logprobs), atol=2e-2, rtol=0)
     finally:
         server.stop()
+
+
+def _server_ids(processor, messages, tools) -> list[int]:
+    """Token ids a server computes from OpenAI chat messages: its chat template, then its
+    processor over the decoded JPEG images (what SGLang / vLLM do with image_url items)."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    images = []
+    for message in messages:
+        for item in message["content"] if isinstance(message["content"], list) else []:
+            if item["type"] == "image_url":
+                data = base64.b64decode(item["image_url"]["url"].split(",", 1)[1])
+                images.append(np.array(Image.open(io.BytesIO(data)).convert("RGB")))
+    text = processor.apply_chat_template(messages, tools=list(tools) or None, tokenize=False,
+                                         add_generation_prompt=True)
+    return processor(text=[text], images=images or None, return_tensors="pt")["input_ids"][0].tolist()
+
+
+def test_embedded_and_server_paths_give_the_same_token_layout(tiny_processor, short_video):
+    """SPEC §1: the same frames reach the model as the same timestamps and image pads on the
+    embedded path (rollouts, sub-agents, hf eval) and on the server path (openai eval)."""
+    from contextlib import ExitStack
+
+    from paravt_core.agent.context import ChatRenderer
+    from paravt_core.agent.dispatch import CropJob, CropRunner, CropSource
+    from paravt_core.agent.prompts import subagent_messages
+    from paravt_core.agent.rollout import prepare_prompt
+    from paravt_core.eval.openai_engine import chat_messages, frame_items
+
+    renderer = ChatRenderer(tiny_processor, think_prefix=False)
+    prompt = one_prompt(short_video, nframes=6)
+    with ExitStack() as stack:
+        prepared = prepare_prompt(0, prompt, renderer, VIDEO_CFG, stack)
+        overview = sample_overview_frames(short_video, 6, min_pixels=VIDEO_CFG.min_pixels,
+                                          max_pixels=VIDEO_CFG.max_pixels)
+        server = _server_ids(tiny_processor, chat_messages(prompt, overview), prompt.tools)
+        assert prepared.encoded.token_ids == server
+        text = tiny_processor.tokenizer.decode(server)
+        assert text.count("<|vision_start|><|image_pad|>") == 6
+        assert all(f"<{t:.1f} seconds><|vision_start|>" in text for t in overview.timestamps)
+
+        runner = CropRunner(renderer, VIDEO_CFG)
+        job = CropJob(prepared.source, (2.0, 7.0), None)
+        embedded_sub = runner.subagent_request(job).prompt_ids
+        crop = runner.frames(job)
+        content = [*frame_items(crop), *subagent_messages(2.0, 7.0)[0]["content"][1:]]
+        assert embedded_sub == _server_ids(tiny_processor, [{"role": "user", "content": content}], ())

@@ -52,6 +52,9 @@ def test_labels_cover_only_assistant_tokens(tiny_processor, short_video: Path, t
     masked_text = tok.decode(sample.input_ids[sample.labels == IGNORE_INDEX])
     assert "<tool_response>" in masked_text and "What colour" in masked_text
     assert int((sample.mm_token_type_ids != 0).sum()) > 0
+    # SPEC §1: the video's frames are timestamped image items (12 s at 1 fps, at most 4 frames)
+    assert sample.pixel_values_videos is None and sample.image_grid_thw.shape[0] == 4
+    assert masked_text.count(" seconds><|vision_start|>") == 4
     assert not bool(((sample.mm_token_type_ids != 0) & (sample.labels != IGNORE_INDEX)).any())
 
 
@@ -108,13 +111,12 @@ def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_vide
     trained, original = load_model(ref.path), load_model(base.path)
     changed = [n for (n, p), (_, q) in zip(trained.named_parameters(), original.named_parameters()) if not torch.equal(p, q)]
     assert len(changed) > 0.9 * len(list(original.parameters()))
-    from paravt_core.sft.encode import split_media
+    from paravt_core.sft.encode import split_media, with_media
 
-    rendered, _ = split_media(conversation(short_video)[:2])
+    rendered, media = split_media(conversation(short_video)[:2])
+    rendered, images = with_media(rendered, media, _frames_of(tmp_path).load, None)
     prompt = tiny_processor.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
-    frames, meta_v = _frames_of(tmp_path).load(short_video)
-    inputs = tiny_processor(text=[prompt], videos=[frames], video_metadata=[meta_v], do_sample_frames=False,
-                            return_tensors="pt")
+    inputs = tiny_processor(text=[prompt], images=images, return_tensors="pt")
     out = trained.generate(**inputs, max_new_tokens=5, do_sample=False)
     assert out.shape[1] > inputs["input_ids"].shape[1]
     # Finished runs are not trained again.
