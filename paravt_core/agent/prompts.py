@@ -4,8 +4,10 @@
   `{"type": "video"}` item is where the overview frames go, plus the `crop_video` tool
   schema the system turn lists. `nframes` sets the overview frame count per prompt
   (nFrames gating, SPEC §5, picks it per prompt; None means the config's `video.nframes`).
-- `question_prompt` builds the agentic question of SPEC §7 ("you may emit multiple
-  <tool_call> blocks in one turn", then "The video path for this video is: {basename}").
+- `question_prompt` builds our own agentic question for prompts made in code (tests,
+  benchmarks): the question, an instruction ("you may emit multiple <tool_call> blocks in
+  one turn"), then "The video path for this video is: {basename}". Evaluation asks in the
+  release eval driver's words instead (`paravt_core.eval.prompting`).
 - `messages_from_rl_prompt` turns an RL row's `prompt` turns (SPEC §8: the text `<video>`
   marks where the video goes) into such messages.
 - `ForcedAnswer`: the evaluation's "answer now" user turn after the last tool round

@@ -12,6 +12,14 @@ Python-style calls are read with `ast.parse` of the single call expression; each
 is then read with `ast.literal_eval` of its own node, so only literals are accepted and no
 model-written code is ever evaluated.
 
+One `<tool_code>` block may hold several calls, one per line (SPEC §2), e.g. a bare
+`crop_video(...)` then a `print(crop_video(...))` with a stray quote. A body that does not
+parse as one call is split into calls at each line that opens a call (`name(` or
+`print(name(` at the line's start); lines that open none continue the call above, so a
+call may still span lines. Each call becomes its own entry: a malformed line yields an error
+entry naming the line, and the good lines of the block still run. `ParsedBlock.index`
+counts calls, so it is unique within a turn.
+
 Where this departs from the release (SPEC §2):
 - Parsing is per block. A malformed block becomes a `ParsedBlock` carrying an error
   message (for an error tool response) and the valid blocks of the same turn are kept; the
@@ -30,8 +38,8 @@ import ast
 import json
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Literal
 
 TOOL_NAME = "crop_video"
@@ -50,6 +58,8 @@ _BLOCK_RE = re.compile(
 _STRAY_QUOTE_RE = re.compile(r"""["']\s*(\)+)\s*\Z""")
 _CLOCK_RE = re.compile(r"\A(?:(?P<hours>\d+):)?(?P<minutes>\d+):(?P<seconds>\d+(?:\.\d*)?)\Z")
 _CODE_FENCE_RE = re.compile(r"\A```[\w-]*\s*\n(.*?)\n?\s*```\Z", re.DOTALL)
+# A line that starts a call of its own: `name(`, `a.name(`, or `print(` around one.
+_CALL_LINE_RE = re.compile(r"\s*(?:print\s*\(\s*)?[A-Za-z_][\w.]*\s*\(")
 
 
 class ToolCallError(ValueError):
@@ -82,12 +92,16 @@ class CropCall:
 
 @dataclass(frozen=True)
 class ParsedBlock:
-    """One call block of a turn: exactly one of `call` and `error` is set.
+    """One call of a turn: exactly one of `call` and `error` is set.
+
+    A `<tool_call>` block is one call; a `<tool_code>` block holding several calls, one per
+    line, gives one `ParsedBlock` per call (module docstring).
 
     Attributes:
-        index: position of the block among the turn's call blocks, from 0.
+        index: position of the call among the turn's calls, from 0.
         kind: "json" for `<tool_call>`, "python" for `<tool_code>`.
-        raw: the block body as written, without the tags.
+        raw: the call as written, without the tags: the block body, or the call's lines
+            when the block held several calls.
     """
 
     index: int
@@ -114,18 +128,57 @@ class CropValidation:
 
 
 def parse_tool_calls(text: str) -> list[ParsedBlock]:
-    """Parse every `<tool_call>` / `<tool_code>` block of `text`, in order (SPEC §2)."""
-    blocks = []
-    for index, match in enumerate(_BLOCK_RE.finditer(text)):
+    """Parse every call of the `<tool_call>` / `<tool_code>` blocks of `text`, in order (SPEC §2)."""
+    calls: list[ParsedBlock] = []
+    for match in _BLOCK_RE.finditer(text):
         kind = _KIND_OF_TAG[match.group(1)]
         body = match.group(2)
+        if kind == "json":
+            calls.append(_parsed_call(len(calls), kind, body, parse_json_call))
+            continue
         try:
-            call = parse_json_call(body) if kind == "json" else parse_python_call(body)
+            call = parse_python_call(body)
         except ToolCallError as exc:
-            blocks.append(ParsedBlock(index, kind, None, str(exc), body))
+            lines = _call_lines(body)
+            if len(lines) < 2:
+                calls.append(ParsedBlock(len(calls), kind, None, str(exc), body))
+                continue
+            for line_number, source in lines:
+                entry = _parsed_call(len(calls), kind, source, parse_python_call)
+                if entry.error is not None:
+                    entry = replace(entry, error=f"line {line_number} of the <tool_code> block: {entry.error}")
+                calls.append(entry)
         else:
-            blocks.append(ParsedBlock(index, kind, call, None, body))
-    return blocks
+            calls.append(ParsedBlock(len(calls), kind, call, None, body))
+    return calls
+
+
+def _parsed_call(index: int, kind: BlockKind, source: str, parse: Callable[[str], CropCall]) -> ParsedBlock:
+    try:
+        return ParsedBlock(index, kind, parse(source), None, source)
+    except ToolCallError as exc:
+        return ParsedBlock(index, kind, None, str(exc), source)
+
+
+def _call_lines(body: str) -> list[tuple[int, str]]:
+    """The calls of a `<tool_code>` body written one per line, as (1-based line number of
+    the call's first line in the body without its code fence, the call's source).
+
+    A line that opens a call starts a new one once the current call has an opener; other
+    lines (continuations, comments) belong to the call above; blank lines are dropped.
+    """
+    calls: list[tuple[int, list[str]]] = []
+    opened = False
+    for number, line in enumerate(_strip_code_fence(body.strip()).splitlines(), start=1):
+        if not line.strip():
+            continue
+        starts_call = _CALL_LINE_RE.match(line) is not None
+        if not calls or (starts_call and opened):
+            calls.append((number, []))
+            opened = False
+        calls[-1][1].append(line)
+        opened = opened or starts_call
+    return [(number, "\n".join(lines).strip()) for number, lines in calls]
 
 
 def parse_json_call(body: str) -> CropCall:

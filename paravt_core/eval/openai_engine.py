@@ -6,9 +6,10 @@ takes messages and renders them with the checkpoint's own chat template, so this
 plays the same protocol at the message level:
 - The user turn holds the overview frames as base64 JPEG images, each preceded by its
   timestamp text "<12.0 seconds>" (SPEC §1), then the question text of the prompt mode.
-  The tool schema goes in the request's `tools` with `tool_choice: "none"`, so the
-  server's template lists it while the model's `<tool_call>` text comes back as plain
-  content, parsed here block by block (`parse_tool_calls`, SPEC §2).
+  Evaluation prompts hold the tool schema in their system text (`prompting.py`); a prompt
+  with `tools` sends them in the request's `tools` with `tool_choice: "none"`. Either way
+  the model's `<tool_call>` text comes back as plain content, parsed here block by block
+  (`parse_tool_calls`, SPEC §2).
 - Each tool round is ONE user message, one `<tool_response>` block per call in call
   order (SPEC §3). `frames` mode: each crop's frames (timestamped images) followed by
   "<tool_response>\\nN frames from S.Ss to E.Es.\\n</tool_response>" (SPEC §7). `subagent`

@@ -4,7 +4,8 @@ Each split has one loader reading rows in that dataset's own layout (`.jsonl`, `
 or a `.json` list) and resolving its video under a given directory. `question` is the full
 text put to the model. MCQ text follows SPEC §7: "Question: {q}\\nOptions:\\nA. ...\\n
 Answer with the option letter only."; the agentic "The video path for this video is: ..."
-line is added later by the prompt builder, not here.
+sentence, and prompt mode `direct`'s own MCQ instruction in place of the last line, are
+put in later by the prompt builder (`prompting.py`), not here.
 
 Where the SPEC or the datasets leave a choice, we decide (and depart from common
 loaders) as follows:
@@ -12,8 +13,10 @@ loaders) as follows:
 - Options are stored without letter prefixes. Video-MME's "A. ..." prefixes are checked
   against their position and removed, so the prompt never reads "A. A. ...".
 - LVBench and MLVU questions already list their options as "(A) ..." lines: the question
-  is kept verbatim with no second "Options:" block (SPEC §7 says so for LVBench). An MLVU
-  row whose question does not list them gets the standard block from `candidates`.
+  is kept verbatim with no second "Options:" block (SPEC §7 says so for LVBench). LVBench's
+  text has no "Question: " label, as in the release. An MLVU row whose question does not
+  list them gets the standard block from `candidates`. The release adds the block to every
+  MLVU question, listing the options twice; we do not.
 - MLVU answers are letters; a row whose answer is a candidate's text (the original MLVU
   json layout) is mapped to that candidate's letter. Anything else is an error.
 - LongVideoBench: "N/A" options are dropped and `correct_choice` (0-based, counted over
@@ -24,8 +27,8 @@ loaders) as follows:
   MMVU's subject (under `metadata`) is the category.
 - Charades-STA: the id is "<video stem>_<row number>" (the dataset has no id; a video has
   several captions); timestamps are read as stored (float16 values such as 24.296875 are
-  not rounded); the question is `CHARADES_PROMPT`, which asks for the same
-  "X.X - Y.Y seconds" form as the SPEC §7 forced grounding answer.
+  not rounded); the question is the release's (`CHARADES_PROMPT`, from the release's
+  `paravt/eval/utils.py`), which asks for "The event happens in the start time - end time".
 - videomme_wsub: "This video's subtitles are listed below:\\n{text}\\n\\n" is prepended,
   where text is the cue text of `<videoID>.srt` (markup removed, one cue per line). A video
   without an .srt gets no prefix and `subtitle_path` None, which callers report.
@@ -55,10 +58,12 @@ Kind = Literal["mcq", "grounding", "open"]
 MCQ_INSTRUCTION = "Answer with the option letter only."
 OPEN_INSTRUCTION = "Answer with a short word or phrase."
 SUBTITLE_PREFIX = "This video's subtitles are listed below:\n{text}\n\n"
+# paravt/eval/utils.py (EvolvingLMMs-Lab/ParaVT) load_samples, dataset "charades": the question.
 CHARADES_PROMPT = (
-    'Find the moment in the video described by: "{caption}"\n'
-    'Give its start and end time in seconds, in the form '
-    '"The event happens in the X.X - Y.Y seconds."'
+    "Please find the visual event described by a sentence in the video, determining its starting and ending "
+    "times. The format should be: 'The event happens in the start time - end time'. For example, The event "
+    "'person turn a light on' happens in the 24.3 - 30.4 seconds. Now I will give you the textual sentence: "
+    '"{caption}". Please return its start time and end time.'
 )
 LONGVIDEOBENCH_OPTION_FIELDS = tuple(f"option{i}" for i in range(5))
 LONGVIDEOBENCH_ABSENT_OPTION = "N/A"
@@ -286,8 +291,14 @@ def mcq_question(question: str, options: Sequence[str]) -> str:
 
 
 def inline_options_question(question: str) -> str:
-    """SPEC §7 MCQ text for a question that already lists its options (LVBench, MLVU)."""
+    """SPEC §7 MCQ text for an MLVU question that already lists its options."""
     return f"Question: {question}\n{MCQ_INSTRUCTION}"
+
+
+def lvbench_question(question: str) -> str:
+    """LVBench's MCQ text: its question (options embedded), then the instruction, with no
+    "Question: " label (the release's `paravt/eval/utils.py`, dataset "lvbench")."""
+    return f"{question}\n{MCQ_INSTRUCTION}"
 
 
 def open_question(question: str) -> str:
@@ -407,7 +418,7 @@ def lvbench_sample(row: Row, video_dir: Path) -> EvalSample:
         id=row.text("uid"),
         split="lvbench",
         video_path=video_path,
-        question=inline_options_question(question),
+        question=lvbench_question(question),
         answer=_mcq_answer(row, "answer", options),
         kind="mcq",
         options=tuple(options),

@@ -9,11 +9,16 @@
    folder, resuming from the split's JSON line log;
 3. `build_report`: the splits' summaries and their average.
 
-The results folder is `<output_dir>/eval/<model sha256[:12]>-<results config hash>/`: the
-same checkpoint under the same result-shaping settings (`results_config`) always lands in
-the same folder, so a re-run resumes instead of redoing samples. Each split also gets
-`<split>.source.json` pinning the hash of its data folder: when the split's data changed,
-the old log is set aside as `<split>.jsonl.stale-<hash>` and the split starts over.
+Resume key: a finished record is reused only when the checkpoint, the result-shaping
+settings, the code that words the prompts and the split's data are all unchanged.
+- The results folder is `<output_dir>/eval/<model sha256[:12]>-<results config hash>/`: the
+  same checkpoint under the same `results_config` (eval settings, frame sampling, and a
+  digest of the prompt-wording sources `PROMPT_SOURCES`) always lands in the same folder,
+  so a re-run resumes instead of redoing samples.
+- Each split also gets `<split>.source.json` pinning the content hash of its prepared data
+  folder (annotation rows, split.json, source.json). When the split's data changed (e.g.
+  re-prepared with other rows), or a log has no readable pin, the old log and JSON are set
+  aside as `<split>.jsonl.stale-<old hash or "unpinned">` and the split starts over.
 
 The `openai` engine's server comes from `eval.endpoint` / `eval.served_model_name` /
 `eval.request_timeout_s`, or from PARAVT_EVAL_ENDPOINT / PARAVT_EVAL_MODEL_NAME /
@@ -46,7 +51,7 @@ from paravt_core.eval.evaluator import (
 from paravt_core.eval.report import EvalReport, build_report, format_table
 from paravt_core.eval.results import EpisodeOutcome
 from paravt_core.eval.samples import EvalSample
-from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.refs import ArtifactRef, content_hash, source_digest
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +62,16 @@ TIMEOUT_ENV = "PARAVT_EVAL_TIMEOUT_S"
 SPLIT_FILE = "split.json"
 
 
+# The files whose strings the evaluated model reads: system turns and forced answers,
+# question texts built from the rows, the video path sentence and sub-agent request.
+PROMPT_SOURCES = {"paravt_core.eval": ("prompting.py", "samples.py"), "paravt_core.agent": ("prompts.py",)}
+
+
+def prompt_sources_digest() -> str:
+    """Digest of `PROMPT_SOURCES`: rewording a prompt moves results to a new folder."""
+    return "-".join(source_digest(package, only=files) for package, files in sorted(PROMPT_SOURCES.items()))
+
+
 def results_config(cfg: PipelineConfig) -> dict[str, Any]:
     """The settings a per-sample result depends on. Not the split list, the sample cap or
     the concurrency: those choose or schedule samples without changing any one result."""
@@ -64,7 +79,7 @@ def results_config(cfg: PipelineConfig) -> dict[str, Any]:
     rollout = cfg.rl.rollout
     return {"eval": shaping, "video": cfg.video.model_dump(mode="json"), "dtype": cfg.model.dtype,
             "subagent_max_new_tokens": rollout.subagent_max_new_tokens,
-            "tool_response_max_tokens": rollout.tool_response_max_tokens}
+            "tool_response_max_tokens": rollout.tool_response_max_tokens, "prompt_sources": prompt_sources_digest()}
 
 
 def results_config_hash(cfg: PipelineConfig) -> str:
@@ -163,18 +178,39 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef) -> SampleRunner:
 # --- one split ------------------------------------------------------------------------
 
 
+def _pinned_data_hash(source: Path) -> str | None:
+    """The split data hash a results log was made from, None when no readable pin says."""
+    if not source.is_file():
+        return None
+    try:
+        pinned = json.loads(source.read_text()).get("split_sha256")
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+        return None
+    return pinned if isinstance(pinned, str) and pinned else None
+
+
+def _set_aside(path: Path, tag: str) -> Path:
+    """Rename `path` to `<name>.stale-<tag>`, numbered when that name is taken."""
+    target, number = path.with_name(f"{path.name}.stale-{tag}"), 1
+    while target.exists():
+        target, number = path.with_name(f"{path.name}.stale-{tag}.{number}"), number + 1
+    path.rename(target)
+    return target
+
+
 def _pin_split_data(folder: Path, split: str, data_hash: str) -> None:
-    """Set aside a log made from other split data, then record this split data's hash."""
+    """Set aside a log not made from this split data (or of unknown data), then record
+    this split data's hash: part of the resume key (module docstring)."""
     source = folder / f"{split}.source.json"
-    if source.is_file():
-        old = json.loads(source.read_text()).get("split_sha256", "")
-        if old == data_hash:
-            return
-        for name in (f"{split}.jsonl", f"{split}.json"):
-            if (folder / name).exists():
-                (folder / name).rename(folder / f"{name}.stale-{old[:12]}")
-                logger.warning("split %s: its data changed since %s was written; set aside as %s.stale-%s", split,
-                               name, name, old[:12])
+    old = _pinned_data_hash(source)
+    if old == data_hash:
+        return
+    tag = old[:12] if old else "unpinned"
+    for name in (f"{split}.jsonl", f"{split}.json"):
+        if (folder / name).exists():
+            target = _set_aside(folder / name, tag)
+            logger.warning("split %s: %s was made from %s; set aside as %s", split, name,
+                           "other split data" if old else "split data of unknown hash", target.name)
     atomic_write_text(source, json.dumps({"split": split, "split_sha256": data_hash}, indent=1) + "\n")
 
 

@@ -26,7 +26,7 @@ from paravt_core.agent.engine import Generation, GenerationRequest, SamplingPara
 from paravt_core.config import EVAL_SPLITS, EvalConfig, PipelineConfig, RolloutConfig, VideoConfig
 from paravt_core.eval import stage as eval_stage
 from paravt_core.eval.evaluator import EvalSettings, HFSampleRunner, evaluate_split
-from paravt_core.eval.prompting import FORCED_GROUNDING, FORCED_MCQ, SEQUENTIAL_INSTRUCTION
+from paravt_core.eval.prompting import AGENTIC_MINIMAL_SYSTEM, FORCED_GROUNDING, FORCED_MCQ, SEQUENTIAL_INSTRUCTION
 from paravt_core.eval.samples import EvalSample
 from paravt_core.refs import ArtifactRef, content_hash
 
@@ -143,7 +143,7 @@ def test_grounding_forced_answer_asks_for_the_span_with_128_tokens(tiny_processo
     assert (first_params.max_new_tokens, final_params.max_new_tokens) == (200, 128)
     text = engine.prompt_text(final[0])
     assert FORCED_GROUNDING.text in text and "The event happens in the X.X - Y.Y seconds." in text
-    assert "you may emit multiple" not in text  # Charades uses agentic_minimal
+    assert AGENTIC_MINIMAL_SYSTEM in text and "multiple <tool_call> blocks" not in text  # Charades: agentic_minimal
     assert outcome.final_text == answer
 
 

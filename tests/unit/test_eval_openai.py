@@ -227,7 +227,7 @@ def _settings(**eval_fields):
 @pytest.mark.integration
 def test_frames_episode_sends_timestamped_images_then_forces_the_answer(tiny_processor, short_video):
     from paravt_core.eval.evaluator import OpenAISampleRunner
-    from paravt_core.eval.prompting import FORCED_MCQ
+    from paravt_core.eval.prompting import FORCED_MCQ, agentic_general_system
 
     with StubChatServer(scripted([_calls((2, 6), (0, 3)), "<answer>B</answer>"])) as server:
         runner = OpenAISampleRunner(OpenAIChatClient(server.base_url, "m"), tiny_processor,
@@ -236,8 +236,9 @@ def test_frames_episode_sends_timestamped_images_then_forces_the_answer(tiny_pro
     first, final = (request["body"] for request in server.requests)
 
     assert first["continue_final_message"] and first["messages"][-1] == {"role": "assistant", "content": "<think>\n"}
-    assert first["tools"][0]["function"]["name"] == "crop_video" and first["max_tokens"] == 300
-    overview = first["messages"][0]["content"]
+    assert "tools" not in first and first["max_tokens"] == 300  # the schema is in the system text
+    assert first["messages"][0] == {"role": "system", "content": agentic_general_system("parallel")}
+    overview = first["messages"][1]["content"]
     assert [item["type"] for item in overview] == ["text", "image_url"] * 4 + ["text"]
     assert re.fullmatch(r"<\d+\.\d seconds>", overview[0]["text"])
     assert overview[-1]["text"].endswith("The video path for this video is: clip.mp4")

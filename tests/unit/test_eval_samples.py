@@ -214,6 +214,17 @@ def test_charades_float16_times_read_as_given(
     assert samples[0].id == "3MSZA_1"
 
 
+def test_charades_question_is_the_release_wording(benchmarks: Path, tmp_path: Path) -> None:
+    """The release's `paravt/eval/utils.py` question, with the row's caption."""
+    sample = load_with_all_videos(benchmarks, "charades", "jsonl", tmp_path)[0]
+    caption = raw_rows(benchmarks, "charades")[0]["caption"]
+    assert sample.question == (
+        "Please find the visual event described by a sentence in the video, determining its starting and ending "
+        "times. The format should be: 'The event happens in the start time - end time'. For example, The event "
+        f"'person turn a light on' happens in the 24.3 - 30.4 seconds. Now I will give you the textual sentence: "
+        f'"{caption}". Please return its start time and end time.')
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_lvbench_options_come_from_the_question(
     benchmarks: Path, fmt: str, tmp_path: Path
@@ -223,6 +234,8 @@ def test_lvbench_options_come_from_the_question(
     assert sample.answer == "D"
     assert sample.question.count("(A) 1636") == 1
     assert "Options:" not in sample.question
+    row = raw_rows(benchmarks, "lvbench")[0]
+    assert sample.question == f"{row['question']}\nAnswer with the option letter only."  # no "Question: " label
     assert sample.category == "key information retrieval"
 
 

@@ -110,6 +110,23 @@ def test_malformed_block_is_reported_beside_valid_ones(
     }
 
 
+def test_tool_code_block_with_one_call_per_line_lists_each_call(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SPEC §2: a bare call, a print(...) call with a stray quote, and a malformed line."""
+    lines = ['crop_video(video_path="v.mp4", start_time=10, end_time=20)', "print(crop_video('v.mp4', 30, 40'))",
+             'crop_video("v.mp4", 5)']
+    completion = THINK + "<tool_code>" + "\n".join(lines) + "</tool_code>"
+    _, (out,), _ = run_rewards([{"completion": completion, "answer": "B", "question_type": "mcq"}], monkeypatch, capsys)
+    bare, printed, broken = out["tool_calls"]
+    assert bare == {"index": 0, "kind": "python", "name": "crop_video",
+                    "arguments": {"video_path": "v.mp4", "start_time": 10.0, "end_time": 20.0}}
+    assert printed == {"index": 1, "kind": "python", "name": "crop_video",
+                       "arguments": {"video_path": "v.mp4", "start_time": 30.0, "end_time": 40.0}}
+    assert broken == {"index": 2, "kind": "python", "name": None, "raw": lines[2],
+                      "error": "line 3 of the <tool_code> block: missing required argument(s) end_time"}
+
+
 @pytest.mark.parametrize(
     ("bad_line", "message"),
     [

@@ -29,6 +29,22 @@ def test_calls_past_max_parallel_get_an_error_and_malformed_blocks_do_not_count(
     assert [call.block_index for call in plan] == [0, 1, 2, 3, 4]
 
 
+def test_each_line_of_a_tool_code_block_is_a_call_of_the_round():
+    """SPEC §2: one <tool_code> block, one call per line; each counts toward max_parallel and
+    gets its own response slot (block_index unique within the turn)."""
+    lines = ['crop_video("v.mp4", 0, 2)', 'print(crop_video("v.mp4", 2, 4"))', "crop_video(v.mp4, 4, 6)",
+             'crop_video("v.mp4", 6, 8)']
+    text = _call(9, 10) + "<tool_code>" + "\n".join(lines) + "</tool_code>"
+    blocks = parse_tool_calls(text)
+    plan = plan_tool_round(blocks, duration=12.0, max_parallel=3)
+    assert [call.status for call in plan] == ["run", "run", "run", "malformed", "over_limit"]
+    assert [call.window for call in plan[:3]] == [(9.0, 10.0), (0.0, 2.0), (2.0, 4.0)]
+    assert plan[3].error.startswith("Error: line 3 of the <tool_code> block:")
+    assert [call.block_index for call in plan] == [0, 1, 2, 3, 4]
+    assert sum(1 for block in blocks if not block.ok) == 1  # the rollout's parse_failures
+    assert episode_end(blocks, cut_by_length=False, turn=0, max_turns=3) is None
+
+
 @pytest.mark.parametrize(
     ("start", "end", "status", "window"),
     [

@@ -154,6 +154,50 @@ def test_malformed_block_keeps_valid_blocks_of_the_turn() -> None:
     assert blocks[2].call == CropCall(30.0, 40.0, None, "v.mp4")
 
 
+def test_tool_code_block_with_one_call_per_line_yields_each_call() -> None:
+    """SPEC §2: a bare call, then a print(...) call with a stray quote before the final ")"."""
+    body = 'crop_video(video_path="v.mp4", start_time=10, end_time=20)\nprint(crop_video("v.mp4", 30, 40"))'
+    text = tool_call(JSON_CALL.replace("10", "50").replace("20", "60")) + "\n" + tool_code(body)
+    blocks = parse_tool_calls(text)
+    assert [(b.index, b.kind, b.call) for b in blocks] == [
+        (0, "json", CropCall(50.0, 60.0, None, "v.mp4")),
+        (1, "python", CropCall(10.0, 20.0, None, "v.mp4")),
+        (2, "python", CropCall(30.0, 40.0, None, "v.mp4")),
+    ]
+    assert [b.raw for b in blocks[1:]] == body.splitlines()
+
+
+def test_a_malformed_line_is_an_error_for_that_line_only() -> None:
+    body = '```python\ncrop_video("v.mp4", 1, 2)\n\nprint(crop_video("v.mp4", start, 9))\n```'
+    good, bad = parse_tool_calls(tool_code(body))
+    assert (good.index, good.call) == (0, CropCall(1.0, 2.0, None, "v.mp4"))
+    assert (bad.index, bad.call, bad.raw) == (1, None, 'print(crop_video("v.mp4", start, 9))')
+    assert bad.error == "line 3 of the <tool_code> block: argument start_time must be a literal number or string"
+
+
+def test_a_call_spanning_lines_stays_one_call_beside_other_lines() -> None:
+    spanning = 'crop_video(\n    video_path="v.mp4",\n    start_time=5,\n    end_time=9)'
+    assert [b.call for b in parse_tool_calls(tool_code(spanning))] == [CropCall(5.0, 9.0, None, "v.mp4")]
+    body = f"# two windows\n{spanning}\ndefault_api.crop_video('v.mp4', 12, 14)"
+    assert [b.call for b in parse_tool_calls(tool_code(body))] == [
+        CropCall(5.0, 9.0, None, "v.mp4"), CropCall(12.0, 14.0, None, "v.mp4")]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        # one line, or lines that open no second call: one entry with the whole-block error
+        ('crop_video("v", 1, 2) + 1', "exactly one crop_video(...) call"),
+        ('crop_video("v.mp4", 1,\n 2', "not a valid Python call"),
+        ('x = crop_video("v", 1, 2)\ny = 3', "not a valid Python call"),
+    ],
+)
+def test_a_body_that_is_not_several_calls_stays_one_error(body: str, message: str) -> None:
+    (block,) = parse_tool_calls(tool_code(body))
+    assert block.call is None and block.raw == body
+    assert message in block.error and "line" not in block.error.split(":")[0]
+
+
 def test_unclosed_block_ends_at_next_opener() -> None:
     text = "<tool_call>" + JSON_CALL + "\n" + tool_call(JSON_CALL.replace("10", "30").replace("20", "40"))
     assert [b.call for b in parse_tool_calls(text)] == [
