@@ -47,6 +47,17 @@ def lr_lambda(total_steps: int, warmup_steps: int, schedule: str):
     return factor
 
 
+def reduce_step_statistics(collectives, step_loss: float, tokens: int, samples: int) -> tuple[float, float, float]:
+    """(loss summed over ranks, tokens, samples) of one step over all ranks.
+
+    The tensor is built on the rank's device: NCCL cannot reduce a CPU tensor.
+    """
+    stats = torch.tensor([step_loss, tokens, samples], dtype=torch.float64, device=collectives.device)
+    collectives.all_reduce(stats)
+    loss_sum, tokens_all, samples_all = stats.tolist()
+    return loss_sum, tokens_all, samples_all
+
+
 def micro_batch(dataset, step: int, micro: int, rank: int, world: int, accum_index: int, accum: int,
                 seed: int, orders: dict[int, np.ndarray]):
     """The samples of one rank's micro-batch; a skipped (over-long) sample is replaced by the next one."""
@@ -81,6 +92,7 @@ def train(job: SFTJob) -> None:
     from tqdm import tqdm
 
     from paravt_core import dist as pdist
+    from paravt_core.collectives import CheckedCollectives
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
     from paravt_core.sft.encode import collate
@@ -89,6 +101,7 @@ def train(job: SFTJob) -> None:
     cfg = job.config
     sft = cfg.sft
     rank, world, device = pdist.init_distributed()
+    collectives = CheckedCollectives(device)
     torch.manual_seed(cfg.run.seed)
     bf16 = device.startswith("cuda") and cfg.model.dtype == "bfloat16"
 
@@ -134,9 +147,8 @@ def train(job: SFTJob) -> None:
             step_loss += loss.item() / sft.grad_accum_steps
             tokens += int(batch["attention_mask"].sum())
             samples += len(batch_samples)
-        stats = torch.tensor([step_loss, tokens, samples], dtype=torch.float64)
-        dist.all_reduce(stats)
-        loss_mean, tokens_all, samples_all = stats[0].item() / world, stats[1].item(), stats[2].item()
+        loss_sum, tokens_all, samples_all = reduce_step_statistics(collectives, step_loss, tokens, samples)
+        loss_mean = loss_sum / world
         elapsed = time.perf_counter() - t0
         grad_norm = stage0_norm if sft.zero_stage == 0 else engine.get_global_grad_norm()
         row = {"step": step + 1, "loss": loss_mean, "lr": scheduler.get_last_lr()[0],
