@@ -65,6 +65,7 @@ class Trainer:
         self.job, self.cfg, self.rl = job, job.config, job.config.rl
         self.rank, self.world, self.device = pdist.init_distributed()
         torch.manual_seed(self.cfg.run.seed)
+        ds_config = pdist.rl_deepspeed_config(self.cfg, on_gpu=self.device.startswith("cuda"))
         self.processor = load_processor(job.init_model)
         policy = load_model(job.init_model, dtype="float32")
         policy.train()
@@ -78,10 +79,8 @@ class Trainer:
         tok = self.processor.tokenizer
         self.ids = {"pad": tok.pad_token_id, "image": policy.config.image_token_id, "video": policy.config.video_token_id}
         self.structural_ids = torch.tensor([tok.convert_tokens_to_ids(t) for t in STRUCTURAL_TOKENS])
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=self.rl.learning_rate, weight_decay=self.rl.weight_decay)
-        bf16 = self.device.startswith("cuda") and self.cfg.model.dtype == "bfloat16"
-        ds_config = pdist.deepspeed_config(micro_batch=1, grad_accum=1, zero_stage=self.rl.zero_stage,
-                                           grad_clip=self.rl.grad_clip, bf16=bf16)
+        optimizer = pdist.zero_optimizer(policy.parameters(), lr=self.rl.learning_rate,
+                                         weight_decay=self.rl.weight_decay, zero=self.rl.deepspeed)
         self.policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config)
         self.ckpt_dir = job.out_dir / "checkpoints"
         self.start = int(pdist.resume(self.policy, self.ckpt_dir).get("step", 0))

@@ -103,7 +103,7 @@ def train(job: SFTJob) -> None:
     rank, world, device = pdist.init_distributed()
     collectives = CheckedCollectives(device)
     torch.manual_seed(cfg.run.seed)
-    bf16 = device.startswith("cuda") and cfg.model.dtype == "bfloat16"
+    ds_config = pdist.sft_deepspeed_config(cfg, on_gpu=device.startswith("cuda"))
 
     processor = load_processor(job.base_model)
     model = load_model(job.base_model, dtype="float32")
@@ -115,11 +115,10 @@ def train(job: SFTJob) -> None:
     dataset = SFTDataset(read_sft_rows(job.data_files), processor, FrameCache(job.frame_cache_dir, sampling),
                          OverlongPolicy(sft.max_seq_len, sft.overlong))
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.learning_rate, weight_decay=sft.weight_decay)
+    optimizer = pdist.zero_optimizer(model.parameters(), lr=sft.learning_rate, weight_decay=sft.weight_decay,
+                                     zero=sft.deepspeed)
     warmup = int(round(sft.warmup_ratio * sft.max_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(sft.max_steps, warmup, sft.lr_schedule))
-    ds_config = pdist.deepspeed_config(micro_batch=sft.micro_batch_size, grad_accum=sft.grad_accum_steps,
-                                       zero_stage=sft.zero_stage, grad_clip=sft.grad_clip, bf16=bf16)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config)
     ckpt_dir = job.out_dir / "checkpoints"
