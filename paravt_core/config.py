@@ -40,12 +40,21 @@ class ModelConfig(_Section):
 
     base: str = "tiny"
     tiny: TinyModelSpec = TinyModelSpec()
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"  # on GPUs; CPU ranks train in fp32
+    # sdpa: PyTorch's fused attention, any device. flash_attention_2: the flash-attn package,
+    # CUDA and bf16 only. eager: the plain matmul-softmax reference (debugging).
+    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
     registered_name: str = "paravt-tiny"
 
     @property
     def is_tiny(self) -> bool:
         return self.base == "tiny"
+
+    @model_validator(mode="after")
+    def _flash_attention_needs_bf16(self) -> ModelConfig:
+        if self.attn_implementation == "flash_attention_2" and self.dtype != "bfloat16":
+            raise ValueError("model.attn_implementation: flash_attention_2 runs in bf16 only; set model.dtype: bfloat16")
+        return self
 
 
 class VideoConfig(_Section):

@@ -58,6 +58,7 @@ class Trainer:
 
         from paravt_core import dist as pdist
         from paravt_core.agent.hf_engine import HFEngine
+        from paravt_core.memory import record_memory
         from paravt_core.model.loading import load_model, load_processor
         from paravt_core.rl.data import read_rl_prompts
         from paravt_core.rl.policy import STRUCTURAL_TOKENS, paravt_reward
@@ -65,15 +66,20 @@ class Trainer:
         self.job, self.cfg, self.rl = job, job.config, job.config.rl
         self.rank, self.world, self.device = pdist.init_distributed()
         torch.manual_seed(self.cfg.run.seed)
-        ds_config = pdist.rl_deepspeed_config(self.cfg, on_gpu=self.device.startswith("cuda"))
+        on_gpu = self.device.startswith("cuda")
+        ds_config = pdist.rl_deepspeed_config(self.cfg, on_gpu=on_gpu)
+        zero3 = ds_config if self.rl.zero_stage == 3 else None
+        attention = self.cfg.model.attn_implementation
         self.processor = load_processor(job.init_model)
-        policy = load_model(job.init_model, dtype="float32")
+        policy = load_model(job.init_model, dtype=pdist.training_dtype(self.cfg.model.dtype, on_gpu),
+                            attn_implementation=attention, zero3_config=zero3)
         policy.train()
-        self.rollout_model = load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device).eval()
+        self.rollout_model = load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device,
+                                        attn_implementation=attention).eval()
         self.engine = HFEngine(self.rollout_model, self.processor)
         self.ref_model = None
         if self.rl.kl_mode != "none":
-            self.ref_model = load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device).eval()
+            self.ref_model = self._reference(job, attention, zero3)
         self.prompts = read_rl_prompts(job.data_files)
         self.reward_fn = reward_fn or paravt_reward(self.rl)
         tok = self.processor.tokenizer
@@ -82,10 +88,27 @@ class Trainer:
         optimizer = pdist.zero_optimizer(policy.parameters(), lr=self.rl.learning_rate,
                                          weight_decay=self.rl.weight_decay, zero=self.rl.deepspeed)
         self.policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config)
+        record_memory(job.out_dir, "rl", "engine", self.rank, self.world, self.device, self.policy.module)
         self.ckpt_dir = job.out_dir / "checkpoints"
         self.start = int(pdist.resume(self.policy, self.ckpt_dir).get("step", 0))
         if self.start:
             self.push_weights()
+
+    def _reference(self, job: RLJob, attention: str, zero3: dict | None):
+        """The frozen reference: whole on the device, or under ZeRO-3 its own partitioned inference
+        engine (same offload settings as the policy, no optimizer), so no rank holds it whole."""
+        import deepspeed
+
+        from paravt_core.model.loading import load_model
+
+        if zero3 is None:
+            return load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device,
+                              attn_implementation=attention).eval()
+        dtype = "bfloat16" if zero3["bf16"]["enabled"] else "float32"
+        reference = load_model(job.init_model, dtype=dtype, attn_implementation=attention, zero3_config=zero3)
+        engine, _, _, _ = deepspeed.initialize(model=reference, config=zero3)
+        engine.eval()  # DeepSpeedEngine.eval returns None, not the engine
+        return engine
 
     def push_weights(self) -> None:
         from paravt_core import dist as pdist

@@ -93,6 +93,7 @@ def train(job: SFTJob) -> None:
 
     from paravt_core import dist as pdist
     from paravt_core.collectives import CheckedCollectives
+    from paravt_core.memory import record_memory
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
     from paravt_core.sft.encode import collate
@@ -103,10 +104,14 @@ def train(job: SFTJob) -> None:
     rank, world, device = pdist.init_distributed()
     collectives = CheckedCollectives(device)
     torch.manual_seed(cfg.run.seed)
-    ds_config = pdist.sft_deepspeed_config(cfg, on_gpu=device.startswith("cuda"))
+    on_gpu = device.startswith("cuda")
+    ds_config = pdist.sft_deepspeed_config(cfg, on_gpu=on_gpu)
 
     processor = load_processor(job.base_model)
-    model = load_model(job.base_model, dtype="float32")
+    model = load_model(job.base_model, dtype=pdist.training_dtype(cfg.model.dtype, on_gpu),
+                       attn_implementation=cfg.model.attn_implementation,
+                       zero3_config=ds_config if sft.zero_stage == 3 else None)
+    record_memory(job.out_dir, "sft", "constructed", rank, world, device, model)
     if sft.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -121,6 +126,7 @@ def train(job: SFTJob) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(sft.max_steps, warmup, sft.lr_schedule))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config)
+    record_memory(job.out_dir, "sft", "engine", rank, world, device, engine.module)
     ckpt_dir = job.out_dir / "checkpoints"
     start = int(pdist.resume(engine, ckpt_dir).get("step", 0))
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
@@ -164,6 +170,7 @@ def train(job: SFTJob) -> None:
             pdist.save(engine, ckpt_dir, done, {"step": done})
         pdist.maybe_kill_for_test(done)
 
+    record_memory(job.out_dir, "sft", "trained", rank, world, device, engine.module)
     _export(job, engine, rank, dataset, ckpt_dir)
     metrics.finish()
     dist.barrier()

@@ -99,6 +99,15 @@ def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_vide
     ref = stage.run(cfg, base, sft_data, log_line=lambda line: None)
     losses = _losses(stage.run_dir(cfg, base, sft_data))
     assert sorted(losses) == [1, 2, 3, 4]
+    for rank in (0, 1):
+        memory = {row["when"]: row for row in
+                  json.loads((stage.run_dir(cfg, base, sft_data) / "memory" / f"rank{rank}.json").read_text())}
+        built = memory["constructed"]
+        # Built inside zero.Init: each rank allocated its half of every parameter (plus at most
+        # one padding element per tensor), never the whole model.
+        assert built["world"] == 2 and built["param_bytes_total"] > 1_000_000
+        assert 0.49 * built["param_bytes_total"] <= built["param_bytes_local"] <= 0.51 * built["param_bytes_total"]
+        assert set(memory) == {"constructed", "engine", "trained"} and built["peak_host_rss_bytes"] > 0
     assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert losses[4] < losses[1], f"loss did not fall: {losses}"
 
