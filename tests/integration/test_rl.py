@@ -163,3 +163,23 @@ def test_no_gradient_through_tool_response_tokens(rl_setup, tiny_processor, tiny
     assert "</tool_response>" in response_text or "<tool_response>" in tiny_processor.tokenizer.decode(episode.token_ids)
     assert (predicts[episode.loss_mask == 0] == 0).all(), "a masked (prompt/tool-response) token got a gradient"
     assert (predicts[episode.loss_mask == 1] > 0).all(), "a generated token got no gradient"
+
+
+@pytest.mark.gpu
+def test_rl_steps_on_one_gpu_with_a_zero3_policy_and_reference(rl_setup, monkeypatch):
+    """bf16 rollouts (cuDNN attention off), the ZeRO-3 policy and its ZeRO-3 reference engine on CUDA."""
+    from paravt_core.rl import stage
+    from paravt_core.rl.worker import train
+
+    init, rl_data, tmp = rl_setup
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp / 'out'}", "model.dtype=bfloat16", "rl.max_steps=3", "rl.prompts_per_step=2",
+        "rl.group_size=4", "rl.kl_mode=reward", "rl.zero_stage=3", "rl.checkpoint_every=100", "video.nframes=2",
+        "video.max_pixels=3072", "rl.rollout.max_new_tokens=32",
+    ])
+    _single_rank_env(monkeypatch)
+    job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+    train(job)
+    rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(torch.isfinite(torch.tensor([r["loss"], r["kl"]])).all() for r in rows)
+    assert (job.out_dir / "model" / "paravt_meta.json").is_file()

@@ -50,3 +50,10 @@ def test_cudnn_attention_is_off_only_while_generating_on_cuda():
             assert torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+@pytest.mark.parametrize("shape, billions", [("2b", 2.13), ("8b", 8.77)])
+def test_real_shapes_have_the_real_parameter_counts(tiny_model_dir: Path, shape: str, billions: float):
+    from paravt_core.model.shapes import parameter_count
+
+    assert parameter_count(shape, tiny_model_dir) / 1e9 == pytest.approx(billions, abs=0.01)
