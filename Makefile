@@ -18,7 +18,7 @@ GPU_STAMP := $(GPU_VENV)/.installed
 # The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
 GPU_PY ?= $(GPU_VENV)/bin/python
 
-.PHONY: install install-gpu demo test test-unit test-gpu serve serve-stop ui bench clean
+.PHONY: install install-gpu demo test test-unit test-gpu serve serve-stop ui bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,7 +68,12 @@ ui: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -c requirements.lock -e '.[bench]'
-	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+	for b in bench/*.py; do case $$b in *_gpu.py) continue;; esac; $(BIN)/python $$b || exit 1; done
+
+# GPU benchmarks (bench/*_gpu.py): SFT tokens/s and MFU at the 2B shape on one GPU.
+bench-gpu:
+	@test -x $(GPU_PY) || command -v $(GPU_PY) >/dev/null || { echo "no $(GPU_PY): run make install-gpu, or GPU_PY=python3 on a prepared image"; exit 1; }
+	PYTHONUNBUFFERED=1 $(GPU_PY) bench/sft_gpu.py
 
 clean:
 	rm -rf outputs .prefect mlruns
