@@ -11,7 +11,14 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 60
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-unit serve serve-stop ui bench clean
+# GPU profile: its own venv and constraints (requirements-gpu.txt), SGLang's CUDA torch.
+GPU_PYTHON ?= python3
+GPU_VENV := .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.installed
+# The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
+GPU_PY ?= $(GPU_VENV)/bin/python
+
+.PHONY: install install-gpu demo test test-unit test-gpu serve serve-stop ui bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +28,17 @@ $(STAMP): pyproject.toml requirements.lock
 
 install: $(STAMP)
 
+# SGLang first: it brings the CUDA torch that DeepSpeed's source build then imports
+# (no build isolation; DeepSpeed's CUDA ops are JIT-built on first use).
+$(GPU_STAMP): pyproject.toml requirements-gpu.txt
+	test -x $(GPU_VENV)/bin/python || $(GPU_PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install -q -c requirements-gpu.txt sglang
+	DS_BUILD_OPS=0 $(GPU_VENV)/bin/python -m pip install -q --no-build-isolation -c requirements-gpu.txt -e '.[gpu]'
+	touch $(GPU_STAMP)
+
+install-gpu: $(GPU_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/paravt run --config $(CONFIG)
 
@@ -29,6 +47,12 @@ test: $(STAMP)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not integration and not gpu"
+
+# The gpu tier on one CUDA GPU; refuses to "pass" by skipping everything on a machine without one.
+test-gpu:
+	@test -x $(GPU_PY) || command -v $(GPU_PY) >/dev/null || { echo "no $(GPU_PY): run make install-gpu, or GPU_PY=python3 on a prepared image"; exit 1; }
+	$(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: no CUDA GPU is visible')"
+	PYTHONUNBUFFERED=1 $(GPU_PY) -m pytest tests -m gpu -rs
 
 # Loopback Prefect server + process work pool + deployments + worker, then
 # `prefect deployment run paravt/full-pipeline` runs the pipeline.
@@ -44,7 +68,12 @@ ui: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -c requirements.lock -e '.[bench]'
-	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+	for b in bench/*.py; do case $$b in *_gpu.py) continue;; esac; $(BIN)/python $$b || exit 1; done
+
+# GPU benchmarks (bench/*_gpu.py): SFT tokens/s and MFU at the 2B shape on one GPU.
+bench-gpu:
+	@test -x $(GPU_PY) || command -v $(GPU_PY) >/dev/null || { echo "no $(GPU_PY): run make install-gpu, or GPU_PY=python3 on a prepared image"; exit 1; }
+	PYTHONUNBUFFERED=1 $(GPU_PY) bench/sft_gpu.py
 
 clean:
 	rm -rf outputs .prefect mlruns

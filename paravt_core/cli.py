@@ -13,6 +13,7 @@ import importlib
 import sys
 
 COMMAND_MODULES = (
+    "paravt_core.config_cli",
     "paravt_core.model.cli",
     "paravt_core.data.cli",
     "paravt_core.eval.cli",

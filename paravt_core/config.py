@@ -40,12 +40,21 @@ class ModelConfig(_Section):
 
     base: str = "tiny"
     tiny: TinyModelSpec = TinyModelSpec()
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"  # on GPUs; CPU ranks train in fp32
+    # sdpa: PyTorch's fused attention, any device. flash_attention_2: the flash-attn package,
+    # CUDA and bf16 only. eager: the plain matmul-softmax reference (debugging).
+    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
     registered_name: str = "paravt-tiny"
 
     @property
     def is_tiny(self) -> bool:
         return self.base == "tiny"
+
+    @model_validator(mode="after")
+    def _flash_attention_needs_bf16(self) -> ModelConfig:
+        if self.attn_implementation == "flash_attention_2" and self.dtype != "bfloat16":
+            raise ValueError("model.attn_implementation: flash_attention_2 runs in bf16 only; set model.dtype: bfloat16")
+        return self
 
 
 class VideoConfig(_Section):
@@ -102,6 +111,50 @@ class DataConfig(_Section):
         return self
 
 
+Offload = Literal["none", "cpu", "nvme"]
+
+
+class DeepSpeedConfig(_Section):
+    """ZeRO memory settings shared by SFT and RL; the stage is the section's `zero_stage`.
+
+    `paravt config show --config C` prints the DeepSpeed JSON these turn into. Offloading
+    the optimizer moves its fp32 master weights and Adam moments (12 bytes per parameter)
+    to host memory or NVMe; offloading parameters (ZeRO-3 only) moves the bf16 weights too.
+    DeepSpeed refuses a client optimizer with optimizer offload unless told otherwise
+    (`zero_force_ds_cpu_optimizer`): `cpu_optimizer` picks DeepSpeed's CPU Adam (its C++
+    op is JIT-built on first use; DeepSpeed's tutorial measures it 5-7x faster than the
+    PyTorch AdamW on CPU) or keeps PyTorch's AdamW stepping on the host (no build, slower).
+    Bucket sizes are in elements; the defaults are DeepSpeed's own.
+    """
+
+    offload_optimizer: Offload = "none"
+    offload_param: Offload = "none"
+    nvme_path: Path | None = None  # a fast local NVMe folder, needed by either `nvme` offload
+    pin_memory: bool = True  # page-locked host buffers: faster copies, but they cannot be swapped out
+    cpu_optimizer: Literal["deepspeed_cpu_adam", "torch_adamw"] = "deepspeed_cpu_adam"
+    overlap_comm: bool | None = None  # None: DeepSpeed's default for the stage (on for ZeRO-3 only)
+    reduce_bucket_size: int = Field(500_000_000, ge=1)
+    allgather_bucket_size: int = Field(500_000_000, ge=1)  # ZeRO-1/2
+    stage3_prefetch_bucket_size: int = Field(50_000_000, ge=1)
+    stage3_param_persistence_threshold: int = Field(100_000, ge=0)
+
+    def check_stage(self, zero_stage: int, section: str) -> None:
+        """Refuse offload settings that the ZeRO stage cannot honour."""
+        where = f"{section}.deepspeed"
+        if self.offload_optimizer != "none" and zero_stage == 0:
+            raise ValueError(f"{where}.offload_optimizer={self.offload_optimizer} needs {section}.zero_stage >= 1 "
+                             "(ZeRO-0 keeps no partitioned optimizer state to offload)")
+        if self.offload_param != "none" and zero_stage != 3:
+            raise ValueError(f"{where}.offload_param={self.offload_param} needs {section}.zero_stage: 3 (only "
+                             f"ZeRO-3 partitions parameters), not {zero_stage}")
+        uses_nvme = "nvme" in (self.offload_optimizer, self.offload_param)
+        if uses_nvme and self.nvme_path is None:
+            raise ValueError(f"{where}: nvme offload needs {where}.nvme_path (a folder on a local NVMe drive)")
+        if self.nvme_path is not None and not uses_nvme:
+            raise ValueError(f"{where}.nvme_path is set but nothing offloads to nvme; set offload_optimizer or "
+                             "offload_param to nvme, or drop nvme_path")
+
+
 class SFTConfig(_Section):
     """Cold-start SFT (SPEC §1: lr 2e-5 cosine, warmup 5%, bf16, 64 frames at 1 fps)."""
 
@@ -118,8 +171,17 @@ class SFTConfig(_Section):
     zero_stage: int = Field(3, ge=0, le=3)
     num_ranks: int = Field(1, ge=1)
     hostfile: str | None = None  # DeepSpeed hostfile for multi-node runs (num_ranks is then ignored)
+    # Recompute activations in the backward pass: on the 2B shape (../shared/GPU.md) it took a
+    # plain forward+backward from 12.7 % to 8.1 % MFU but lets micro-batches of 2-8 long video
+    # samples fit (batch 4 runs out of 80 GB without it). Off for the tiny model.
     gradient_checkpointing: bool = False
     checkpoint_every: int = Field(100, ge=1)
+    deepspeed: DeepSpeedConfig = DeepSpeedConfig()
+
+    @model_validator(mode="after")
+    def _offload_fits_stage(self) -> SFTConfig:
+        self.deepspeed.check_stage(self.zero_stage, "sft")
+        return self
 
 
 class RewardConfig(_Section):
@@ -190,6 +252,7 @@ class RLConfig(_Section):
     num_ranks: int = Field(1, ge=1)
     hostfile: str | None = None
     checkpoint_every: int = Field(10, ge=1)
+    deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()
     gating: GatingConfig = GatingConfig()
@@ -201,6 +264,11 @@ class RLConfig(_Section):
         if self.hostfile is None and self.prompts_per_step % self.num_ranks:
             raise ValueError(f"rl.prompts_per_step ({self.prompts_per_step}) must be a multiple of rl.num_ranks "
                              f"({self.num_ranks}): each rank rolls out whole prompt groups")
+        return self
+
+    @model_validator(mode="after")
+    def _offload_fits_stage(self) -> RLConfig:
+        self.deepspeed.check_stage(self.zero_stage, "rl")
         return self
 
 

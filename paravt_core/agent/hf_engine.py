@@ -147,6 +147,25 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _without_cudnn_attention(device: torch.device) -> Iterator[None]:
+    """Keep PyTorch's SDPA off its cuDNN backend while generating on CUDA.
+
+    Measured on one H100 (../shared/GPU.md): in bf16 with cuDNN SDPA, 16 tiny-model episodes
+    did not finish in 110 s; with it off they took 9.3 s (fp32, which never picks cuDNN: 9.1 s).
+    SDPA then takes its flash or memory-efficient kernel. Training passes are left alone.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    was_enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was_enabled)
+
+
 class HFEngine:
     """`RolloutEngine` on a transformers Qwen3-VL model (the embedded CPU default).
 
@@ -174,7 +193,7 @@ class HFEngine:
         stop_ids = params.stop_token_ids or self.default_stop_ids
         recorder = StepLogprobRecorder(params.temperature, self.media_token_ids)
         device = self.model.device
-        with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device):
+        with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device), _without_cudnn_attention(device):
             sequences = self.model.generate(
                 **batch.model_inputs(device),
                 generation_config=self._generation_config(params, stop_ids),

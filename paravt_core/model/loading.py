@@ -1,10 +1,24 @@
-"""Loading a Qwen3-VL model and its processor: the tiny model or a real checkpoint alike."""
+"""Loading a Qwen3-VL model and its processor: the tiny model or a real checkpoint alike.
+
+Two ways to build the weights:
+- whole: every parameter on this process, in `dtype`, then moved to `device` (generation,
+  evaluation, ZeRO 0-2 training, the export);
+- ZeRO-3 partitioned (`zero3_config`): the model is constructed inside `deepspeed.zero.Init`,
+  so each rank allocates only its 1/N slice of every parameter as the module is built, and
+  transformers loads the checkpoint one module at a time (rank 0 reads, each rank keeps
+  its slice). No rank ever holds the whole model: ~35 GB fp32 per rank for the 8B model
+  before this.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
 
 
 def load_processor(model_dir: str | Path):
@@ -13,12 +27,62 @@ def load_processor(model_dir: str | Path):
     return AutoProcessor.from_pretrained(str(model_dir))
 
 
-def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu"):
-    """Load a `Qwen3VLForConditionalGeneration` (or any image-text-to-text model) for training or generation."""
+def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",
+               zero3_config: dict[str, Any] | None = None):
+    """Load a `Qwen3VLForConditionalGeneration` (or any image-text-to-text model) for training or generation.
+
+    Args:
+        dtype: "float32" or "bfloat16", the weights' dtype as loaded.
+        device: where a whole model goes; ignored with `zero3_config` (DeepSpeed places the slices).
+        attn_implementation: one of `ATTENTION_IMPLEMENTATIONS`; flash_attention_2 needs the
+            `flash-attn` package and a CUDA GPU.
+        zero3_config: the DeepSpeed config of the ZeRO-3 engine the model is built for; the model
+            is then constructed partitioned over the ranks of the initialized process group.
+    """
     import torch
     from transformers import AutoModelForImageTextToText
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=getattr(torch, DTYPES[dtype]))
+    if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attn_implementation {attn_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
+    kwargs = {"dtype": getattr(torch, DTYPES[dtype]), "attn_implementation": attn_implementation}
+    if zero3_config is not None:
+        with _zero3_construction(zero3_config):
+            return AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs)
+    model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs)
     return model.to(device)
+
+
+class _ZeroThreeLoading:
+    """What transformers asks of the registered DeepSpeed config while loading: is it ZeRO-3, and the dict.
+
+    transformers' own `HfDeepSpeedConfig` needs `accelerate`, which the project does not install.
+    """
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = config
+
+    def is_zero3(self) -> bool:
+        return True
+
+
+@contextmanager
+def _zero3_construction(ds_config: dict[str, Any]) -> Iterator[None]:
+    """Make transformers build and load under `deepspeed.zero.Init` for the duration only.
+
+    The registration is global in transformers; leaving it set would also partition the
+    whole models loaded later in the process (rollout copy, export) and switch `generate`
+    to its ZeRO-3 lock-step mode.
+    """
+    from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+    stage = ds_config.get("zero_optimization", {}).get("stage")
+    if stage != 3:
+        raise ValueError(f"partitioned construction needs a ZeRO-3 DeepSpeed config, got stage {stage}")
+    registered = _ZeroThreeLoading(ds_config)  # transformers keeps only a weak reference
+    set_hf_deepspeed_config(registered)
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()

@@ -59,37 +59,59 @@ class Trainer:
 
         from paravt_core import dist as pdist
         from paravt_core.agent.hf_engine import HFEngine
+        from paravt_core.agent.tags import TagLocator
+        from paravt_core.memory import record_memory
         from paravt_core.model.loading import load_model, load_processor
         from paravt_core.rl.data import read_rl_prompts
-        from paravt_core.agent.tags import TagLocator
         from paravt_core.rl.policy import paravt_reward
 
         self.job, self.cfg, self.rl = job, job.config, job.config.rl
         self.rank, self.world, self.device = pdist.init_distributed()
         torch.manual_seed(self.cfg.run.seed)
+        on_gpu = self.device.startswith("cuda")
+        ds_config = pdist.rl_deepspeed_config(self.cfg, on_gpu=on_gpu)
+        zero3 = ds_config if self.rl.zero_stage == 3 else None
+        attention = self.cfg.model.attn_implementation
         self.processor = load_processor(job.init_model)
-        policy = load_model(job.init_model, dtype="float32")
+        policy = load_model(job.init_model, dtype=pdist.training_dtype(self.cfg.model.dtype, on_gpu),
+                            attn_implementation=attention, zero3_config=zero3)
         policy.train()
-        self.rollout_model = load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device).eval()
+        self.rollout_model = load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device,
+                                        attn_implementation=attention).eval()
         self.engine = HFEngine(self.rollout_model, self.processor)
         self.ref_model = None
         if self.rl.kl_mode != "none":
-            self.ref_model = load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device).eval()
+            self.ref_model = self._reference(job, attention, zero3)
         self.prompts = read_rl_prompts(job.data_files)
         self.reward_fn = reward_fn or paravt_reward(self.rl)
         tok = self.processor.tokenizer
         self.ids = {"pad": tok.pad_token_id, "image": policy.config.image_token_id, "video": policy.config.video_token_id}
         # Tags are matched as token sequences (SPEC §2): in Qwen3-VL's tokenizer `<answer>` is several tokens.
         self.locator = TagLocator(tok) if self.rl.anchoring_mode == "token" else None
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=self.rl.learning_rate, weight_decay=self.rl.weight_decay)
-        bf16 = self.device.startswith("cuda") and self.cfg.model.dtype == "bfloat16"
-        ds_config = pdist.deepspeed_config(micro_batch=1, grad_accum=1, zero_stage=self.rl.zero_stage,
-                                           grad_clip=self.rl.grad_clip, bf16=bf16)
+        optimizer = pdist.zero_optimizer(policy.parameters(), lr=self.rl.learning_rate,
+                                         weight_decay=self.rl.weight_decay, zero=self.rl.deepspeed)
         self.policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config)
+        record_memory(job.out_dir, "rl", "engine", self.rank, self.world, self.device, self.policy.module)
         self.ckpt_dir = job.out_dir / "checkpoints"
         self.start = int(pdist.resume(self.policy, self.ckpt_dir).get("step", 0))
         if self.start:
             self.push_weights()
+
+    def _reference(self, job: RLJob, attention: str, zero3: dict | None):
+        """The frozen reference: whole on the device, or under ZeRO-3 its own partitioned inference
+        engine (same offload settings as the policy, no optimizer), so no rank holds it whole."""
+        import deepspeed
+
+        from paravt_core.model.loading import load_model
+
+        if zero3 is None:
+            return load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device,
+                              attn_implementation=attention).eval()
+        dtype = "bfloat16" if zero3["bf16"]["enabled"] else "float32"
+        reference = load_model(job.init_model, dtype=dtype, attn_implementation=attention, zero3_config=zero3)
+        engine, _, _, _ = deepspeed.initialize(model=reference, config=zero3)
+        engine.eval()  # DeepSpeedEngine.eval returns None, not the engine
+        return engine
 
     def push_weights(self) -> None:
         from paravt_core import dist as pdist
@@ -155,12 +177,13 @@ class Trainer:
         """Step 4's batch statistics over the whole step: every rank's sums added up."""
         import torch.distributed as dist
 
+        from paravt_core.collectives import CheckedCollectives
         from paravt_core.rl.grpo import Moments
 
         if not dist.is_initialized() or self.world == 1:
             return local
         sums = torch.tensor([local.total, local.total_sq, local.count], dtype=torch.float64, device=self.device)
-        dist.all_reduce(sums)
+        CheckedCollectives(self.device).all_reduce(sums)
         return Moments(*(float(x) for x in sums.cpu()))
 
     def metrics(self, episodes, adv, loss: float, clip_frac: float, times) -> dict[str, float]:

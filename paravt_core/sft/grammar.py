@@ -62,8 +62,15 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
     from paravt_core.agent.rollout import run_episodes
     from paravt_core.model.loading import load_model, load_processor
 
+    import torch
+
+    from paravt_core.dist import training_dtype
+
+    on_gpu = torch.cuda.is_available()
     processor = load_processor(model_dir)
-    engine = HFEngine(load_model(model_dir).eval(), processor)
+    model = load_model(model_dir, dtype=training_dtype(cfg.model.dtype, on_gpu), device="cuda" if on_gpu else "cpu",
+                       attn_implementation=cfg.model.attn_implementation)
+    engine = HFEngine(model.eval(), processor)
     episodes = run_episodes(engine, processor, prompts, cfg.rl.rollout, cfg.video, group_size=1, temperature=0.0)
     return GrammarReport(
         episodes=len(episodes),

@@ -47,6 +47,17 @@ def lr_lambda(total_steps: int, warmup_steps: int, schedule: str):
     return factor
 
 
+def reduce_step_statistics(collectives, step_loss: float, tokens: int, samples: int) -> tuple[float, float, float]:
+    """(loss summed over ranks, tokens, samples) of one step over all ranks.
+
+    The tensor is built on the rank's device: NCCL cannot reduce a CPU tensor.
+    """
+    stats = torch.tensor([step_loss, tokens, samples], dtype=torch.float64, device=collectives.device)
+    collectives.all_reduce(stats)
+    loss_sum, tokens_all, samples_all = stats.tolist()
+    return loss_sum, tokens_all, samples_all
+
+
 def micro_batch(dataset, step: int, micro: int, rank: int, world: int, accum_index: int, accum: int,
                 seed: int, orders: dict[int, np.ndarray]):
     """The samples of one rank's micro-batch; a skipped (over-long) sample is replaced by the next one."""
@@ -81,6 +92,8 @@ def train(job: SFTJob) -> None:
     from tqdm import tqdm
 
     from paravt_core import dist as pdist
+    from paravt_core.collectives import CheckedCollectives
+    from paravt_core.memory import record_memory
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
     from paravt_core.sft.encode import collate
@@ -89,11 +102,16 @@ def train(job: SFTJob) -> None:
     cfg = job.config
     sft = cfg.sft
     rank, world, device = pdist.init_distributed()
+    collectives = CheckedCollectives(device)
     torch.manual_seed(cfg.run.seed)
-    bf16 = device.startswith("cuda") and cfg.model.dtype == "bfloat16"
+    on_gpu = device.startswith("cuda")
+    ds_config = pdist.sft_deepspeed_config(cfg, on_gpu=on_gpu)
 
     processor = load_processor(job.base_model)
-    model = load_model(job.base_model, dtype="float32")
+    model = load_model(job.base_model, dtype=pdist.training_dtype(cfg.model.dtype, on_gpu),
+                       attn_implementation=cfg.model.attn_implementation,
+                       zero3_config=ds_config if sft.zero_stage == 3 else None)
+    record_memory(job.out_dir, "sft", "constructed", rank, world, device, model)
     if sft.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -102,13 +120,13 @@ def train(job: SFTJob) -> None:
     dataset = SFTDataset(read_sft_rows(job.data_files), processor, FrameCache(job.frame_cache_dir, sampling),
                          OverlongPolicy(sft.max_seq_len, sft.overlong))
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.learning_rate, weight_decay=sft.weight_decay)
+    optimizer = pdist.zero_optimizer(model.parameters(), lr=sft.learning_rate, weight_decay=sft.weight_decay,
+                                     zero=sft.deepspeed)
     warmup = int(round(sft.warmup_ratio * sft.max_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(sft.max_steps, warmup, sft.lr_schedule))
-    ds_config = pdist.deepspeed_config(micro_batch=sft.micro_batch_size, grad_accum=sft.grad_accum_steps,
-                                       zero_stage=sft.zero_stage, grad_clip=sft.grad_clip, bf16=bf16)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config)
+    record_memory(job.out_dir, "sft", "engine", rank, world, device, engine.module)
     ckpt_dir = job.out_dir / "checkpoints"
     start = int(pdist.resume(engine, ckpt_dir).get("step", 0))
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
@@ -134,9 +152,8 @@ def train(job: SFTJob) -> None:
             step_loss += loss.item() / sft.grad_accum_steps
             tokens += int(batch["attention_mask"].sum())
             samples += len(batch_samples)
-        stats = torch.tensor([step_loss, tokens, samples], dtype=torch.float64)
-        dist.all_reduce(stats)
-        loss_mean, tokens_all, samples_all = stats[0].item() / world, stats[1].item(), stats[2].item()
+        loss_sum, tokens_all, samples_all = reduce_step_statistics(collectives, step_loss, tokens, samples)
+        loss_mean = loss_sum / world
         elapsed = time.perf_counter() - t0
         grad_norm = stage0_norm if sft.zero_stage == 0 else engine.get_global_grad_norm()
         row = {"step": step + 1, "loss": loss_mean, "lr": scheduler.get_last_lr()[0],
@@ -153,6 +170,7 @@ def train(job: SFTJob) -> None:
             pdist.save(engine, ckpt_dir, done, {"step": done})
         pdist.maybe_kill_for_test(done)
 
+    record_memory(job.out_dir, "sft", "trained", rank, world, device, engine.module)
     _export(job, engine, rank, dataset, ckpt_dir)
     metrics.finish()
     dist.barrier()

@@ -410,3 +410,13 @@ def test_eval_flow_resolves_the_champion_caches_splits_and_logs_to_mlflow(prefec
     assert {"eval_table.md", "eval_report.json", "results"} <= artifacts
     table = Path(client.download_artifacts(run.info.run_id, "eval_table.md", str(tmp_path))).read_text()
     assert table.splitlines()[2].startswith("| champion | ")
+
+
+@pytest.mark.gpu
+def test_hf_evaluator_runs_one_split_on_the_gpu_in_bf16(tmp_path, eval_data, tiny_ref):
+    cfg = PipelineConfig.model_validate({**world_config(tmp_path).model_dump(mode="json"),
+                                         "model": {"dtype": "bfloat16"}})
+    engine, _ = eval_stage.hf_engine(tiny_ref, cfg.model.dtype)
+    assert engine.model.device.type == "cuda" and engine.model.dtype == torch.bfloat16
+    result = eval_stage.evaluate_prepared_split(cfg, tiny_ref, eval_data, "videomme", progress=False)
+    assert result.evaluated == result.summary["n"] == 4

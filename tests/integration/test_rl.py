@@ -248,3 +248,23 @@ def test_paragrpo_with_token_anchoring_runs_end_to_end(rl_setup, monkeypatch):
             assert key in row and row[key] == row[key] and abs(row[key]) != float("inf"), (key, row)
         assert row["adv_mean"] == pytest.approx(0.0, abs=1e-4)  # batch-normalized over the step's tokens
     assert (job.out_dir / "model" / "config.json").exists()
+
+
+@pytest.mark.gpu
+def test_rl_steps_on_one_gpu_with_a_zero3_policy_and_reference(rl_setup, monkeypatch):
+    """bf16 rollouts (cuDNN attention off), the ZeRO-3 policy and its ZeRO-3 reference engine on CUDA."""
+    from paravt_core.rl import stage
+    from paravt_core.rl.worker import train
+
+    init, rl_data, tmp = rl_setup
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp / 'out'}", "model.dtype=bfloat16", "rl.max_steps=3", "rl.prompts_per_step=2",
+        "rl.group_size=4", "rl.kl_mode=token_reward", "rl.zero_stage=3", "rl.checkpoint_every=100", "video.nframes=2",
+        "video.max_pixels=3072", "rl.rollout.max_new_tokens=32",
+    ])
+    _single_rank_env(monkeypatch)
+    job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+    train(job)
+    rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(torch.isfinite(torch.tensor([r["loss"], r["kl"]])).all() for r in rows)
+    assert (job.out_dir / "model" / "paravt_meta.json").is_file()

@@ -102,6 +102,15 @@ def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_vide
     ref = stage.run(cfg, base, sft_data, log_line=lambda line: None)
     losses = _losses(stage.run_dir(cfg, base, sft_data))
     assert sorted(losses) == [1, 2, 3, 4]
+    for rank in (0, 1):
+        memory = {row["when"]: row for row in
+                  json.loads((stage.run_dir(cfg, base, sft_data) / "memory" / f"rank{rank}.json").read_text())}
+        built = memory["constructed"]
+        # Built inside zero.Init: each rank allocated its half of every parameter (plus at most
+        # one padding element per tensor), never the whole model.
+        assert built["world"] == 2 and built["param_bytes_total"] > 1_000_000
+        assert 0.49 * built["param_bytes_total"] <= built["param_bytes_local"] <= 0.51 * built["param_bytes_total"]
+        assert set(memory) == {"constructed", "engine", "trained"} and built["peak_host_rss_bytes"] > 0
     assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
     assert losses[4] < losses[1], f"loss did not fall: {losses}"
 
@@ -144,3 +153,42 @@ def test_kill_then_resume_matches_uninterrupted(sft_setup, monkeypatch):
     assert sorted(resumed) == [1, 2, 3, 4, 5]
     for step in expected:
         assert resumed[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
+def test_bf16_sft_on_one_gpu_resumes_after_a_kill(sft_setup, monkeypatch, zero_stage: int):
+    from paravt_core.sft import stage
+
+    config, base, sft_data = sft_setup
+    cfg = config("model.dtype=bfloat16", f"sft.zero_stage={zero_stage}", "sft.max_steps=6", "sft.checkpoint_every=2",
+                 f"run.name=gpu-zero{zero_stage}")
+    monkeypatch.setenv("PARAVT_TEST_KILL_AT_STEP", "3")
+    with pytest.raises(RuntimeError, match="exited with code"):
+        stage.run(cfg, base, sft_data, log_line=lambda line: None)
+    monkeypatch.delenv("PARAVT_TEST_KILL_AT_STEP")
+    ref = stage.run(cfg, base, sft_data, log_line=lambda line: None)
+    run_dir = stage.run_dir(cfg, base, sft_data)
+    losses = _losses(run_dir)
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6] and all(torch.isfinite(torch.tensor(v)) for v in losses.values())
+    assert json.loads((ref.path / "config.json").read_text())["dtype"] == "bfloat16"
+    memory = json.loads((run_dir / "memory" / "rank0.json").read_text())
+    assert all(row["device"].startswith("cuda") and row["peak_device_bytes"] > 0 for row in memory)
+
+
+@pytest.mark.gpu
+def test_one_sft_step_of_the_2b_shape(sft_setup, tmp_path: Path):
+    """The project's SFT job on a Qwen3-VL-2B-shaped model (random weights) on one GPU."""
+    from paravt_core.model.shapes import build_shaped_model
+    from paravt_core.sft import stage
+
+    config, base, sft_data = sft_setup
+    model_dir = build_shaped_model("2b", base.path, tmp_path / "2b")
+    shaped = ArtifactRef(kind="base_model", path=model_dir, sha256=content_hash(model_dir))
+    cfg = config("model.dtype=bfloat16", "sft.zero_stage=2", "sft.max_steps=1", "sft.gradient_checkpointing=true",
+                 "sft.learning_rate=2e-5", "run.name=gpu-2b")
+    stage.run(cfg, shaped, sft_data, log_line=print)
+    run_dir = stage.run_dir(cfg, shaped, sft_data)
+    assert torch.isfinite(torch.tensor(_losses(run_dir)[1]))
+    row = json.loads((run_dir / "memory" / "rank0.json").read_text())[-1]
+    assert row["param_bytes_total"] > 4e9  # 2.13 B bf16 parameters
