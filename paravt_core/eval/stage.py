@@ -63,8 +63,9 @@ SPLIT_FILE = "split.json"
 
 
 # The files whose strings the evaluated model reads: system turns and forced answers,
-# question texts built from the rows, the video path sentence and sub-agent request.
-PROMPT_SOURCES = {"paravt_core.eval": ("prompting.py", "samples.py"), "paravt_core.agent": ("prompts.py",)}
+# question texts built from the rows, the video path sentence and sub-agent request, and
+# how frames are rendered (timestamped image items, agent/media.py).
+PROMPT_SOURCES = {"paravt_core.eval": ("prompting.py", "samples.py"), "paravt_core.agent": ("prompts.py", "media.py")}
 
 
 def prompt_sources_digest() -> str:
