@@ -402,16 +402,13 @@ def _lvbench_answer(row: Mapping[str, Any]) -> Problem:
 
 
 def _mlvu_answer(row: Mapping[str, Any]) -> Problem:
-    candidates = _option_texts(row.get("candidates")) or []
-    listed = _inline_letters(row.get("question"))
-    if isinstance(listed, str):
-        return listed
-    if listed and len(listed) != len(candidates):
-        return f"the question lists {len(listed)} options but there are {len(candidates)} candidates"
-    answer = row.get("answer")
-    if isinstance(answer, str) and answer.strip() in candidates:
-        return None
-    return _answer_among(answer, samples.option_letters(len(candidates)))
+    """The loader's own reading (blank candidates dropped, letters remapped), so the
+    contract and the loader agree on what the answer names."""
+    try:
+        samples.mlvu_choices(samples.Row(Path("-"), 0, row))
+    except samples.RowError as error:
+        return error.problem
+    return None
 
 
 def _mmvu_answer(row: Mapping[str, Any]) -> Problem:
@@ -446,23 +443,9 @@ def mcq_answer_problem(row: Mapping[str, Any], layout: str) -> Problem:
     return ANSWER_RULES[layout](row)
 
 
-def _sample_builder(split: str) -> Callable[[samples.Row, Path], samples.EvalSample]:
-    if split == "videomme_wsub":
-        return lambda row, video_dir: samples.videomme_sample(row, video_dir, split="videomme_wsub")
-    builders = {
-        "videomme": samples.videomme_sample,
-        "longvideobench": samples.longvideobench_sample,
-        "lvbench": samples.lvbench_sample,
-        "mlvu": samples.mlvu_sample,
-        "mmvu": samples.mmvu_sample,
-        "charades": samples.charades_sample,
-    }
-    return builders[split]
-
-
 def build_sample(row: Mapping[str, Any], split: str, video_dir: str) -> samples.EvalSample:
     """The split loader's sample for one row (raises `samples.RowError` on a bad row)."""
-    return _sample_builder(split)(samples.Row(Path("-"), 0, row), Path(video_dir))
+    return samples.SAMPLE_BUILDERS[split](samples.Row(Path("-"), 0, row), Path(video_dir))
 
 
 def loads_as_sample_problem(row: Mapping[str, Any], split: str) -> Problem:

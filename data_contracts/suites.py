@@ -18,9 +18,12 @@ kind, row ids are unique, then the rules of the row format (SPEC §7, §8):
   finds its video (and the .srt for videomme_wsub).
 
 Row identity: eval rows use the dataset's id field (Video-MME and MLVU `question_id`,
-LongVideoBench `id`, LVBench `uid`, MMVU `id`). Rows without one get a derived id in
-`ROW_ID`: the sha256 of the canonical JSON of (messages, videos) for SFT, (prompt, videos,
-extra_info) for RL, and (video, caption) for Charades-STA, whose loader numbers rows instead.
+LongVideoBench `id`, MMVU `id`). Rows without one get a derived id in `ROW_ID`: the sha256
+of the canonical JSON of (messages, videos) for SFT, (prompt, videos, extra_info) for RL,
+(video, caption) for Charades-STA, whose loader numbers rows instead, and (question, answer,
+time_reference, type) for LVBench, whose real rows can have a null `uid` (the loader then
+derives one). MLVU `candidates` may hold blanks (real rows do; the loader drops them), so
+their kind is left to the answer and loader rules.
 
 Rules on a column the table lacks are left out; the required-columns rule reports it.
 """
@@ -89,18 +92,19 @@ ROW_FORMATS: dict[str, RowFormat] = {
     ),
     "lvbench": RowFormat(
         columns={
-            **dict.fromkeys(("uid", "type", "question", "answer", "time_reference"), "text"),
+            **dict.fromkeys(("type", "question", "answer", "time_reference"), "text"),
             "question_type": "text_list",
             "key": "text",
         },
-        id_column="uid",
+        id_column=ROW_ID,
+        identity=("question", "answer", "time_reference", "type"),
         answer_layout="lvbench",
     ),
     "mlvu": RowFormat(
         columns={
             **dict.fromkeys(("video_name", "question", "answer", "task_type", "question_id"), "text"),
             "duration": "number",
-            "candidates": "text_list",
+            "candidates": None,
         },
         id_column="question_id",
         answer_layout="mlvu",

@@ -7,7 +7,8 @@
    `EpisodeOutcome` as soon as it is done; each is scored (`results.score_sample`) and
    appended to the log (one JSON line, flushed and fsynced) before the next is taken;
 3. writes `<results_dir>/<split>.json` (per-sample records in sample order and the
-   summary of `results.summarize`) atomically.
+   summary of `results.summarize`, with `quarantined_rows`: the rows the loader set aside,
+   as {file, row, field, reason}) atomically.
 
 Runners (the engine of `eval.engine`):
 - `HFSampleRunner`: `run_episodes` on an `HFEngine` (or any `RolloutEngine`), greedy,
@@ -199,7 +200,7 @@ def _check_videos(split: str, samples: Sequence[EvalSample]) -> None:
 
 
 def evaluate_split(split: str, samples: Sequence[EvalSample], runner: SampleRunner, results_dir: Path,
-                   progress: bool = True) -> SplitRun:
+                   progress: bool = True, quarantined: Sequence[dict[str, Any]] = ()) -> SplitRun:
     """Evaluate the samples of `split` not yet in `<results_dir>/<split>.jsonl` (module docstring)."""
     if not samples:
         raise EvalError(f"split {split}: no samples to evaluate; check the split's rows file")
@@ -229,6 +230,6 @@ def evaluate_split(split: str, samples: Sequence[EvalSample], runner: SampleRunn
         logger.info("split %s: ran %d samples in %.1f s (%.1f samples/min)", split, len(todo), elapsed,
                     60 * len(todo) / max(elapsed, 1e-9))
     results = [SampleResult.from_record(finished[sample.id]) for sample in samples]
-    summary = summarize(split, results)
+    summary = {**summarize(split, results), "quarantined_rows": list(quarantined)}
     path = write_split_results(Path(results_dir) / f"{split}.json", split, summary, results)
     return SplitRun(split, summary, path, len(todo))

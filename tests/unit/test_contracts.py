@@ -455,3 +455,22 @@ def test_real_benchmark_rows_pass_their_contract(split, fmt, tmp_path):
     assert result.n_rows == len(jsonl.read_text().splitlines())
     without_videos = validate("eval", rows_path, split=split, report_dir=tmp_path / "report")
     assert without_videos.passed
+
+
+def _real_jsonl(name: str) -> list[dict]:
+    path = BENCHMARKS / name / f"{name}.jsonl"
+    if not path.is_file():
+        pytest.skip(f"real benchmark rows not found at {path} (../shared/benchmarks is absent)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_real_quirks_pass_their_contract_as_the_loader_reads_them(tmp_path):
+    """Blank MLVU candidates and a null LVBench uid (both in real rows) are not contract failures."""
+    mlvu = _real_jsonl("mlvu")[:3]
+    mlvu[1] = {**mlvu[1], "candidates": [*mlvu[1]["candidates"], ""]}
+    (lvbench,) = _real_jsonl("lvbench")
+    for split, rows in (("mlvu", mlvu), ("lvbench", [{**lvbench, "uid": None}])):
+        path = _write_jsonl(rows, tmp_path / f"{split}.jsonl")
+        _touch_media(split, path, tmp_path / "videos")
+        result = validate("eval", path, split=split, report_dir=tmp_path / split, video_dir=tmp_path / "videos")
+        assert result.passed, result.failures[:5]
