@@ -190,11 +190,12 @@ class ExpectColumnValuesToBeVideoLists(ContractRule, ColumnMapExpectation):
 
 class ColumnValuesExistingFiles(ColumnMapMetricProvider):
     condition_metric_name = "column_values.paravt_existing_files"
+    condition_value_keys = ("media_root",)
 
     @column_condition_partial(engine=PandasExecutionEngine)
-    def _pandas(cls, column, **kwargs):
+    def _pandas(cls, column, media_root=None, **kwargs):
         is_file = functools.lru_cache(maxsize=None)(os.path.isfile)  # rows share videos
-        return cells_pass(column, rules.media_files_problem, is_file=is_file)
+        return cells_pass(column, rules.media_files_problem, is_file=is_file, media_root=media_root)
 
 
 class ExpectColumnValuesToReferenceExistingFiles(ContractRule, ColumnMapExpectation):
@@ -202,7 +203,10 @@ class ExpectColumnValuesToReferenceExistingFiles(ContractRule, ColumnMapExpectat
     exists: the materialize step has run (SPEC §8)."""
 
     map_metric: ClassVar[str] = "column_values.paravt_existing_files"
+    success_keys: ClassVar[tuple[str, ...]] = ("mostly", "media_root")
     problem: ClassVar[Rule] = staticmethod(rules.media_files_problem)
+    rule_params: ClassVar[tuple[str, ...]] = ("media_root",)
+    media_root: Optional[str] = None
     description: Optional[str] = "referenced media are materialized file:// URLs of existing files (SPEC §8)"
 
 

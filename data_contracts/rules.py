@@ -16,7 +16,11 @@ Row formats (SPEC §8 and the loaders of `paravt_core.eval.samples`, SPEC §7):
   credit it: an mcq answer is one letter A-D, a tvg answer holds an `[s, e]` pair with
   s < e, an oe answer has at least one word after normalization.
 - Media references are local after materialize (SPEC §8): `file://<root>/<sentinel>` URLs
-  (or absolute paths, which the SFT encoder also reads) naming existing files.
+  (or absolute paths, which the SFT encoder also reads) naming existing files; with a
+  media root given, the file (symbolic links resolved) must lie inside it, so a row
+  pointing at `file:///etc/passwd` or climbing out with `..` fails.
+- SFT `messages` stored as a JSON string (some releases do; materialize and the SFT reader
+  accept it) are decoded before these rules (`decoded_messages`).
 """
 
 from __future__ import annotations
@@ -225,15 +229,39 @@ def local_path(reference: str) -> Path | None:
     return None
 
 
-def media_files_problem(value: Any, is_file: Callable[[str], bool] = os.path.isfile) -> Problem:
-    """Every media reference of the cell is local (SPEC §8 materialize) and exists."""
+def outside_root_problem(path: Path, media_root: str) -> Problem:
+    """The file, links resolved, lies inside `media_root`."""
+    root = Path(media_root).resolve()
+    resolved = path.resolve()
+    if resolved == root or root not in resolved.parents:
+        return f"{path} lies outside the media root {root}; rows may only name files the data stage unpacked"
+    return None
+
+
+def media_files_problem(value: Any, is_file: Callable[[str], bool] = os.path.isfile,
+                        media_root: str | None = None) -> Problem:
+    """Every media reference of the cell is local (SPEC §8 materialize), inside `media_root`
+    when one is given, and exists."""
     for reference in media_references(value):
         path = local_path(reference)
         if path is None:
             return f"{reference!r} is not a file:// URL or absolute path; run the materialize step"
+        if media_root is not None and (outside := outside_root_problem(path, media_root)):
+            return outside
         if not is_file(str(path)):
             return f"{path} does not exist"
     return None
+
+
+def decoded_messages(value: Any) -> Any:
+    """An SFT `messages` cell with a JSON-string value decoded; anything else unchanged
+    (a string that does not parse stays a string and fails the chat-turn rule)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def one_video_marker_problem(row: Mapping[str, Any]) -> Problem:

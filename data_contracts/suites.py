@@ -159,7 +159,7 @@ def column_rules(fmt: RowFormat) -> list[Expectation]:
     return found
 
 
-def sft_rules() -> list[Expectation]:
+def sft_rules(media_root: Path | None = None) -> list[Expectation]:
     """SFT rows (SPEC §8; the SFT encoder trains on the assistant turns)."""
     return [
         px.ExpectColumnValuesToBeChatTurns(column="messages", content="items"),
@@ -168,12 +168,17 @@ def sft_rules() -> list[Expectation]:
             column="messages", role="assistant", description="the conversation ends with the assistant's answer"
         ),
         px.ExpectColumnValuesToBeVideoLists(column="videos", entry="path"),
-        px.ExpectColumnValuesToReferenceExistingFiles(column="messages"),
-        px.ExpectColumnValuesToReferenceExistingFiles(column="videos"),
+        *_existing_files("messages", media_root),
+        *_existing_files("videos", media_root),
     ]
 
 
-def rl_rules() -> list[Expectation]:
+def _existing_files(column: str, media_root: Path | None) -> list[Expectation]:
+    root = str(media_root) if media_root is not None else None
+    return [px.ExpectColumnValuesToReferenceExistingFiles(column=column, media_root=root)]
+
+
+def rl_rules(media_root: Path | None = None) -> list[Expectation]:
     """RL rows (SPEC §8; rewards of SPEC §4.2)."""
     return [
         px.ExpectColumnValuesToBeChatTurns(column="prompt", content="text"),
@@ -182,7 +187,7 @@ def rl_rules() -> list[Expectation]:
             column="prompt", role="user", description="the prompt ends with the user's question"
         ),
         px.ExpectColumnValuesToBeVideoLists(column="videos", entry="mapping"),
-        px.ExpectColumnValuesToReferenceExistingFiles(column="videos"),
+        *_existing_files("videos", media_root),
         px.ExpectPromptsToMarkTheirVideo(column_list=["prompt", "videos"]),
         px.ExpectColumnValuesToBeRewardGroundTruth(column="extra_info"),
         px.ExpectColumnValuesToHaveScorableAnswers(column="extra_info"),
@@ -266,15 +271,16 @@ def build_suite(
     table_columns: Sequence[str],
     video_dir: Path | None = None,
     subtitle_dir: Path | None = None,
+    media_root: Path | None = None,
 ) -> gx.ExpectationSuite:
     """The suite for one table of `kind` (and eval `split`); `table_columns` are the columns
     of the frame GX validates (`ROW_ID` included when the derived id was computed)."""
     fmt = row_format(kind, split, table_columns)
     found = column_rules(fmt)
     if kind == "sft":
-        found += sft_rules()
+        found += sft_rules(media_root)
     elif kind == "rl":
-        found += rl_rules()
+        found += rl_rules(media_root)
     else:
         found += eval_rules(split, fmt, video_dir, subtitle_dir)
     suite = gx.ExpectationSuite(name=suite_name(kind, split))

@@ -474,3 +474,37 @@ def test_real_quirks_pass_their_contract_as_the_loader_reads_them(tmp_path):
         _touch_media(split, path, tmp_path / "videos")
         result = validate("eval", path, split=split, report_dir=tmp_path / split, video_dir=tmp_path / "videos")
         assert result.passed, result.failures[:5]
+
+
+# --- media outside the root; messages as JSON strings -------------------------------------
+
+
+def test_media_outside_the_media_root_fail_the_sft_and_rl_contracts(good_rows, media_root, tmp_path):
+    outside = tmp_path / "elsewhere.mp4"
+    outside.write_bytes(b"not under the root")
+    sft = copy.deepcopy(good_rows["sft"][0])
+    sft["videos"] = ["file:///etc/passwd"]
+    climbing = copy.deepcopy(good_rows["sft"][1])
+    climbing["videos"] = [f"file://{media_root}/selfqa/../../{outside.parent.name}/{outside.name}"]
+    table = _sft_table([sft, climbing, *good_rows["sft"][2:]], tmp_path / "shard.parquet")
+    assert validate("sft", table, report_dir=tmp_path / "open").passed  # both files exist
+    result = validate("sft", table, report_dir=tmp_path / "report", media_root=media_root,
+                      on_bad_rows="quarantine")
+    assert sorted(f.row for f in result.failures if f.column == "videos") == [1, 2]
+    assert all("outside the media root" in f.value for f in result.failures if f.column == "videos")
+    rl = copy.deepcopy(good_rows["rl"][0])
+    rl["videos"] = [{**rl["videos"][0], "video": "/etc/passwd"}]
+    path = tmp_path / "rl.parquet"
+    path.write_bytes(parquet_bytes([rl, *good_rows["rl"][1:]], RL_SCHEMA))
+    result = validate("rl", path, report_dir=tmp_path / "rl", media_root=media_root, on_bad_rows="quarantine")
+    assert [f.row for f in result.failures] == [1]
+
+
+def test_sft_messages_stored_as_json_strings_pass_like_lists(good_rows, media_root, tmp_path):
+    rows = [{**row, "messages": json.dumps(row["messages"])} for row in good_rows["sft"]]
+    path = _write_jsonl(rows, tmp_path / "sft.jsonl")
+    assert validate("sft", path, report_dir=tmp_path / "report", media_root=media_root).passed
+    broken = [{**rows[0], "messages": "[{not json"}, *rows[1:]]
+    result = validate("sft", _write_jsonl(broken, tmp_path / "bad.jsonl"), report_dir=tmp_path / "bad",
+                      on_bad_rows="quarantine")
+    assert {f.row for f in result.failures} == {1}
