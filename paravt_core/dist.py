@@ -5,7 +5,8 @@ One code path from 1 CPU rank to N GPUs: workers are started by the `deepspeed` 
 backend and fp32 are used; on GPUs nccl and bf16 when the config asks for it.
 Checkpoints are DeepSpeed's own (model, optimizer, scheduler and our client state);
 DeepSpeed writes the `latest` pointer only after a tag is complete, so an interrupted
-save never becomes the resume point.
+save never becomes the resume point. A tag damaged after the fact (a truncated or
+corrupted file) is skipped on resume for the newest intact older one (`resume`).
 """
 
 from __future__ import annotations
@@ -154,12 +155,80 @@ def deepspeed_config(*, micro_batch: int, grad_accum: int, zero_stage: int, grad
     }
 
 
-def resume(engine, checkpoint_dir: Path) -> dict[str, Any]:
-    """Load the latest complete checkpoint if there is one; returns its client state ({} if none)."""
+class CheckpointError(RuntimeError):
+    """No intact checkpoint to resume from; the message names the folder and the fix."""
+
+
+def checkpoint_damage(tag_dir: Path) -> str | None:
+    """Why a DeepSpeed checkpoint folder cannot be loaded, or None when it looks intact.
+
+    Every `.pt` file is a torch zip archive whose members carry CRC-32s: they are checked
+    without unpickling anything, so a truncated or bit-flipped file ("PytorchStreamReader
+    failed ... corrupted") is found before the engine touches it. A folder without model
+    states was never finished.
+    """
+    import zipfile
+
+    if not tag_dir.is_dir():
+        return f"{tag_dir} does not exist"
+    files = sorted(tag_dir.glob("*.pt"))
+    if not any(f.name.endswith("model_states.pt") for f in files):
+        return f"{tag_dir} holds no *model_states.pt file"
+    for file in files:
+        try:
+            with zipfile.ZipFile(file) as archive:
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
+            return f"{file} is not a complete torch file ({error})"
+        if bad is not None:
+            return f"{file} is corrupted (member {bad} fails its CRC check)"
+    return None
+
+
+def resume_candidates(checkpoint_dir: Path) -> list[str]:
+    """The tags to try, newest first: the one `latest` names, then older `step*` tags
+    (never a newer one: DeepSpeed writes `latest` only after a tag is complete)."""
+    latest = (checkpoint_dir / "latest").read_text().strip()
+    older = sorted((p.name for p in checkpoint_dir.glob("step*") if p.is_dir() and p.name < latest), reverse=True)
+    return [latest, *older]
+
+
+def _intact_on_every_rank(intact: bool) -> bool:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return intact
+    verdicts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, intact)
+    return all(verdicts)
+
+
+def resume(engine, checkpoint_dir: Path, warn: LogLine = print) -> dict[str, Any]:
+    """Load the newest intact checkpoint if there is one; returns its client state ({} if none).
+
+    A damaged tag (see `checkpoint_damage`) is skipped with a warning naming it, and the
+    next older one is tried; every rank must find a tag intact for it to be used, so all
+    ranks resume from the same step.
+
+    Raises:
+        CheckpointError: checkpoints exist but none is intact.
+    """
     if not (checkpoint_dir / "latest").is_file():
         return {}
-    _, client_state = engine.load_checkpoint(str(checkpoint_dir))
-    return client_state or {}
+    damaged = []
+    for tag in resume_candidates(checkpoint_dir):
+        problem = checkpoint_damage(checkpoint_dir / tag)
+        if _intact_on_every_rank(problem is None):
+            if damaged:
+                warn(f"warning: resuming from {checkpoint_dir / tag}, the newest intact checkpoint; skipped the "
+                     f"damaged {'; '.join(damaged)}")
+            _, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
+            return client_state or {}
+        damaged.append(problem or f"{checkpoint_dir / tag} (damaged on another rank)")
+    raise CheckpointError(
+        f"no intact checkpoint in {checkpoint_dir} to resume from: {'; '.join(damaged)}. Delete {checkpoint_dir} "
+        f"to start this stage over (its finished steps are lost), or restore an intact step folder from a backup"
+    )
 
 
 def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any]) -> None:
