@@ -3,6 +3,14 @@
 One code path from 1 CPU rank to N GPUs: workers are started by the `deepspeed` launcher
 (`launch_workers`), which also takes a hostfile for multi-node runs. On CPU the gloo
 backend and fp32 are used; on GPUs nccl and bf16 when the config asks for it.
+
+Rendezvous: torch's default `env://` rendezvous starts a TCPStore on rank 0 that listens
+on every interface (`*:<master_port>`) although the launcher's master address is
+127.0.0.1, an unauthenticated store open to the network for the whole run. Single-node
+workers therefore meet through a `FileStore` in a private temporary folder
+(`init_method=file://...`) and gloo / NCCL bind their sockets to the loopback interface
+(`rendezvous_env`); multi-node runs (a hostfile) keep `env://` TCP at the master address
+the DeepSpeed runner documents (the first host of the hostfile).
 Checkpoints are DeepSpeed's own (model, optimizer, scheduler and our client state);
 DeepSpeed writes the `latest` pointer only after a tag is complete, so an interrupted
 save never becomes the resume point. A tag damaged after the fact (a truncated or
@@ -13,14 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 LogLine = Callable[[str], None]
+RENDEZVOUS_FILE_ENV = "PARAVT_RENDEZVOUS_FILE"
 
 
 def free_port() -> int:
@@ -41,18 +52,38 @@ def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: 
     cmd += [str(script), *args]
     # Ranks on one CPU host share its cores: give each its share, not all of them each.
     threads = str(max(1, (os.cpu_count() or 1) // max(1, num_ranks)))
-    child_env = {"OMP_NUM_THREADS": threads, **os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-                 **(env or {})}
+    rendezvous_dir = None if hostfile else Path(tempfile.mkdtemp(prefix="paravt-rendezvous-"))
+    child_env = {"OMP_NUM_THREADS": threads, **rendezvous_env(rendezvous_dir), **os.environ, "PYTHONUNBUFFERED": "1",
+                 "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    if rendezvous_dir is not None:
+        child_env[RENDEZVOUS_FILE_ENV] = str(rendezvous_dir / "store")
+    else:
+        child_env.pop(RENDEZVOUS_FILE_ENV, None)
     tail: list[str] = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            log_line(line)
-            tail = (tail + [line])[-30:]
-        code = proc.wait()
+    try:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=child_env) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                log_line(line)
+                tail = (tail + [line])[-30:]
+            code = proc.wait()
+    finally:
+        if rendezvous_dir is not None:
+            shutil.rmtree(rendezvous_dir, ignore_errors=True)
     if code != 0:
         raise RuntimeError(f"{script.name} exited with code {code}; last output:\n" + "\n".join(tail))
+
+
+def rendezvous_env(single_node_dir: Path | None) -> dict[str, str]:
+    """Worker environment for the rendezvous (module docstring): for a single-node run
+    (a private folder given), the FileStore path and loopback-only gloo / NCCL sockets
+    (an interface already chosen in the caller's environment wins); {} for multi-node."""
+    if single_node_dir is None:
+        return {}
+    return {RENDEZVOUS_FILE_ENV: str(Path(single_node_dir) / "store"), "GLOO_SOCKET_IFNAME": "lo",
+            "NCCL_SOCKET_IFNAME": "lo"}
 
 
 def maybe_kill_for_test(done_steps: int) -> None:
@@ -124,7 +155,12 @@ def init_distributed() -> tuple[int, int, str]:
     import torch.distributed as dist
 
     on_gpu = torch.cuda.is_available()
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    store_file = os.environ.get(RENDEZVOUS_FILE_ENV)
+    if store_file:  # single node: no network listener (module docstring)
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", init_method=f"file://{store_file}",
+                                   rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if on_gpu:
         local = int(os.environ.get("LOCAL_RANK", 0))
