@@ -110,6 +110,7 @@ def validate(
     video_dir: Path | None = None,
     subtitle_dir: Path | None = None,
     media_root: Path | None = None,
+    media_health: Path | None = None,
 ) -> ContractResult:
     """Check every row of a table against its data contract.
 
@@ -125,6 +126,9 @@ def validate(
         subtitle_dir: for videomme_wsub, where `<videoID>.srt` files are (default video_dir).
         media_root: for sft and rl, the folder every referenced media file must lie in
             (the unpacked ParaVT-Source); None skips that rule.
+        media_health: a folder caching video probes by content hash; given, every video
+            (SFT / RL `videos`, an eval row's video) must decode, with frames and a
+            duration. None skips the probes.
 
     Returns:
         The `ContractResult`; with bad rows in quarantine mode, `kept_path` is the table
@@ -145,7 +149,7 @@ def validate(
     fmt = suites.row_format(kind, split, frame.columns)
     frame = tables.with_row_ids(frame, fmt.identity, suites.ROW_ID)
     runtime.batch_definition()  # GX suites need the context to exist first
-    suite = suites.build_suite(kind, split, list(frame.columns), video_dir, subtitle_dir, media_root)
+    suite = suites.build_suite(kind, split, list(frame.columns), video_dir, subtitle_dir, media_root, media_health)
     gx_result = runtime.run_suite(frame, suite)
     stem = f"{suite.name}.{table_path.stem}"
     paths = {

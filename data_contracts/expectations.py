@@ -396,3 +396,46 @@ class ExpectRowsToNameExistingVideos(ContractRule, MulticolumnMapExpectation):
     video_dir: str
     subtitle_dir: Optional[str] = None
     description: Optional[str] = "each row's video (and subtitles for videomme_wsub) exists"
+
+
+class ColumnValuesHealthyVideos(ColumnMapMetricProvider):
+    condition_metric_name = "column_values.paravt_healthy_videos"
+    condition_value_keys = ("health_cache",)
+
+    @column_condition_partial(engine=PandasExecutionEngine)
+    def _pandas(cls, column, health_cache, **kwargs):
+        return cells_pass(column, rules.video_health_problem, health_cache=health_cache)
+
+
+class ExpectColumnValuesToReferenceHealthyVideos(ContractRule, ColumnMapExpectation):
+    """Every video a value references decodes, has frames and a duration (media health)."""
+
+    map_metric: ClassVar[str] = "column_values.paravt_healthy_videos"
+    success_keys: ClassVar[tuple[str, ...]] = ("mostly", "health_cache")
+    problem: ClassVar[Rule] = staticmethod(rules.video_health_problem)
+    rule_params: ClassVar[tuple[str, ...]] = ("health_cache",)
+    health_cache: str
+    description: Optional[str] = "referenced videos decode, with frames and a duration"
+
+
+class RowsHealthyVideos(MulticolumnMapMetricProvider):
+    condition_metric_name = "multicolumn_values.paravt_healthy_videos"
+    condition_value_keys = ("split", "video_dir", "health_cache")
+
+    @multicolumn_condition_partial(engine=PandasExecutionEngine)
+    def _pandas(cls, column_list, split, video_dir, health_cache, **kwargs):
+        return rows_pass(column_list, rules.eval_video_health_problem, split=split, video_dir=video_dir,
+                         health_cache=health_cache)
+
+
+class ExpectRowsToNameHealthyVideos(ContractRule, MulticolumnMapExpectation):
+    """Each row's video (when found under video_dir) decodes, has frames and a duration."""
+
+    map_metric: ClassVar[str] = "multicolumn_values.paravt_healthy_videos"
+    success_keys: ClassVar[tuple[str, ...]] = ("mostly", "split", "video_dir", "health_cache")
+    problem: ClassVar[Rule] = staticmethod(rules.eval_video_health_problem)
+    rule_params: ClassVar[tuple[str, ...]] = ("split", "video_dir", "health_cache")
+    split: str
+    video_dir: str
+    health_cache: str
+    description: Optional[str] = "each row's video decodes, with frames and a duration"

@@ -19,6 +19,9 @@ Row formats (SPEC §8 and the loaders of `paravt_core.eval.samples`, SPEC §7):
   (or absolute paths, which the SFT encoder also reads) naming existing files; with a
   media root given, the file (symbolic links resolved) must lie inside it, so a row
   pointing at `file:///etc/passwd` or climbing out with `..` fails.
+- Media health (when the caller names a cache folder): every SFT / RL `videos` entry and
+  every evaluation row's video decodes, has frames and a duration
+  (`paravt_core.video.health`, verdicts cached by content hash).
 - SFT `messages` stored as a JSON string (some releases do; materialize and the SFT reader
   accept it) are decoded before these rules (`decoded_messages`).
 """
@@ -250,6 +253,23 @@ def media_files_problem(value: Any, is_file: Callable[[str], bool] = os.path.isf
             return outside
         if not is_file(str(path)):
             return f"{path} does not exist"
+    return None
+
+
+def _health_problem(path: Path, health_cache: str) -> Problem:
+    from paravt_core.video.health import health_cache as cache_for
+
+    verdict = cache_for(health_cache).check(path)
+    return None if verdict.ok else f"video {path} cannot be used: {verdict.problem}"
+
+
+def video_health_problem(value: Any, health_cache: str) -> Problem:
+    """Every existing local video the cell names decodes, with frames and a duration.
+    References that are not local existing files are left to `media_files_problem`."""
+    for reference in media_references(value):
+        path = local_path(reference)
+        if path is not None and path.is_file() and (problem := _health_problem(path, health_cache)):
+            return problem
     return None
 
 
@@ -488,6 +508,17 @@ def loads_as_sample_problem(row: Mapping[str, Any], split: str) -> Problem:
 def subtitle_path(row: Mapping[str, Any], subtitle_dir: str) -> Path:
     """Where `load_videomme_wsub` looks for the row's subtitles: `<subtitle_dir>/<videoID>.srt`."""
     return Path(subtitle_dir) / f"{str(row.get('videoID')).strip()}.srt"
+
+
+def eval_video_health_problem(row: Mapping[str, Any], split: str, video_dir: str, health_cache: str) -> Problem:
+    """The row's video, when the loader finds it, decodes with frames and a duration."""
+    try:
+        sample = build_sample(row, split, video_dir)
+    except (samples.RowError, ValueError):
+        return None
+    if sample.video_missing:
+        return None
+    return _health_problem(sample.video_path, health_cache)
 
 
 def media_exist_problem(row: Mapping[str, Any], split: str, video_dir: str, subtitle_dir: str | None = None) -> Problem:

@@ -11,6 +11,8 @@ kind, row ids are unique, then the rules of the row format (SPEC §7, §8):
   one `<video>` marker for the row's one video; videos are `{"video": path}` entries of
   existing files; extra_info is JSON with answer and question_type in mcq | tvg | oe, the
   answer fits its type (SPEC §4.2) and an mcq letter is among the prompt's options.
+- every suite, when built with a media-health cache folder: each video decodes, with
+  frames and a duration (`paravt_core.video.health`);
 - `eval_<split>`: the fields the split's loader reads, with their kinds; value rules
   (Video-MME duration short/medium/long and options lettered "A. ", MMVU question_type
   multiple-choice/open-ended, Charades-STA timestamp a window with start < end); the answer
@@ -159,7 +161,7 @@ def column_rules(fmt: RowFormat) -> list[Expectation]:
     return found
 
 
-def sft_rules(media_root: Path | None = None) -> list[Expectation]:
+def sft_rules(media_root: Path | None = None, media_health: Path | None = None) -> list[Expectation]:
     """SFT rows (SPEC §8; the SFT encoder trains on the assistant turns)."""
     return [
         px.ExpectColumnValuesToBeChatTurns(column="messages", content="items"),
@@ -170,7 +172,14 @@ def sft_rules(media_root: Path | None = None) -> list[Expectation]:
         px.ExpectColumnValuesToBeVideoLists(column="videos", entry="path"),
         *_existing_files("messages", media_root),
         *_existing_files("videos", media_root),
+        *_healthy_videos("videos", media_health),
     ]
+
+
+def _healthy_videos(column: str, media_health: Path | None) -> list[Expectation]:
+    if media_health is None:
+        return []
+    return [px.ExpectColumnValuesToReferenceHealthyVideos(column=column, health_cache=str(media_health))]
 
 
 def _existing_files(column: str, media_root: Path | None) -> list[Expectation]:
@@ -178,7 +187,7 @@ def _existing_files(column: str, media_root: Path | None) -> list[Expectation]:
     return [px.ExpectColumnValuesToReferenceExistingFiles(column=column, media_root=root)]
 
 
-def rl_rules(media_root: Path | None = None) -> list[Expectation]:
+def rl_rules(media_root: Path | None = None, media_health: Path | None = None) -> list[Expectation]:
     """RL rows (SPEC §8; rewards of SPEC §4.2)."""
     return [
         px.ExpectColumnValuesToBeChatTurns(column="prompt", content="text"),
@@ -188,6 +197,7 @@ def rl_rules(media_root: Path | None = None) -> list[Expectation]:
         ),
         px.ExpectColumnValuesToBeVideoLists(column="videos", entry="mapping"),
         *_existing_files("videos", media_root),
+        *_healthy_videos("videos", media_health),
         px.ExpectPromptsToMarkTheirVideo(column_list=["prompt", "videos"]),
         px.ExpectColumnValuesToBeRewardGroundTruth(column="extra_info"),
         px.ExpectColumnValuesToHaveScorableAnswers(column="extra_info"),
@@ -229,7 +239,8 @@ _ANSWER_COLUMNS = {
 }
 
 
-def eval_rules(split: str, fmt: RowFormat, video_dir: Path | None, subtitle_dir: Path | None) -> list[Expectation]:
+def eval_rules(split: str, fmt: RowFormat, video_dir: Path | None, subtitle_dir: Path | None,
+               media_health: Path | None = None) -> list[Expectation]:
     """Answers, loader acceptance and (with a video_dir) existing media of one split."""
     columns = sorted(fmt.columns)
     found = value_rules(split)
@@ -248,6 +259,9 @@ def eval_rules(split: str, fmt: RowFormat, video_dir: Path | None, subtitle_dir:
                 subtitle_dir=str(subtitle_dir) if subtitle_dir else None,
             )
         )
+        if media_health is not None:
+            found.append(px.ExpectRowsToNameHealthyVideos(column_list=columns, split=split, video_dir=str(video_dir),
+                                                          health_cache=str(media_health)))
     return found
 
 
@@ -272,17 +286,18 @@ def build_suite(
     video_dir: Path | None = None,
     subtitle_dir: Path | None = None,
     media_root: Path | None = None,
+    media_health: Path | None = None,
 ) -> gx.ExpectationSuite:
     """The suite for one table of `kind` (and eval `split`); `table_columns` are the columns
     of the frame GX validates (`ROW_ID` included when the derived id was computed)."""
     fmt = row_format(kind, split, table_columns)
     found = column_rules(fmt)
     if kind == "sft":
-        found += sft_rules(media_root)
+        found += sft_rules(media_root, media_health)
     elif kind == "rl":
-        found += rl_rules(media_root)
+        found += rl_rules(media_root, media_health)
     else:
-        found += eval_rules(split, fmt, video_dir, subtitle_dir)
+        found += eval_rules(split, fmt, video_dir, subtitle_dir, media_health)
     suite = gx.ExpectationSuite(name=suite_name(kind, split))
     for expectation in applicable(found, table_columns):
         suite.add_expectation(expectation)

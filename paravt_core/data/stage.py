@@ -14,7 +14,10 @@
    and RL shard, and on each evaluation split's downloaded annotation rows together with
    the split's video (and subtitle) folder. Reports go to
    `<output_dir>/data/validated/reports/<kind>/`. With `data.on_bad_rows: fail` a broken
-   row stops the stage (`ContractError`); with `quarantine` a contract hands back the
+   row stops the stage (`ContractError`); every SFT, RL and evaluation video is probed
+   (decodes, has frames and a duration; verdicts cached by content hash under
+   `<output_dir>/data/media_health/`), so an undecodable video is a contract failure
+   named with its row; with `quarantine` a contract hands back the
    table of kept rows, and a kind whose shards lost rows is rewritten whole (kept shards
    plus the untouched ones, names kept) into `<output_dir>/data/validated/<kind>/`, which
    the bundle then points at instead of the materialized folder.
@@ -127,6 +130,11 @@ def materialized_dir(cfg: PipelineConfig) -> Path:
     return data_dir(cfg) / "materialized"
 
 
+def media_health_dir(cfg: PipelineConfig) -> Path:
+    """Video probe verdicts by content hash (`paravt_core.video.health`), kept across runs."""
+    return data_dir(cfg) / "media_health"
+
+
 def validated_dir(cfg: PipelineConfig) -> Path:
     return data_dir(cfg) / "validated"
 
@@ -227,6 +235,7 @@ def check_contract(
     from data_contracts import validate as validate_contract
 
     media_dirs: dict = {"media_root": media_root} if media_root is not None else {}
+    media_dirs["media_health"] = media_health_dir(cfg)
     if media is not None:
         subtitle_dir = media.subtitle_dir if split == "videomme_wsub" else None
         media_dirs = {"video_dir": media.video_dir, "subtitle_dir": subtitle_dir}

@@ -508,3 +508,43 @@ def test_sft_messages_stored_as_json_strings_pass_like_lists(good_rows, media_ro
     result = validate("sft", _write_jsonl(broken, tmp_path / "bad.jsonl"), report_dir=tmp_path / "bad",
                       on_bad_rows="quarantine")
     assert {f.row for f in result.failures} == {1}
+
+
+# --- media health: undecodable videos are contract failures named with their row ----------
+
+
+def test_an_undecodable_sft_video_is_quarantined_with_its_row(good_rows, media_root, tmp_path):
+    broken = tmp_path / "media" / "selfqa" / "zero.mp4"
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"")
+    text = broken.with_name("text.mp4")
+    text.write_text("not a video\n")
+    rows = copy.deepcopy(good_rows["sft"][:4])
+    rows[1]["videos"] = [f"file://{broken}"]
+    rows[3]["videos"] = [f"file://{text}"]
+    table = _sft_table(rows, tmp_path / "shard.parquet")
+    assert validate("sft", table, report_dir=tmp_path / "plain").passed  # the files exist: only probing tells
+    result = validate("sft", table, report_dir=tmp_path / "report", on_bad_rows="quarantine",
+                      media_health=tmp_path / "health")
+    health = {f.row: f.value for f in result.failures if f.rule == "expect_column_values_to_reference_healthy_videos"}
+    assert sorted(health) == [2, 4]
+    assert f"video {broken} cannot be used: the file is empty (0 bytes)" in health[2]
+    assert pq.read_table(result.kept_path).num_rows == 2
+    assert len(list((tmp_path / "health").glob("*.json"))) >= 3  # verdicts cached by content hash
+
+
+def test_an_undecodable_eval_video_is_quarantined_with_its_row(tmp_path):
+    from tests.conftest import write_test_video
+
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    write_test_video(videos / "GOOD1.mp4", seconds=4.0)
+    (videos / "EMPTY.mp4").write_bytes(b"")
+    rows = [{"video": "GOOD1.mp4", "caption": "a person sits.", "timestamp": [1.0, 2.0]},
+            {"video": "EMPTY.mp4", "caption": "a person stands.", "timestamp": [0.5, 1.5]}]
+    path = _write_jsonl(rows, tmp_path / "charades.jsonl")
+    result = validate("eval", path, split="charades", report_dir=tmp_path / "report", video_dir=videos,
+                      media_health=tmp_path / "health", on_bad_rows="quarantine")
+    assert [(f.row, f.rule) for f in result.failures] == [(2, "expect_rows_to_name_healthy_videos")]
+    assert "EMPTY.mp4 cannot be used: the file is empty" in result.failures[0].value
+    assert result.kept_path.read_text().splitlines() == [json.dumps(rows[0])]
