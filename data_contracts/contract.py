@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 ON_BAD_ROWS = ("fail", "quarantine")
 
 
-def _check_arguments(kind: str, split: str | None, on_bad_rows: str, media_dirs: tuple) -> None:
+def _check_arguments(kind: str, split: str | None, on_bad_rows: str, media_dirs: tuple,
+                     media_root: Path | None = None) -> None:
     from data_contracts.suites import EVAL_SPLITS, KINDS
 
     if kind not in KINDS:
@@ -37,6 +38,8 @@ def _check_arguments(kind: str, split: str | None, on_bad_rows: str, media_dirs:
         raise ValueError(f"eval contracts need split= one of {', '.join(EVAL_SPLITS)}, got {split!r}")
     if kind != "eval" and (split is not None or any(d is not None for d in media_dirs)):
         raise ValueError(f"split, video_dir and subtitle_dir apply to eval tables only, not {kind!r}")
+    if kind == "eval" and media_root is not None:
+        raise ValueError("media_root applies to sft and rl tables; eval tables take video_dir")
     if on_bad_rows not in ON_BAD_ROWS:
         raise ValueError(f"on_bad_rows must be one of {', '.join(ON_BAD_ROWS)}, got {on_bad_rows!r}")
 
@@ -106,6 +109,8 @@ def validate(
     report_dir: Path,
     video_dir: Path | None = None,
     subtitle_dir: Path | None = None,
+    media_root: Path | None = None,
+    media_health: Path | None = None,
 ) -> ContractResult:
     """Check every row of a table against its data contract.
 
@@ -119,6 +124,11 @@ def validate(
         video_dir: for eval, the folder the split's loader resolves videos under; None
             skips the existence rule (e.g. annotation-only fixtures).
         subtitle_dir: for videomme_wsub, where `<videoID>.srt` files are (default video_dir).
+        media_root: for sft and rl, the folder every referenced media file must lie in
+            (the unpacked ParaVT-Source); None skips that rule.
+        media_health: a folder caching video probes by content hash; given, every video
+            (SFT / RL `videos`, an eval row's video) must decode, with frames and a
+            duration. None skips the probes.
 
     Returns:
         The `ContractResult`; with bad rows in quarantine mode, `kept_path` is the table
@@ -128,15 +138,18 @@ def validate(
         ContractError: the contract failed (see `on_bad_rows`), or the table is unreadable.
         ValueError: bad arguments.
     """
-    from data_contracts import report, runtime, suites, tables
+    from data_contracts import report, rules, runtime, suites, tables
 
-    _check_arguments(kind, split, on_bad_rows, (video_dir, subtitle_dir))
+    _check_arguments(kind, split, on_bad_rows, (video_dir, subtitle_dir), media_root)
     table_path, report_dir = Path(table_path), Path(report_dir)
     table = _read(table_path)
-    fmt = suites.row_format(kind, split, table.frame.columns)
-    frame = tables.with_row_ids(table.frame, fmt.identity, suites.ROW_ID)
+    frame = table.frame
+    if kind == "sft" and "messages" in frame.columns:
+        frame = frame.assign(messages=frame["messages"].map(rules.decoded_messages))
+    fmt = suites.row_format(kind, split, frame.columns)
+    frame = tables.with_row_ids(frame, fmt.identity, suites.ROW_ID)
     runtime.batch_definition()  # GX suites need the context to exist first
-    suite = suites.build_suite(kind, split, list(frame.columns), video_dir, subtitle_dir)
+    suite = suites.build_suite(kind, split, list(frame.columns), video_dir, subtitle_dir, media_root, media_health)
     gx_result = runtime.run_suite(frame, suite)
     stem = f"{suite.name}.{table_path.stem}"
     paths = {

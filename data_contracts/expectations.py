@@ -190,11 +190,12 @@ class ExpectColumnValuesToBeVideoLists(ContractRule, ColumnMapExpectation):
 
 class ColumnValuesExistingFiles(ColumnMapMetricProvider):
     condition_metric_name = "column_values.paravt_existing_files"
+    condition_value_keys = ("media_root",)
 
     @column_condition_partial(engine=PandasExecutionEngine)
-    def _pandas(cls, column, **kwargs):
+    def _pandas(cls, column, media_root=None, **kwargs):
         is_file = functools.lru_cache(maxsize=None)(os.path.isfile)  # rows share videos
-        return cells_pass(column, rules.media_files_problem, is_file=is_file)
+        return cells_pass(column, rules.media_files_problem, is_file=is_file, media_root=media_root)
 
 
 class ExpectColumnValuesToReferenceExistingFiles(ContractRule, ColumnMapExpectation):
@@ -202,7 +203,10 @@ class ExpectColumnValuesToReferenceExistingFiles(ContractRule, ColumnMapExpectat
     exists: the materialize step has run (SPEC §8)."""
 
     map_metric: ClassVar[str] = "column_values.paravt_existing_files"
+    success_keys: ClassVar[tuple[str, ...]] = ("mostly", "media_root")
     problem: ClassVar[Rule] = staticmethod(rules.media_files_problem)
+    rule_params: ClassVar[tuple[str, ...]] = ("media_root",)
+    media_root: Optional[str] = None
     description: Optional[str] = "referenced media are materialized file:// URLs of existing files (SPEC §8)"
 
 
@@ -392,3 +396,46 @@ class ExpectRowsToNameExistingVideos(ContractRule, MulticolumnMapExpectation):
     video_dir: str
     subtitle_dir: Optional[str] = None
     description: Optional[str] = "each row's video (and subtitles for videomme_wsub) exists"
+
+
+class ColumnValuesHealthyVideos(ColumnMapMetricProvider):
+    condition_metric_name = "column_values.paravt_healthy_videos"
+    condition_value_keys = ("health_cache",)
+
+    @column_condition_partial(engine=PandasExecutionEngine)
+    def _pandas(cls, column, health_cache, **kwargs):
+        return cells_pass(column, rules.video_health_problem, health_cache=health_cache)
+
+
+class ExpectColumnValuesToReferenceHealthyVideos(ContractRule, ColumnMapExpectation):
+    """Every video a value references decodes, has frames and a duration (media health)."""
+
+    map_metric: ClassVar[str] = "column_values.paravt_healthy_videos"
+    success_keys: ClassVar[tuple[str, ...]] = ("mostly", "health_cache")
+    problem: ClassVar[Rule] = staticmethod(rules.video_health_problem)
+    rule_params: ClassVar[tuple[str, ...]] = ("health_cache",)
+    health_cache: str
+    description: Optional[str] = "referenced videos decode, with frames and a duration"
+
+
+class RowsHealthyVideos(MulticolumnMapMetricProvider):
+    condition_metric_name = "multicolumn_values.paravt_healthy_videos"
+    condition_value_keys = ("split", "video_dir", "health_cache")
+
+    @multicolumn_condition_partial(engine=PandasExecutionEngine)
+    def _pandas(cls, column_list, split, video_dir, health_cache, **kwargs):
+        return rows_pass(column_list, rules.eval_video_health_problem, split=split, video_dir=video_dir,
+                         health_cache=health_cache)
+
+
+class ExpectRowsToNameHealthyVideos(ContractRule, MulticolumnMapExpectation):
+    """Each row's video (when found under video_dir) decodes, has frames and a duration."""
+
+    map_metric: ClassVar[str] = "multicolumn_values.paravt_healthy_videos"
+    success_keys: ClassVar[tuple[str, ...]] = ("mostly", "split", "video_dir", "health_cache")
+    problem: ClassVar[Rule] = staticmethod(rules.eval_video_health_problem)
+    rule_params: ClassVar[tuple[str, ...]] = ("split", "video_dir", "health_cache")
+    split: str
+    video_dir: str
+    health_cache: str
+    description: Optional[str] = "each row's video decodes, with frames and a duration"

@@ -16,7 +16,14 @@ Row formats (SPEC §8 and the loaders of `paravt_core.eval.samples`, SPEC §7):
   credit it: an mcq answer is one letter A-D, a tvg answer holds an `[s, e]` pair with
   s < e, an oe answer has at least one word after normalization.
 - Media references are local after materialize (SPEC §8): `file://<root>/<sentinel>` URLs
-  (or absolute paths, which the SFT encoder also reads) naming existing files.
+  (or absolute paths, which the SFT encoder also reads) naming existing files; with a
+  media root given, the file (symbolic links resolved) must lie inside it, so a row
+  pointing at `file:///etc/passwd` or climbing out with `..` fails.
+- Media health (when the caller names a cache folder): every SFT / RL `videos` entry and
+  every evaluation row's video decodes, has frames and a duration
+  (`paravt_core.video.health`, verdicts cached by content hash).
+- SFT `messages` stored as a JSON string (some releases do; materialize and the SFT reader
+  accept it) are decoded before these rules (`decoded_messages`).
 """
 
 from __future__ import annotations
@@ -225,15 +232,56 @@ def local_path(reference: str) -> Path | None:
     return None
 
 
-def media_files_problem(value: Any, is_file: Callable[[str], bool] = os.path.isfile) -> Problem:
-    """Every media reference of the cell is local (SPEC §8 materialize) and exists."""
+def outside_root_problem(path: Path, media_root: str) -> Problem:
+    """The file, links resolved, lies inside `media_root`."""
+    root = Path(media_root).resolve()
+    resolved = path.resolve()
+    if resolved == root or root not in resolved.parents:
+        return f"{path} lies outside the media root {root}; rows may only name files the data stage unpacked"
+    return None
+
+
+def media_files_problem(value: Any, is_file: Callable[[str], bool] = os.path.isfile,
+                        media_root: str | None = None) -> Problem:
+    """Every media reference of the cell is local (SPEC §8 materialize), inside `media_root`
+    when one is given, and exists."""
     for reference in media_references(value):
         path = local_path(reference)
         if path is None:
             return f"{reference!r} is not a file:// URL or absolute path; run the materialize step"
+        if media_root is not None and (outside := outside_root_problem(path, media_root)):
+            return outside
         if not is_file(str(path)):
             return f"{path} does not exist"
     return None
+
+
+def _health_problem(path: Path, health_cache: str) -> Problem:
+    from paravt_core.video.health import health_cache as cache_for
+
+    verdict = cache_for(health_cache).check(path)
+    return None if verdict.ok else f"video {path} cannot be used: {verdict.problem}"
+
+
+def video_health_problem(value: Any, health_cache: str) -> Problem:
+    """Every existing local video the cell names decodes, with frames and a duration.
+    References that are not local existing files are left to `media_files_problem`."""
+    for reference in media_references(value):
+        path = local_path(reference)
+        if path is not None and path.is_file() and (problem := _health_problem(path, health_cache)):
+            return problem
+    return None
+
+
+def decoded_messages(value: Any) -> Any:
+    """An SFT `messages` cell with a JSON-string value decoded; anything else unchanged
+    (a string that does not parse stays a string and fails the chat-turn rule)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def one_video_marker_problem(row: Mapping[str, Any]) -> Problem:
@@ -402,16 +450,13 @@ def _lvbench_answer(row: Mapping[str, Any]) -> Problem:
 
 
 def _mlvu_answer(row: Mapping[str, Any]) -> Problem:
-    candidates = _option_texts(row.get("candidates")) or []
-    listed = _inline_letters(row.get("question"))
-    if isinstance(listed, str):
-        return listed
-    if listed and len(listed) != len(candidates):
-        return f"the question lists {len(listed)} options but there are {len(candidates)} candidates"
-    answer = row.get("answer")
-    if isinstance(answer, str) and answer.strip() in candidates:
-        return None
-    return _answer_among(answer, samples.option_letters(len(candidates)))
+    """The loader's own reading (blank candidates dropped, letters remapped), so the
+    contract and the loader agree on what the answer names."""
+    try:
+        samples.mlvu_choices(samples.Row(Path("-"), 0, row))
+    except samples.RowError as error:
+        return error.problem
+    return None
 
 
 def _mmvu_answer(row: Mapping[str, Any]) -> Problem:
@@ -446,23 +491,9 @@ def mcq_answer_problem(row: Mapping[str, Any], layout: str) -> Problem:
     return ANSWER_RULES[layout](row)
 
 
-def _sample_builder(split: str) -> Callable[[samples.Row, Path], samples.EvalSample]:
-    if split == "videomme_wsub":
-        return lambda row, video_dir: samples.videomme_sample(row, video_dir, split="videomme_wsub")
-    builders = {
-        "videomme": samples.videomme_sample,
-        "longvideobench": samples.longvideobench_sample,
-        "lvbench": samples.lvbench_sample,
-        "mlvu": samples.mlvu_sample,
-        "mmvu": samples.mmvu_sample,
-        "charades": samples.charades_sample,
-    }
-    return builders[split]
-
-
 def build_sample(row: Mapping[str, Any], split: str, video_dir: str) -> samples.EvalSample:
     """The split loader's sample for one row (raises `samples.RowError` on a bad row)."""
-    return _sample_builder(split)(samples.Row(Path("-"), 0, row), Path(video_dir))
+    return samples.SAMPLE_BUILDERS[split](samples.Row(Path("-"), 0, row), Path(video_dir))
 
 
 def loads_as_sample_problem(row: Mapping[str, Any], split: str) -> Problem:
@@ -477,6 +508,17 @@ def loads_as_sample_problem(row: Mapping[str, Any], split: str) -> Problem:
 def subtitle_path(row: Mapping[str, Any], subtitle_dir: str) -> Path:
     """Where `load_videomme_wsub` looks for the row's subtitles: `<subtitle_dir>/<videoID>.srt`."""
     return Path(subtitle_dir) / f"{str(row.get('videoID')).strip()}.srt"
+
+
+def eval_video_health_problem(row: Mapping[str, Any], split: str, video_dir: str, health_cache: str) -> Problem:
+    """The row's video, when the loader finds it, decodes with frames and a duration."""
+    try:
+        sample = build_sample(row, split, video_dir)
+    except (samples.RowError, ValueError):
+        return None
+    if sample.video_missing:
+        return None
+    return _health_problem(sample.video_path, health_cache)
 
 
 def media_exist_problem(row: Mapping[str, Any], split: str, video_dir: str, subtitle_dir: str | None = None) -> Problem:

@@ -11,6 +11,8 @@ kind, row ids are unique, then the rules of the row format (SPEC §7, §8):
   one `<video>` marker for the row's one video; videos are `{"video": path}` entries of
   existing files; extra_info is JSON with answer and question_type in mcq | tvg | oe, the
   answer fits its type (SPEC §4.2) and an mcq letter is among the prompt's options.
+- every suite, when built with a media-health cache folder: each video decodes, with
+  frames and a duration (`paravt_core.video.health`);
 - `eval_<split>`: the fields the split's loader reads, with their kinds; value rules
   (Video-MME duration short/medium/long and options lettered "A. ", MMVU question_type
   multiple-choice/open-ended, Charades-STA timestamp a window with start < end); the answer
@@ -18,9 +20,12 @@ kind, row ids are unique, then the rules of the row format (SPEC §7, §8):
   finds its video (and the .srt for videomme_wsub).
 
 Row identity: eval rows use the dataset's id field (Video-MME and MLVU `question_id`,
-LongVideoBench `id`, LVBench `uid`, MMVU `id`). Rows without one get a derived id in
-`ROW_ID`: the sha256 of the canonical JSON of (messages, videos) for SFT, (prompt, videos,
-extra_info) for RL, and (video, caption) for Charades-STA, whose loader numbers rows instead.
+LongVideoBench `id`, MMVU `id`). Rows without one get a derived id in `ROW_ID`: the sha256
+of the canonical JSON of (messages, videos) for SFT, (prompt, videos, extra_info) for RL,
+(video, caption) for Charades-STA, whose loader numbers rows instead, and (question, answer,
+time_reference, type) for LVBench, whose real rows can have a null `uid` (the loader then
+derives one). MLVU `candidates` may hold blanks (real rows do; the loader drops them), so
+their kind is left to the answer and loader rules.
 
 Rules on a column the table lacks are left out; the required-columns rule reports it.
 """
@@ -89,18 +94,19 @@ ROW_FORMATS: dict[str, RowFormat] = {
     ),
     "lvbench": RowFormat(
         columns={
-            **dict.fromkeys(("uid", "type", "question", "answer", "time_reference"), "text"),
+            **dict.fromkeys(("type", "question", "answer", "time_reference"), "text"),
             "question_type": "text_list",
             "key": "text",
         },
-        id_column="uid",
+        id_column=ROW_ID,
+        identity=("question", "answer", "time_reference", "type"),
         answer_layout="lvbench",
     ),
     "mlvu": RowFormat(
         columns={
             **dict.fromkeys(("video_name", "question", "answer", "task_type", "question_id"), "text"),
             "duration": "number",
-            "candidates": "text_list",
+            "candidates": None,
         },
         id_column="question_id",
         answer_layout="mlvu",
@@ -155,7 +161,7 @@ def column_rules(fmt: RowFormat) -> list[Expectation]:
     return found
 
 
-def sft_rules() -> list[Expectation]:
+def sft_rules(media_root: Path | None = None, media_health: Path | None = None) -> list[Expectation]:
     """SFT rows (SPEC §8; the SFT encoder trains on the assistant turns)."""
     return [
         px.ExpectColumnValuesToBeChatTurns(column="messages", content="items"),
@@ -164,12 +170,24 @@ def sft_rules() -> list[Expectation]:
             column="messages", role="assistant", description="the conversation ends with the assistant's answer"
         ),
         px.ExpectColumnValuesToBeVideoLists(column="videos", entry="path"),
-        px.ExpectColumnValuesToReferenceExistingFiles(column="messages"),
-        px.ExpectColumnValuesToReferenceExistingFiles(column="videos"),
+        *_existing_files("messages", media_root),
+        *_existing_files("videos", media_root),
+        *_healthy_videos("videos", media_health),
     ]
 
 
-def rl_rules() -> list[Expectation]:
+def _healthy_videos(column: str, media_health: Path | None) -> list[Expectation]:
+    if media_health is None:
+        return []
+    return [px.ExpectColumnValuesToReferenceHealthyVideos(column=column, health_cache=str(media_health))]
+
+
+def _existing_files(column: str, media_root: Path | None) -> list[Expectation]:
+    root = str(media_root) if media_root is not None else None
+    return [px.ExpectColumnValuesToReferenceExistingFiles(column=column, media_root=root)]
+
+
+def rl_rules(media_root: Path | None = None, media_health: Path | None = None) -> list[Expectation]:
     """RL rows (SPEC §8; rewards of SPEC §4.2)."""
     return [
         px.ExpectColumnValuesToBeChatTurns(column="prompt", content="text"),
@@ -178,7 +196,8 @@ def rl_rules() -> list[Expectation]:
             column="prompt", role="user", description="the prompt ends with the user's question"
         ),
         px.ExpectColumnValuesToBeVideoLists(column="videos", entry="mapping"),
-        px.ExpectColumnValuesToReferenceExistingFiles(column="videos"),
+        *_existing_files("videos", media_root),
+        *_healthy_videos("videos", media_health),
         px.ExpectPromptsToMarkTheirVideo(column_list=["prompt", "videos"]),
         px.ExpectColumnValuesToBeRewardGroundTruth(column="extra_info"),
         px.ExpectColumnValuesToHaveScorableAnswers(column="extra_info"),
@@ -220,7 +239,8 @@ _ANSWER_COLUMNS = {
 }
 
 
-def eval_rules(split: str, fmt: RowFormat, video_dir: Path | None, subtitle_dir: Path | None) -> list[Expectation]:
+def eval_rules(split: str, fmt: RowFormat, video_dir: Path | None, subtitle_dir: Path | None,
+               media_health: Path | None = None) -> list[Expectation]:
     """Answers, loader acceptance and (with a video_dir) existing media of one split."""
     columns = sorted(fmt.columns)
     found = value_rules(split)
@@ -239,6 +259,9 @@ def eval_rules(split: str, fmt: RowFormat, video_dir: Path | None, subtitle_dir:
                 subtitle_dir=str(subtitle_dir) if subtitle_dir else None,
             )
         )
+        if media_health is not None:
+            found.append(px.ExpectRowsToNameHealthyVideos(column_list=columns, split=split, video_dir=str(video_dir),
+                                                          health_cache=str(media_health)))
     return found
 
 
@@ -262,17 +285,19 @@ def build_suite(
     table_columns: Sequence[str],
     video_dir: Path | None = None,
     subtitle_dir: Path | None = None,
+    media_root: Path | None = None,
+    media_health: Path | None = None,
 ) -> gx.ExpectationSuite:
     """The suite for one table of `kind` (and eval `split`); `table_columns` are the columns
     of the frame GX validates (`ROW_ID` included when the derived id was computed)."""
     fmt = row_format(kind, split, table_columns)
     found = column_rules(fmt)
     if kind == "sft":
-        found += sft_rules()
+        found += sft_rules(media_root, media_health)
     elif kind == "rl":
-        found += rl_rules()
+        found += rl_rules(media_root, media_health)
     else:
-        found += eval_rules(split, fmt, video_dir, subtitle_dir)
+        found += eval_rules(split, fmt, video_dir, subtitle_dir, media_health)
     suite = gx.ExpectationSuite(name=suite_name(kind, split))
     for expectation in applicable(found, table_columns):
         suite.add_expectation(expectation)

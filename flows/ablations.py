@@ -21,6 +21,7 @@ from flows.eval import eval_stage
 from flows.params import PipelineParams
 from paravt_core.config import load_config
 from paravt_core.eval.report import format_table
+from paravt_core.run_lock import hold_output_dir
 from tasks.model import base_model
 from tasks.rl import rl
 from tasks.sft import sft
@@ -37,18 +38,19 @@ class AblationParams(PipelineParams):
 @flow(name="paravt", log_prints=True)
 def ablations(params: AblationParams = AblationParams()) -> str:
     cfg = params.load()
-    log = get_run_logger()
-    data = data_stage(cfg)
-    sft_model = sft(cfg, base_model(cfg), data.sft)
-    reports = {"sft": eval_stage(cfg, sft_model, data.eval, "sft")}
-    rl_dir = Path(params.config_path).resolve().parents[1] / "rl"
-    for row in params.rows:
-        row_cfg = load_config(params.config_path, params.overrides, rl_dir / f"{row}.yaml")
-        model = rl(row_cfg, sft_model, data.rl)
-        reports[row] = eval_stage(row_cfg, model, data.eval, row)
-        if row == "paragrpo" and params.sequential_eval:
-            seq_cfg = row_cfg.model_copy(update={"eval": row_cfg.eval.model_copy(update={"dispatch": "sequential"})})
-            reports["paragrpo-sequential"] = eval_stage(seq_cfg, model, data.eval, "paragrpo-sequential")
-    table = format_table(reports)
-    log.info("ablations:\n%s", table)
-    return table
+    with hold_output_dir(cfg.run.output_dir, "paravt flow (ablations)"):
+        log = get_run_logger()
+        data = data_stage(cfg)
+        sft_model = sft(cfg, base_model(cfg), data.sft)
+        reports = {"sft": eval_stage(cfg, sft_model, data.eval, "sft")}
+        rl_dir = Path(params.config_path).resolve().parents[1] / "rl"
+        for row in params.rows:
+            row_cfg = load_config(params.config_path, params.overrides, rl_dir / f"{row}.yaml")
+            model = rl(row_cfg, sft_model, data.rl)
+            reports[row] = eval_stage(row_cfg, model, data.eval, row)
+            if row == "paragrpo" and params.sequential_eval:
+                seq_cfg = row_cfg.model_copy(update={"eval": row_cfg.eval.model_copy(update={"dispatch": "sequential"})})
+                reports["paragrpo-sequential"] = eval_stage(seq_cfg, model, data.eval, "paragrpo-sequential")
+        table = format_table(reports)
+        log.info("ablations:\n%s", table)
+        return table

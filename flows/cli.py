@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 
 def _run(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "paravt_core")
     from flows.full_pipeline import full_pipeline
     from flows.params import PipelineParams
+    from paravt_core.run_lock import OutputDirBusy, hold_output_dir
 
     params = PipelineParams(config_path=args.config, overrides=args.set, rl_row=args.rl_row)
     cfg = params.load()
-    outputs = full_pipeline(params)
+    try:
+        # Taken here too (the flow takes it again, re-entrantly) so a busy directory is a
+        # one-line refusal before Prefect starts a flow run, not a failed flow run.
+        with hold_output_dir(cfg.run.output_dir, "paravt run"):
+            outputs = full_pipeline(params)
+    except OutputDirBusy as exc:
+        print(f"paravt run: {exc}", file=sys.stderr)
+        return 2
     print("\nPipeline finished. Outputs:")
     for name, where in outputs.items():
         print(f"  {name:<14} {where}")

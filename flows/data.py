@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger
 from flows.params import PipelineParams
 from paravt_core.config import PipelineConfig
 from paravt_core.data.stage import DataBundle, bundle
+from paravt_core.run_lock import hold_output_dir
 from tasks.data import download, materialize, prepare_eval, unzip, validate
 
 
@@ -29,10 +30,11 @@ def data_stage(cfg: PipelineConfig) -> DataBundle:
 @flow(name="paravt-data", log_prints=True)
 def data_flow(params: PipelineParams = PipelineParams()) -> DataBundle:
     cfg = params.load()
-    data = data_stage(cfg)
-    log = get_run_logger()
-    log.info("SFT data %s (sha256 %s)", data.sft.path, data.sft.sha256[:12])
-    log.info("RL data %s (sha256 %s)", data.rl.path, data.rl.sha256[:12])
-    log.info("eval splits %s (sha256 %s); missing media per root %s", data.eval.path, data.eval.sha256[:12],
-             data.missing)
-    return data
+    with hold_output_dir(cfg.run.output_dir, "paravt-data flow"):
+        data = data_stage(cfg)
+        log = get_run_logger()
+        log.info("SFT data %s (sha256 %s)", data.sft.path, data.sft.sha256[:12])
+        log.info("RL data %s (sha256 %s)", data.rl.path, data.rl.sha256[:12])
+        log.info("eval splits %s (sha256 %s); missing media per root %s", data.eval.path, data.eval.sha256[:12],
+                 data.missing)
+        return data

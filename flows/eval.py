@@ -20,6 +20,7 @@ from paravt_core.config import EVAL_SPLITS, PipelineConfig
 from paravt_core.eval.report import EvalReport, format_table
 from paravt_core.eval.stage import report_of
 from paravt_core.refs import ArtifactRef
+from paravt_core.run_lock import hold_output_dir
 from tasks.eval import eval_split, log_eval, resolve_model
 
 
@@ -51,9 +52,10 @@ def eval_stage(cfg: PipelineConfig, model_ref: ArtifactRef, eval_data: ArtifactR
 @flow(name="paravt-eval", log_prints=True)
 def eval_flow(params: EvalParams = EvalParams()) -> EvalReport:
     cfg = params.load()
-    data = data_stage(cfg)
-    resolved = resolve_model(cfg, params.model)
-    report = eval_stage(cfg, resolved.artifact, data.eval, params.label or resolved.label, params.splits or None)
-    get_run_logger().info("eval of %s (results in %s):\n%s", report.label, report.results_dir,
-                          format_table({report.label: report}))
-    return report
+    with hold_output_dir(cfg.run.output_dir, "paravt-eval flow"):
+        data = data_stage(cfg)
+        resolved = resolve_model(cfg, params.model)
+        report = eval_stage(cfg, resolved.artifact, data.eval, params.label or resolved.label, params.splits or None)
+        get_run_logger().info("eval of %s (results in %s):\n%s", report.label, report.results_dir,
+                              format_table({report.label: report}))
+        return report

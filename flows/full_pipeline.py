@@ -15,6 +15,7 @@ from flows.data import data_stage
 from flows.eval import eval_stage
 from flows.params import PipelineParams
 from paravt_core.eval.report import format_table
+from paravt_core.run_lock import hold_output_dir
 from tasks.model import base_model
 from tasks.registry import promote, register
 from tasks.rl import rl
@@ -24,31 +25,32 @@ from tasks.sft import sft, sft_grammar
 @flow(name="paravt", log_prints=True)
 def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
     cfg = params.load()
-    log = get_run_logger()
-    log.info("pipeline %s -> %s", cfg.run.name, cfg.run.output_dir.resolve())
-    data = data_stage(cfg)
-    base = base_model(cfg)
-    sft_model = sft(cfg, base, data.sft)
-    grammar = sft_grammar(cfg, base, sft_model, data)
-    sft_version = register(cfg, sft_model, "sft", data.sft.sha256, alias="sft")
-    rl_model = rl(cfg, sft_model, data.rl)
-    rl_version = register(cfg, rl_model, "rl", data.rl.sha256, parent_version=sft_version.version, alias="candidate")
-    log.info("registered %s v%s (sft) and v%s (rl, candidate)", cfg.model.registered_name, sft_version.version,
-             rl_version.version)
-    # The RL row is labelled by its ablation row, so Table 2 of `paravt report` joins on it.
-    reports = {label: eval_stage(cfg, model, data.eval, label)
-               for label, model in (("base", base), ("sft", sft_model), (cfg.rl.row, rl_model))}
-    promoted = promote(cfg, rl_version, reports[cfg.rl.row].average, data.eval)
-    table = format_table(reports)
-    log.info("seven-split evaluation:\n%s", table)
-    print(table)
-    return {
-        "base_model": str(base.path),
-        "sft_model": str(sft_model.path),
-        "rl_model": str(rl_model.path),
-        "registered": f"{cfg.model.registered_name} v{sft_version.version} (sft), v{rl_version.version} (candidate)",
-        "sft grammar": f"{grammar['grammar_rate_sft']:.0%} of held-out episodes (base {grammar['grammar_rate_base']:.0%})",
-        "champion": f"v{rl_version.version}" if promoted else "unchanged (the candidate did not beat it on this evaluation)",
-        "eval results": str(reports[cfg.rl.row].results_dir.parent),
-        "mlflow": cfg.mlflow_uri(),
-    }
+    with hold_output_dir(cfg.run.output_dir, "paravt flow (full pipeline)"):
+        log = get_run_logger()
+        log.info("pipeline %s -> %s", cfg.run.name, cfg.run.output_dir.resolve())
+        data = data_stage(cfg)
+        base = base_model(cfg)
+        sft_model = sft(cfg, base, data.sft)
+        grammar = sft_grammar(cfg, base, sft_model, data)
+        sft_version = register(cfg, sft_model, "sft", data.sft.sha256, alias="sft")
+        rl_model = rl(cfg, sft_model, data.rl)
+        rl_version = register(cfg, rl_model, "rl", data.rl.sha256, parent_version=sft_version.version, alias="candidate")
+        log.info("registered %s v%s (sft) and v%s (rl, candidate)", cfg.model.registered_name, sft_version.version,
+                 rl_version.version)
+        # The RL row is labelled by its ablation row, so Table 2 of `paravt report` joins on it.
+        reports = {label: eval_stage(cfg, model, data.eval, label)
+                   for label, model in (("base", base), ("sft", sft_model), (cfg.rl.row, rl_model))}
+        promoted = promote(cfg, rl_version, reports[cfg.rl.row].average, data.eval)
+        table = format_table(reports)
+        log.info("seven-split evaluation:\n%s", table)
+        print(table)
+        return {
+            "base_model": str(base.path),
+            "sft_model": str(sft_model.path),
+            "rl_model": str(rl_model.path),
+            "registered": f"{cfg.model.registered_name} v{sft_version.version} (sft), v{rl_version.version} (candidate)",
+            "sft grammar": f"{grammar['grammar_rate_sft']:.0%} of held-out episodes (base {grammar['grammar_rate_base']:.0%})",
+            "champion": f"v{rl_version.version}" if promoted else "unchanged (the candidate did not beat it on this evaluation)",
+            "eval results": str(reports[cfg.rl.row].results_dir.parent),
+            "mlflow": cfg.mlflow_uri(),
+        }

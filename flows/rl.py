@@ -7,6 +7,7 @@ from prefect import flow
 from flows.data import data_stage
 from flows.params import PipelineParams
 from paravt_core.refs import ArtifactRef
+from paravt_core.run_lock import hold_output_dir
 from tasks.model import base_model
 from tasks.rl import rl
 from tasks.sft import sft
@@ -15,6 +16,7 @@ from tasks.sft import sft
 @flow(name="paravt-rl", log_prints=True)
 def rl_flow(params: PipelineParams = PipelineParams()) -> ArtifactRef:
     cfg = params.load()
-    data = data_stage(cfg)
-    sft_model = sft(cfg, base_model(cfg), data.sft)
-    return rl(cfg, sft_model, data.rl)
+    with hold_output_dir(cfg.run.output_dir, "paravt-rl flow"):
+        data = data_stage(cfg)
+        sft_model = sft(cfg, base_model(cfg), data.sft)
+        return rl(cfg, sft_model, data.rl)

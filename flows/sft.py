@@ -7,6 +7,7 @@ from prefect import flow
 from flows.data import data_stage
 from flows.params import PipelineParams
 from paravt_core.refs import ArtifactRef
+from paravt_core.run_lock import hold_output_dir
 from tasks.model import base_model
 from tasks.sft import sft
 
@@ -14,5 +15,6 @@ from tasks.sft import sft
 @flow(name="paravt-sft", log_prints=True)
 def sft_flow(params: PipelineParams = PipelineParams()) -> ArtifactRef:
     cfg = params.load()
-    data = data_stage(cfg)
-    return sft(cfg, base_model(cfg), data.sft)
+    with hold_output_dir(cfg.run.output_dir, "paravt-sft flow"):
+        data = data_stage(cfg)
+        return sft(cfg, base_model(cfg), data.sft)

@@ -1,7 +1,8 @@
 """Typed pipeline configuration, loaded from `conf/**/*.yaml` and validated at load.
 
-Every model is frozen and forbids unknown keys, so a typo or a bad value fails when the
-YAML is read, before any model loads. Defaults are the SPEC's (section cited per field
+Every model is frozen and forbids unknown keys, and no float may be inf or nan, so a typo
+or a bad value fails when the YAML is read, before any model loads. A YAML file or a
+`--set` value that does not parse is a `ConfigError` naming the file or the item. Defaults are the SPEC's (section cited per field
 group); `conf/pipeline/paravt_8b.yaml` spells the paper's run out in full and
 `conf/pipeline/tiny.yaml` is the embedded CPU default.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -21,7 +22,9 @@ from paravt_core.model.tiny import TinyModelSpec
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: `rl.learning_rate=.inf` or `rl.reward.format_weight=.nan` would
+    # otherwise pass every unbounded float field and surface only as a diverged run.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class RunConfig(_Section):
@@ -212,7 +215,7 @@ class GatingConfig(_Section):
     """nFrames gating (SPEC §5)."""
 
     enabled: bool = True
-    choices: tuple[int, ...] = (4, 8, 16, 32, 64)
+    choices: tuple[Annotated[int, Field(ge=1)], ...] = (4, 8, 16, 32, 64)
 
     @model_validator(mode="after")
     def _nonempty(self) -> GatingConfig:
@@ -353,7 +356,12 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form section.key=value")
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(err)}); "
+                              "quote it (--set 'k=\"text\"') or fix the brackets") from None
+        _set_dotted(tree, key.strip(), value)
     return tree
 
 
@@ -367,10 +375,20 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """The parser's complaint on one line, with the line/column where it has one."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + (getattr(err, "problem", None) or str(err).splitlines()[0])
+
+
 def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{what} file {path} does not exist (see conf/ for the shipped ones)")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)}); fix the file") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     return raw

@@ -3,18 +3,29 @@
 One code path from 1 CPU rank to N GPUs: workers are started by the `deepspeed` launcher
 (`launch_workers`), which also takes a hostfile for multi-node runs. On CPU the gloo
 backend and fp32 are used; on GPUs nccl and bf16 when the config asks for it.
+
+Rendezvous: torch's default `env://` rendezvous starts a TCPStore on rank 0 that listens
+on every interface (`*:<master_port>`) although the launcher's master address is
+127.0.0.1, an unauthenticated store open to the network for the whole run. Single-node
+workers therefore meet through a `FileStore` in a private temporary folder
+(`init_method=file://...`) and gloo / NCCL bind their sockets to the loopback interface
+(`rendezvous_env`); multi-node runs (a hostfile) keep `env://` TCP at the master address
+the DeepSpeed runner documents (the first host of the hostfile).
 Checkpoints are DeepSpeed's own (model, optimizer, scheduler and our client state);
 DeepSpeed writes the `latest` pointer only after a tag is complete, so an interrupted
-save never becomes the resume point.
+save never becomes the resume point. A tag damaged after the fact (a truncated or
+corrupted file) is skipped on resume for the newest intact older one (`resume`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +34,7 @@ if TYPE_CHECKING:
     from paravt_core.config import DeepSpeedConfig, PipelineConfig
 
 LogLine = Callable[[str], None]
+RENDEZVOUS_FILE_ENV = "PARAVT_RENDEZVOUS_FILE"
 
 
 def free_port() -> int:
@@ -43,18 +55,38 @@ def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: 
     cmd += [str(script), *args]
     # Ranks on one CPU host share its cores: give each its share, not all of them each.
     threads = str(max(1, (os.cpu_count() or 1) // max(1, num_ranks)))
-    child_env = {"OMP_NUM_THREADS": threads, **os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-                 **(env or {})}
+    rendezvous_dir = None if hostfile else Path(tempfile.mkdtemp(prefix="paravt-rendezvous-"))
+    child_env = {"OMP_NUM_THREADS": threads, **rendezvous_env(rendezvous_dir), **os.environ, "PYTHONUNBUFFERED": "1",
+                 "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    if rendezvous_dir is not None:
+        child_env[RENDEZVOUS_FILE_ENV] = str(rendezvous_dir / "store")
+    else:
+        child_env.pop(RENDEZVOUS_FILE_ENV, None)
     tail: list[str] = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            log_line(line)
-            tail = (tail + [line])[-30:]
-        code = proc.wait()
+    try:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=child_env) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                log_line(line)
+                tail = (tail + [line])[-30:]
+            code = proc.wait()
+    finally:
+        if rendezvous_dir is not None:
+            shutil.rmtree(rendezvous_dir, ignore_errors=True)
     if code != 0:
         raise RuntimeError(f"{script.name} exited with code {code}; last output:\n" + "\n".join(tail))
+
+
+def rendezvous_env(single_node_dir: Path | None) -> dict[str, str]:
+    """Worker environment for the rendezvous (module docstring): for a single-node run
+    (a private folder given), the FileStore path and loopback-only gloo / NCCL sockets
+    (an interface already chosen in the caller's environment wins); {} for multi-node."""
+    if single_node_dir is None:
+        return {}
+    return {RENDEZVOUS_FILE_ENV: str(Path(single_node_dir) / "store"), "GLOO_SOCKET_IFNAME": "lo",
+            "NCCL_SOCKET_IFNAME": "lo"}
 
 
 def maybe_kill_for_test(done_steps: int) -> None:
@@ -126,7 +158,12 @@ def init_distributed() -> tuple[int, int, str]:
     import torch.distributed as dist
 
     on_gpu = torch.cuda.is_available()
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    store_file = os.environ.get(RENDEZVOUS_FILE_ENV)
+    if store_file:  # single node: no network listener (module docstring)
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo", init_method=f"file://{store_file}",
+                                   rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if on_gpu:
         local = int(os.environ.get("LOCAL_RANK", 0))
@@ -216,12 +253,80 @@ def rl_deepspeed_config(cfg: PipelineConfig, on_gpu: bool) -> dict[str, Any]:
                             bf16=training_dtype(cfg.model.dtype, on_gpu) == "bfloat16", zero=rl.deepspeed)
 
 
-def resume(engine, checkpoint_dir: Path) -> dict[str, Any]:
-    """Load the latest complete checkpoint if there is one; returns its client state ({} if none)."""
+class CheckpointError(RuntimeError):
+    """No intact checkpoint to resume from; the message names the folder and the fix."""
+
+
+def checkpoint_damage(tag_dir: Path) -> str | None:
+    """Why a DeepSpeed checkpoint folder cannot be loaded, or None when it looks intact.
+
+    Every `.pt` file is a torch zip archive whose members carry CRC-32s: they are checked
+    without unpickling anything, so a truncated or bit-flipped file ("PytorchStreamReader
+    failed ... corrupted") is found before the engine touches it. A folder without model
+    states was never finished.
+    """
+    import zipfile
+
+    if not tag_dir.is_dir():
+        return f"{tag_dir} does not exist"
+    files = sorted(tag_dir.glob("*.pt"))
+    if not any(f.name.endswith("model_states.pt") for f in files):
+        return f"{tag_dir} holds no *model_states.pt file"
+    for file in files:
+        try:
+            with zipfile.ZipFile(file) as archive:
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
+            return f"{file} is not a complete torch file ({error})"
+        if bad is not None:
+            return f"{file} is corrupted (member {bad} fails its CRC check)"
+    return None
+
+
+def resume_candidates(checkpoint_dir: Path) -> list[str]:
+    """The tags to try, newest first: the one `latest` names, then older `step*` tags
+    (never a newer one: DeepSpeed writes `latest` only after a tag is complete)."""
+    latest = (checkpoint_dir / "latest").read_text().strip()
+    older = sorted((p.name for p in checkpoint_dir.glob("step*") if p.is_dir() and p.name < latest), reverse=True)
+    return [latest, *older]
+
+
+def _intact_on_every_rank(intact: bool) -> bool:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return intact
+    verdicts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(verdicts, intact)
+    return all(verdicts)
+
+
+def resume(engine, checkpoint_dir: Path, warn: LogLine = print) -> dict[str, Any]:
+    """Load the newest intact checkpoint if there is one; returns its client state ({} if none).
+
+    A damaged tag (see `checkpoint_damage`) is skipped with a warning naming it, and the
+    next older one is tried; every rank must find a tag intact for it to be used, so all
+    ranks resume from the same step.
+
+    Raises:
+        CheckpointError: checkpoints exist but none is intact.
+    """
     if not (checkpoint_dir / "latest").is_file():
         return {}
-    _, client_state = engine.load_checkpoint(str(checkpoint_dir))
-    return client_state or {}
+    damaged = []
+    for tag in resume_candidates(checkpoint_dir):
+        problem = checkpoint_damage(checkpoint_dir / tag)
+        if _intact_on_every_rank(problem is None):
+            if damaged:
+                warn(f"warning: resuming from {checkpoint_dir / tag}, the newest intact checkpoint; skipped the "
+                     f"damaged {'; '.join(damaged)}")
+            _, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
+            return client_state or {}
+        damaged.append(problem or f"{checkpoint_dir / tag} (damaged on another rank)")
+    raise CheckpointError(
+        f"no intact checkpoint in {checkpoint_dir} to resume from: {'; '.join(damaged)}. Delete {checkpoint_dir} "
+        f"to start this stage over (its finished steps are lost), or restore an intact step folder from a backup"
+    )
 
 
 def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any]) -> None:

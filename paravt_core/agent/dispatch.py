@@ -6,7 +6,12 @@
 - only the first `max_parallel` well-formed calls of a turn are executed; later ones get
   an error response (SPEC §3). Malformed blocks do not use up that budget;
 - a call whose window is invalid for the episode's video (start >= end, start at or past
-  the end) gets an error response; a valid one has its end clamped to the duration.
+  the end) gets an error response; a valid one has its end clamped to the duration;
+- at most `max_parallel` error responses per turn (our bound; SPEC §3 answers every
+  block): when more than one error block is left after them, they get ONE response
+  "N further call blocks were ignored" (status "ignored", placed last) instead of one
+  each, so 300 malformed blocks cost a few responses, not ~14 k tokens. A single
+  leftover error block is answered as itself (one response either way).
 
 `CropRunner.run` executes the planned windows of ALL episodes of a turn together: it
 decodes each window from the episode's own video (the model-written `video_path` is never
@@ -40,7 +45,7 @@ ToolMode = Literal["subagent", "frames"]
 TOOL_MODES: tuple[ToolMode, ...] = ("subagent", "frames")
 
 
-CallStatus = Literal["run", "malformed", "over_limit", "invalid_window"]
+CallStatus = Literal["run", "malformed", "over_limit", "invalid_window", "ignored"]
 EndReason = Literal["answer", "length", "max_turns"]
 
 
@@ -66,6 +71,12 @@ class PlannedCall:
     error: str | None = None  # the error tool response, unless status is "run"
     window: tuple[float, float] | None = None  # seconds, end clamped to the duration
     num_frames: int | None = None
+    ignored_calls: int = 0  # "ignored": how many of the folded blocks were well-formed calls
+
+    @property
+    def rejected_calls(self) -> int:
+        """Well-formed calls this entry answers with an error."""
+        return self.ignored_calls + (self.status in ("over_limit", "invalid_window"))
 
     @property
     def runs(self) -> bool:
@@ -73,7 +84,23 @@ class PlannedCall:
 
 
 def plan_tool_round(blocks: Sequence[ParsedBlock], duration: float, max_parallel: int) -> list[PlannedCall]:
-    """One `PlannedCall` per block, in call order (rules in the module docstring)."""
+    """The turn's `PlannedCall`s in call order, one per block until `max_parallel` error
+    responses were given, then the folded "ignored" one (rules in the module docstring)."""
+    planned = _plan_each_block(blocks, duration, max_parallel)
+    errors = [call for call in planned if not call.runs]
+    if len(errors) <= max_parallel + 1:
+        return planned
+    folded = errors[max_parallel:]
+    folded_ids = {id(call) for call in folded}
+    kept = [call for call in planned if id(call) not in folded_ids]
+    ignored = PlannedCall(folded[0].block_index, "ignored", error=(
+        f"Error: {len(folded)} further call blocks were ignored; at most {max_parallel} errors are answered per "
+        f"turn. Write at most {max_parallel} well-formed crop_video calls."),
+        ignored_calls=sum(call.status in ("over_limit", "invalid_window") for call in folded))
+    return [*kept, ignored]
+
+
+def _plan_each_block(blocks: Sequence[ParsedBlock], duration: float, max_parallel: int) -> list[PlannedCall]:
     planned, well_formed = [], 0
     for block in blocks:
         if block.call is None:

@@ -323,7 +323,7 @@ class _Rollout:
     def _count_round(state: _EpisodeState, plan: Sequence[PlannedCall]) -> None:
         # malformed blocks were counted as parse failures when the generation was taken
         state.counters.tool_calls += sum(1 for call in plan if call.runs)
-        state.counters.rejected_calls += sum(1 for call in plan if call.status in ("over_limit", "invalid_window"))
+        state.counters.rejected_calls += sum(call.rejected_calls for call in plan)
 
 
 def _trajectory(turn: int, call: PlannedCall, result: CropResult, response: str) -> SubagentTrajectory:

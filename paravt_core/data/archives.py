@@ -15,7 +15,15 @@ stream. Both follow the same rules:
   and a completion marker `<target>/.unzipped/<archive name>.json` holding the archive's
   sha256 and its member list is written last. An interrupted extraction has no marker
   and is redone; a marker for a different archive hash (a new release) is redone too; a
-  marker whose files have since been deleted is redone.
+  marker whose files have since been deleted is redone; an empty or corrupt marker
+  means "not complete" and is redone.
+- Split tars: tarfile takes a bad header in mid-stream for the end of the archive, so a
+  truncated middle part would otherwise extract "successfully" with members missing or
+  filled with the next part's bytes. Before extraction, every part but the last must be
+  non-empty and of one size (how `split -b` cuts), the last no larger, and each part
+  must match the size given by the download's metadata when the caller has it. A part
+  that is a hub blob (named by its sha256) is hashed as it streams and must match its
+  name. After the stream, every byte past the end-of-archive header must be zero.
 
 The archive's sha256 is taken from its hub-cache blob name when it has one (the hub
 names LFS blobs by sha256), so a large archive is not read just to be recognised.
@@ -37,7 +45,7 @@ import time
 import uuid
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
@@ -144,13 +152,26 @@ def _copy_member(archive_file: zipfile.ZipFile, info: zipfile.ZipInfo, destinati
         tmp.unlink(missing_ok=True)
 
 
-def _marker_is_current(marker: Path, target: Path, sha256: str) -> bool:
-    if not marker.is_file():
-        return False
-    record = json.loads(marker.read_text())
-    if record.get("sha256") != sha256:
-        return False
-    return all((target / member).is_file() for member in record.get("members", []))
+def read_marker(marker: Path) -> dict | None:
+    """A completion marker's record, or None when it is absent, empty or corrupt (a crash
+    or a full disk can leave such a file; it means "not complete", never an error)."""
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    members = record.get("members") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str) or not isinstance(members, list):
+        return None
+    return record if all(isinstance(member, str) for member in members) else None
+
+
+def _current_members(marker: Path, target: Path, sha256: str) -> list[str] | None:
+    """The member list of a marker that records this archive and whose files all exist."""
+    record = read_marker(marker)
+    if record is None or record["sha256"] != sha256:
+        return None
+    members = record["members"]
+    return members if all((target / member).is_file() for member in members) else None
 
 
 def extract_archive(archive: Path, target: Path, progress: bool = True) -> list[str]:
@@ -166,9 +187,10 @@ def extract_archive(archive: Path, target: Path, progress: bool = True) -> list[
     target.mkdir(parents=True, exist_ok=True)
     sha256 = archive_sha256(archive)
     marker = marker_path(target, archive)
-    if _marker_is_current(marker, target, sha256):
+    done = _current_members(marker, target, sha256)
+    if done is not None:
         log.info("%s already extracted into %s", archive.name, target)
-        return json.loads(marker.read_text())["members"]
+        return done
     marker.unlink(missing_ok=True)
     started = time.perf_counter()
     with _open_zip(archive) as archive_file:
@@ -190,8 +212,12 @@ def extract_archive(archive: Path, target: Path, progress: bool = True) -> list[
     return members
 
 
-def extract_all(archives: Sequence[Path], target: Path, progress: bool = True) -> dict[str, str]:
+def extract_all(archives: Sequence[Path], target: Path, progress: bool = True,
+                part_sizes: Mapping[str, int] | None = None) -> dict[str, str]:
     """Extract several archives into one folder; returns archive name -> sha256.
+
+    `part_sizes` (file name -> byte size, from the download's metadata when there is
+    any) is checked against the parts of split tars before they are read.
 
     Zips are extracted one by one; the parts of a split tar (`videos.tar.part.aa`, `.ab`,
     ...: LongVideoBench's layout) are read as ONE tar stream, named by their stem
@@ -214,9 +240,17 @@ def extract_all(archives: Sequence[Path], target: Path, progress: bool = True) -
     for archive in zips:
         extract_archive(archive, target, progress)
     for stem, parts in tars.items():
-        extract_tar(stem, parts, target, progress)
-    hashes = {a.name: json.loads(marker_path(target, a).read_text())["sha256"] for a in zips}
-    return hashes | {stem: json.loads(marker_path(target, Path(stem)).read_text())["sha256"] for stem in tars}
+        extract_tar(stem, parts, target, progress, part_sizes)
+    hashes = {a.name: _written_marker(marker_path(target, a))["sha256"] for a in zips}
+    return hashes | {stem: _written_marker(marker_path(target, Path(stem)))["sha256"] for stem in tars}
+
+
+def _written_marker(marker: Path) -> dict:
+    record = read_marker(marker)
+    if record is None:
+        raise ArchiveError(f"{marker}: the completion marker just written cannot be read back; check the disk "
+                           "(full or failing) and re-run the unzip step")
+    return record
 
 
 # ----- tar archives (in parts) ---------------------------------------------------------
@@ -261,11 +295,50 @@ def part_suffix(index: int, width: int = 2) -> str:
     return "".join(reversed(letters))
 
 
-class _JoinedParts(io.RawIOBase):
-    """The parts' bytes as one read-only stream (what `cat parts > joined` would hold)."""
+def _hub_blob_sha256(part: Path) -> str | None:
+    """The sha256 the hub recorded for a part: its blob name, when it is a cached LFS file."""
+    blob_name = part.resolve().name
+    return blob_name if part.is_symlink() and _SHA256_NAME.match(blob_name) else None
 
-    def __init__(self, parts: Sequence[Path]):
+
+def _redownload(parts: Sequence[Path]) -> str:
+    return f"Delete {', '.join(str(p) for p in parts)} (and their blobs in the hub cache) and re-run the download step"
+
+
+def check_part_sizes(label: Path, parts: Sequence[Path], expected: Mapping[str, int] | None = None) -> None:
+    """Refuse parts whose sizes cannot be those of one `split -b` cut: an empty part, a part
+    before the last that differs from the others, a last part larger than them, or a size
+    other than the download's metadata says (`expected`: file name -> bytes)."""
+    sizes = {part: part.stat().st_size for part in parts}
+    for part, size in sizes.items():
+        if expected and part.name in expected and expected[part.name] != size:
+            raise ArchiveError(f"{label}: part {part} is {size} bytes but the download's metadata says "
+                               f"{expected[part.name]}; it is truncated or not the published file. {_redownload([part])}")
+        if size == 0:
+            raise ArchiveError(f"{label}: part {part} is empty. {_redownload([part])}")
+    if len(parts) < 2:
+        return
+    leading = [sizes[part] for part in parts[:-1]]
+    # The common size; on a tie the larger one, as a damaged part is the shorter.
+    full = max(set(leading), key=lambda size: (leading.count(size), size))
+    odd = [part for part in parts[:-1] if sizes[part] != full]
+    if not odd and sizes[parts[-1]] > full:
+        odd = list(parts[:-1])
+    if odd:
+        described = ", ".join(f"{part.name} ({sizes[part]} bytes)" for part in odd)
+        raise ArchiveError(f"{label}: {described} differ from the {full} bytes of every other part before the "
+                           f"last (split cuts equal parts); a part is truncated. {_redownload(odd)}")
+
+
+class _JoinedParts(io.RawIOBase):
+    """The parts' bytes as one read-only stream (what `cat parts > joined` would hold);
+    a part with a recorded sha256 (`expected`, by index) is hashed as it is read and
+    must match when its last byte has been read."""
+
+    def __init__(self, parts: Sequence[Path], expected: Mapping[int, str] | None = None):
         self._parts, self._index, self._file = list(parts), 0, None
+        self._expected = dict(expected or {})
+        self._hash = hashlib.sha256()
 
     def readable(self) -> bool:
         return True
@@ -274,12 +347,23 @@ class _JoinedParts(io.RawIOBase):
         while self._index < len(self._parts):
             if self._file is None:
                 self._file = open(self._parts[self._index], "rb")  # noqa: SIM115 - held across reads, closed below
+                self._hash = hashlib.sha256()
             count = self._file.readinto(buffer)
             if count:
+                if self._index in self._expected:
+                    self._hash.update(memoryview(buffer)[:count])
                 return count
             self._file.close()
+            self._check_hash()
             self._file, self._index = None, self._index + 1
         return 0
+
+    def _check_hash(self) -> None:
+        expected = self._expected.get(self._index)
+        if expected is not None and self._hash.hexdigest() != expected:
+            part = self._parts[self._index]
+            raise ArchiveError(f"part {part} has sha256 {self._hash.hexdigest()} but the hub recorded {expected}; "
+                               f"it is corrupt. {_redownload([part])}")
 
     def close(self) -> None:
         if self._file is not None:
@@ -288,13 +372,59 @@ class _JoinedParts(io.RawIOBase):
         super().close()
 
 
-def extract_tar(stem: str, parts: Sequence[Path], target: Path, progress: bool = True) -> list[str]:
+def _read_at(parts: Sequence[Path], offset: int, size: int) -> bytes:
+    """`size` bytes (fewer at the end) of the joined parts from `offset`."""
+    data = b""
+    for part in parts:
+        length = part.stat().st_size
+        if offset >= length:
+            offset -= length
+            continue
+        with open(part, "rb") as f:
+            f.seek(offset)
+            data += f.read(size - len(data))
+        offset = 0
+        if len(data) == size:
+            break
+    return data
+
+
+def _part_at(parts: Sequence[Path], offset: int) -> Path:
+    for part in parts:
+        length = part.stat().st_size
+        if offset < length:
+            return part
+        offset -= length
+    return parts[-1]
+
+
+def _check_trailing_zeros(tar: tarfile.TarFile, parts: Sequence[Path], plain: bool) -> None:
+    """Everything after the end-of-archive header is zero padding. tarfile stops quietly at
+    a header it cannot parse, so for a plain tar the block it stopped at is read back from
+    the parts; the rest of the stream is drained (which also completes the part hashes)."""
+    stop = tar.offset
+    if plain and _read_at(parts, stop, tarfile.BLOCKSIZE).strip(b"\0"):
+        raise tarfile.ReadError(f"an unreadable header at byte {stop} (in {_part_at(parts, stop).name}) ended the "
+                                "archive early: a part before it is truncated or corrupt")
+    position = stop + tarfile.BLOCKSIZE
+    while chunk := tar.fileobj.read(_CHUNK):
+        if chunk.strip(b"\0"):
+            where = position + len(chunk) - len(chunk.lstrip(b"\0"))
+            named = f" (in {_part_at(parts, where).name})" if plain else ""
+            raise tarfile.ReadError(f"non-zero byte at {where}{named} after the end-of-archive header: the "
+                                    "archive ended early, a part is probably truncated")
+        position += len(chunk)
+
+
+def extract_tar(stem: str, parts: Sequence[Path], target: Path, progress: bool = True,
+                part_sizes: Mapping[str, int] | None = None) -> list[str]:
     """Extract a tar (one file, or the parts of a split one) into `target`, like `extract_archive`.
 
     The stream is read once: members are written into a staging folder inside `target` and
     moved into place only after the whole archive has been read and every member checked,
     so an unsafe member (absolute, `..`, a link, a device) or a truncated part leaves
-    nothing of the archive behind. The completion marker `.unzipped/<stem>.json` holds the
+    nothing of the archive behind. Part sizes (and hub-recorded sha256s) and the trailing
+    zero padding are checked as the module docstring says. The completion marker `.unzipped/<stem>.json` holds the
     hash of the part hashes (hub blob names) and the member list.
 
     Returns:
@@ -307,10 +437,13 @@ def extract_tar(stem: str, parts: Sequence[Path], target: Path, progress: bool =
     part_hashes = [archive_sha256(p) for p in parts]
     sha256 = part_hashes[0] if len(parts) == 1 else hashlib.sha256("|".join(part_hashes).encode()).hexdigest()
     marker = marker_path(target, Path(stem))
-    if _marker_is_current(marker, target, sha256):
+    done = _current_members(marker, target, sha256)
+    if done is not None:
         log.info("%s already extracted into %s", stem, target)
-        return json.loads(marker.read_text())["members"]
+        return done
     marker.unlink(missing_ok=True)
+    check_part_sizes(label, parts, part_sizes)
+    recorded = {index: sha for index, part in enumerate(parts) if (sha := _hub_blob_sha256(part))}
     started = time.perf_counter()
     for stale in target.glob(".extracting-*"):  # left by a killed extraction
         shutil.rmtree(stale, ignore_errors=True)
@@ -319,7 +452,7 @@ def extract_tar(stem: str, parts: Sequence[Path], target: Path, progress: bool =
     total = sum(p.stat().st_size for p in parts)
     try:
         with (
-            io.BufferedReader(_JoinedParts(parts), _CHUNK) as stream,
+            io.BufferedReader(_JoinedParts(parts, recorded), _CHUNK) as stream,
             tqdm(total=total, desc=f"extracting {stem}", unit="B", unit_scale=True, disable=not progress) as bar,
         ):
             try:
@@ -340,6 +473,7 @@ def extract_tar(stem: str, parts: Sequence[Path], target: Path, progress: bool =
                     # stream that stops before them lost its tail (a short or missing last part).
                     if stem.endswith(".tar") and total - tar.offset < 2 * tarfile.BLOCKSIZE:
                         raise tarfile.ReadError(f"no end-of-archive blocks after byte {tar.offset} of {total}")
+                    _check_trailing_zeros(tar, parts, plain=stem.endswith(".tar"))
             except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
                 raise ArchiveError(
                     f"{label} ({len(parts)} part(s)) is not a complete tar archive ({error}); a part is probably "

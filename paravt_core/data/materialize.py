@@ -10,7 +10,9 @@ each such path is rewritten to `file://<root>/<sentinel>`:
 - RL rows: every entry of `videos` (`{"video": path, ...}` structs or plain strings).
 
 Any other path (already a URL, absolute, or under another root) is left alone; text is
-never touched. Each referenced file is checked, and the distinct missing files are
+never touched. A sentinel path that would resolve outside the media root (`..` parts, or a
+symbolic link out of it) is refused: it is left as written, so the row fails its contract
+as "not a file:// URL", and it is counted and named in the report as escaping. Each referenced file is checked, and the distinct missing files are
 counted per root and reported as a table (missing files are reported, not fatal: the
 contracts decide what a row without its video means).
 
@@ -58,6 +60,8 @@ class RootMedia(BaseModel):
     referenced: int
     missing: int
     missing_examples: tuple[str, ...] = ()
+    escaping: int = 0
+    escaping_examples: tuple[str, ...] = ()
 
 
 class Materialized(BaseModel):
@@ -86,12 +90,20 @@ class SentinelRewriter:
         self.media_root = Path(media_root).resolve()
         self._exists: dict[str, bool] = {}
         self._root_of: dict[str, str] = {}
+        self._escaping: dict[str, str] = {}
 
     def __call__(self, value: str) -> str:
         root = sentinel_root(value)
         if root is None:
             return value
         path = self.media_root / value
+        resolved = path.resolve()
+        if self.media_root not in resolved.parents:
+            if value not in self._escaping:
+                log.warning("sentinel path %r resolves to %s, outside the media root %s; left as written, so its "
+                            "row fails the data contract", value, resolved, self.media_root)
+            self._escaping[value] = root
+            return value
         if value not in self._exists:
             self._exists[value] = path.is_file()
             self._root_of[value] = root
@@ -102,8 +114,10 @@ class SentinelRewriter:
         for root in SENTINEL_ROOTS:
             seen = sorted(v for v, r in self._root_of.items() if r == root)
             missing = [v for v in seen if not self._exists[v]]
+            escaping = sorted(v for v, r in self._escaping.items() if r == root)
             report[root] = RootMedia(referenced=len(seen), missing=len(missing),
-                                     missing_examples=tuple(missing[:MISSING_EXAMPLES]))
+                                     missing_examples=tuple(missing[:MISSING_EXAMPLES]), escaping=len(escaping),
+                                     escaping_examples=tuple(escaping[:MISSING_EXAMPLES]))
         return report
 
 
@@ -245,4 +259,6 @@ def missing_table(media: dict[str, RootMedia]) -> str:
     for root, r in media.items():
         if r.missing_examples:
             lines.append(f"  missing under {root}: {', '.join(r.missing_examples)}")
+        if r.escaping_examples:
+            lines.append(f"  refused, outside the media root ({r.escaping}): {', '.join(r.escaping_examples)}")
     return "\n".join(lines)

@@ -14,7 +14,10 @@
    and RL shard, and on each evaluation split's downloaded annotation rows together with
    the split's video (and subtitle) folder. Reports go to
    `<output_dir>/data/validated/reports/<kind>/`. With `data.on_bad_rows: fail` a broken
-   row stops the stage (`ContractError`); with `quarantine` a contract hands back the
+   row stops the stage (`ContractError`); every SFT, RL and evaluation video is probed
+   (decodes, has frames and a duration; verdicts cached by content hash under
+   `<output_dir>/data/media_health/`), so an undecodable video is a contract failure
+   named with its row; with `quarantine` a contract hands back the
    table of kept rows, and a kind whose shards lost rows is rewritten whole (kept shards
    plus the untouched ones, names kept) into `<output_dir>/data/validated/<kind>/`, which
    the bundle then points at instead of the materialized folder.
@@ -127,6 +130,11 @@ def materialized_dir(cfg: PipelineConfig) -> Path:
     return data_dir(cfg) / "materialized"
 
 
+def media_health_dir(cfg: PipelineConfig) -> Path:
+    """Video probe verdicts by content hash (`paravt_core.video.health`), kept across runs."""
+    return data_dir(cfg) / "media_health"
+
+
 def validated_dir(cfg: PipelineConfig) -> Path:
     return data_dir(cfg) / "validated"
 
@@ -215,17 +223,19 @@ def contracts_version() -> str:
 
 def check_contract(
     cfg: PipelineConfig, kind: str, table: Path, report_dir: Path, split: str | None = None,
-    media: SplitMedia | None = None,
+    media: SplitMedia | None = None, media_root: Path | None = None,
 ) -> Path:
     """Run one data contract; returns the table to go on with (the kept rows on quarantine).
 
     `data_contracts.validate` raises `ContractError` (naming the table, the failing rows and
     the report) when `data.on_bad_rows` is "fail" and a row breaks the contract. Evaluation
-    rows are checked with their split's media, so a row whose video is absent fails too.
+    rows are checked with their split's media, so a row whose video is absent fails too;
+    SFT and RL rows with the media root, outside which no row may point.
     """
     from data_contracts import validate as validate_contract
 
-    media_dirs = {}
+    media_dirs: dict = {"media_root": media_root} if media_root is not None else {}
+    media_dirs["media_health"] = media_health_dir(cfg)
     if media is not None:
         subtitle_dir = media.subtitle_dir if split == "videomme_wsub" else None
         media_dirs = {"video_dir": media.video_dir, "subtitle_dir": subtitle_dir}
@@ -234,11 +244,11 @@ def check_contract(
     return Path(result.kept_path)
 
 
-def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef) -> ArtifactRef:
+def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef, media_root: Path) -> ArtifactRef:
     """Check every shard of one kind; if any lost rows, write the kept shards to validated/<kind>/."""
     reports = validated_dir(cfg) / "reports" / kind
     shards = sorted(Path(ref.path).glob("*.parquet"))
-    kept = {shard: check_contract(cfg, kind, shard, reports) for shard in shards}
+    kept = {shard: check_contract(cfg, kind, shard, reports, media_root=media_root) for shard in shards}
     out = validated_dir(cfg) / kind
     if all(table == shard for shard, table in kept.items()):
         shutil.rmtree(out, ignore_errors=True)  # a quarantine of an earlier run no longer applies
@@ -263,8 +273,8 @@ def validate(cfg: PipelineConfig, tables: Materialized, downloads: Downloads, me
     """Step 4: the contracts of every SFT and RL shard and of each split's annotation rows."""
     validated_dir(cfg).mkdir(parents=True, exist_ok=True)
     return Validated(
-        sft=_validated_folder(cfg, "sft", tables.sft),
-        rl=_validated_folder(cfg, "rl", tables.rl),
+        sft=_validated_folder(cfg, "sft", tables.sft, media.paravt_root),
+        rl=_validated_folder(cfg, "rl", tables.rl, media.paravt_root),
         eval_rows={split: _validated_eval_rows(cfg, split, downloads, media) for split in cfg.eval.splits},
     )
 

@@ -3,7 +3,8 @@
     paravt eval samples SPLIT --rows FILE --video-dir DIR [--subtitle-dir DIR]
         one JSON line per row: id, video_path, question, answer, kind, options and, for
         grounding, gt_start / gt_end; `"video_missing": true` (and a warning on stderr)
-        when the video file is absent. Samples are never dropped.
+        when the video file is absent. Samples are never dropped; a row that cannot become
+        a sample is named on stderr (file, row, field, reason) and the others still print.
     paravt eval score
         reads JSON lines {"kind": "mcq"|"grounding", "response", "answer"} on stdin
         (answer: a letter, or [start, end] seconds) and prints {"pred", "score"} per line.
@@ -13,7 +14,8 @@
         (`paravt_core.eval.run_cli`; the Prefect flow is `paravt-eval`).
 
 Open-ended answers (MMVU) have no SPEC §7 scoring rule, so `score` refuses kind "open".
-Exit status 2 on a bad rows file or a bad input line, with the file / line named.
+Exit status 2 on an unreadable rows file, one with no readable row, or a bad `score` input
+line, with the file / line named.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from paravt_core.eval.samples import SPLITS, EvalSample, load_split
+from paravt_core.eval.samples import SPLITS, EvalSample, read_split
 from paravt_core.eval.scoring import Scored, score_grounding, score_mcq
 
 INPUT_ERROR = 2
@@ -84,16 +86,25 @@ def _warn_missing(sample: EvalSample) -> None:
 
 def print_samples(args: argparse.Namespace) -> int:
     try:
-        samples = load_split(args.split, args.rows, args.video_dir, args.subtitle_dir)
-    except (ValueError, OSError) as exc:  # RowError is a ValueError
+        loaded = read_split(args.split, args.rows, args.video_dir, args.subtitle_dir)
+    except (ValueError, OSError) as exc:
         print(f"paravt eval samples: {exc}", file=sys.stderr)
         return INPUT_ERROR
+    samples = loaded.samples
+    for quarantined in loaded.quarantined:
+        print(f"warning: quarantined {quarantined.error()}", file=sys.stderr)
     for sample in samples:
         _warn_missing(sample)
         print(json.dumps(sample_record(sample), ensure_ascii=False))
     missing = sum(sample.video_missing for sample in samples)
     if missing:
         print(f"warning: {missing} of {len(samples)} samples have no video file", file=sys.stderr)
+    if loaded.quarantined:
+        print(f"warning: {len(loaded.quarantined)} rows quarantined, {len(samples)} samples printed",
+              file=sys.stderr)
+    if not samples:
+        print(f"paravt eval samples: no row of {args.rows} could be read as a {args.split} sample", file=sys.stderr)
+        return INPUT_ERROR
     return 0
 
 

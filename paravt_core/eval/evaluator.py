@@ -6,8 +6,11 @@
 2. runs the remaining samples through a `SampleRunner`, which yields each sample's
    `EpisodeOutcome` as soon as it is done; each is scored (`results.score_sample`) and
    appended to the log (one JSON line, flushed and fsynced) before the next is taken;
+   A sample whose video does not decode (`VideoDecodeError`) is recorded as an error
+   with score 0 (`results.video_error_outcome`) and the split goes on;
 3. writes `<results_dir>/<split>.json` (per-sample records in sample order and the
-   summary of `results.summarize`) atomically.
+   summary of `results.summarize`, with `quarantined_rows`: the rows the loader set aside,
+   as {file, row, field, reason}) atomically.
 
 Runners (the engine of `eval.engine`):
 - `HFSampleRunner`: `run_episodes` on an `HFEngine` (or any `RolloutEngine`), greedy,
@@ -47,9 +50,11 @@ from paravt_core.eval.results import (
     SampleResult,
     score_sample,
     summarize,
+    video_error_outcome,
     write_split_results,
 )
 from paravt_core.eval.samples import EvalSample
+from paravt_core.video.errors import VideoDecodeError
 
 logger = logging.getLogger(__name__)
 
@@ -124,14 +129,25 @@ class HFSampleRunner:
         for mode, group in _by_mode(samples, self.settings).items():
             rollout_cfg = self.settings.rollout_for(mode)
             for batch in _chunks(group, self.settings.eval.concurrency):
-                try:
-                    episodes = run_episodes(self.engine, self.processor, [self.settings.prompt(s) for s in batch],
-                                            rollout_cfg, self.settings.video, group_size=1, temperature=0.0,
-                                            tool_mode=self.settings.eval.tool_mode)
-                except Exception as exc:
-                    exc.add_note(_while_evaluating(batch))
-                    raise
-                yield from zip(batch, (outcome_of(episode) for episode in episodes))
+                yield from zip(batch, self._batch_outcomes(batch, rollout_cfg))
+
+    def _batch_outcomes(self, batch: Sequence[EvalSample], rollout_cfg: RolloutConfig) -> list[EpisodeOutcome]:
+        """One batched `run_episodes`; when a video in it does not decode, the batch is run
+        again sample by sample so only that sample is recorded as a video error."""
+        try:
+            episodes = run_episodes(self.engine, self.processor, [self.settings.prompt(s) for s in batch],
+                                    rollout_cfg, self.settings.video, group_size=1, temperature=0.0,
+                                    tool_mode=self.settings.eval.tool_mode)
+        except VideoDecodeError as exc:
+            if len(batch) > 1:
+                return [outcome for sample in batch for outcome in self._batch_outcomes([sample], rollout_cfg)]
+            logger.warning("split %s, sample %s: %s; recorded as an error with score 0", batch[0].split,
+                           batch[0].id, exc)
+            return [video_error_outcome(exc)]
+        except Exception as exc:
+            exc.add_note(_while_evaluating(batch))
+            raise
+        return [outcome_of(episode) for episode in episodes]
 
 
 class OpenAISampleRunner:
@@ -161,11 +177,16 @@ class OpenAISampleRunner:
                     agent = self.agent(self.settings.mode(sample))
                     pending[pool.submit(agent.run, self.settings.prompt(sample))] = sample
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                failed = [(pending[f], f.exception()) for f in done if f.exception() is not None]
+                failed = [(pending[f], f.exception()) for f in done
+                          if f.exception() is not None and not isinstance(f.exception(), VideoDecodeError)]
                 for future in done:
                     sample = pending.pop(future)
                     if future.exception() is None:
                         yield sample, future.result()
+                    elif isinstance(future.exception(), VideoDecodeError):
+                        logger.warning("split %s, sample %s: %s; recorded as an error with score 0", sample.split,
+                                       sample.id, future.exception())
+                        yield sample, video_error_outcome(future.exception())
                 if failed:  # after the finished ones are handed out (and logged)
                     sample, exc = failed[0]
                     exc.add_note(_while_evaluating([sample]))
@@ -199,7 +220,7 @@ def _check_videos(split: str, samples: Sequence[EvalSample]) -> None:
 
 
 def evaluate_split(split: str, samples: Sequence[EvalSample], runner: SampleRunner, results_dir: Path,
-                   progress: bool = True) -> SplitRun:
+                   progress: bool = True, quarantined: Sequence[dict[str, Any]] = ()) -> SplitRun:
     """Evaluate the samples of `split` not yet in `<results_dir>/<split>.jsonl` (module docstring)."""
     if not samples:
         raise EvalError(f"split {split}: no samples to evaluate; check the split's rows file")
@@ -229,6 +250,6 @@ def evaluate_split(split: str, samples: Sequence[EvalSample], runner: SampleRunn
         logger.info("split %s: ran %d samples in %.1f s (%.1f samples/min)", split, len(todo), elapsed,
                     60 * len(todo) / max(elapsed, 1e-9))
     results = [SampleResult.from_record(finished[sample.id]) for sample in samples]
-    summary = summarize(split, results)
+    summary = {**summarize(split, results), "quarantined_rows": list(quarantined)}
     path = write_split_results(Path(results_dir) / f"{split}.json", split, summary, results)
     return SplitRun(split, summary, path, len(todo))

@@ -260,7 +260,7 @@ class OpenAIAgent:
             content.append({"type": "text", "text": f"<tool_response>\n{text}\n</tool_response>"})
         episode.messages.append({"role": "user", "content": content})
         episode.tool_calls += len(frames)
-        episode.rejected_calls += sum(1 for call in plan if call.status in ("over_limit", "invalid_window"))
+        episode.rejected_calls += sum(call.rejected_calls for call in plan)
         self._next_turn_prompt(episode, turn)
 
     def _next_turn_prompt(self, episode: _ChatEpisode, turn: int) -> None:

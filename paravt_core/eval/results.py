@@ -12,7 +12,9 @@
   R@0.3/0.5/0.7 for grounding, and for a split mixing MCQ and open samples "score", the
   mean per-sample score with MCQ accuracy and open token F1 beside it), tool use (average
   executed calls, share of samples with at least one), and breakdowns by duration group
-  and by category. Fractions in [0, 1].
+  and by category. Fractions in [0, 1]. A sample whose video did not decode at run time
+  is kept with score 0 (end reason "video_error") and listed under "errors" with why, so
+  one bad file neither ends the split nor leaves it out of the denominator.
 """
 
 from __future__ import annotations
@@ -53,6 +55,16 @@ class EpisodeOutcome:
     rejected_calls: int
     unanswered_calls: int
     end_reason: str
+    error: str | None = None  # why the episode could not run (its video did not decode); scored 0
+
+
+VIDEO_ERROR = "video_error"
+
+
+def video_error_outcome(error: Exception) -> EpisodeOutcome:
+    """The outcome recorded for a sample whose video does not decode: no generation, score 0."""
+    return EpisodeOutcome("", turns=0, tool_calls=0, parse_failures=0, rejected_calls=0, unanswered_calls=0,
+                          end_reason=VIDEO_ERROR, error=str(error))
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,7 @@ class SampleResult:
     duration_group: str | None
     category: str | None
     response: str
+    error: str | None = None
 
     def to_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,8 +121,9 @@ def _scored(sample: EvalSample, text: str) -> tuple[str | list[float] | None, fl
 
 
 def score_sample(sample: EvalSample, outcome: EpisodeOutcome) -> SampleResult:
-    """Score an episode's final generation against the sample's answer (module docstring)."""
-    pred, score = _scored(sample, outcome.final_text)
+    """Score an episode's final generation against the sample's answer (module docstring);
+    an episode that could not run (`outcome.error`) scores 0 with no prediction."""
+    pred, score = (None, 0.0) if outcome.error else _scored(sample, outcome.final_text)
     answer = list(sample.answer) if sample.kind == "grounding" else str(sample.answer)
     return SampleResult(
         id=sample.id, split=sample.split, kind=sample.kind, answer=answer, pred=pred, score=score,
@@ -117,7 +131,7 @@ def score_sample(sample: EvalSample, outcome: EpisodeOutcome) -> SampleResult:
         tool_calls=outcome.tool_calls, turns=outcome.turns, parse_failures=outcome.parse_failures,
         rejected_calls=outcome.rejected_calls, unanswered_calls=outcome.unanswered_calls,
         end_reason=outcome.end_reason, duration_group=sample.duration_group, category=sample.category,
-        response=truncate_response(outcome.final_text))
+        response=truncate_response(outcome.final_text), error=outcome.error)
 
 
 # --- the durable log ------------------------------------------------------------------
@@ -259,6 +273,7 @@ def summarize(split: str, results: Sequence[SampleResult]) -> dict[str, Any]:
         "rejected_calls": sum(result.rejected_calls for result in results),
         "unanswered_calls": sum(result.unanswered_calls for result in results),
         "end_reasons": _count(result.end_reason for result in results),
+        "errors": [{"id": result.id, "error": result.error} for result in results if result.error],
         "by_duration": _breakdown(results, lambda result: result.duration_group),
         "by_category": _breakdown(results, lambda result: result.category),
     }

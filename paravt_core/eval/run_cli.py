@@ -6,8 +6,10 @@
 
 Reads the splits the data stage prepared under `<output_dir>/data/eval/`, evaluates into
 `<output_dir>/eval/<model>-<settings>/` (resuming from the split logs) and prints the
-Table-1-shaped table. Exit status 2 when the config, the model reference or the
-prepared data is not usable, with the reason on stderr.
+Table-1-shaped table. It holds the output directory's run lock (`paravt_core.run_lock`),
+so it is refused while another run uses that directory. Exit status 2 when the config,
+the model reference or the prepared data is not usable, or the directory is in use, with
+the reason on stderr.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def run_command(args: argparse.Namespace) -> int:
     from paravt_core.eval.evaluator import EvalError
     from paravt_core.eval.models import ModelReferenceError, resolve_model
     from paravt_core.refs import ArtifactRef, content_hash
+    from paravt_core.run_lock import OutputDirBusy, hold_output_dir
 
     try:
         cfg = load_config(args.config, args.set)
@@ -32,10 +35,11 @@ def run_command(args: argparse.Namespace) -> int:
         if not root.is_dir():
             raise EvalError(f"no prepared evaluation splits under {root}; run the data stage first "
                             "(the paravt-data flow, or `paravt run`)")
-        data = ArtifactRef(kind="eval_data", path=root.resolve(), sha256=content_hash(root))
-        resolved = resolve_model(cfg, args.model)
-        report = stage.run(cfg, resolved.artifact, data, args.label or resolved.label, args.splits)
-    except (ConfigError, ModelReferenceError, EvalError) as exc:
+        with hold_output_dir(cfg.run.output_dir, "paravt eval run"):
+            data = ArtifactRef(kind="eval_data", path=root.resolve(), sha256=content_hash(root))
+            resolved = resolve_model(cfg, args.model)
+            report = stage.run(cfg, resolved.artifact, data, args.label or resolved.label, args.splits)
+    except (ConfigError, ModelReferenceError, EvalError, OutputDirBusy) as exc:
         print(f"paravt eval run: {exc}", file=sys.stderr)
         return INPUT_ERROR
     print(stage.format_table({report.label: report}))

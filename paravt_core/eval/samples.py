@@ -18,7 +18,15 @@ loaders) as follows:
   list them gets the standard block from `candidates`. The release adds the block to every
   MLVU question, listing the options twice; we do not.
 - MLVU answers are letters; a row whose answer is a candidate's text (the original MLVU
-  json layout) is mapped to that candidate's letter. Anything else is an error.
+  json layout) is mapped to that candidate's letter. Anything else is an error. Real
+  MLVU rows carry empty strings among `candidates`: those are dropped and the letters
+  close up (a letter answer counts over the stored candidates, blanks included, and is
+  moved to its option's new letter; an answer naming a blank is an error). When blanks
+  were dropped and the question's "(A) ..." lines are not exactly the kept options, those
+  lines are replaced by the standard block of the kept options, so question, options and
+  answer agree.
+- LVBench rows with a null `uid` (seen in real rows) get the stable id
+  "lvbench-<12 hex>", the sha256 of the row's video name and question.
 - LongVideoBench: "N/A" options are dropped and `correct_choice` (0-based, counted over
   option0..option4) becomes the letter of that option among the kept ones. Its own
   subtitle file name stays in `extra`; only `videomme_wsub` prepends subtitles.
@@ -36,13 +44,16 @@ loaders) as follows:
   `video_path`; LVBench `video_path` when the row has it (lmms-lab copy), else `<key>.mp4`;
   MLVU `<video_name>`, else `<task folder>/<video_name>` (e.g. `1_plotQA/...`); MMVU the
   part of the `video` URL after "/main/"; Charades-STA `video`.
-- A missing video never drops a sample: it sets `video_missing`. A bad row raises
+- A missing video never drops a sample: it sets `video_missing`. A bad row is a
   `RowError` naming the file, the 1-based row number (the line number for .jsonl) and
-  the field. Video paths from rows must be relative and free of "..".
+  the field: `read_split` sets it aside in `LoadedSplit.quarantined` and goes on with
+  the other rows; `load_split` raises it. Video paths from rows must be relative and
+  free of "..".
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import numbers
 import re
@@ -124,7 +135,7 @@ class RowError(ValueError):
 
     def __init__(self, source: Path, row: int, field_name: str, problem: str) -> None:
         super().__init__(f"{source}: row {row}: field {field_name!r}: {problem}")
-        self.source, self.row, self.field_name = source, row, field_name
+        self.source, self.row, self.field_name, self.problem = source, row, field_name, problem
 
 
 @dataclass(frozen=True)
@@ -187,10 +198,13 @@ class Row:
         return value
 
 
+RowOrError = Row | RowError
+
+
 # --- reading rows ---------------------------------------------------------------------
 
 
-def _jsonl_rows(path: Path) -> Iterator[Row]:
+def _jsonl_rows(path: Path) -> Iterator[RowOrError]:
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -198,11 +212,12 @@ def _jsonl_rows(path: Path) -> Iterator[Row]:
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise RowError(path, number, "(row)", f"not valid JSON: {exc}") from exc
+                yield RowError(path, number, "(row)", f"not valid JSON: {exc}")
+                continue
             yield _checked_row(path, number, data)
 
 
-def _json_rows(path: Path) -> Iterator[Row]:
+def _json_rows(path: Path) -> Iterator[RowOrError]:
     data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of row objects")
@@ -210,7 +225,7 @@ def _json_rows(path: Path) -> Iterator[Row]:
         yield _checked_row(path, index + 1, item)
 
 
-def _parquet_rows(path: Path) -> Iterator[Row]:
+def _parquet_rows(path: Path) -> Iterator[RowOrError]:
     import pyarrow.parquet as pq  # deferred: keeps `paravt --help` fast
 
     # to_pylist gives plain lists and dicts, unlike pandas' numpy list cells.
@@ -218,21 +233,22 @@ def _parquet_rows(path: Path) -> Iterator[Row]:
         yield _checked_row(path, index + 1, data)
 
 
-def _checked_row(path: Path, number: int, data: Any) -> Row:
+def _checked_row(path: Path, number: int, data: Any) -> Row | RowError:
     if not isinstance(data, Mapping):
-        raise RowError(path, number, "(row)", f"expected an object, got {type(data).__name__}")
+        return RowError(path, number, "(row)", f"expected an object, got {type(data).__name__}")
     return Row(path, number, data)
 
 
-_ROW_READERS: dict[str, Callable[[Path], Iterator[Row]]] = {
+_ROW_READERS: dict[str, Callable[[Path], Iterator[RowOrError]]] = {
     ".jsonl": _jsonl_rows,
     ".json": _json_rows,
     ".parquet": _parquet_rows,
 }
 
 
-def read_rows(path: Path) -> Iterator[Row]:
-    """Rows of a .jsonl, .json (list) or .parquet annotation file, numbered from 1."""
+def read_rows(path: Path) -> Iterator[RowOrError]:
+    """Rows of a .jsonl, .json (list) or .parquet annotation file, numbered from 1; a row
+    that is not a JSON object comes as its `RowError`, so one bad line stops no reader."""
     path = Path(path)
     reader = _ROW_READERS.get(path.suffix)
     if reader is None:
@@ -407,6 +423,16 @@ def _lvbench_video(row: Row, video_dir: Path) -> tuple[Path, bool]:
     return resolve_video(row, "key", video_dir, [f"{row.text('key')}.mp4"])
 
 
+def lvbench_id(row: Row) -> str:
+    """The row's `uid`, or for a null one a stable id from its video name and question."""
+    if row.has("uid"):
+        uid = row.data["uid"]
+        return str(uid) if isinstance(uid, numbers.Integral) and not isinstance(uid, bool) else row.text("uid")
+    video = row.text("video_path") if row.has("video_path") else row.text("key")
+    digest = hashlib.sha256(json.dumps([video, row.text("question")]).encode()).hexdigest()
+    return f"lvbench-{digest[:12]}"
+
+
 def lvbench_sample(row: Row, video_dir: Path) -> EvalSample:
     """LVBench: options embedded in the question as "(A) ..."; video `<key>.mp4`."""
     question = row.text("question")
@@ -415,7 +441,7 @@ def lvbench_sample(row: Row, video_dir: Path) -> EvalSample:
     question_types = row.text_list("question_type")
     video_path, missing = _lvbench_video(row, video_dir)
     return EvalSample(
-        id=row.text("uid"),
+        id=lvbench_id(row),
         split="lvbench",
         video_path=video_path,
         question=lvbench_question(question),
@@ -429,24 +455,51 @@ def lvbench_sample(row: Row, video_dir: Path) -> EvalSample:
     )
 
 
-def _mlvu_answer(row: Row, candidates: Sequence[str]) -> str:
+def _mlvu_kept_candidates(row: Row) -> tuple[list[str], list[int]]:
+    """The non-blank candidates, stripped, and their positions among the stored ones."""
+    stored = row.sequence("candidates")
+    if not all(isinstance(text, str) for text in stored):
+        raise row.error("candidates", f"expected a list of texts, got {stored!r}")
+    kept = [(index, text.strip()) for index, text in enumerate(stored) if text.strip()]
+    _require_options(row, "candidates", kept)
+    if len(stored) > len(MCQ_LETTERS):
+        raise row.error("candidates", f"expected at most {len(MCQ_LETTERS)} candidates, found {len(stored)}")
+    return [text for _, text in kept], [index for index, _ in kept]
+
+
+def _mlvu_answer(row: Row, candidates: Sequence[str], positions: Sequence[int]) -> str:
+    """The answer's letter among the kept candidates (module docstring)."""
     answer = row.text("answer")
-    if answer in option_letters(len(candidates)):
-        return answer
+    stored_letters = MCQ_LETTERS[: positions[-1] + 1] if positions else ""
+    if len(answer) == 1 and answer in stored_letters:
+        stored_index = stored_letters.index(answer)
+        if stored_index not in positions:
+            raise row.error("answer", f"{answer!r} names a blank candidate")
+        return MCQ_LETTERS[positions.index(stored_index)]
     if answer in candidates:
         return MCQ_LETTERS[candidates.index(answer)]
     raise row.error("answer", f"{answer!r} is neither an option letter nor a candidate")
 
 
-def _mlvu_question(row: Row, candidates: Sequence[str]) -> str:
+def _mlvu_question(row: Row, candidates: Sequence[str], dropped: bool) -> str:
     question = row.text("question")
     listed = inline_options(row, "question", question)
     if not listed:
         return mcq_question(question, candidates)
+    if dropped and [text.strip() for text in listed] != list(candidates):
+        stem = _INLINE_OPTION.sub("", question).strip()
+        return mcq_question(stem, candidates)
     if len(listed) != len(candidates):
         raise row.error("question", f"lists {len(listed)} options but there are "
                                     f"{len(candidates)} candidates")
     return inline_options_question(question)
+
+
+def mlvu_choices(row: Row) -> tuple[list[str], str, str]:
+    """(options, answer letter, question text) of an MLVU row, blanks dropped."""
+    candidates, positions = _mlvu_kept_candidates(row)
+    dropped = len(candidates) != len(row.sequence("candidates"))
+    return candidates, _mlvu_answer(row, candidates, positions), _mlvu_question(row, candidates, dropped)
 
 
 def mlvu_sample(row: Row, video_dir: Path) -> EvalSample:
@@ -455,8 +508,7 @@ def mlvu_sample(row: Row, video_dir: Path) -> EvalSample:
     The video is `<video_name>` directly under video_dir, or under MLVU's task folder
     (e.g. `1_plotQA/<video_name>`).
     """
-    candidates = row.text_list("candidates")
-    _require_options(row, "candidates", candidates)
+    options, answer, question = mlvu_choices(row)
     task = row.text("task_type")
     name = row.text("video_name")
     places = [name] + ([f"{MLVU_TASK_DIRS[task]}/{name}"] if task in MLVU_TASK_DIRS else [])
@@ -465,10 +517,10 @@ def mlvu_sample(row: Row, video_dir: Path) -> EvalSample:
         id=row.text("question_id"),
         split="mlvu",
         video_path=video_path,
-        question=_mlvu_question(row, candidates),
-        answer=_mlvu_answer(row, candidates),
+        question=question,
+        answer=answer,
         kind="mcq",
-        options=tuple(candidates),
+        options=tuple(options),
         category=task,
         video_missing=missing,
         extra={"duration": row.real("duration")},
@@ -566,9 +618,46 @@ def charades_sample(row: Row, video_dir: Path) -> EvalSample:
 # --- loaders --------------------------------------------------------------------------
 
 
-def load_videomme(rows_path: Path, video_dir: Path) -> list[EvalSample]:
-    """Video-MME without subtitles (split `videomme`)."""
-    return [videomme_sample(row, Path(video_dir)) for row in read_rows(rows_path)]
+@dataclass(frozen=True)
+class QuarantinedRow:
+    """A row set aside by `read_split`: where it is and why it cannot become a sample."""
+
+    source: str
+    row: int
+    field: str
+    reason: str
+
+    @classmethod
+    def of(cls, error: RowError) -> QuarantinedRow:
+        return cls(str(error.source), error.row, error.field_name, error.problem)
+
+    def error(self) -> RowError:
+        return RowError(Path(self.source), self.row, self.field, self.reason)
+
+    def to_record(self) -> dict[str, Any]:
+        return {"file": self.source, "row": self.row, "field": self.field, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class LoadedSplit:
+    """A split's samples in row order, and the rows set aside."""
+
+    split: str
+    samples: list[EvalSample]
+    quarantined: list[QuarantinedRow]
+
+
+SampleBuilder = Callable[[Row, Path], EvalSample]
+SAMPLE_BUILDERS: dict[str, SampleBuilder] = {
+    "videomme": videomme_sample,
+    "videomme_wsub": lambda row, video_dir: videomme_sample(row, video_dir, split="videomme_wsub"),
+    "longvideobench": longvideobench_sample,
+    "lvbench": lvbench_sample,
+    "mlvu": mlvu_sample,
+    "mmvu": mmvu_sample,
+    "charades": charades_sample,
+}
+SPLITS = tuple(SAMPLE_BUILDERS)
 
 
 def _with_subtitles(sample: EvalSample, srt_path: Path, cache: dict[Path, str]) -> EvalSample:
@@ -580,64 +669,60 @@ def _with_subtitles(sample: EvalSample, srt_path: Path, cache: dict[Path, str]) 
     return replace(sample, question=prefix + sample.question, subtitle_path=srt_path)
 
 
-def load_videomme_wsub(
-    rows_path: Path, video_dir: Path, subtitle_dir: Path | None = None
-) -> list[EvalSample]:
-    """Video-MME with `<videoID>.srt` text prepended (SPEC §7); .srt files are looked up
-    in subtitle_dir, by default video_dir."""
-    subtitle_dir = Path(subtitle_dir or video_dir)
+def _split_builder(split: str, subtitle_dir: Path | None, video_dir: Path) -> SampleBuilder:
+    """The split's builder; videomme_wsub prepends `<subtitle_dir>/<videoID>.srt` text (SPEC §7),
+    subtitle_dir defaulting to video_dir."""
+    if split not in SAMPLE_BUILDERS:
+        raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+    if split != "videomme_wsub":
+        if subtitle_dir is not None:
+            raise ValueError(f"subtitle_dir applies to videomme_wsub only, not {split!r}")
+        return SAMPLE_BUILDERS[split]
+    srt_dir = Path(subtitle_dir or video_dir)
     cache: dict[Path, str] = {}
-    samples = []
-    for row in read_rows(rows_path):
-        sample = videomme_sample(row, Path(video_dir), split="videomme_wsub")
-        srt_path = subtitle_dir / f"{row.text('videoID')}.srt"
-        samples.append(_with_subtitles(sample, srt_path, cache))
-    return samples
+
+    def build(row: Row, videos: Path) -> EvalSample:
+        sample = SAMPLE_BUILDERS[split](row, videos)
+        return _with_subtitles(sample, srt_dir / f"{row.text('videoID')}.srt", cache)
+
+    return build
 
 
-def load_longvideobench(rows_path: Path, video_dir: Path) -> list[EvalSample]:
-    return [longvideobench_sample(row, Path(video_dir)) for row in read_rows(rows_path)]
-
-
-def load_lvbench(rows_path: Path, video_dir: Path) -> list[EvalSample]:
-    return [lvbench_sample(row, Path(video_dir)) for row in read_rows(rows_path)]
-
-
-def load_mlvu(rows_path: Path, video_dir: Path) -> list[EvalSample]:
-    return [mlvu_sample(row, Path(video_dir)) for row in read_rows(rows_path)]
-
-
-def load_mmvu(rows_path: Path, video_dir: Path) -> list[EvalSample]:
-    return [mmvu_sample(row, Path(video_dir)) for row in read_rows(rows_path)]
-
-
-def load_charades(rows_path: Path, video_dir: Path) -> list[EvalSample]:
-    return [charades_sample(row, Path(video_dir)) for row in read_rows(rows_path)]
-
-
-SPLIT_LOADERS: dict[str, Callable[[Path, Path], list[EvalSample]]] = {
-    "videomme": load_videomme,
-    "videomme_wsub": load_videomme_wsub,
-    "longvideobench": load_longvideobench,
-    "lvbench": load_lvbench,
-    "mlvu": load_mlvu,
-    "mmvu": load_mmvu,
-    "charades": load_charades,
-}
-SPLITS = tuple(SPLIT_LOADERS)
+def read_split(
+    split: str, rows_path: Path, video_dir: Path, subtitle_dir: Path | None = None
+) -> LoadedSplit:
+    """Samples of one SPEC §7 split; a row that cannot become a sample (bad JSON, a bad
+    field, an id seen on an earlier row) is quarantined with its file, row and reason
+    instead of stopping the split. subtitle_dir applies to `videomme_wsub` only."""
+    video_dir = Path(video_dir)
+    build = _split_builder(split, subtitle_dir, video_dir)
+    samples: list[EvalSample] = []
+    quarantined: list[QuarantinedRow] = []
+    seen: dict[str, int] = {}
+    for item in read_rows(rows_path):
+        try:
+            if isinstance(item, RowError):
+                raise item
+            sample = build(item, video_dir)
+            if sample.id in seen:
+                raise item.error("(id)", f"id {sample.id!r} was already used by row {seen[sample.id]}")
+        except RowError as error:
+            quarantined.append(QuarantinedRow.of(error))
+            continue
+        seen[sample.id] = item.number
+        samples.append(sample)
+    return LoadedSplit(split, samples, quarantined)
 
 
 def load_split(
     split: str, rows_path: Path, video_dir: Path, subtitle_dir: Path | None = None
 ) -> list[EvalSample]:
-    """Samples of one SPEC §7 split; subtitle_dir applies to `videomme_wsub` only."""
-    if split not in SPLIT_LOADERS:
-        raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
-    if split == "videomme_wsub":
-        return load_videomme_wsub(rows_path, video_dir, subtitle_dir)
-    if subtitle_dir is not None:
-        raise ValueError(f"subtitle_dir applies to videomme_wsub only, not {split!r}")
-    return SPLIT_LOADERS[split](rows_path, video_dir)
+    """Samples of one SPEC §7 split, strictly: the first bad row raises its `RowError`
+    (for rows already through the data contracts; `read_split` quarantines instead)."""
+    loaded = read_split(split, rows_path, video_dir, subtitle_dir)
+    if loaded.quarantined:
+        raise loaded.quarantined[0].error()
+    return loaded.samples
 
 
 def missing_videos(samples: Sequence[EvalSample]) -> list[EvalSample]:

@@ -20,6 +20,11 @@ with them. Where the SPEC §7 wording leaves a choice open we decide as follows:
   reversed; a reversed interval has IoU 0.
 - Aggregates are fractions in [0, 1] (the paper prints percentages) and refuse an empty
   list rather than invent a value.
+
+Scanning is linear in the response length (a policy can emit 160 KB of `<answer>` openers
+or a 40 000-digit number): tag bodies are found with `first_tag_body` (str.find, not a
+lazy regex that rescans the tail from every unclosed opener), and number patterns only
+start where a digit run starts (`(?<!\d)`), which keeps the leftmost match they had.
 """
 
 from __future__ import annotations
@@ -32,21 +37,19 @@ MCQ_LETTERS = "ABCDEFGHIJ"
 RECALL_THRESHOLDS = (0.3, 0.5, 0.7)
 MAX_CLOCK_SECONDS = 3600.0
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _STANDALONE_LETTER = re.compile(r"\b([A-J])\b")
 _ANSWER_IS_LETTER = re.compile(r"(?:answer|Answer)\s*(?:is|:)\s*([A-J])")
 
-_TIME_TAG = re.compile(r"<time>(.*?)</time>", re.DOTALL)
-_NUMBER = r"\d+(?:\.\d+)?"
+_NUMBER = r"(?<!\d)\d+(?:\.\d+)?"
 _DASH = r"\s*[-\u2013\u2014]\s*"
-_CLOCK = r"(\d+):(\d{2}(?:\.\d+)?)"
+_CLOCK = r"(?<!\d)(\d+):(\d{2}(?:\.\d+)?)"
 _CLOCK_RANGE = re.compile(_CLOCK + _DASH + _CLOCK)
 _SECONDS_RANGE = re.compile(f"({_NUMBER}){_DASH}({_NUMBER})")
 _START_NUMBER = re.compile(
-    rf"\b(?:starting|start|beginning|begin)(?:\s*time)?\s*:?\s*({_NUMBER})", re.IGNORECASE
+    rf"\b(?:starting|start|beginning|begin)(?:\s*time)?\s*(?::\s*)?({_NUMBER})", re.IGNORECASE
 )
 _END_NUMBER = re.compile(
-    rf"\b(?:ending|end|finishing|finish)(?:\s*time)?\s*:?\s*({_NUMBER})", re.IGNORECASE
+    rf"\b(?:ending|end|finishing|finish)(?:\s*time)?\s*(?::\s*)?({_NUMBER})", re.IGNORECASE
 )
 _ANY_NUMBER = re.compile(_NUMBER)
 
@@ -73,6 +76,30 @@ def interval_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
     return overlap / union if union > 0 else 0.0
 
 
+def first_tag_body(text: str, tag: str) -> str | None:
+    """The body of the first `<tag>...</tag>`, as `re.search(r"<tag>(.*?)</tag>", re.DOTALL)`
+    finds it, in linear time: when the first opener has no closer after it, no later one has."""
+    opener, closer = f"<{tag}>", f"</{tag}>"
+    start = text.find(opener)
+    if start < 0:
+        return None
+    end = text.find(closer, start + len(opener))
+    return text[start + len(opener) : end] if end >= 0 else None
+
+
+def tag_bodies(text: str, tag: str) -> list[str]:
+    """Every body `re.findall(r"<tag>(.*?)</tag>", re.DOTALL)` finds, in linear time."""
+    opener, closer = f"<{tag}>", f"</{tag}>"
+    bodies, position = [], 0
+    while (start := text.find(opener, position)) >= 0:
+        end = text.find(closer, start + len(opener))
+        if end < 0:
+            break
+        bodies.append(text[start + len(opener) : end])
+        position = end + len(closer)
+    return bodies
+
+
 # --- multiple choice (SPEC §7, "MCQ letter extraction") -------------------------------
 
 
@@ -82,10 +109,10 @@ def _is_single_letter(text: str) -> bool:
 
 def _letter_from_answer_tag(response: str) -> str | None:
     """Rule 1: the `<answer>` body if it is one letter, else its first standalone letter."""
-    tag = _ANSWER_TAG.search(response)
-    if tag is None:
+    body = first_tag_body(response, "answer")
+    if body is None:
         return None
-    body = tag.group(1).strip()
+    body = body.strip()
     if _is_single_letter(body):
         return body
     letter = _STANDALONE_LETTER.search(body)
@@ -173,9 +200,9 @@ def extract_grounding_times(response: str) -> tuple[float, float] | None:
     the numbers after start/begin and end/finish keywords if both exist; the first two
     numbers in the text.
     """
-    tag = _TIME_TAG.search(response)
-    if tag is not None:
-        times = _times_in(tag.group(1))
+    body = first_tag_body(response, "time")
+    if body is not None:
+        times = _times_in(body)
         if times is not None:
             return times
     return _times_in(response)

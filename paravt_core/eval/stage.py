@@ -4,7 +4,8 @@
 1. one runner of `eval.engine` for all splits, opened when a split first has samples left
    to run (`hf`: the checkpoint loaded into an `HFEngine`, on CUDA when there is one;
    `openai`: a client of a server already serving it);
-2. per split: load `<eval_data>/<split>/split.json` (the data stage's output), keep the
+2. per split: load `<eval_data>/<split>/split.json` (the data stage's output; a row the
+   loader cannot read is quarantined into the split's summary), keep the
    first `eval.max_samples_per_split` samples, and `evaluate_split` them into the results
    folder, resuming from the split's JSON line log;
 3. `build_report`: the splits' summaries and their average.
@@ -50,7 +51,7 @@ from paravt_core.eval.evaluator import (
 )
 from paravt_core.eval.report import EvalReport, build_report, format_table
 from paravt_core.eval.results import EpisodeOutcome
-from paravt_core.eval.samples import EvalSample
+from paravt_core.eval.samples import EvalSample, LoadedSplit, read_split
 from paravt_core.refs import ArtifactRef, content_hash, source_digest
 
 logger = logging.getLogger(__name__)
@@ -105,13 +106,16 @@ def split_data_hash(eval_data: ArtifactRef, split: str) -> str:
     return content_hash(split_folder(eval_data, split))
 
 
-def load_samples(cfg: PipelineConfig, eval_data: ArtifactRef, split: str) -> list[EvalSample]:
-    """The split's samples, the first `eval.max_samples_per_split` of them when set."""
-    from paravt_core.data.stage import load_split_file
-
-    samples = load_split_file(split_folder(eval_data, split) / SPLIT_FILE)
+def load_samples(cfg: PipelineConfig, eval_data: ArtifactRef, split: str) -> LoadedSplit:
+    """The split's samples, the first `eval.max_samples_per_split` of them when set, and
+    the rows its loader quarantined (they go into the split's summary)."""
+    record = json.loads((split_folder(eval_data, split) / SPLIT_FILE).read_text())
+    subtitle_dir = Path(record["subtitle_dir"]) if record["subtitle_dir"] else None
+    loaded = read_split(record["split"], Path(record["rows"]), Path(record["video_dir"]), subtitle_dir)
+    for quarantined in loaded.quarantined:
+        logger.warning("split %s: quarantined %s", split, quarantined.error())
     cap = cfg.eval.max_samples_per_split
-    return samples[:cap] if cap else samples
+    return LoadedSplit(split, loaded.samples[:cap] if cap else loaded.samples, loaded.quarantined)
 
 
 # --- runners --------------------------------------------------------------------------
@@ -223,8 +227,9 @@ def evaluate_prepared_split(cfg: PipelineConfig, model: ArtifactRef, eval_data: 
     folder = results_dir(cfg, model)
     folder.mkdir(parents=True, exist_ok=True)
     _pin_split_data(folder, split, split_data_hash(eval_data, split))
-    samples = load_samples(cfg, eval_data, split)
-    return evaluate_split(split, samples, runner or LazyRunner(cfg, model), folder, progress)
+    loaded = load_samples(cfg, eval_data, split)
+    return evaluate_split(split, loaded.samples, runner or LazyRunner(cfg, model), folder, progress,
+                          quarantined=[row.to_record() for row in loaded.quarantined])
 
 
 def report_of(cfg: PipelineConfig, model: ArtifactRef, label: str, runs: Sequence[SplitRun]) -> EvalReport:

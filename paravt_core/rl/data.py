@@ -4,19 +4,24 @@ Rows carry `prompt` (role/content turns; `<video>` marks where the video goes), 
 (list of `{"video": path}`; `file://` URLs after materialize) and `extra_info` (JSON with
 `answer`, `question_type` mcq|tvg|oe, optionally `question`). The rows' system prompt
 already lists the tool schema, so prompts are built with no extra `tools=`.
+
+`rollout_dropping_undecodable` runs a step's rollout without the prompts whose video does
+not decode: such a prompt is dropped for the step with a warning naming its video, and
+remembered so later steps skip it up front. One bad file never ends an RL run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from paravt_core.agent.prompts import EpisodePrompt, messages_from_rl_prompt
 from paravt_core.sft.encode import media_path
+from paravt_core.video.errors import VideoDecodeError
 
 QUESTION_TYPES = ("mcq", "tvg", "oe")
 
@@ -58,3 +63,28 @@ def read_rl_prompts(files: Sequence[Path]) -> list[RLPrompt]:
     if not prompts:
         raise RLRowError(f"no RL rows in {[str(f) for f in files]}")
     return prompts
+
+
+def rollout_dropping_undecodable(prompts: Sequence[RLPrompt], run: Callable[[list[RLPrompt]], list],
+                                 undecodable: set[str], warn: Callable[[str], None] = print) -> tuple[list, list]:
+    """(prompts kept, their episodes) of `run(prompts)` without the prompts whose video does
+    not decode; `undecodable` (video paths) is read and extended across steps.
+
+    Raises:
+        VideoDecodeError: every prompt of the step has an undecodable video.
+    """
+    kept = [p for p in prompts if str(p.prompt.video_path) not in undecodable]
+    while True:
+        if not kept:
+            raise VideoDecodeError(prompts[0].prompt.video_path if prompts else "-",
+                                   "no prompt of this RL step has a video that decodes",
+                                   f"Check the RL videos; undecodable so far: {sorted(undecodable)}")
+        try:
+            return kept, run(kept)
+        except VideoDecodeError as error:
+            if error.path in undecodable or not any(str(p.prompt.video_path) == error.path for p in kept):
+                raise
+            undecodable.add(error.path)
+            dropped = [p for p in kept if str(p.prompt.video_path) == error.path]
+            kept = [p for p in kept if str(p.prompt.video_path) != error.path]
+            warn(f"warning: RL drops {len(dropped)} prompt(s) of this step and later ones: {error}")

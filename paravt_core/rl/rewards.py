@@ -24,6 +24,11 @@ Points the SPEC leaves open, resolved here:
 
 Which text is scored (SPEC §4.5) is decided by the RL stage; `scored_text` assembles it
 from the transcript segments for either `reward.scope`.
+
+Every scan is linear in the text's length: tag blocks are found with str.find
+(`scoring.first_tag_body` / `tag_bodies`), the `[s, e]` interval by walking digit runs,
+each giving the same result as the lazy regex it replaces, which rescanned the tail from
+every unclosed opener (160 KB of `<answer>` openers) or every digit of a long number.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from paravt_core.eval.scoring import interval_iou
+from paravt_core.eval.scoring import first_tag_body, interval_iou, tag_bodies
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +53,7 @@ QUESTION_TYPES: tuple[QuestionType, ...] = ("mcq", "tvg", "oe")
 OPEN_ENDED_MODES: tuple[OpenEndedMode, ...] = ("exact", "f1", "llm")
 JUDGE_SCORES = (0.0, 0.5, 1.0)
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_REMOVED_BLOCK_RES = tuple(
-    re.compile(rf"<{tag}>.*?</{tag}>", re.DOTALL) for tag in ("tool_call", "tool_code", "tool_response")
-)
+_REMOVED_BLOCK_TAGS = ("tool_call", "tool_code", "tool_response")
 _CHAT_MARKER_RE = re.compile(r"<\|im_end\|>|<\|im_start\|>")
 _ARTICLE_RE = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION_RE = re.compile(r"[^\w\s]")
@@ -65,7 +67,8 @@ _MCQ_RES = tuple(
         r"\b([A-D])\b",
     )
 )
-_INTERVAL_RE = re.compile(r"\[?\s*([\d.]+)\s*,\s*([\d.]+)\s*\]?")
+_DECIMAL_RUN_RE = re.compile(r"[\d.]+")
+_COMMA_THEN_RUN_RE = re.compile(r"\s*,\s*([\d.]+)")
 _OPEN_THINK_RE = re.compile(r"<think>(.*?)(?=<tool_|<answer>|<\|im_end\|>|\Z)", re.DOTALL)
 _TOOL_CALL_BODY_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _TOOL_CODE_BODY_RE = re.compile(r"<tool_code>(.*?)(?:</tool_code>|\Z)", re.DOTALL)
@@ -152,9 +155,9 @@ def is_degenerate(text: str) -> bool:
 
 def extract_answer(text: str) -> str:
     """The final answer of a rollout text (SPEC §4.1)."""
-    tagged = _ANSWER_RE.search(text)
+    tagged = first_tag_body(text, "answer")
     if tagged is not None:
-        return tagged.group(1).strip()
+        return tagged.strip()
     if "</think>" in text:
         after_think = _strip_tool_blocks_and_markers(text.split("</think>", 1)[1])
         if after_think:
@@ -283,7 +286,7 @@ def has_tool(text: str) -> bool:
 
 def has_answer(text: str) -> bool:
     """Some `<answer>...</answer>` has a non-blank body (SPEC §4.3)."""
-    return any(body.strip() for body in _ANSWER_RE.findall(text))
+    return any(body.strip() for body in tag_bodies(text, "answer"))
 
 
 def scored_text(segments: Iterable[TranscriptSegment], scope: RewardScope = "transcript") -> str:
@@ -300,9 +303,22 @@ def scored_text(segments: Iterable[TranscriptSegment], scope: RewardScope = "tra
     return "".join(seg.text if seg.scored is None else seg.scored for seg in segments)
 
 
+def _without_blocks(text: str, tag: str) -> str:
+    """`re.sub(r"<tag>.*?</tag>", "", text, flags=re.DOTALL)` in linear time."""
+    opener, closer = f"<{tag}>", f"</{tag}>"
+    kept, position = [], 0
+    while (start := text.find(opener, position)) >= 0:
+        end = text.find(closer, start + len(opener))
+        if end < 0:
+            break
+        kept.append(text[position:start])
+        position = end + len(closer)
+    return "".join(kept) + text[position:]
+
+
 def _strip_tool_blocks_and_markers(text: str) -> str:
-    for block_re in _REMOVED_BLOCK_RES:
-        text = block_re.sub("", text)
+    for tag in _REMOVED_BLOCK_TAGS:
+        text = _without_blocks(text, tag)
     return _CHAT_MARKER_RE.sub("", text).strip()
 
 
@@ -314,12 +330,24 @@ def _last_plain_line(text: str) -> str:
     return ""
 
 
+def _first_interval_texts(text: str) -> tuple[str, str] | None:
+    """The groups `re.search(r"\[?\s*([\d.]+)\s*,\s*([\d.]+)\s*\]?", text)` gives: its
+    leftmost match always starts its first number at the start of a run of digits and dots
+    (a start inside the run could move left), so the first run followed by a comma and
+    another run is it."""
+    for run in _DECIMAL_RUN_RE.finditer(text):
+        after = _COMMA_THEN_RUN_RE.match(text, run.end())
+        if after is not None:
+            return run.group(), after.group(1)
+    return None
+
+
 def _first_interval(text: str) -> tuple[float, float] | None:
-    found = _INTERVAL_RE.search(text)
+    found = _first_interval_texts(text)
     if found is None:
         return None
     try:
-        start, end = float(found.group(1)), float(found.group(2))
+        start, end = float(found[0]), float(found[1])
     except ValueError:
         return None
     return (start, end) if end > start else None

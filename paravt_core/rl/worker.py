@@ -83,6 +83,7 @@ class Trainer:
         if self.rl.kl_mode != "none":
             self.ref_model = self._reference(job, attention, zero3)
         self.prompts = read_rl_prompts(job.data_files)
+        self.undecodable: set[str] = set()  # videos whose prompts are dropped (`rollout_dropping_undecodable`)
         self.reward_fn = reward_fn or paravt_reward(self.rl)
         tok = self.processor.tokenizer
         self.ids = {"pad": tok.pad_token_id, "image": policy.config.image_token_id, "video": policy.config.video_token_id}
@@ -122,6 +123,7 @@ class Trainer:
 
     def rollout(self, step: int):
         from paravt_core.agent.rollout import run_episodes
+        from paravt_core.rl.data import rollout_dropping_undecodable
         from paravt_core.rl.grpo import frame_budget
 
         picked, epoch = step_prompts(self.prompts, step, self.rl.prompts_per_step, self.rank, self.world,
@@ -131,10 +133,12 @@ class Trainer:
         for p in picked:
             k = frame_budget(self.cfg.run.seed, p.prompt.prompt_id, epoch, gating.choices) if gating.enabled else None
             prompts.append(dataclasses.replace(p, prompt=dataclasses.replace(p.prompt, nframes=k)))
-        episodes = run_episodes(self.engine, self.processor, [p.prompt for p in prompts], self.rl.rollout,
+        def run(batch: list) -> list:
+            return run_episodes(self.engine, self.processor, [p.prompt for p in batch], self.rl.rollout,
                                 self.cfg.video, group_size=self.rl.group_size, temperature=self.rl.temperature,
                                 seed=self.cfg.run.seed * 100_003 + step * 997 + self.rank)
-        return prompts, episodes
+
+        return rollout_dropping_undecodable(prompts, run, self.undecodable)
 
     def train_step(self, step: int) -> dict[str, float]:
         from paravt_core.rl import policy as P

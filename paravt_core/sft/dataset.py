@@ -2,7 +2,10 @@
 
 Decoded frames are cached keyed by (video content hash, sampling parameters), so a
 second epoch, a resumed run or a second rank reading the same video does not decode it
-again. Over-long samples are skipped or truncated per config, and counted.
+again. Over-long samples are skipped or truncated per config, and counted. A sample
+whose video does not decode (`VideoDecodeError`: the data contracts probe every video,
+but a file can still break after them) is skipped, counted and named in
+`SFTDataset.media_errors`, so one bad file never ends a long run.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 
 from paravt_core.atomic import atomic_write_bytes
 from paravt_core.sft.encode import IGNORE_INDEX, ConversationError, EncodedSample, encode_conversation
+from paravt_core.video.errors import VideoDecodeError
 
 log = logging.getLogger(__name__)
 
@@ -136,17 +140,27 @@ class SFTDataset:
         self.cache = cache
         self.overlong = overlong
         self.tools = tools
+        self.media_errors: dict[str, str] = {}  # row source -> why its video did not decode
+        self._undecodable: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def encode(self, index: int) -> EncodedSample | None:
-        """The encoded sample, or None when it is over-long and the policy skips it."""
+        """The encoded sample, or None when it is over-long and the policy skips it, or its
+        video does not decode (skipped, counted in `media_errors`, and not tried again)."""
         row = self.rows[index]
+        if index in self._undecodable:
+            return None
         try:
             sample = encode_conversation(row["messages"], self.processor, self.cache.load, load_image, self.tools)
         except ConversationError as err:
             raise ConversationError(f"{row['source']}: {err}") from err
+        except VideoDecodeError as err:
+            self._undecodable.add(index)
+            self.media_errors[row["source"]] = str(err)
+            log.warning("skipping %s: %s", row["source"], err)
+            return None
         if sample.num_tokens <= self.overlong.max_seq_len:
             return sample
         if self.overlong.mode == "skip" or _cuts_vision(sample, self.overlong.max_seq_len):

@@ -10,6 +10,7 @@ finished run returns the exported model at once.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
@@ -51,7 +52,11 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
             git_revision=git_revision(),
         )
 
-    return run_stage_workers(out, "sft_model", job, WORKER, cfg.sft.num_ranks, cfg.sft.hostfile, log_line)
+    model = run_stage_workers(out, "sft_model", job, WORKER, cfg.sft.num_ranks, cfg.sft.hostfile, log_line)
+    skipped = json.loads((Path(model.path) / "paravt_meta.json").read_text()).get("media_skipped") or {}
+    for source, problem in skipped.items():
+        log_line(f"warning: SFT skipped {source}: {problem}")
+    return model
 
 
 def _mlflow_run(cfg: PipelineConfig, out: Path, base: ArtifactRef, sft_data: ArtifactRef) -> str:

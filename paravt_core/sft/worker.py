@@ -72,7 +72,8 @@ def micro_batch(dataset, step: int, micro: int, rank: int, world: int, accum_ind
                 samples.append(sample)
                 break
         else:
-            raise RuntimeError("every SFT sample is over max_seq_len; raise sft.max_seq_len")
+            raise RuntimeError(f"every SFT sample is skipped ({len(dataset.media_errors)} with undecodable videos, "
+                               "the others over max_seq_len); check the videos or raise sft.max_seq_len")
     return samples
 
 
@@ -194,6 +195,7 @@ def _export(job: SFTJob, engine, rank: int, dataset, ckpt_dir: Path) -> None:
         "mlflow_run_id": job.mlflow_run_id,
         "overlong_skipped": dataset.overlong.skipped,
         "overlong_truncated": dataset.overlong.truncated,
+        "media_skipped": dataset.media_errors,  # rank 0's: row source -> why its video did not decode
         "frame_cache": {"hits": dataset.cache.hits, "misses": dataset.cache.misses},
     }
     pdist.export_hf_model(state, job.base_model, job.out_dir / "model", job.config.model.dtype, meta)

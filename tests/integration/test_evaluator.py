@@ -420,3 +420,23 @@ def test_hf_evaluator_runs_one_split_on_the_gpu_in_bf16(tmp_path, eval_data, tin
     assert engine.model.device.type == "cuda" and engine.model.dtype == torch.bfloat16
     result = eval_stage.evaluate_prepared_split(cfg, tiny_ref, eval_data, "videomme", progress=False)
     assert result.evaluated == result.summary["n"] == 4
+
+
+def test_an_undecodable_video_is_a_scored_error_and_the_split_goes_on(tiny_processor, short_video, tmp_path):
+    """A corrupt video among the samples: recorded with score 0 and named in the summary;
+    the batch it shared is re-run so the other samples are scored normally."""
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(short_video.read_bytes()[:200])
+    engine = ScriptedEngine(tiny_processor, [ANSWER_B])
+    runner = HFSampleRunner(engine, tiny_processor, settings(prompt_mode="direct", concurrency=3))
+    samples = [mcq_sample(short_video, "q0"), mcq_sample(broken, "bad"), mcq_sample(short_video, "q2")]
+    run = evaluate_split("videomme", samples, runner, tmp_path / "results", progress=False)
+    records = {r["id"]: r for r in json.loads(run.results_json.read_text())["samples"]}
+    assert [records[i]["score"] for i in ("q0", "bad", "q2")] == [1.0, 0.0, 1.0]
+    assert records["bad"]["end_reason"] == "video_error" and records["bad"]["pred"] is None
+    assert run.summary["n"] == 3 and run.summary["accuracy"] == pytest.approx(2 / 3)
+    (error,) = run.summary["errors"]
+    assert error["id"] == "bad" and f"cannot read video {broken}" in error["error"]
+    assert run.summary["end_reasons"] == {"answer": 2, "video_error": 1}
+    again = evaluate_split("videomme", samples, runner, tmp_path / "results", progress=False)  # resumes: nothing re-run
+    assert again.evaluated == 0 and again.summary["errors"] == run.summary["errors"]

@@ -192,3 +192,30 @@ def test_one_sft_step_of_the_2b_shape(sft_setup, tmp_path: Path):
     assert torch.isfinite(torch.tensor(_losses(run_dir)[1]))
     row = json.loads((run_dir / "memory" / "rank0.json").read_text())[-1]
     assert row["param_bytes_total"] > 4e9  # 2.13 B bf16 parameters
+
+
+def test_an_undecodable_video_is_skipped_counted_and_named(sft_setup, tmp_path: Path, short_video: Path):
+    """One zero-byte video among the rows: SFT trains on the others and says which row it skipped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from paravt_core.sft import stage
+
+    config, base, _ = sft_setup
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"")
+    data = tmp_path / "sft_with_broken"
+    data.mkdir()
+    good = {"messages": json.dumps(conversation(short_video)), "videos": [str(short_video)]}
+    bad = {"messages": json.dumps(conversation(broken)), "videos": [str(broken)]}
+    pq.write_table(pa.Table.from_pylist([good, good, bad, good, good, good]), data / "toy.parquet")
+    sft_data = ArtifactRef(kind="sft_data", path=data, sha256=content_hash(data))
+    cfg = config("sft.max_steps=6", "sft.checkpoint_every=6")
+    lines: list[str] = []
+    ref = stage.run(cfg, base, sft_data, log_line=lines.append)
+    assert sorted(_losses(stage.run_dir(cfg, base, sft_data))) == [1, 2, 3, 4, 5, 6]
+    meta = json.loads((ref.path / "paravt_meta.json").read_text())
+    assert list(meta["media_skipped"]) == ["toy.parquet:2"]
+    assert meta["media_skipped"]["toy.parquet:2"].startswith(f"cannot read video {broken}: ")
+    assert any(line.startswith("warning: SFT skipped toy.parquet:2: cannot read video") and str(broken) in line
+               for line in lines)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from pydantic import BaseModel
+
 from paravt_core.config import ConfigError, PipelineConfig, load_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -112,3 +114,46 @@ def test_benchmark_pins_name_known_repos_and_need_the_hub():
         load_config(CONF / "pipeline" / "paravt_8b.yaml", ['data.benchmark_revisions={"lmms-lab/LVBenhc": "c0ffee"}'])
     with pytest.raises(ConfigError, match="applies to source: hub"):
         load_config(CONF / "pipeline" / "tiny.yaml", ['data.benchmark_revisions={"lmms-lab/LVBench": "c0ffee"}'])
+
+
+def _float_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted paths of every float field in a config model tree."""
+    found = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            found += _float_fields(annotation, f"{prefix}{name}.")
+        elif float in (getattr(annotation, "__args__", None) or (annotation,)):
+            found.append(f"{prefix}{name}")
+    return found
+
+
+def test_every_float_field_refuses_inf_and_nan():
+    fields = _float_fields(PipelineConfig)
+    assert {"rl.learning_rate", "rl.kl_coef", "rl.reward.format_weight", "data.synth.fps"} <= set(fields)
+    for field in fields:
+        for value in (".inf", "-.inf", ".nan"):
+            with pytest.raises(ConfigError, match=field.rsplit(".", 1)[-1]):
+                load_config("conf/pipeline/tiny.yaml", [f"{field}={value}"])
+
+
+@pytest.mark.parametrize("choices", ["[0, -4]", "[8, 0]", "[-4]"])
+def test_gating_choices_must_be_positive(choices: str):
+    with pytest.raises(ConfigError, match=r"rl\.gating\.choices\.\d"):
+        load_config("conf/pipeline/tiny.yaml", [f"rl.gating.choices={choices}"])
+
+
+def test_broken_yaml_file_names_the_file_and_line(tmp_path: Path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("run:\n  name: x\n  seed: [1\nsft:\n  max_steps: 3\n")
+    with pytest.raises(ConfigError, match=rf"{path}: not valid YAML \(line \d+, column \d+"):
+        load_config(path)
+    row = tmp_path / "row.yaml"
+    row.write_text("kl_coef: {")
+    with pytest.raises(ConfigError, match=rf"{row}: not valid YAML"):
+        load_config("conf/pipeline/tiny.yaml", rl_row=row)
+
+
+def test_unparsable_set_value_names_the_item():
+    with pytest.raises(ConfigError, match=r"override 'k=\[1': the value is not valid YAML"):
+        load_config("conf/pipeline/tiny.yaml", ["run.seed=1", "k=[1"])

@@ -455,3 +455,96 @@ def test_real_benchmark_rows_pass_their_contract(split, fmt, tmp_path):
     assert result.n_rows == len(jsonl.read_text().splitlines())
     without_videos = validate("eval", rows_path, split=split, report_dir=tmp_path / "report")
     assert without_videos.passed
+
+
+def _real_jsonl(name: str) -> list[dict]:
+    path = BENCHMARKS / name / f"{name}.jsonl"
+    if not path.is_file():
+        pytest.skip(f"real benchmark rows not found at {path} (../shared/benchmarks is absent)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_real_quirks_pass_their_contract_as_the_loader_reads_them(tmp_path):
+    """Blank MLVU candidates and a null LVBench uid (both in real rows) are not contract failures."""
+    mlvu = _real_jsonl("mlvu")[:3]
+    mlvu[1] = {**mlvu[1], "candidates": [*mlvu[1]["candidates"], ""]}
+    (lvbench,) = _real_jsonl("lvbench")
+    for split, rows in (("mlvu", mlvu), ("lvbench", [{**lvbench, "uid": None}])):
+        path = _write_jsonl(rows, tmp_path / f"{split}.jsonl")
+        _touch_media(split, path, tmp_path / "videos")
+        result = validate("eval", path, split=split, report_dir=tmp_path / split, video_dir=tmp_path / "videos")
+        assert result.passed, result.failures[:5]
+
+
+# --- media outside the root; messages as JSON strings -------------------------------------
+
+
+def test_media_outside_the_media_root_fail_the_sft_and_rl_contracts(good_rows, media_root, tmp_path):
+    outside = tmp_path / "elsewhere.mp4"
+    outside.write_bytes(b"not under the root")
+    sft = copy.deepcopy(good_rows["sft"][0])
+    sft["videos"] = ["file:///etc/passwd"]
+    climbing = copy.deepcopy(good_rows["sft"][1])
+    climbing["videos"] = [f"file://{media_root}/selfqa/../../{outside.parent.name}/{outside.name}"]
+    table = _sft_table([sft, climbing, *good_rows["sft"][2:]], tmp_path / "shard.parquet")
+    assert validate("sft", table, report_dir=tmp_path / "open").passed  # both files exist
+    result = validate("sft", table, report_dir=tmp_path / "report", media_root=media_root,
+                      on_bad_rows="quarantine")
+    assert sorted(f.row for f in result.failures if f.column == "videos") == [1, 2]
+    assert all("outside the media root" in f.value for f in result.failures if f.column == "videos")
+    rl = copy.deepcopy(good_rows["rl"][0])
+    rl["videos"] = [{**rl["videos"][0], "video": "/etc/passwd"}]
+    path = tmp_path / "rl.parquet"
+    path.write_bytes(parquet_bytes([rl, *good_rows["rl"][1:]], RL_SCHEMA))
+    result = validate("rl", path, report_dir=tmp_path / "rl", media_root=media_root, on_bad_rows="quarantine")
+    assert [f.row for f in result.failures] == [1]
+
+
+def test_sft_messages_stored_as_json_strings_pass_like_lists(good_rows, media_root, tmp_path):
+    rows = [{**row, "messages": json.dumps(row["messages"])} for row in good_rows["sft"]]
+    path = _write_jsonl(rows, tmp_path / "sft.jsonl")
+    assert validate("sft", path, report_dir=tmp_path / "report", media_root=media_root).passed
+    broken = [{**rows[0], "messages": "[{not json"}, *rows[1:]]
+    result = validate("sft", _write_jsonl(broken, tmp_path / "bad.jsonl"), report_dir=tmp_path / "bad",
+                      on_bad_rows="quarantine")
+    assert {f.row for f in result.failures} == {1}
+
+
+# --- media health: undecodable videos are contract failures named with their row ----------
+
+
+def test_an_undecodable_sft_video_is_quarantined_with_its_row(good_rows, media_root, tmp_path):
+    broken = tmp_path / "media" / "selfqa" / "zero.mp4"
+    broken.parent.mkdir(parents=True)
+    broken.write_bytes(b"")
+    text = broken.with_name("text.mp4")
+    text.write_text("not a video\n")
+    rows = copy.deepcopy(good_rows["sft"][:4])
+    rows[1]["videos"] = [f"file://{broken}"]
+    rows[3]["videos"] = [f"file://{text}"]
+    table = _sft_table(rows, tmp_path / "shard.parquet")
+    assert validate("sft", table, report_dir=tmp_path / "plain").passed  # the files exist: only probing tells
+    result = validate("sft", table, report_dir=tmp_path / "report", on_bad_rows="quarantine",
+                      media_health=tmp_path / "health")
+    health = {f.row: f.value for f in result.failures if f.rule == "expect_column_values_to_reference_healthy_videos"}
+    assert sorted(health) == [2, 4]
+    assert f"video {broken} cannot be used: the file is empty (0 bytes)" in health[2]
+    assert pq.read_table(result.kept_path).num_rows == 2
+    assert len(list((tmp_path / "health").glob("*.json"))) >= 3  # verdicts cached by content hash
+
+
+def test_an_undecodable_eval_video_is_quarantined_with_its_row(tmp_path):
+    from tests.conftest import write_test_video
+
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    write_test_video(videos / "GOOD1.mp4", seconds=4.0)
+    (videos / "EMPTY.mp4").write_bytes(b"")
+    rows = [{"video": "GOOD1.mp4", "caption": "a person sits.", "timestamp": [1.0, 2.0]},
+            {"video": "EMPTY.mp4", "caption": "a person stands.", "timestamp": [0.5, 1.5]}]
+    path = _write_jsonl(rows, tmp_path / "charades.jsonl")
+    result = validate("eval", path, split="charades", report_dir=tmp_path / "report", video_dir=videos,
+                      media_health=tmp_path / "health", on_bad_rows="quarantine")
+    assert [(f.row, f.rule) for f in result.failures] == [(2, "expect_rows_to_name_healthy_videos")]
+    assert "EMPTY.mp4 cannot be used: the file is empty" in result.failures[0].value
+    assert result.kept_path.read_text().splitlines() == [json.dumps(rows[0])]

@@ -271,3 +271,87 @@ def test_unsafe_tar_members_are_refused_and_nothing_is_written(tmp_path, kwargs,
         extract_all(parts, tmp_path / "root", progress=False)
     assert not [p for p in (tmp_path / "root").rglob("*") if p.is_file()]
     assert not (tmp_path / "escaped.mp4").exists()
+
+
+# ----- split tars: damaged parts are named, never extracted silently --------------------------
+
+
+def _nothing_extracted(root: Path) -> bool:
+    return not [p for p in root.rglob("*") if p.is_file()] if root.exists() else True
+
+
+MANY = {f"videos/v{i}.mp4": bytes([65 + i]) * 2000 for i in range(8)}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_truncated_or_empty_middle_part_is_named(tmp_path, damage):
+    parts = write_parts(tmp_path / "snap", make_tar(MANY), 4)
+    data = parts[1].read_bytes()
+    parts[1].write_bytes(data[: len(data) // 3] if damage == "truncated" else b"")
+    with pytest.raises(ArchiveError, match=r"videos\.tar\.part\.ab"):
+        extract_all(parts, tmp_path / "root", progress=False)
+    assert _nothing_extracted(tmp_path / "root")
+
+
+def test_a_middle_part_cut_to_the_same_size_as_the_others_is_caught_by_its_header(tmp_path):
+    """Equal sizes but a header overwritten in the second part: tarfile alone would stop there
+    and call the archive complete, with the later members missing."""
+    tar = bytearray(make_tar(MANY))
+    parts_before = write_parts(tmp_path / "plain", bytes(tar), 4)
+    header = tar.index(b"videos/v5.mp4")  # a member header inside the third part
+    tar[header : header + 512] = b"\xff" * 512
+    parts = write_parts(tmp_path / "snap", bytes(tar), 4)
+    assert [p.stat().st_size for p in parts] == [p.stat().st_size for p in parts_before]
+    with pytest.raises(ArchiveError, match=r"unreadable header at byte \d+ \(in videos\.tar\.part\.a[bc]\)"):
+        extract_all(parts, tmp_path / "root", progress=False)
+    assert _nothing_extracted(tmp_path / "root")
+    assert not (tmp_path / "root" / ".unzipped" / "videos.tar.json").exists()
+
+
+def test_non_zero_bytes_after_the_end_of_the_archive_are_an_error(tmp_path):
+    parts = write_parts(tmp_path / "snap", make_tar(TAR_MEMBERS) + b"\0" * 512 + b"junk", 2)
+    with pytest.raises(ArchiveError, match="non-zero byte at .* after the end-of-archive header"):
+        extract_all(parts, tmp_path / "root", progress=False)
+    assert _nothing_extracted(tmp_path / "root")
+
+
+def test_part_sizes_from_the_download_metadata_are_checked(tmp_path):
+    parts = write_parts(tmp_path / "snap", make_tar(TAR_MEMBERS), 2)
+    sizes = {p.name: p.stat().st_size for p in parts}
+    with pytest.raises(ArchiveError, match=r"part .*videos\.tar\.part\.ab is \d+ bytes but the download's metadata"):
+        extract_all(parts, tmp_path / "root", progress=False, part_sizes={**sizes, parts[1].name: 99999})
+    assert extract_all(parts, tmp_path / "root", progress=False, part_sizes=sizes) == {
+        "videos.tar": json.loads((tmp_path / "root" / ".unzipped" / "videos.tar.json").read_text())["sha256"]}
+
+
+def test_a_hub_blob_part_must_match_its_recorded_sha256(tmp_path):
+    data = write_parts(tmp_path / "scratch", make_tar(MANY), 3)
+    snapshot, blobs = tmp_path / "snap", tmp_path / "blobs"
+    snapshot.mkdir()
+    blobs.mkdir()
+    links = []
+    for index, part in enumerate(data):
+        content = part.read_bytes()
+        blob = blobs / file_hash(part)
+        # same size, one flipped byte inside a member's data: only the hash can tell
+        blob.write_bytes(content[:-700] + bytes([content[-700] ^ 1]) + content[-699:] if index == 1 else content)
+        link = snapshot / part.name
+        os.symlink(os.path.relpath(blob, snapshot), link)
+        links.append(link)
+    with pytest.raises(ArchiveError, match=r"part .*videos\.tar\.part\.ab has sha256 .* but the hub recorded"):
+        extract_all(links, tmp_path / "root", progress=False)
+    assert _nothing_extracted(tmp_path / "root")
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", '{"sha256": 1}', '{"sha256": "x", "members": "a"}'])
+def test_an_empty_or_corrupt_marker_means_not_complete(tmp_path, content):
+    parts = write_parts(tmp_path / "snap", make_tar(TAR_MEMBERS), 2)
+    zipped = make_zip(tmp_path / "selfqa.zip", MEMBERS)
+    root = tmp_path / "root"
+    for name in ("videos.tar", "selfqa.zip"):
+        (root / ".unzipped").mkdir(parents=True, exist_ok=True)
+        (root / ".unzipped" / f"{name}.json").write_text(content)
+    hashes = extract_all([*parts, zipped], root, progress=False)
+    assert set(hashes) == {"videos.tar", "selfqa.zip"}
+    assert (root / "videos" / "a.mp4").read_bytes() == TAR_MEMBERS["videos/a.mp4"]
+    assert archives.read_marker(root / ".unzipped" / "videos.tar.json")["members"] == sorted(TAR_MEMBERS)

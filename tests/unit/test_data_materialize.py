@@ -190,3 +190,18 @@ def test_shards_are_classified_by_their_columns(tmp_path):
     (snapshot / "rl" / "paravt_rl_diverse_4k4.parquet").unlink()
     with pytest.raises(FileNotFoundError, match="no RL shards"):
         classify_shards(snapshot)
+
+
+def test_sentinels_that_escape_the_media_root_are_refused_and_reported(media_root, tmp_path):
+    secret = tmp_path / "secret.mp4"
+    secret.write_bytes(b"not media")
+    (media_root / "selfqa" / "link").symlink_to(tmp_path)
+    rewrite = SentinelRewriter(media_root)
+    climbing = "selfqa/../../../../../../../etc/passwd"
+    through_link = "selfqa/link/secret.mp4"
+    assert rewrite(climbing) == climbing and rewrite(through_link) == through_link  # left as written
+    assert rewrite(PRESENT[2]) == uri(media_root, PRESENT[2])
+    report = rewrite.report()
+    assert report["selfqa"].escaping == 2 and report["selfqa"].referenced == 1
+    assert set(report["selfqa"].escaping_examples) == {climbing, through_link}
+    assert "refused, outside the media root (2): " in missing_table(report)

@@ -321,3 +321,18 @@ def test_openai_client_settings_come_from_config_then_environment(monkeypatch, t
     assert client.url == "http://127.0.0.1:30001/v1/chat/completions" and client.model == str(tmp_path)
     with pytest.raises(ValueError, match="endpoint"):
         EvalConfig(endpoint="127.0.0.1:30000")
+
+
+@pytest.mark.integration
+def test_an_undecodable_video_is_recorded_as_an_error_not_a_failed_split(tiny_processor, short_video, tmp_path):
+    from paravt_core.eval.evaluator import OpenAISampleRunner, evaluate_split
+
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"")
+    with StubChatServer(scripted(["<answer>B</answer>"])) as server:
+        runner = OpenAISampleRunner(OpenAIChatClient(server.base_url, "m"), tiny_processor,
+                                    _settings(prompt_mode="direct", concurrency=2))
+        run = evaluate_split("videomme", [_sample(short_video, "good"), _sample(broken, "bad")], runner,
+                             tmp_path / "results", progress=False)
+    assert run.summary["n"] == 2 and run.summary["accuracy"] == 0.5
+    assert [e["id"] for e in run.summary["errors"]] == ["bad"] and str(broken) in run.summary["errors"][0]["error"]

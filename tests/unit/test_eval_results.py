@@ -144,3 +144,22 @@ def test_split_json_holds_summary_and_samples_in_order(tmp_path):
     assert document["split"] == "videomme" and document["summary"]["accuracy"] == 0.5
     assert [sample["id"] for sample in document["samples"]] == ["b", "a"]
     assert set(document["samples"][0]) >= {"id", "answer", "pred", "correct", "score", "tool_calls", "response"}
+
+
+def test_quarantined_rows_are_in_the_split_summary(tmp_path):
+    from paravt_core.eval.evaluator import evaluate_split
+
+    video = tmp_path / "v.mp4"
+    video.write_bytes(b"x")
+    sample = EvalSample(id="q", split="mlvu", video_path=video, question="Q", answer="A", kind="mcq",
+                        options=("x", "y"))
+
+    class AnswersA:
+        def outcomes(self, samples):
+            return ((s, outcome("<answer>A</answer>")) for s in samples)
+
+    bad = {"file": "/rows/mlvu.jsonl", "row": 7, "field": "answer", "reason": "'Z' is not a letter"}
+    run = evaluate_split("mlvu", [sample], AnswersA(), tmp_path, progress=False, quarantined=[bad])
+    written = json.loads(run.results_json.read_text())
+    assert run.summary["quarantined_rows"] == [bad] == written["summary"]["quarantined_rows"]
+    assert run.summary["n"] == 1 and run.summary["accuracy"] == 1.0

@@ -26,8 +26,11 @@ from paravt_core.eval.samples import (
     Row,
     RowError,
     load_split,
+    inline_options_question,
+    mcq_question,
     missing_videos,
     mlvu_sample,
+    read_split,
     srt_to_text,
 )
 
@@ -426,7 +429,7 @@ def test_cli_eval_samples_mcq_keys(benchmarks: Path, tmp_path: Path, capsys) -> 
     assert (first["id"], first["answer"], first["kind"]) == ("Q1113", "A", "mcq")
 
 
-def test_cli_eval_samples_bad_rows_exit_2(tmp_path: Path, capsys) -> None:
+def test_cli_eval_samples_with_no_readable_row_exits_2(tmp_path: Path, capsys) -> None:
     path = write_jsonl(tmp_path / "c.jsonl", [{"video": "X.mp4", "caption": "x"}])
     code = run_cli(["eval", "samples", "charades", "--rows", str(path),
                     "--video-dir", str(tmp_path)])
@@ -468,3 +471,86 @@ def test_cli_eval_score_bad_line_exit_2(monkeypatch, capsys, bad_line: str) -> N
     out, err = capsys.readouterr()
     assert json.loads(out) == {"pred": "A", "score": 1.0}
     assert "stdin line 2" in err
+
+
+# --- real quirks and quarantine (issue: one bad row never sinks a split) -----------------
+
+
+def test_mlvu_real_rows_with_blank_candidates_drop_them_and_remap_letters(
+    benchmarks: Path, tmp_path: Path
+) -> None:
+    rows = raw_rows(benchmarks, "mlvu")[:3]
+    # a blank at the end, as real MLVU rows store it: the question still lists the others
+    trailing = {**rows[0], "candidates": [*rows[0]["candidates"], ""]}
+    # a blank in the middle (listed as an empty "(B)" line): letters after it close up
+    middle = dict(rows[1])
+    texts = list(middle["candidates"])
+    answer_text = texts[ord(middle["answer"]) - ord("A")]
+    stored = [texts[0], "  ", *texts[1:]]
+    stem = middle["question"].split("\n(A)")[0]
+    listed = "".join(f"\n({'ABCDEFGHIJ'[i]}) {t}" for i, t in enumerate(stored))
+    middle.update(candidates=stored, question=stem + listed + "\n",
+                  answer="ABCDEFGHIJ"[stored.index(answer_text)])
+    # an answer naming the blank cannot be remapped: that row is quarantined
+    names_blank = {**rows[2], "candidates": [rows[2]["candidates"][0], "", *rows[2]["candidates"][1:]],
+                   "answer": "B"}
+    path = write_jsonl(tmp_path / "mlvu.jsonl", [trailing, middle, names_blank])
+    make_videos(tmp_path, {row["video_name"] for row in rows})
+
+    loaded = read_split("mlvu", path, tmp_path)
+
+    first, second = loaded.samples
+    assert first.options == tuple(rows[0]["candidates"]) and first.answer == rows[0]["answer"]
+    assert first.question == inline_options_question(rows[0]["question"].strip())
+    assert second.options == tuple(texts)
+    assert second.options["ABCDEFGHIJ".index(second.answer)] == answer_text
+    assert second.question == mcq_question(stem, texts)
+    assert [(q.row, q.field) for q in loaded.quarantined] == [(3, "answer")]
+    assert "names a blank candidate" in loaded.quarantined[0].reason
+
+
+def test_lvbench_real_row_with_null_uid_gets_a_stable_id(benchmarks: Path, tmp_path: Path) -> None:
+    (row,) = raw_rows(benchmarks, "lvbench")
+    other = {**row, "uid": None, "question": row["question"].replace("year", "date")}
+    path = write_jsonl(tmp_path / "lvbench.jsonl", [{**row, "uid": None}, other])
+    first = read_split("lvbench", path, tmp_path)
+    again = read_split("lvbench", path, tmp_path)
+    ids = [sample.id for sample in first.samples]
+    assert first.quarantined == [] and len(set(ids)) == 2
+    assert ids == [sample.id for sample in again.samples]
+    assert all(sample_id.startswith("lvbench-") for sample_id in ids)
+    (kept,) = load_split("lvbench", write_jsonl(tmp_path / "uid.jsonl", [row]), tmp_path)
+    assert kept.id == row["uid"]
+
+
+def test_malformed_rows_are_quarantined_with_file_row_and_reason(benchmarks: Path, tmp_path: Path) -> None:
+    rows = raw_rows(benchmarks, "videomme")[:4]
+    path = tmp_path / "rows.jsonl"
+    lines = [json.dumps(rows[0]), "{not json", json.dumps({**rows[1], "answer": "Z"}), json.dumps(rows[2]),
+             json.dumps(rows[2]), "[1, 2]"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    loaded = read_split("videomme", path, tmp_path)
+    assert [sample.id for sample in loaded.samples] == [rows[0]["question_id"], rows[2]["question_id"]]
+    assert [q.to_record() | {"reason": ""} for q in loaded.quarantined] == [
+        {"file": str(path), "row": row, "field": field, "reason": ""}
+        for row, field in ((2, "(row)"), (3, "answer"), (5, "(id)"), (6, "(row)"))
+    ]
+    assert "already used by row 4" in loaded.quarantined[2].reason
+    with pytest.raises(RowError, match=r"rows\.jsonl: row 2: field '\(row\)': not valid JSON"):
+        load_split("videomme", path, tmp_path)
+
+
+def test_cli_eval_samples_prints_good_rows_and_names_quarantined_ones(
+    benchmarks: Path, tmp_path: Path, capsys
+) -> None:
+    rows = raw_rows(benchmarks, "mlvu")[:3]
+    rows[1] = {**rows[1], "candidates": [*rows[1]["candidates"], ""]}
+    rows[2] = {**rows[2], "answer": "Q"}
+    path = write_jsonl(tmp_path / "mlvu.jsonl", rows)
+    make_videos(tmp_path, {row["video_name"] for row in rows})
+    code = run_cli(["eval", "samples", "mlvu", "--rows", str(path), "--video-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [rows[0]["question_id"], rows[1]["question_id"]]
+    assert f"quarantined {path}: row 3: field 'answer'" in err
+    assert "1 rows quarantined, 2 samples printed" in err

@@ -92,3 +92,19 @@ def test_num_frames_is_kept():
 def test_episode_end_after_a_generation(text, cut, turn, expected):
     """SPEC §3: a cut generation ends the episode, so does one without calls or past max_turns (3)."""
     assert episode_end(parse_tool_calls(text), cut, turn, max_turns=3) == expected
+
+
+def test_hundreds_of_bad_blocks_get_max_parallel_errors_and_one_ignored_response():
+    malformed = '<tool_call>{"name": "crop_video", "arguments": {</tool_call>'
+    text = malformed * 150 + _call(1, 3) + malformed * 150 + "".join(_call(i, i + 1) for i in range(4))
+    blocks = parse_tool_calls(text)
+    assert len(blocks) == 305
+    plan = plan_tool_round(blocks, duration=12.0, max_parallel=3)
+    assert [call.status for call in plan] == ["malformed"] * 3 + ["run"] * 3 + ["ignored"]
+    assert [call.block_index for call in plan[3:6]] == [150, 301, 302]
+    ignored = plan[-1]
+    assert ignored.block_index == 3
+    assert ignored.error.startswith("Error: 299 further call blocks were ignored; at most 3 errors")
+    # the two calls past max_parallel were folded in and still count as rejected calls
+    assert ignored.ignored_calls == 2 and sum(call.rejected_calls for call in plan) == 2
+    assert sum(1 for call in plan if not call.runs) == 3 + 1

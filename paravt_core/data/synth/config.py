@@ -20,7 +20,7 @@ class SynthConfig(BaseModel):
     usually misses them, while a 1 fps crop of their window always shows them.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     seed: int = 0
     train_videos: int = Field(48, ge=4, description="videos behind the SFT and RL shards (>= one per sentinel root)")

@@ -1,0 +1,123 @@
+"""Media health: is a video file one the pipeline can train or evaluate on?
+
+`check_video` opens the file, indexes its frames (`VideoFile`), and decodes its first and
+last frame at a small size, so a zero-byte file, a text file named `.mp4`, a container
+without a video stream, a video with no frames or no duration, and a truncated tail are
+all caught before a stage depends on them. The verdict is cached by the file's content
+hash (`MediaHealthCache`, one JSON file per hash), so a video shared by many rows, or
+seen again by a later run, is probed once; within a process the content hash itself is
+remembered per (path, size, mtime).
+
+The data contracts call this for every SFT, RL and evaluation video when the data stage
+asks them to (`data_contracts.rules.video_health_problem`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from paravt_core.atomic import atomic_write_text
+from paravt_core.video.errors import VideoDecodeError
+from paravt_core.video.hashing import video_sha256
+
+# Bumped when what `check_video` checks changes, so older cached verdicts are not reused.
+PROBE_VERSION = 1
+_PROBE_SIZE = 16  # pixels per side of the decoded probe frames: decoding, not looking
+
+
+@dataclass(frozen=True)
+class VideoHealth:
+    """A probe's verdict: `problem` is None for a usable video."""
+
+    sha256: str
+    num_frames: int
+    duration: float
+    problem: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def _probe(path: Path) -> tuple[int, float, str | None]:
+    """(frames, duration, problem) of one video file."""
+    import av
+
+    from paravt_core.video.reader import VideoFile
+
+    if path.stat().st_size == 0:
+        return 0, 0.0, "the file is empty (0 bytes)"
+    try:
+        with VideoFile(path) as video:
+            info = video.info
+            if info.num_frames < 1 or not info.duration > 0:
+                return info.num_frames, info.duration, f"it has {info.num_frames} frames over {info.duration} s"
+            video.read(sorted({0, info.num_frames - 1}), height=_PROBE_SIZE, width=_PROBE_SIZE)
+    except VideoDecodeError as error:
+        return 0, 0.0, error.problem
+    except (av.FFmpegError, OSError, ValueError, IndexError) as error:
+        return 0, 0.0, f"it does not decode ({type(error).__name__}: {error})"
+    return info.num_frames, info.duration, None
+
+
+@functools.lru_cache(maxsize=65536)
+def _content_hash(path: str, size: int, mtime_ns: int) -> str:
+    return video_sha256(path)
+
+
+class MediaHealthCache:
+    """Verdicts of `check_video` by content hash under `folder` (None: in memory only)."""
+
+    def __init__(self, folder: str | os.PathLike[str] | None = None):
+        self.folder = Path(folder) if folder is not None else None
+        self._memory: dict[str, VideoHealth] = {}
+
+    def check(self, path: str | os.PathLike[str]) -> VideoHealth:
+        """The verdict for the video at `path` (probed only if its content was never seen).
+
+        Raises:
+            FileNotFoundError: no file at the path (existence is a separate rule).
+        """
+        path = Path(path)
+        stat = path.stat()
+        sha = _content_hash(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        if sha in self._memory:
+            return self._memory[sha]
+        health = self._stored(sha)
+        if health is None:
+            frames, duration, problem = _probe(path)
+            health = VideoHealth(sha, frames, duration, problem)
+            self._store(health)
+        self._memory[sha] = health
+        return health
+
+    def _entry(self, sha: str) -> Path | None:
+        return None if self.folder is None else self.folder / f"{sha}.json"
+
+    def _stored(self, sha: str) -> VideoHealth | None:
+        entry = self._entry(sha)
+        try:
+            record = json.loads(entry.read_text()) if entry is not None else None
+        except (OSError, ValueError):
+            return None  # absent or unreadable: probe again
+        if not isinstance(record, dict) or record.pop("probe_version", None) != PROBE_VERSION:
+            return None
+        try:
+            return VideoHealth(**record)
+        except TypeError:
+            return None
+
+    def _store(self, health: VideoHealth) -> None:
+        entry = self._entry(health.sha256)
+        if entry is not None:
+            atomic_write_text(entry, json.dumps({**asdict(health), "probe_version": PROBE_VERSION}))
+
+
+@functools.lru_cache(maxsize=8)
+def health_cache(folder: str | None) -> MediaHealthCache:
+    """One cache object per folder and process (the contract rules call this per cell)."""
+    return MediaHealthCache(folder)

@@ -1,0 +1,76 @@
+"""Resume falls back to the newest intact checkpoint (`paravt_core.dist.resume`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from paravt_core.dist import CheckpointError, checkpoint_damage, resume
+
+
+class RecordingEngine:
+    """Stands in for a DeepSpeed engine: records which tag it was asked to load."""
+
+    def __init__(self):
+        self.loaded: list[str | None] = []
+
+    def load_checkpoint(self, folder: str, tag: str | None = None):
+        self.loaded.append(tag)
+        step = int(tag.removeprefix("step"))
+        torch.load(Path(folder) / tag / "mp_rank_00_model_states.pt")  # fails on a damaged file, as DeepSpeed would
+        return folder, {"step": step}
+
+
+def write_checkpoints(folder: Path, steps: list[int]) -> None:
+    for step in steps:
+        tag = folder / f"step{step:07d}"
+        tag.mkdir(parents=True)
+        torch.save({"w": torch.full((64, 64), float(step))}, tag / "mp_rank_00_model_states.pt")
+        torch.save({"m": torch.zeros(64, 64)}, tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (folder / "latest").write_text(f"step{steps[-1]:07d}")
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupted_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path):
+    write_checkpoints(tmp_path, [10, 20, 30])
+    flip_a_byte(tmp_path / "step0000030" / "mp_rank_00_model_states.pt")
+    (tmp_path / "step0000020" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"")  # truncated to nothing
+    warnings: list[str] = []
+    engine = RecordingEngine()
+    assert resume(engine, tmp_path, warn=warnings.append) == {"step": 10}
+    assert engine.loaded == ["step0000010"]
+    (warning,) = warnings
+    assert "resuming from" in warning and "step0000010" in warning
+    assert "step0000030/mp_rank_00_model_states.pt is corrupted" in warning
+    assert "step0000020/zero_pp_rank_0_mp_rank_00_optim_states.pt is not a complete torch file" in warning
+
+
+def test_an_intact_latest_is_loaded_without_warning_and_newer_unfinished_tags_are_ignored(tmp_path):
+    write_checkpoints(tmp_path, [10, 20])
+    (tmp_path / "step0000030").mkdir()  # an interrupted save: `latest` still says step 20
+    warnings: list[str] = []
+    engine = RecordingEngine()
+    assert resume(engine, tmp_path, warn=warnings.append) == {"step": 20}
+    assert engine.loaded == ["step0000020"] and warnings == []
+    assert resume(RecordingEngine(), tmp_path / "absent") == {}
+
+
+def test_no_intact_checkpoint_names_the_folder_and_the_fix(tmp_path):
+    write_checkpoints(tmp_path, [10, 20])
+    for tag in ("step0000010", "step0000020"):
+        path = tmp_path / tag / "mp_rank_00_model_states.pt"
+        path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=rf"no intact checkpoint in {tmp_path} .* Delete {tmp_path} to start"):
+        resume(RecordingEngine(), tmp_path)
+
+
+def test_checkpoint_damage_needs_model_states(tmp_path):
+    (tmp_path / "step0000001").mkdir()
+    assert "no *model_states.pt" in checkpoint_damage(tmp_path / "step0000001")

@@ -1,0 +1,51 @@
+"""Media health (`paravt_core.video.health`): undecodable videos are found once, by content hash."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from paravt_core.video import health as health_module
+from paravt_core.video.health import MediaHealthCache
+from tests.conftest import write_test_video
+
+
+@pytest.fixture()
+def videos(tmp_path: Path) -> dict[str, Path]:
+    good = write_test_video(tmp_path / "good.mp4", seconds=6.0)
+    empty = tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    text = tmp_path / "passwd.mp4"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    truncated = tmp_path / "truncated.mp4"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    return {"good": good, "empty": empty, "text": text, "truncated": truncated}
+
+
+def test_good_and_bad_videos(videos, tmp_path):
+    cache = MediaHealthCache(tmp_path / "cache")
+    good = cache.check(videos["good"])
+    assert good.ok and good.num_frames == 12 and good.duration == pytest.approx(6.0)
+    assert "empty (0 bytes)" in cache.check(videos["empty"]).problem
+    for name in ("text", "truncated"):
+        verdict = cache.check(videos[name])
+        assert not verdict.ok and verdict.problem, name
+    with pytest.raises(FileNotFoundError):
+        cache.check(tmp_path / "absent.mp4")
+
+
+def test_verdicts_are_cached_by_content_hash(videos, tmp_path, monkeypatch):
+    first = MediaHealthCache(tmp_path / "cache")
+    verdict = first.check(videos["truncated"])
+    stored = json.loads((tmp_path / "cache" / f"{verdict.sha256}.json").read_text())
+    assert stored["problem"] == verdict.problem and stored["probe_version"] == health_module.PROBE_VERSION
+    copy = tmp_path / "same-bytes-elsewhere.mp4"
+    copy.write_bytes(videos["truncated"].read_bytes())
+    monkeypatch.setattr(health_module, "_probe", lambda path: pytest.fail(f"probed {path} again"))
+    again = MediaHealthCache(tmp_path / "cache")  # a later run: read from the cache folder
+    assert again.check(copy) == verdict
+    (tmp_path / "cache" / f"{verdict.sha256}.json").write_text("")  # a torn entry is probed again, not an error
+    monkeypatch.setattr(health_module, "_probe", lambda path: (0, 0.0, "probed"))
+    assert MediaHealthCache(tmp_path / "cache").check(copy).problem == "probed"
