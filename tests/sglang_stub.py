@@ -25,6 +25,8 @@ answers `choices[0].message.content`, `finish_reason` and `usage`.
 
 Every request's path is appended to `calls`, so tests can check the order of operations.
 `stop()` closes the socket: later requests are refused, as by a killed server.
+`crash_on=(path, n)` makes the server die when the n-th request to `path` arrives: that
+request gets no answer (the connection is dropped) and the socket is closed.
 """
 
 from __future__ import annotations
@@ -76,9 +78,11 @@ class TinySGLangServer:
     Args:
         model_dir: the checkpoint to serve (loaded on the CPU in float32).
         served_model_name: the name the OpenAI API answers to (default: the folder path).
+        crash_on: (path, n): die on the n-th request to `path` (module docstring).
     """
 
-    def __init__(self, model_dir: str | Path, served_model_name: str | None = None):
+    def __init__(self, model_dir: str | Path, served_model_name: str | None = None,
+                 crash_on: tuple[str, int] | None = None):
         from paravt_core.model.loading import load_model, load_processor
 
         self.model_dir = Path(model_dir)
@@ -88,6 +92,7 @@ class TinySGLangServer:
         self.calls: list[str] = []
         self.weight_version = "initial"
         self.released = False
+        self.crash_on = crash_on
         self._model_lock = threading.Lock()  # one generation or weight load at a time
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
@@ -228,6 +233,10 @@ class TinySGLangServer:
 
             def do_POST(self) -> None:  # the name http.server calls
                 server.calls.append(self.path)
+                if server.crash_on and server.calls.count(server.crash_on[0]) == server.crash_on[1]:
+                    self.close_connection = True  # no answer, as from a process that died mid-request
+                    threading.Thread(target=server.stop, daemon=True).start()
+                    return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 if self.path not in posts:
                     self._answer(404, {"error": f"no POST {self.path}"})

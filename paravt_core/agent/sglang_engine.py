@@ -155,7 +155,9 @@ class SGLangEngine:
         self.staging_dir = Path(staging_dir)
         self.dtype = dtype
         self.timeout_s = timeout_s
-        self.weight_version = 0
+        # A restarted trainer continues the numbering: the snapshot a live server loaded stays valid.
+        self.weight_version = max((int(d.name[1:]) for d in self.staging_dir.glob("v*") if d.name[1:].isdigit()),
+                                  default=0)
         if not server_healthy(self.url):
             raise SGLangServerError(f"no healthy SGLang server at {self.url} (GET /health failed); start one or "
                                     "fix rl.rollout.sglang.url")
