@@ -410,3 +410,18 @@ def test_eval_flow_resolves_the_champion_caches_splits_and_logs_to_mlflow(prefec
     assert {"eval_table.md", "eval_report.json", "results"} <= artifacts
     table = Path(client.download_artifacts(run.info.run_id, "eval_table.md", str(tmp_path))).read_text()
     assert table.splitlines()[2].startswith("| champion | ")
+
+
+def test_openai_engine_evaluates_a_split_against_a_served_checkpoint(tmp_path, eval_data, tiny_ref):
+    """Issue 14: `eval.engine: openai` end to end against a server (the CPU SGLang stub,
+    tests/sglang_stub.py, rendering with the checkpoint's own template and processor)."""
+    from sglang_stub import TinySGLangServer
+
+    with TinySGLangServer(tiny_ref.path, served_model_name="paravt-tiny") as server:
+        cfg = world_config(tmp_path, engine="openai", endpoint=f"{server.url}/v1", served_model_name="paravt-tiny",
+                           max_samples_per_split=2)
+        result = eval_stage.evaluate_prepared_split(cfg, tiny_ref, eval_data, "videomme", progress=False)
+    assert result.evaluated == 2 and result.summary["n"] == 2
+    assert len((result.results_json.parent / "videomme.jsonl").read_text().splitlines()) == 2
+    chats = [call for call in server.calls if call == "/v1/chat/completions"]
+    assert len(chats) >= 3  # the rendering probe, then at least one turn per sample

@@ -321,3 +321,39 @@ def test_openai_client_settings_come_from_config_then_environment(monkeypatch, t
     assert client.url == "http://127.0.0.1:30001/v1/chat/completions" and client.model == str(tmp_path)
     with pytest.raises(ValueError, match="endpoint"):
         EvalConfig(endpoint="127.0.0.1:30000")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("think_prefix", [True, False])
+def test_a_server_rendering_other_prompt_tokens_stops_the_run_with_the_diff(tiny_processor, think_prefix):
+    from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering, rendering_probe
+
+    counted = {}
+
+    def respond(number: int, body: dict) -> Reply:
+        reply = completion("x")
+        reply["usage"] = {"prompt_tokens": counted.get("tokens", 0), "completion_tokens": 1}
+        return 200, reply, 0.0
+
+    with StubChatServer(respond) as server:
+        client = OpenAIChatClient(server.base_url, "m")
+        counted["tokens"] = 10**6
+        with pytest.raises(ServerRenderingMismatch, match=r"into 1000000 prompt tokens, our rendering into (\d+)"
+                                                          r"[\s\S]*Our rendering:\n<\|im_start\|>system") as raised:
+            check_server_rendering(client, tiny_processor, think_prefix)
+        ours = int(re.search(r"our rendering into (\d+)", str(raised.value)).group(1))
+        counted["tokens"] = ours
+        assert check_server_rendering(client, tiny_processor, think_prefix) == ours
+    body = server.requests[-1]["body"]
+    assert body["max_tokens"] == 1 and bool(body.get("continue_final_message")) == think_prefix
+    sent, _, _ = rendering_probe(think_prefix)
+    assert body["messages"] == sent
+
+
+@pytest.mark.integration
+def test_a_server_without_usage_cannot_be_checked(tiny_processor):
+    from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
+
+    with StubChatServer(lambda number, body: (200, completion("x"), 0.0)) as server:
+        with pytest.raises(ServerRenderingMismatch, match="reports no usage.prompt_tokens"):
+            check_server_rendering(OpenAIChatClient(server.base_url, "m"), tiny_processor)
