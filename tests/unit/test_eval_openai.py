@@ -357,3 +357,28 @@ def test_a_server_without_usage_cannot_be_checked(tiny_processor):
     with StubChatServer(lambda number, body: (200, completion("x"), 0.0)) as server:
         with pytest.raises(ServerRenderingMismatch, match="reports no usage.prompt_tokens"):
             check_server_rendering(OpenAIChatClient(server.base_url, "m"), tiny_processor)
+
+
+def test_eval_serve_without_sglang_or_vllm_names_the_missing_piece(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from paravt_core.cli import main
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("sglang", "vllm") else real_find_spec(name, *a))
+    assert main(["eval", "serve", "--model", str(tmp_path)]) == 2
+    assert "neither SGLang nor vLLM is installed" in capsys.readouterr().err
+    assert main(["eval", "serve", "--model", str(tmp_path), "--server", "vllm"]) == 2
+    assert "vllm is not installed" in capsys.readouterr().err
+
+
+def test_eval_serve_commands_bind_loopback_and_name_the_model():
+    from pathlib import Path
+
+    from paravt_core.eval.serve import server_command
+
+    for server in ("sglang", "vllm"):
+        command = server_command(server, Path("/ckpt"), 30001, "paravt-8b-abc")
+        assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "30001"
+        assert command[command.index("--served-model-name") + 1] == "paravt-8b-abc" and "/ckpt" in command
