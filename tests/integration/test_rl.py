@@ -266,70 +266,6 @@ def _served_config(tmp: Path, url: str, *extra: str):
     ])
 
 
-def _graded(episode, prompt):
-    """A reward that differs between the samples of a group (so every step has a gradient)."""
-    from paravt_core.rl.rewards import RewardBreakdown
-
-    value = _first_generated(episode) / 1000.0
-    return RewardBreakdown(answer="", acc=value, format=0.0, tool=0.0, total=value)
-
-
-def _served_logprobs(url: str, model_dir: Path, prompt_ids: list[int]):
-    """(tokens, log-probs) of a greedy generation on the server."""
-    from paravt_core.agent.engine import GenerationRequest, SamplingParams
-    from paravt_core.agent.sglang_engine import SGLangEngine
-
-    engine = SGLangEngine(url, model_dir, model_dir / "unused")
-    (generation,) = engine.generate([GenerationRequest(prompt_ids)], SamplingParams(max_new_tokens=6))
-    return generation.token_ids, torch.tensor(generation.logprobs)
-
-
-def _teacher_forced(model, prompt_ids: list[int], generated: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt_ids + generated])
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()  # [L, V]
-    steps = logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(generated)]
-    return torch.log_softmax(steps, -1).gather(1, torch.tensor(generated)[:, None])[:, 0]
-
-
-def test_rl_on_the_sglang_server_pushes_each_steps_weights_into_the_served_model(rl_setup, monkeypatch,
-                                                                                 tiny_processor):
-    from sglang_stub import TinySGLangServer
-
-    from paravt_core.model.loading import load_model
-    from paravt_core.rl import stage
-    from paravt_core.rl.worker import train
-
-    init, rl_data, tmp = rl_setup
-    probe = tiny_processor.tokenizer("What colour was the square?", add_special_tokens=False)["input_ids"]
-    with TinySGLangServer(init.path) as server:
-        tokens_before, served_before = _served_logprobs(server.url, init.path, probe)
-        _single_rank_env(monkeypatch)
-        job = stage.make_job(_served_config(tmp, server.url), init, rl_data, with_mlflow=False)
-        train(job, reward_fn=_graded)
-        tokens_after, served_after = _served_logprobs(server.url, init.path, probe)
-        calls = [c for c in server.calls if c not in ("/health",)]
-
-    # Every rollout went to the server (never a silent hf engine), and each step ended with a
-    # push: release after the rollouts (co-located), resume, then the new weights.
-    assert calls.count("/update_weights_from_disk") == 2
-    step_calls = calls[1:-1]  # between the two probes
-    for step in range(2):
-        end = step_calls.index("/update_weights_from_disk")
-        head, step_calls = step_calls[: end + 1], step_calls[end + 1:]
-        assert head[-3:] == ["/release_memory_occupation", "/resume_memory_occupation", "/update_weights_from_disk"]
-        assert set(head[:-3]) == {"/generate"}  # one call per main turn (and per sub-agent batch)
-    assert step_calls == []
-    assert not (job.out_dir / "rollout_weights" / "v1").exists() and (job.out_dir / "rollout_weights" / "v2").is_dir()
-
-    # The served log-probs are the trained policy's, not the initial model's.
-    trained, initial = load_model(job.out_dir / "model"), load_model(init.path)
-    torch.testing.assert_close(served_after, _teacher_forced(trained, probe, tokens_after), atol=1e-4, rtol=0)
-    torch.testing.assert_close(served_before, _teacher_forced(initial, probe, tokens_before), atol=1e-4, rtol=0)
-    moved = (_teacher_forced(initial, probe, tokens_after) - served_after).abs().max()
-    assert moved > 1e-3, f"the served log-probs did not change after two steps ({moved:.2e})"
-
-
 SERVED_DRIVER = """
 import sys
 from pathlib import Path
@@ -358,6 +294,60 @@ def _run_worker(job, tmp: Path) -> subprocess.CompletedProcess:
            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, str(tmp / "driver.py"), str(job_file)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
+
+
+def _served_logprobs(url: str, model_dir: Path, prompt_ids: list[int]):
+    """(tokens, log-probs) of a greedy generation on the server."""
+    from paravt_core.agent.engine import GenerationRequest, SamplingParams
+    from paravt_core.agent.sglang_engine import SGLangEngine
+
+    engine = SGLangEngine(url, model_dir, model_dir / "unused")
+    (generation,) = engine.generate([GenerationRequest(prompt_ids)], SamplingParams(max_new_tokens=6))
+    return generation.token_ids, torch.tensor(generation.logprobs)
+
+
+def _teacher_forced(model, prompt_ids: list[int], generated: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt_ids + generated])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()  # [L, V]
+    steps = logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(generated)]
+    return torch.log_softmax(steps, -1).gather(1, torch.tensor(generated)[:, None])[:, 0]
+
+
+def test_rl_on_the_sglang_server_pushes_each_steps_weights_into_the_served_model(rl_setup, tiny_processor):
+    from sglang_stub import TinySGLangServer
+
+    from paravt_core.model.loading import load_model
+    from paravt_core.rl import stage
+
+    init, rl_data, tmp = rl_setup
+    probe = tiny_processor.tokenizer("What colour was the square?", add_special_tokens=False)["input_ids"]
+    with TinySGLangServer(init.path) as server:
+        tokens_before, served_before = _served_logprobs(server.url, init.path, probe)
+        job = stage.make_job(_served_config(tmp, server.url), init, rl_data, with_mlflow=False)
+        worker = _run_worker(job, tmp)
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        tokens_after, served_after = _served_logprobs(server.url, init.path, probe)
+        calls = [c for c in server.calls if c not in ("/health",)]
+
+    # Every rollout went to the server (never a silent hf engine), and each step ended with a
+    # push: release after the rollouts (co-located), resume, then the new weights.
+    assert calls.count("/update_weights_from_disk") == 2
+    step_calls = calls[1:-1]  # between the two probes
+    for step in range(2):
+        end = step_calls.index("/update_weights_from_disk")
+        head, step_calls = step_calls[: end + 1], step_calls[end + 1:]
+        assert head[-3:] == ["/release_memory_occupation", "/resume_memory_occupation", "/update_weights_from_disk"]
+        assert set(head[:-3]) == {"/generate"}  # one call per main turn (and per sub-agent batch)
+    assert step_calls == []
+    assert not (job.out_dir / "rollout_weights" / "v1").exists() and (job.out_dir / "rollout_weights" / "v2").is_dir()
+
+    # The served log-probs are the trained policy's, not the initial model's.
+    trained, initial = load_model(job.out_dir / "model"), load_model(init.path)
+    torch.testing.assert_close(served_after, _teacher_forced(trained, probe, tokens_after), atol=1e-4, rtol=0)
+    torch.testing.assert_close(served_before, _teacher_forced(initial, probe, tokens_before), atol=1e-4, rtol=0)
+    moved = (_teacher_forced(initial, probe, tokens_after) - served_after).abs().max()
+    assert moved > 1e-3, f"the served log-probs did not change after two steps ({moved:.2e})"
 
 
 def test_a_killed_server_fails_the_step_clearly_and_the_run_resumes_from_its_checkpoint(rl_setup):
