@@ -199,6 +199,48 @@ class RewardConfig(_Section):
     oe_mode: Literal["exact", "f1", "llm"] = "f1"
 
 
+class SGLangServerConfig(_Section):
+    """Where the `sglang` rollout engine's server runs (`paravt_core/agent/sglang_engine.py`).
+
+    `url` set: every rank sends its rollouts to that running server and rank 0 pushes the
+    new weights to it after each optimizer step. `url` unset: rank 0 launches one server
+    (`python -m sglang.launch_server`, needs the GPU install profile) and stops it at the end.
+
+    `placement` (issue 14 item 2):
+    - `colocated`: the server shares the training GPUs; it is launched with
+      `--enable-memory-saver`, and its weights and KV cache are released
+      (`/release_memory_occupation`) after each rollout and resumed before the weight update,
+      so the reference / proximal passes and the optimizer step have the GPU memory.
+      For a machine whose every GPU trains.
+    - `split`: the server has GPUs of its own (`gpus`, given as CUDA device indices when it
+      is launched here) and the trainers the rest; nothing is released between phases.
+      The 8B plan (`conf/pipeline/paravt_8b.yaml`) uses this: its 7 ranks (one prompt group
+      each) train on GPUs 0-6 with ZeRO-3, which leaves GPU 7 to serve the bf16 8B policy
+      (about 17 GB of weights, the rest KV cache) without sleep/wake round trips.
+    """
+
+    url: str | None = Field(None, pattern=r"^https?://")
+    placement: Literal["colocated", "split"] = "colocated"
+    gpus: tuple[int, ...] = ()
+    tp_size: int = Field(1, ge=1)
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1)
+    startup_timeout_s: float = Field(900.0, gt=0)
+    request_timeout_s: float = Field(3600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> SGLangServerConfig:
+        if self.placement == "colocated" and self.gpus:
+            raise ValueError("rl.rollout.sglang.gpus is for placement: split (a colocated server uses the "
+                             "training GPUs)")
+        if self.placement == "split" and self.url is None and not self.gpus:
+            raise ValueError("rl.rollout.sglang.placement is split but neither sglang.url (a running server) nor "
+                             "sglang.gpus (the CUDA devices to launch it on) is set")
+        if self.gpus and len(self.gpus) % self.tp_size:
+            raise ValueError(f"rl.rollout.sglang.gpus ({list(self.gpus)}) is not a multiple of tp_size "
+                             f"({self.tp_size})")
+        return self
+
+
 class RolloutConfig(_Section):
     """Agentic rollout protocol (SPEC §3)."""
 
@@ -209,6 +251,14 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(2048, ge=1)
     subagent_max_new_tokens: int = Field(256, ge=1)
     engine: Literal["hf", "sglang"] = "hf"
+    sglang: SGLangServerConfig = SGLangServerConfig()
+
+    @model_validator(mode="after")
+    def _server_only_for_sglang(self) -> RolloutConfig:
+        if self.engine == "hf" and self.sglang.url is not None:
+            raise ValueError("rl.rollout.sglang.url is set but rl.rollout.engine is hf: set engine: sglang to "
+                             "roll out on that server, or drop the url")
+        return self
 
 
 class GatingConfig(_Section):

@@ -1,10 +1,16 @@
-"""The `sglang` rollout backend: a client of a running SGLang server (GPU only).
+"""The `sglang` rollout backend: a client of a running SGLang server, and its launcher.
 
-STATUS: written against SGLang's documented `/generate` API but NOT run in this project's
-CI, which has no GPU and cannot install SGLang. `tests/integration/test_rollout.py` holds a
-`gpu` test that launches a server on the tiny model and compares greedy ids with the `hf`
-backend; until that test has passed on a GPU machine, treat this backend as unverified.
-Points known to need that check:
+The client speaks SGLang's native HTTP API: `/generate` with our token ids and media (the
+server never re-templates: SPEC §3 deltas), `/update_weights_from_disk` after each
+optimizer step (`SGLangEngine.update_weights` says why that refit path), `/health`, and
+`/release_memory_occupation` / `/resume_memory_occupation` for the co-located placement
+(`paravt_core.config.SGLangServerConfig`). It needs no SGLang package and no GPU: CI runs
+it against `tests/sglang_stub.py`, a CPU server implementing that subset with the tiny HF
+model. Launching a real server (`launch_sglang_server`) needs both.
+
+STATUS: the protocol is exercised on CPU against the stub only; not yet against a real
+SGLang server (the `gpu` test `test_sglang_greedy_matches_hf` launches one on the tiny
+model and compares greedy ids with the `hf` backend). Points that need that check:
 - Media go as `image_data` items in SGLang's "processor_output" format (the processed
   pixels and grids of `VisionInputs`, as nested lists, since `/generate` takes JSON),
   because our prompt ids already hold the expanded `<|image_pad|>` tokens and timestamps
@@ -18,19 +24,16 @@ Points known to need that check:
   client does not yet stop the server from doing so.
 - `Generation.token_ids` must end with the stop token when the server stopped on one;
   `parse_generation` takes the ids of `output_token_logprobs` as they come.
-
-Constructing `SGLangEngine` without CUDA or without the `sglang` package raises
-`SGLangUnavailable` saying so; use `rollout.engine: hf` on a CPU machine.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -48,20 +51,28 @@ _CONFIG_FILES = ("config.json", "generation_config.json")
 
 
 class SGLangUnavailable(RuntimeError):
-    """SGLang cannot run here: no CUDA GPU, or the package is not installed."""
+    """SGLang cannot be launched here: no CUDA GPU, or the package is not installed."""
+
+
+class SGLangServerError(RuntimeError):
+    """The server cannot be reached or refused a request; the message names the server and the call."""
+
+
+def sglang_installed() -> bool:
+    return importlib.util.find_spec("sglang") is not None
 
 
 def require_sglang() -> None:
     """Raise `SGLangUnavailable` unless SGLang is installed and a CUDA GPU is visible."""
     problems = []
-    if importlib.util.find_spec("sglang") is None:
-        problems.append("the `sglang` package is not installed (`pip install -e '.[gpu]'` on a CUDA machine)")
+    if not sglang_installed():
+        problems.append("SGLang is not installed (install the GPU profile: `pip install -e '.[gpu]'`)")
     if not torch.cuda.is_available():
         problems.append("no CUDA GPU is visible")
     if problems:
         raise SGLangUnavailable(
-            "the sglang rollout backend needs a CUDA machine with SGLang: " + "; ".join(problems)
-            + ". On a CPU machine use the hf backend (rollout.engine: hf).")
+            "launching an SGLang server needs a CUDA machine with SGLang: " + "; ".join(problems)
+            + ". Point at a running server (rl.rollout.sglang.url) or set rl.rollout.engine=hf.")
 
 
 def _post_json(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
@@ -72,7 +83,20 @@ def _post_json(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
             return json.loads(response.read())
     except urllib.error.HTTPError as error:
         detail = error.read().decode(errors="replace")[:500]
-        raise RuntimeError(f"SGLang server at {url} answered {error.code}: {detail}") from error
+        raise SGLangServerError(f"SGLang server at {url} answered {error.code}: {detail}") from error
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+        reason = getattr(error, "reason", error)
+        raise SGLangServerError(
+            f"SGLang server at {url} is unreachable ({reason}); restart it (or set rl.rollout.sglang.url to a "
+            "live one) and re-run: the RL stage resumes from its latest checkpoint") from error
+
+
+def server_healthy(url: str, timeout_s: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
 
 
 def vision_payload(vision: VisionInputs) -> list[dict[str, Any]]:
@@ -113,17 +137,30 @@ class SGLangEngine:
 
     Args:
         url: the server, e.g. "http://127.0.0.1:30000".
-        model_path: the checkpoint the server loaded; its config files are copied next to
-            new weights by `update_weights`.
+        model_path: the checkpoint the server loaded; its config files go next to each
+            weight snapshot `update_weights` writes.
+        staging_dir: where weight snapshots are written (a path the server can read).
+        dtype: the dtype snapshots are written in (the served model's; halves the bytes
+            of an fp32 policy when the server runs bf16).
         timeout_s: per-request HTTP timeout.
+
+    Raises:
+        SGLangServerError: nothing healthy answers at `url`.
     """
 
-    def __init__(self, url: str, model_path: str | Path, timeout_s: float = 3600.0):
-        require_sglang()
+    def __init__(self, url: str, model_path: str | Path, staging_dir: str | Path, *, dtype: torch.dtype | None = None,
+                 timeout_s: float = 3600.0):
         self.url = url.rstrip("/")
         self.model_path = Path(model_path)
+        self.staging_dir = Path(staging_dir)
+        self.dtype = dtype
         self.timeout_s = timeout_s
-        self._staging = Path(tempfile.mkdtemp(prefix="paravt-sglang-weights-"))
+        # A restarted trainer continues the numbering: the snapshot a live server loaded stays valid.
+        self.weight_version = max((int(d.name[1:]) for d in self.staging_dir.glob("v*") if d.name[1:].isdigit()),
+                                  default=0)
+        if not server_healthy(self.url):
+            raise SGLangServerError(f"no healthy SGLang server at {self.url} (GET /health failed); start one or "
+                                    "fix rl.rollout.sglang.url")
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
         """All requests in one `/generate` call; the server batches them itself."""
@@ -139,22 +176,59 @@ class SGLangEngine:
         if isinstance(results, dict):
             results = [results]
         if len(results) != len(requests):
-            raise RuntimeError(f"SGLang returned {len(results)} results for {len(requests)} requests")
+            raise SGLangServerError(f"SGLang at {self.url} returned {len(results)} results for {len(requests)} requests")
         return [parse_generation(item) for item in results]
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
-        """Write the weights as safetensors next to the model's config, then have the server reload them."""
+        """Load new weights into the running server, in place, through `/update_weights_from_disk`.
+
+        The weights are written as one safetensors snapshot beside the checkpoint's config
+        (into `<staging_dir>/v<N>.partial`, renamed to `v<N>` once complete, so the server
+        never reads a half-written file), the server is asked to load that folder, and the
+        previous snapshot is deleted. Why disk and not SGLang's other two refit paths:
+        `/update_weights_from_tensor` passes CUDA IPC handles, so trainer and server must
+        share the GPUs (co-located, same node) and the tensors must stay on the GPU;
+        `/update_weights_from_distributed` needs an NCCL group between the trainer ranks
+        and the server's TP workers. Disk works across processes and machines with any
+        placement, the snapshot is the source of truth a restarted server can load, and
+        at 8B in bf16 (about 17 GB) it costs seconds per step against a ~250 s step.
+
+        Raises:
+            SGLangServerError: the server is unreachable or reports that the load failed.
+        """
         from safetensors.torch import save_file
 
+        version = self.weight_version + 1
+        final = self.staging_dir / f"v{version}"
+        partial = final.with_name(final.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
         for name in _CONFIG_FILES:
             if (self.model_path / name).is_file():
-                shutil.copy2(self.model_path / name, self._staging / name)
-        tensors = {name: value.detach().to("cpu").contiguous() for name, value in state_dict.items()}
-        save_file(tensors, str(self._staging / "model.safetensors"))
-        reply = _post_json(f"{self.url}/update_weights_from_disk", {"model_path": str(self._staging)},
+                shutil.copy2(self.model_path / name, partial / name)
+        # clone(): tied weights share storage, which safetensors refuses to write twice.
+        tensors = {name: value.detach().to("cpu", self.dtype or value.dtype).clone().contiguous()
+                   for name, value in state_dict.items()}
+        save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        partial.rename(final)
+        reply = _post_json(f"{self.url}/update_weights_from_disk",
+                           {"model_path": str(final), "weight_version": str(version), "flush_cache": True},
                            self.timeout_s)
         if isinstance(reply, dict) and reply.get("success") is False:
-            raise RuntimeError(f"SGLang could not load the new weights: {reply.get('message')}")
+            raise SGLangServerError(f"SGLang at {self.url} could not load the weights in {final}: "
+                                    f"{reply.get('message')}")
+        self.weight_version = version
+        for old in self.staging_dir.glob("v*"):
+            if old != final and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+
+    def release_memory(self) -> None:
+        """Free the server's weights and KV cache (co-located placement, before training)."""
+        _post_json(f"{self.url}/release_memory_occupation", {}, self.timeout_s)
+
+    def resume_memory(self) -> None:
+        """Take the server's GPU memory back (co-located placement, before the weight update)."""
+        _post_json(f"{self.url}/resume_memory_occupation", {}, self.timeout_s)
 
 
 @dataclass
@@ -175,8 +249,13 @@ class SGLangServer:
 
 def launch_sglang_server(model_path: str | Path, port: int = DEFAULT_PORT, *, host: str = "127.0.0.1",
                          tp_size: int = 1, mem_fraction_static: float | None = None,
-                         extra_args: Sequence[str] = (), startup_timeout_s: float = 900.0) -> SGLangServer:
+                         enable_memory_saver: bool = False, cuda_devices: Sequence[int] = (),
+                         served_model_name: str | None = None, extra_args: Sequence[str] = (),
+                         startup_timeout_s: float = 900.0) -> SGLangServer:
     """Start `python -m sglang.launch_server` on `model_path` and wait until it answers /health.
+
+    `cuda_devices` (split placement) pins the server to those GPUs; `enable_memory_saver`
+    (co-located placement) lets `release_memory` / `resume_memory` free and retake its memory.
 
     Raises:
         SGLangUnavailable: no CUDA or no sglang package.
@@ -187,19 +266,32 @@ def launch_sglang_server(model_path: str | Path, port: int = DEFAULT_PORT, *, ho
                "--host", host, "--port", str(port), "--tp-size", str(tp_size)]
     if mem_fraction_static is not None:
         command += ["--mem-fraction-static", str(mem_fraction_static)]
+    if enable_memory_saver:
+        command.append("--enable-memory-saver")
+    if served_model_name:
+        command += ["--served-model-name", served_model_name]
     command += list(extra_args)
-    process = subprocess.Popen(command)
-    server = SGLangServer(process, f"http://{host}:{port}")
+    return wait_until_healthy(command, f"http://{host}:{port}", startup_timeout_s, cuda_devices)
+
+
+def wait_until_healthy(command: Sequence[str], url: str, startup_timeout_s: float,
+                       cuda_devices: Sequence[int] = ()) -> SGLangServer:
+    """Start a server `command` and return once `url`/health answers 200.
+
+    Raises:
+        RuntimeError: the process exited, or was not healthy within the timeout (then stopped).
+    """
+    env = dict(os.environ)
+    if cuda_devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(device) for device in cuda_devices)
+    process = subprocess.Popen(list(command), env=env)
+    server = SGLangServer(process, url)
     deadline = time.monotonic() + startup_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"SGLang server exited with status {process.returncode}; command: {' '.join(command)}")
-        try:
-            with urllib.request.urlopen(f"{server.url}/health", timeout=5) as response:
-                if response.status == 200:
-                    return server
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+            raise RuntimeError(f"server exited with status {process.returncode}; command: {' '.join(command)}")
+        if server_healthy(url):
+            return server
         time.sleep(2)
     server.stop()
-    raise RuntimeError(f"SGLang server on {server.url} was not healthy after {startup_timeout_s:.0f} s")
+    raise RuntimeError(f"server on {url} was not healthy after {startup_timeout_s:.0f} s; command: {' '.join(command)}")

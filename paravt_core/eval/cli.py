@@ -13,6 +13,10 @@
         evaluate a model on the prepared splits and print the table
         (`paravt_core.eval.run_cli`; the Prefect flow is `paravt-eval`).
 
+    paravt eval serve --model REF [--port 30000] [--server auto|sglang|vllm]
+        serve a checkpoint on 127.0.0.1 with SGLang (or vLLM) and print the endpoint for
+        `eval run --set eval.engine=openai` (`paravt_core.eval.serve`).
+
 Open-ended answers (MMVU) have no SPEC §7 scoring rule, so `score` refuses kind "open".
 Exit status 2 on an unreadable rows file, one with no readable row, or a bad `score` input
 line, with the file / line named.
@@ -57,6 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--split", action="append", choices=SPLITS, dest="splits", help="repeatable; default eval.splits")
     run.add_argument("--label", default=None, help="row name in the table (default: the alias / v<version>)")
     run.set_defaults(func=run_evaluation)
+
+    from paravt_core.eval import serve as serve_cli
+
+    serve_cli.register(commands)
 
 
 def sample_record(sample: EvalSample) -> dict[str, Any]:

@@ -24,6 +24,8 @@ plays the same protocol at the message level:
   `continue_final_message: true` and `add_generation_prompt: false`, the chat parameters
   vLLM documents for continuing a message; a server without them cannot honour the
   prefix, so run prompt modes without one there, or check the server's version.
+- At start, `check_server_rendering` holds the server's chat template and image handling
+  to ours (a mismatch stops the run with the diff).
 - Greedy decoding (temperature 0). Each HTTP request has a timeout; timeouts, refused
   connections and HTTP 408/429/500/502/503/504 are retried with exponential backoff;
   other errors fail at once with the server's message.
@@ -44,7 +46,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from paravt_core.agent.context import ChatRenderer
+import numpy as np
+
+from paravt_core.agent.context import THINK_PREFIX, ChatRenderer
 from paravt_core.agent.dispatch import (
     CropJob,
     CropRunner,
@@ -54,7 +58,8 @@ from paravt_core.agent.dispatch import (
     episode_end,
     plan_tool_round,
 )
-from paravt_core.agent.media import clip_items, jpeg_image, with_frames
+from paravt_core.agent.media import clip_items, embedded_image, jpeg_image, with_frames
+from paravt_core.agent.media import frame_items as timestamped_items
 from paravt_core.agent.prompts import EpisodePrompt, frames_tool_text, subagent_instruction
 from paravt_core.agent.tool_calls import parse_tool_calls
 from paravt_core.config import RolloutConfig, VideoConfig
@@ -79,6 +84,7 @@ class _Retryable(Exception):
 class ChatReply:
     text: str
     finish_reason: str  # "stop" | "length" | ...
+    prompt_tokens: int | None = None  # the server's count of the rendered prompt (`usage`), when it says
 
 
 class OpenAIChatClient:
@@ -118,7 +124,9 @@ class OpenAIChatClient:
     def _reply(self, data: Any) -> ChatReply:
         try:
             choice = data["choices"][0]
-            return ChatReply(choice["message"].get("content") or "", choice.get("finish_reason") or "stop")
+            usage = data.get("usage") or {}
+            return ChatReply(choice["message"].get("content") or "", choice.get("finish_reason") or "stop",
+                             usage.get("prompt_tokens"))
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ChatError(f"{self.url} answered without choices[0].message: {str(data)[:300]}") from exc
 
@@ -287,3 +295,64 @@ class OpenAIAgent:
         with ThreadPoolExecutor(max_workers=len(runs), thread_name_prefix="paravt-subagent") as pool:
             texts = list(pool.map(summarize, runs))
         return {call.block_index: text for call, text in zip(runs, texts)}
+
+
+class ServerRenderingMismatch(ChatError):
+    """The server renders our messages into another prompt than our own rendering does."""
+
+
+PROBE_SYSTEM = "You answer questions about videos. PARAVT-RENDERING-PROBE"
+
+
+def rendering_probe(think_prefix: bool) -> tuple[list[Message], list[Message], list[np.ndarray]]:
+    """(server messages, embedded messages, frames) of the probe `check_server_rendering` sends:
+    a system turn, two timestamped frames and a question, as an episode's first turn."""
+    frames = [np.full((64, 96, 3), value, dtype=np.uint8) for value in (40, 200)]
+    timestamps = [0.5, 12.0]
+    question = {"type": "text", "text": "What colour is the square? Answer with the option letter only."}
+
+    def messages(image_item) -> list[Message]:
+        turns = [{"role": "system", "content": PROBE_SYSTEM},
+                 {"role": "user", "content": [*timestamped_items(timestamps, frames, image_item), question]}]
+        return turns + ([{"role": "assistant", "content": THINK_PREFIX}] if think_prefix else [])
+
+    return messages(jpeg_image), messages(embedded_image), frames
+
+
+def check_server_rendering(client: OpenAIChatClient, processor: Any, think_prefix: bool = True) -> int:
+    """Hold the server's prompt rendering to ours on one probe request; returns the token count.
+
+    What is checked: the number of prompt tokens the server reports (`usage.prompt_tokens`
+    of a 1-token completion) for a probe shaped like an episode's first request (system
+    turn, two timestamped JPEG frames, question, and with `think_prefix` the continued
+    `<think>\n` assistant prefix) equals the length of our own rendering of the same
+    messages (`processor.apply_chat_template` + the processor over the frames, the
+    embedded path's layout). Every piece the server could render differently changes
+    that count: another chat template or system turn, image tokens per frame (its
+    processor's resize bounds), timestamps, or a prefix it cannot continue (rendered as a
+    closed assistant turn plus a new generation prompt). Token ids are not compared:
+    OpenAI-compatible servers do not return them for chat messages with images.
+
+    Raises:
+        ServerRenderingMismatch: the counts differ (the message holds both and our rendering),
+            or the server reports no usage.
+    """
+    server_messages, embedded_messages, frames = rendering_probe(think_prefix)
+    if think_prefix:
+        text = processor.apply_chat_template(embedded_messages[:-1], tokenize=False, add_generation_prompt=True)
+        text += THINK_PREFIX
+    else:
+        text = processor.apply_chat_template(embedded_messages, tokenize=False, add_generation_prompt=True)
+    ours = len(processor(text=[text], images=frames, return_tensors="pt")["input_ids"][0])
+    reply = client.complete(server_messages, max_tokens=1, continue_final_message=think_prefix)
+    if reply.prompt_tokens is None:
+        raise ServerRenderingMismatch(f"{client.url} reports no usage.prompt_tokens, so its chat template and image "
+                                      "handling cannot be checked against ours; serve the checkpoint with SGLang "
+                                      "or vLLM (`paravt eval serve`)")
+    if reply.prompt_tokens != ours:
+        raise ServerRenderingMismatch(
+            f"{client.url} renders the probe messages into {reply.prompt_tokens} prompt tokens, our rendering into "
+            f"{ours} ({reply.prompt_tokens - ours:+d}): its chat template, image processing or think-prefix "
+            f"handling differs from ours. Serve the checkpoint's own folder (its chat_template and "
+            f"preprocessor_config) with a server that supports continue_final_message. Our rendering:\n{text}")
+    return ours

@@ -21,6 +21,8 @@ settings, the code that words the prompts and the split's data are all unchanged
   re-prepared with other rows), or a log has no readable pin, the old log and JSON are set
   aside as `<split>.jsonl.stale-<old hash or "unpinned">` and the split starts over.
 
+At the `openai` engine's start, `openai_engine.check_server_rendering` holds the server's
+chat template and image handling to ours on a probe request; a mismatch stops the run.
 The `openai` engine's server comes from `eval.endpoint` / `eval.served_model_name` /
 `eval.request_timeout_s`, or from PARAVT_EVAL_ENDPOINT / PARAVT_EVAL_MODEL_NAME /
 PARAVT_EVAL_TIMEOUT_S when those are unset (model name default: the checkpoint folder's path,
@@ -173,9 +175,15 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef) -> SampleRunner:
     """The `SampleRunner` of `eval.engine` for this checkpoint."""
     settings = EvalSettings.from_pipeline(cfg)
     if cfg.eval.engine == "openai":
+        from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
         from paravt_core.model.loading import load_processor
 
-        return OpenAISampleRunner(_openai_client(model, cfg.eval), load_processor(model.path), settings)
+        client, processor = _openai_client(model, cfg.eval), load_processor(model.path)
+        try:
+            check_server_rendering(client, processor, settings.rollout_for(cfg.eval.prompt_mode).think_prefix)
+        except ServerRenderingMismatch as exc:
+            raise EvalError(f"the server does not render prompts as {model.path} does: {exc}") from exc
+        return OpenAISampleRunner(client, processor, settings)
     engine, processor = hf_engine(model, cfg.model.dtype)
     return HFSampleRunner(engine, processor, settings)
 

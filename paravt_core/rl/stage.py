@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from paravt_core.config import PipelineConfig
+from paravt_core.config import PipelineConfig, SGLangServerConfig
 from paravt_core.dist import LogLine, run_stage_workers
 from paravt_core.provenance import git_revision
 from paravt_core.refs import ArtifactRef
@@ -21,8 +21,12 @@ WORKER = Path(__file__).with_name("worker.py")
 
 
 def run_dir(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef) -> Path:
+    # Where the rollout server runs (rl.rollout.sglang) is not part of the run's identity: a
+    # run whose server died resumes from its checkpoint against a new one.
+    rollout = cfg.rl.rollout.model_copy(update={"sglang": SGLangServerConfig()})
+    keyed = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"rollout": rollout})})
     key = hashlib.sha256(
-        f"{init.sha256}|{rl_data.sha256}|{cfg.section_hash('rl', 'video', 'run')}".encode()
+        f"{init.sha256}|{rl_data.sha256}|{keyed.section_hash('rl', 'video', 'run')}".encode()
     ).hexdigest()[:16]
     return cfg.run.output_dir / "rl" / f"{cfg.rl.row}-{key}"
 
@@ -44,6 +48,10 @@ def make_job(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, with_
 
 
 def run(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
+    """Raises `ConfigError` before any worker starts when `rl.rollout.engine` cannot run here."""
+    from paravt_core.rl.rollout_engine import check_rollout_engine
+
+    check_rollout_engine(cfg)
     return run_stage_workers(run_dir(cfg, init, rl_data), "rl_model", lambda: make_job(cfg, init, rl_data), WORKER,
                              cfg.rl.num_ranks, cfg.rl.hostfile, log_line)
 

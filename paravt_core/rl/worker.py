@@ -58,12 +58,12 @@ class Trainer:
         import deepspeed
 
         from paravt_core import dist as pdist
-        from paravt_core.agent.hf_engine import HFEngine
         from paravt_core.agent.tags import TagLocator
         from paravt_core.memory import record_memory
         from paravt_core.model.loading import load_model, load_processor
         from paravt_core.rl.data import read_rl_prompts
         from paravt_core.rl.policy import paravt_reward
+        from paravt_core.rl.rollout_engine import build_rollout_engine
 
         self.job, self.cfg, self.rl = job, job.config, job.config.rl
         self.rank, self.world, self.device = pdist.init_distributed()
@@ -76,9 +76,10 @@ class Trainer:
         policy = load_model(job.init_model, dtype=pdist.training_dtype(self.cfg.model.dtype, on_gpu),
                             attn_implementation=attention, zero3_config=zero3)
         policy.train()
-        self.rollout_model = load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device,
-                                        attn_implementation=attention).eval()
-        self.engine = HFEngine(self.rollout_model, self.processor)
+        # rl.rollout.engine decides; a config asking for sglang never gets hf (rl/rollout_engine.py).
+        self.rollout_backend = build_rollout_engine(self.cfg, job.init_model, self.processor, self.device, self.rank,
+                                                    self.world, job.out_dir / "rollout_weights")
+        self.engine = self.rollout_backend.engine
         self.ref_model = None
         if self.rl.kl_mode != "none":
             self.ref_model = self._reference(job, attention, zero3)
@@ -118,7 +119,7 @@ class Trainer:
         from paravt_core import dist as pdist
 
         state = pdist.gathered_state_dict(self.policy, self.rl.zero_stage)
-        self.engine.update_weights(state)
+        self.rollout_backend.update_weights(state)
         self.policy.module.train()
 
     def rollout(self, step: int):
@@ -145,6 +146,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         prompts, episodes = self.rollout(step)
+        self.rollout_backend.after_rollout()
         t1 = time.perf_counter()
         trajs = P.trajectories(episodes, self.rl.train_subagents, self.locator)
         micro = max(1, self.rl.micro_batch_size)
@@ -246,12 +248,22 @@ def _all_reduce_mean(row: dict[str, float], world: int) -> dict[str, float]:
 
 def train(job: RLJob, reward_fn=None) -> None:
     import torch.distributed as dist
+
+    trainer = Trainer(job, reward_fn)
+    try:
+        _train_loop(trainer, job)
+    finally:
+        trainer.rollout_backend.close()  # a server this rank launched
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _train_loop(trainer: Trainer, job: RLJob) -> None:
     from tqdm import tqdm
 
     from paravt_core import dist as pdist
     from paravt_core.tracking import MetricLogger
 
-    trainer = Trainer(job, reward_fn)
     rl = job.config.rl
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=trainer.rank == 0)
     bar = tqdm(range(trainer.start, rl.max_steps), initial=trainer.start, total=rl.max_steps, desc="rl",
@@ -279,8 +291,6 @@ def train(job: RLJob, reward_fn=None) -> None:
                 "mlflow_run_id": job.mlflow_run_id}
         pdist.export_hf_model(state, job.init_model, job.out_dir / "model", job.config.model.dtype, meta)
     metrics.finish()
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

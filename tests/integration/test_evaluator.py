@@ -440,3 +440,18 @@ def test_an_undecodable_video_is_a_scored_error_and_the_split_goes_on(tiny_proce
     assert run.summary["end_reasons"] == {"answer": 2, "video_error": 1}
     again = evaluate_split("videomme", samples, runner, tmp_path / "results", progress=False)  # resumes: nothing re-run
     assert again.evaluated == 0 and again.summary["errors"] == run.summary["errors"]
+
+
+def test_openai_engine_evaluates_a_split_against_a_served_checkpoint(tmp_path, eval_data, tiny_ref):
+    """Issue 14: `eval.engine: openai` end to end against a server (the CPU SGLang stub,
+    tests/sglang_stub.py, rendering with the checkpoint's own template and processor)."""
+    from sglang_stub import TinySGLangServer
+
+    with TinySGLangServer(tiny_ref.path, served_model_name="paravt-tiny") as server:
+        cfg = world_config(tmp_path, engine="openai", endpoint=f"{server.url}/v1", served_model_name="paravt-tiny",
+                           max_samples_per_split=2)
+        result = eval_stage.evaluate_prepared_split(cfg, tiny_ref, eval_data, "videomme", progress=False)
+    assert result.evaluated == 2 and result.summary["n"] == 2
+    assert len((result.results_json.parent / "videomme.jsonl").read_text().splitlines()) == 2
+    chats = [call for call in server.calls if call == "/v1/chat/completions"]
+    assert len(chats) >= 3  # the rendering probe, then at least one turn per sample

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -268,3 +271,148 @@ def test_rl_steps_on_one_gpu_with_a_zero3_policy_and_reference(rl_setup, monkeyp
     rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(torch.isfinite(torch.tensor([r["loss"], r["kl"]])).all() for r in rows)
     assert (job.out_dir / "model" / "paravt_meta.json").is_file()
+
+
+# --- rollouts on an SGLang server (issue 14), against the CPU stub in tests/sglang_stub.py ---------------
+
+
+def _served_config(tmp: Path, url: str, *extra: str):
+    return load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp / 'out'}", "rl.max_steps=2", "rl.prompts_per_step=2", "rl.group_size=2",
+        "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
+        "video.nframes=4", "video.max_pixels=3072", "rl.checkpoint_every=1", "rl.zero_stage=0",
+        "rl.learning_rate=0.01", "rl.temperature=1.0", "rl.rollout.engine=sglang", f"rl.rollout.sglang.url={url}",
+        *extra,
+    ])
+
+
+SERVED_DRIVER = """
+import sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from paravt_core.rl.job import RLJob
+from paravt_core.rl.rewards import RewardBreakdown
+from paravt_core.rl.worker import train
+
+def graded(episode, prompt):
+    value = int(episode.token_ids[episode.loss_mask.bool()][0]) / 1000.0
+    return RewardBreakdown(answer="", acc=value, format=0.0, tool=0.0, total=value)
+
+train(RLJob.model_validate_json(Path(sys.argv[1]).read_text()), reward_fn=graded)
+"""
+
+
+def _run_worker(job, tmp: Path) -> subprocess.CompletedProcess:
+    """The RL worker in a process of its own, as the stage runs it (a failed one exits)."""
+    import os
+
+    (tmp / "driver.py").write_text(SERVED_DRIVER)
+    job_file = tmp / "job.json"
+    job_file.write_text(job.model_dump_json())
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(tmp / "driver.py"), str(job_file)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def _served_logprobs(url: str, model_dir: Path, prompt_ids: list[int]):
+    """(tokens, log-probs) of a greedy generation on the server."""
+    from paravt_core.agent.engine import GenerationRequest, SamplingParams
+    from paravt_core.agent.sglang_engine import SGLangEngine
+
+    engine = SGLangEngine(url, model_dir, model_dir / "unused")
+    (generation,) = engine.generate([GenerationRequest(prompt_ids)], SamplingParams(max_new_tokens=6))
+    return generation.token_ids, torch.tensor(generation.logprobs)
+
+
+def _teacher_forced(model, prompt_ids: list[int], generated: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt_ids + generated])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()  # [L, V]
+    steps = logits[len(prompt_ids) - 1 : len(prompt_ids) - 1 + len(generated)]
+    return torch.log_softmax(steps, -1).gather(1, torch.tensor(generated)[:, None])[:, 0]
+
+
+def test_rl_on_the_sglang_server_pushes_each_steps_weights_into_the_served_model(rl_setup, tiny_processor):
+    from sglang_stub import TinySGLangServer
+
+    from paravt_core.model.loading import load_model
+    from paravt_core.rl import stage
+
+    init, rl_data, tmp = rl_setup
+    probe = tiny_processor.tokenizer("What colour was the square?", add_special_tokens=False)["input_ids"]
+    with TinySGLangServer(init.path) as server:
+        tokens_before, served_before = _served_logprobs(server.url, init.path, probe)
+        job = stage.make_job(_served_config(tmp, server.url), init, rl_data, with_mlflow=False)
+        worker = _run_worker(job, tmp)
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        tokens_after, served_after = _served_logprobs(server.url, init.path, probe)
+        calls = [c for c in server.calls if c not in ("/health",)]
+
+    # Every rollout went to the server (never a silent hf engine), and each step ended with a
+    # push: release after the rollouts (co-located), resume, then the new weights.
+    assert calls.count("/update_weights_from_disk") == 2
+    step_calls = calls[1:-1]  # between the two probes
+    for step in range(2):
+        end = step_calls.index("/update_weights_from_disk")
+        head, step_calls = step_calls[: end + 1], step_calls[end + 1:]
+        assert head[-3:] == ["/release_memory_occupation", "/resume_memory_occupation", "/update_weights_from_disk"]
+        assert set(head[:-3]) == {"/generate"}  # one call per main turn (and per sub-agent batch)
+    assert step_calls == []
+    assert not (job.out_dir / "rollout_weights" / "v1").exists() and (job.out_dir / "rollout_weights" / "v2").is_dir()
+
+    # The served log-probs are the trained policy's, not the initial model's.
+    trained, initial = load_model(job.out_dir / "model"), load_model(init.path)
+    torch.testing.assert_close(served_after, _teacher_forced(trained, probe, tokens_after), atol=1e-4, rtol=0)
+    torch.testing.assert_close(served_before, _teacher_forced(initial, probe, tokens_before), atol=1e-4, rtol=0)
+    moved = (_teacher_forced(initial, probe, tokens_after) - served_after).abs().max()
+    assert moved > 1e-3, f"the served log-probs did not change after two steps ({moved:.2e})"
+
+
+def test_a_killed_server_fails_the_step_clearly_and_the_run_resumes_from_its_checkpoint(rl_setup):
+    from sglang_stub import TinySGLangServer
+
+    from paravt_core.rl import stage
+
+    init, rl_data, tmp = rl_setup
+    # The server dies when step 2's weights are about to be pushed (its 2nd resume request).
+    with TinySGLangServer(init.path, crash_on=("/resume_memory_occupation", 2)) as first:
+        job = stage.make_job(_served_config(tmp, first.url), init, rl_data, with_mlflow=False)
+        failed = _run_worker(job, tmp)
+    assert failed.returncode != 0
+    assert re.search(rf"SGLangServerError: SGLang server at {first.url}/resume_memory_occupation is unreachable "
+                     r".*the RL stage resumes from its latest checkpoint", failed.stderr), failed.stderr[-3000:]
+    rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1] and not (job.out_dir / "model").exists()
+
+    with TinySGLangServer(init.path) as second:
+        resumed = stage.make_job(_served_config(tmp, second.url), init, rl_data, with_mlflow=False)
+        assert resumed.out_dir == job.out_dir  # the server's url is not part of the run's identity
+        finished = _run_worker(resumed, tmp)
+        calls = [c for c in second.calls if c != "/health"]
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    # The fresh server gets the step-1 policy before it serves any rollout, then step 2 runs.
+    assert calls[0] == "/update_weights_from_disk" and calls.count("/update_weights_from_disk") == 2
+    assert calls.count("/release_memory_occupation") == 1
+    rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2] and (job.out_dir / "model" / "config.json").exists()
+
+
+def test_a_config_asking_for_sglang_never_gets_hf(monkeypatch, tmp_path, tiny_model_dir, tiny_processor):
+    from sglang_stub import TinySGLangServer
+
+    from paravt_core.agent.sglang_engine import SGLangEngine
+    from paravt_core.config import ConfigError
+    from paravt_core.rl import rollout_engine
+
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["rl.rollout.engine=sglang"])
+    monkeypatch.setattr("paravt_core.agent.sglang_engine.sglang_installed", lambda: False)
+    with pytest.raises(ConfigError, match="SGLang is not installed; install the GPU profile or set "
+                                          "rl.rollout.engine=hf"):
+        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path)
+    with TinySGLangServer(tiny_model_dir) as server:
+        served = load_config(REPO / "conf/pipeline/tiny.yaml",
+                             ["rl.rollout.engine=sglang", f"rl.rollout.sglang.url={server.url}"])
+        backend = rollout_engine.build_rollout_engine(served, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path)
+    assert isinstance(backend.engine, SGLangEngine) and backend.pushes_weights and backend.server is None

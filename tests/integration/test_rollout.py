@@ -503,14 +503,14 @@ def test_rollout_with_the_hf_main_agent_is_consistent(tiny_model, tiny_processor
 
 
 @pytest.mark.gpu
-def test_sglang_greedy_matches_hf(tiny_model_dir, tiny_processor, mixed_requests):
+def test_sglang_greedy_matches_hf(tiny_model_dir, tiny_processor, mixed_requests, tmp_path):
     pytest.importorskip("sglang")
     from paravt_core.agent.sglang_engine import SGLangEngine, launch_sglang_server
     from paravt_core.model.loading import load_model
 
     server = launch_sglang_server(tiny_model_dir, port=30123, mem_fraction_static=0.3)
     try:
-        sglang = SGLangEngine(server.url, tiny_model_dir)
+        sglang = SGLangEngine(server.url, tiny_model_dir, tmp_path / "weights")
         hf = HFEngine(load_model(tiny_model_dir, device="cuda"), tiny_processor)
         params = SamplingParams(max_new_tokens=16)
         for ours, theirs in zip(hf.generate(mixed_requests, params), sglang.generate(mixed_requests, params)):

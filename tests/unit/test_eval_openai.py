@@ -336,3 +336,64 @@ def test_an_undecodable_video_is_recorded_as_an_error_not_a_failed_split(tiny_pr
                              tmp_path / "results", progress=False)
     assert run.summary["n"] == 2 and run.summary["accuracy"] == 0.5
     assert [e["id"] for e in run.summary["errors"]] == ["bad"] and str(broken) in run.summary["errors"][0]["error"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("think_prefix", [True, False])
+def test_a_server_rendering_other_prompt_tokens_stops_the_run_with_the_diff(tiny_processor, think_prefix):
+    from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering, rendering_probe
+
+    counted = {}
+
+    def respond(number: int, body: dict) -> Reply:
+        reply = completion("x")
+        reply["usage"] = {"prompt_tokens": counted.get("tokens", 0), "completion_tokens": 1}
+        return 200, reply, 0.0
+
+    with StubChatServer(respond) as server:
+        client = OpenAIChatClient(server.base_url, "m")
+        counted["tokens"] = 10**6
+        with pytest.raises(ServerRenderingMismatch, match=r"into 1000000 prompt tokens, our rendering into (\d+)"
+                                                          r"[\s\S]*Our rendering:\n<\|im_start\|>system") as raised:
+            check_server_rendering(client, tiny_processor, think_prefix)
+        ours = int(re.search(r"our rendering into (\d+)", str(raised.value)).group(1))
+        counted["tokens"] = ours
+        assert check_server_rendering(client, tiny_processor, think_prefix) == ours
+    body = server.requests[-1]["body"]
+    assert body["max_tokens"] == 1 and bool(body.get("continue_final_message")) == think_prefix
+    sent, _, _ = rendering_probe(think_prefix)
+    assert body["messages"] == sent
+
+
+@pytest.mark.integration
+def test_a_server_without_usage_cannot_be_checked(tiny_processor):
+    from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
+
+    with StubChatServer(lambda number, body: (200, completion("x"), 0.0)) as server:
+        with pytest.raises(ServerRenderingMismatch, match="reports no usage.prompt_tokens"):
+            check_server_rendering(OpenAIChatClient(server.base_url, "m"), tiny_processor)
+
+
+def test_eval_serve_without_sglang_or_vllm_names_the_missing_piece(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from paravt_core.cli import main
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("sglang", "vllm") else real_find_spec(name, *a))
+    assert main(["eval", "serve", "--model", str(tmp_path)]) == 2
+    assert "neither SGLang nor vLLM is installed" in capsys.readouterr().err
+    assert main(["eval", "serve", "--model", str(tmp_path), "--server", "vllm"]) == 2
+    assert "vllm is not installed" in capsys.readouterr().err
+
+
+def test_eval_serve_commands_bind_loopback_and_name_the_model():
+    from pathlib import Path
+
+    from paravt_core.eval.serve import server_command
+
+    for server in ("sglang", "vllm"):
+        command = server_command(server, Path("/ckpt"), 30001, "paravt-8b-abc")
+        assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "30001"
+        assert command[command.index("--served-model-name") + 1] == "paravt-8b-abc" and "/ckpt" in command

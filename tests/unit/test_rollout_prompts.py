@@ -74,13 +74,20 @@ def test_sglang_payloads_and_parsing():
 
 @pytest.mark.skipif(torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None,
                     reason="SGLang can run here")
-def test_sglang_engine_refuses_to_start_without_cuda_or_sglang():
-    from paravt_core.agent.sglang_engine import SGLangEngine, SGLangUnavailable, launch_sglang_server
+def test_launching_sglang_without_cuda_or_sglang_names_the_missing_piece():
+    from paravt_core.agent.sglang_engine import SGLangUnavailable, launch_sglang_server
 
     with pytest.raises(SGLangUnavailable, match="needs a CUDA machine with SGLang") as raised:
-        SGLangEngine("http://127.0.0.1:30000", "model-dir")
-    message = str(raised.value)
-    assert ("not installed" in message) or ("no CUDA GPU" in message)
-    assert "hf backend" in message
-    with pytest.raises(SGLangUnavailable):
         launch_sglang_server("model-dir")
+    message = str(raised.value)
+    assert ("SGLang is not installed" in message) or ("no CUDA GPU" in message)
+    assert "rl.rollout.engine=hf" in message
+
+
+def test_the_sglang_client_refuses_a_url_where_no_server_answers():
+    from paravt_core.agent.sglang_engine import SGLangEngine, SGLangServerError
+    from paravt_core.dist import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(SGLangServerError, match=f"no healthy SGLang server at {url}"):
+        SGLangEngine(url, "model-dir", "staging")

@@ -1,0 +1,128 @@
+"""The RL stage's rollout engine, built from `rl.rollout.engine` on each rank (issue 14).
+
+- `hf`: each rank generates with its own copy of the policy (`HFEngine`); every rank
+  copies its new weights in after each optimizer step.
+- `sglang`: every rank sends its rollouts to ONE SGLang server, either a running one
+  (`rl.rollout.sglang.url`) or one rank 0 launches (and stops at the end). The policy is
+  the same on all ranks after a step, so rank 0 alone pushes it to the server; the ranks'
+  next rollouts start only after the step's metrics are gathered over all ranks, which
+  rank 0 reaches after its push. With the co-located placement the server's memory is
+  released once every rank's rollout is done and taken back just before the push.
+
+A config that asks for `sglang` never falls back to `hf`: without a url and without SGLang
+installed, `check_rollout_engine` (called before any worker starts) raises a `ConfigError`
+naming the missing piece.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paravt_core.agent.engine import RolloutEngine
+from paravt_core.config import ConfigError, PipelineConfig
+
+SGLANG_MISSING = "SGLang is not installed; install the GPU profile or set rl.rollout.engine=hf"
+
+
+def check_rollout_engine(cfg: PipelineConfig) -> None:
+    """Raise `ConfigError` when `rl.rollout.engine` cannot run as configured here."""
+    from paravt_core.agent.sglang_engine import sglang_installed
+
+    rollout = cfg.rl.rollout
+    if rollout.engine == "sglang" and rollout.sglang.url is None and not sglang_installed():
+        raise ConfigError(f"rl.rollout.engine is sglang with no rl.rollout.sglang.url to connect to, and "
+                          f"{SGLANG_MISSING} (or set rl.rollout.sglang.url to a running server)")
+
+
+@dataclass
+class RolloutBackend:
+    """The engine a rank rolls out on, and what the trainer does around its weight updates."""
+
+    engine: RolloutEngine
+    pushes_weights: bool  # False on the ranks that share rank 0's server
+    releases_memory: bool = False  # co-located server: free its memory while training
+    world: int = 1
+    server: Any = None  # an `SGLangServer` this rank launched; stopped by `close`
+    _released: bool = field(default=False, repr=False)
+
+    def after_rollout(self) -> None:
+        """The step's rollouts are over: a co-located server gives its GPU memory back."""
+        if not self.releases_memory:
+            return
+        _barrier(self.world)  # SGLang refuses to release with requests in flight
+        if self.pushes_weights:
+            self.engine.release_memory()
+            self._released = True
+
+    def update_weights(self, state_dict: dict[str, Any]) -> None:
+        if not self.pushes_weights:
+            return
+        if self._released:
+            self.engine.resume_memory()
+            self._released = False
+        self.engine.update_weights(state_dict)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+def _barrier(world: int) -> None:
+    import torch.distributed as dist
+
+    if world > 1 and dist.is_initialized():
+        dist.barrier()
+
+
+def _shared_url(url: str | None, rank: int, world: int) -> str:
+    """Rank 0's server url on every rank."""
+    import torch.distributed as dist
+
+    if world == 1 or not dist.is_initialized():
+        assert url is not None
+        return url
+    box = [url if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, device: str, rank: int, world: int,
+                         staging_dir: Path) -> RolloutBackend:
+    """This rank's rollout backend for `rl.rollout.engine` (module docstring).
+
+    Raises:
+        ConfigError: sglang asked for without a url where SGLang is not installed.
+        SGLangUnavailable: a server must be launched but there is no CUDA GPU.
+        SGLangServerError: the configured server does not answer.
+    """
+    rollout = cfg.rl.rollout
+    if rollout.engine == "hf":
+        from paravt_core.agent.hf_engine import HFEngine
+        from paravt_core.model.loading import load_model
+
+        model = load_model(init_model, dtype=cfg.model.dtype, device=device,
+                           attn_implementation=cfg.model.attn_implementation).eval()
+        return RolloutBackend(HFEngine(model, processor), pushes_weights=True, world=world)
+
+    import torch
+
+    from paravt_core.agent.sglang_engine import SGLangEngine, launch_sglang_server
+
+    server_cfg = rollout.sglang
+    check_rollout_engine(cfg)
+    server, url = None, server_cfg.url
+    colocated = server_cfg.placement == "colocated"
+    if url is None and rank == 0:
+        from paravt_core.dist import free_port
+
+        server = launch_sglang_server(
+            init_model, free_port(), tp_size=server_cfg.tp_size, mem_fraction_static=server_cfg.mem_fraction_static,
+            enable_memory_saver=colocated, cuda_devices=server_cfg.gpus, startup_timeout_s=server_cfg.startup_timeout_s)
+        url = server.url
+    url = _shared_url(url, rank, world)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    engine = SGLangEngine(url, init_model, staging_dir, dtype=dtype, timeout_s=server_cfg.request_timeout_s)
+    return RolloutBackend(engine, pushes_weights=rank == 0, releases_memory=colocated, world=world, server=server)
