@@ -58,13 +58,12 @@ def held_out_prompts(sft_rows: Sequence[dict], samples: Sequence) -> list[Episod
 
 
 def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: PipelineConfig) -> GrammarReport:
-    from paravt_core.agent.hf_engine import HFEngine
-    from paravt_core.agent.rollout import run_episodes
-    from paravt_core.model.loading import load_model, load_processor
-
     import torch
 
+    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.rollout import run_episodes
     from paravt_core.dist import training_dtype
+    from paravt_core.model.loading import load_model, load_processor
 
     on_gpu = torch.cuda.is_available()
     processor = load_processor(model_dir)
