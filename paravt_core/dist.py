@@ -172,6 +172,33 @@ def init_distributed() -> tuple[int, int, str]:
     return rank, world, "cpu"
 
 
+def shutdown_distributed() -> None:
+    """Destroy the process group and DeepSpeed's module-level caches of its groups.
+
+    DeepSpeed keeps the data-parallel and world groups it derived from the process group in
+    `deepspeed.utils.groups` globals; a second run in the same process (the tests, a
+    notebook) would otherwise hand the new engine groups of the destroyed process group
+    ("Group ... is not registered").
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    try:
+        from deepspeed.utils import groups
+    except ImportError:
+        return
+    for name in ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP", "_MODEL_PARALLEL_GROUP", "_TENSOR_MODEL_PARALLEL_GROUP",
+                 "_ZERO_PARAM_INTRA_PARALLEL_GROUP"):
+        if hasattr(groups, name):
+            setattr(groups, name, None)
+    for name in ("_EXPERT_PARALLEL_GROUP", "_EXPERT_PARALLEL_GROUP_RANKS", "_EXPERT_DATA_PARALLEL_GROUP",
+                 "_EXPERT_DATA_PARALLEL_GROUP_RANKS", "_ALL_TO_ALL_GROUP"):
+        cached = getattr(groups, name, None)
+        if isinstance(cached, dict):
+            cached.clear()
+
+
 def local_grad_norm(engine) -> float:
     """Pre-clipping L2 norm of the full gradients (ZeRO-0 keeps them whole on every rank;
     DeepSpeed records a global norm only for its ZeRO optimizers)."""

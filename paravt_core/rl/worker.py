@@ -249,13 +249,17 @@ def _all_reduce_mean(row: dict[str, float], world: int) -> dict[str, float]:
 def train(job: RLJob, reward_fn=None) -> None:
     import torch.distributed as dist
 
-    trainer = Trainer(job, reward_fn)
+    from paravt_core.dist import shutdown_distributed
+
     try:
-        _train_loop(trainer, job)
+        trainer = Trainer(job, reward_fn)
+        try:
+            _train_loop(trainer, job)
+        finally:
+            trainer.rollout_backend.close()  # a server this rank launched
+        dist.barrier()
     finally:
-        trainer.rollout_backend.close()  # a server this rank launched
-    dist.barrier()
-    dist.destroy_process_group()
+        shutdown_distributed()
 
 
 def _train_loop(trainer: Trainer, job: RLJob) -> None:

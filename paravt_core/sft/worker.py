@@ -175,7 +175,7 @@ def train(job: SFTJob) -> None:
     _export(job, engine, rank, dataset, ckpt_dir)
     metrics.finish()
     dist.barrier()
-    dist.destroy_process_group()
+    pdist.shutdown_distributed()
 
 
 def _export(job: SFTJob, engine, rank: int, dataset, ckpt_dir: Path) -> None:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from paravt_core.config import load_config
+from paravt_core.dist import shutdown_distributed
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ def one_rank_group(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "rendezvous"), 1), rank=0, world_size=1)
     yield
-    dist.destroy_process_group()
+    shutdown_distributed()
 
 
 def test_zero3_reference_engine_matches_the_whole_model(one_rank_group, tiny_model_dir: Path):

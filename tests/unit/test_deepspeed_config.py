@@ -9,7 +9,7 @@ import torch.distributed as dist
 import yaml
 
 from paravt_core.config import ConfigError, DeepSpeedConfig, load_config
-from paravt_core.dist import deepspeed_config, rl_deepspeed_config, sft_deepspeed_config
+from paravt_core.dist import deepspeed_config, rl_deepspeed_config, sft_deepspeed_config, shutdown_distributed
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 TINY = CONF / "pipeline" / "tiny.yaml"
@@ -23,7 +23,7 @@ def deepspeed_parser(tmp_path: Path):
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "rendezvous"), 1), rank=0, world_size=1)
     yield Parsed
-    dist.destroy_process_group()
+    shutdown_distributed()
 
 
 def test_defaults_keep_the_plain_stage():
