@@ -221,5 +221,6 @@ def generate_world(cfg: SynthConfig, out: str | Path, progress: bool = True) -> 
     repo_files = {PARQUET_REPO: parquet_files, SOURCE_REPO: source_files} | benchmark_repo_files(cfg, splits, media)
     repos = {repo_id: write_dataset_repo(hub, repo_id, files, cfg.revision) for repo_id, files in repo_files.items()}
     counts |= {split: len(splits["videomme" if split == "videomme_wsub" else split].rows) for split in LAYOUTS}
-    manifest = atomic_write_text(out / MANIFEST, json.dumps(manifest_record(cfg, train, splits, repos, empty_videos), indent=1))
+    record = manifest_record(cfg, train, splits, repos, empty_videos)
+    manifest = atomic_write_text(out / MANIFEST, json.dumps(record, indent=1))
     return SynthWorld(out, hub, manifest, repos, counts, dict(LAYOUTS), time.perf_counter() - started)
