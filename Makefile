@@ -39,8 +39,9 @@ $(GPU_STAMP): pyproject.toml requirements-gpu.txt
 
 install-gpu: $(GPU_STAMP)
 
+# ARGS: extra `paravt run` arguments, e.g. ARGS="--set data.on_bad_rows=quarantine".
 demo: $(STAMP)
-	$(BIN)/paravt run --config $(CONFIG)
+	$(BIN)/paravt run --config $(CONFIG) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

@@ -25,7 +25,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     print("\nPipeline finished. Outputs:")
     for name, where in outputs.items():
-        print(f"  {name:<14} {where}")
+        print(f"  {name:<14} " + where.replace("\n", "\n" + " " * 17))
     print(f"  {'output dir':<14} {cfg.run.output_dir.resolve()}")
     print("Run history and MLflow runs: `make ui` (Prefect UI and MLflow UI on 127.0.0.1).")
     return 0

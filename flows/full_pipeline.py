@@ -4,7 +4,9 @@
 
 Deployment `paravt/full-pipeline` (prefect.yaml) runs it on the process work pool;
 `paravt run --config ...` runs it in-process. Every stage is a cached task over one
-`paravt_core` stage, keyed by the content hashes of what it reads.
+`paravt_core` stage, keyed by the content hashes of what it reads. What the stages set
+aside instead of stopping (quarantined rows, skipped SFT samples, eval samples whose
+video did not decode) is named in the outputs and in `<output_dir>/set_aside.json`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from flows.eval import eval_stage
 from flows.params import PipelineParams
 from paravt_core.eval.report import format_table
 from paravt_core.run_lock import hold_output_dir
+from paravt_core.set_aside import (
+    format_set_aside,
+    from_data_contracts,
+    from_eval_reports,
+    from_sft_model,
+    write_set_aside,
+)
 from tasks.model import base_model
 from tasks.registry import promote, register
 from tasks.rl import rl
@@ -44,6 +53,11 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
         table = format_table(reports)
         log.info("seven-split evaluation:\n%s", table)
         print(table)
+        set_aside = [*from_data_contracts(data.quarantined), *from_sft_model(sft_model.path),
+                     *from_eval_reports(reports)]
+        set_aside_file = write_set_aside(cfg.run.output_dir / "set_aside.json", set_aside)
+        if set_aside:
+            log.warning("set aside instead of stopping the run (%s):\n%s", set_aside_file, format_set_aside(set_aside))
         return {
             "base_model": str(base.path),
             "sft_model": str(sft_model.path),
@@ -53,4 +67,5 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
             "champion": f"v{rl_version.version}" if promoted else "unchanged (the candidate did not beat it on this evaluation)",
             "eval results": str(reports[cfg.rl.row].results_dir.parent),
             "mlflow": cfg.mlflow_uri(),
+            "set aside": f"{format_set_aside(set_aside)}\n(listed in {set_aside_file.resolve()})",
         }

@@ -21,7 +21,7 @@ from paravt_core.config import PipelineConfig
 from paravt_core.data import stage as data_stage
 from paravt_core.data.hub import Downloads, is_transient
 from paravt_core.data.materialize import Materialized, missing_table
-from paravt_core.refs import ArtifactRef
+from paravt_core.refs import ArtifactRef, source_digest
 from tasks._cache import output_epoch, stage_key
 
 
@@ -43,8 +43,10 @@ def _validate_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
         (split, downloads.benchmark(split).sha256, media.splits[split].model_dump(mode="json"))
         for split in cfg.eval.splits
     )
+    # The step's own code (which probes go with which contract, what it records) is in the key too.
+    step_code = source_digest("paravt_core.data", only=("stage.py",))
     return stage_key("data-validate", tables.sft.sha256, tables.rl.sha256, eval_inputs, cfg.data.on_bad_rows,
-                     data_stage.contracts_version(), output=data_stage.validated_dir(cfg))
+                     data_stage.contracts_version(), step_code, output=data_stage.validated_dir(cfg))
 
 
 def _eval_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

@@ -85,6 +85,21 @@ class Media(BaseModel):
         return _json_digest(self.paravt_archives)
 
 
+class SetAside(BaseModel):
+    """Rows one data contract quarantined for one reason (`data.on_bad_rows: quarantine`).
+
+    `problem` is the rule's verdict as the contract states it; for media it names the file
+    ("video /.../x.mp4 cannot be used: the file is empty (0 bytes)").
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str  # "sft", "rl" or "eval/<split>"
+    table: Path
+    rows: tuple[int, ...]  # 1-based, as the contract's failure table counts
+    problem: str
+
+
 class Validated(BaseModel):
     """The validate step's result: the tables to go on with, after the contracts."""
 
@@ -93,6 +108,7 @@ class Validated(BaseModel):
     sft: ArtifactRef
     rl: ArtifactRef
     eval_rows: dict[str, ArtifactRef]  # split -> annotation rows file
+    quarantined: tuple[SetAside, ...] = ()
 
 
 class DataBundle(BaseModel):
@@ -100,7 +116,8 @@ class DataBundle(BaseModel):
 
     `sft` and `rl` are folders of materialized parquet shards, `eval` is
     `<output_dir>/data/eval` (one folder per split), each with `refs.content_hash` of its
-    content; `missing` counts the missing media files per sentinel root (SPEC §8).
+    content; `missing` counts the missing media files per sentinel root (SPEC §8);
+    `quarantined` lists the rows the contracts set aside, by reason.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -109,6 +126,7 @@ class DataBundle(BaseModel):
     rl: ArtifactRef
     eval: ArtifactRef
     missing: dict[str, int]
+    quarantined: tuple[SetAside, ...] = ()
 
 
 def _json_digest(value: object) -> str:
@@ -224,8 +242,9 @@ def contracts_version() -> str:
 def check_contract(
     cfg: PipelineConfig, kind: str, table: Path, report_dir: Path, split: str | None = None,
     media: SplitMedia | None = None, media_root: Path | None = None,
-) -> Path:
-    """Run one data contract; returns the table to go on with (the kept rows on quarantine).
+) -> tuple[Path, list[SetAside]]:
+    """Run one data contract; returns the table to go on with (the kept rows on quarantine)
+    and the quarantined rows grouped by reason (none unless rows were quarantined).
 
     `data_contracts.validate` raises `ContractError` (naming the table, the failing rows and
     the report) when `data.on_bad_rows` is "fail" and a row breaks the contract. Evaluation
@@ -235,48 +254,59 @@ def check_contract(
     from data_contracts import validate as validate_contract
 
     media_dirs: dict = {"media_root": media_root} if media_root is not None else {}
-    media_dirs["media_health"] = media_health_dir(cfg)
     if media is not None:
         subtitle_dir = media.subtitle_dir if split == "videomme_wsub" else None
         media_dirs = {"video_dir": media.video_dir, "subtitle_dir": subtitle_dir}
+    media_dirs["media_health"] = media_health_dir(cfg)
     result = validate_contract(kind, table, split=split, on_bad_rows=cfg.data.on_bad_rows, report_dir=report_dir,
                                **media_dirs)
-    return Path(result.kept_path)
+    if result.quarantine_path is None:
+        return Path(result.kept_path), []
+    by_problem: dict[str, set[int]] = {}
+    for failure in result.failures:
+        by_problem.setdefault(failure.value, set()).add(failure.row)
+    where = kind if split is None else f"{kind}/{split}"
+    return Path(result.kept_path), [SetAside(kind=where, table=Path(table).absolute(), rows=tuple(sorted(rows)),
+                                             problem=problem) for problem, rows in by_problem.items()]
 
 
-def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef, media_root: Path) -> ArtifactRef:
+def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef,
+                      media_root: Path) -> tuple[ArtifactRef, list[SetAside]]:
     """Check every shard of one kind; if any lost rows, write the kept shards to validated/<kind>/."""
     reports = validated_dir(cfg) / "reports" / kind
     shards = sorted(Path(ref.path).glob("*.parquet"))
-    kept = {shard: check_contract(cfg, kind, shard, reports, media_root=media_root) for shard in shards}
+    checked = {shard: check_contract(cfg, kind, shard, reports, media_root=media_root) for shard in shards}
+    quarantined = [rows for _, set_aside in checked.values() for rows in set_aside]
     out = validated_dir(cfg) / kind
-    if all(table == shard for shard, table in kept.items()):
+    if all(table == shard for shard, (table, _) in checked.items()):
         shutil.rmtree(out, ignore_errors=True)  # a quarantine of an earlier run no longer applies
-        return ref
+        return ref, quarantined
     with atomic_dir(out) as tmp:
-        for shard, table in kept.items():
+        for shard, (table, _) in checked.items():
             shutil.copyfile(table, tmp / shard.name)
     log.warning("%s shards lost rows to their contracts (quarantined); continuing with %s", kind, out)
-    return ArtifactRef(kind=ref.kind, path=out.resolve(), sha256=content_hash(out))
+    return ArtifactRef(kind=ref.kind, path=out.resolve(), sha256=content_hash(out)), quarantined
 
 
-def _validated_eval_rows(cfg: PipelineConfig, split: str, downloads: Downloads, media: Media) -> ArtifactRef:
+def _validated_eval_rows(cfg: PipelineConfig, split: str, downloads: Downloads,
+                         media: Media) -> tuple[ArtifactRef, list[SetAside]]:
     rows = downloads.benchmark(split).path / LAYOUTS[split].annotation_file
     if not rows.is_file():
         raise DataStageError(f"validate: {split} annotation rows {rows} are missing; re-run the download step")
     reports = validated_dir(cfg) / "reports" / "eval" / split
-    kept = check_contract(cfg, "eval", rows, reports, split=split, media=media.splits[split])
-    return ArtifactRef(kind=f"eval_rows_{split}", path=kept.absolute(), sha256=content_hash(kept))
+    kept, quarantined = check_contract(cfg, "eval", rows, reports, split=split, media=media.splits[split])
+    return ArtifactRef(kind=f"eval_rows_{split}", path=kept.absolute(), sha256=content_hash(kept)), quarantined
 
 
 def validate(cfg: PipelineConfig, tables: Materialized, downloads: Downloads, media: Media) -> Validated:
     """Step 4: the contracts of every SFT and RL shard and of each split's annotation rows."""
     validated_dir(cfg).mkdir(parents=True, exist_ok=True)
-    return Validated(
-        sft=_validated_folder(cfg, "sft", tables.sft, media.paravt_root),
-        rl=_validated_folder(cfg, "rl", tables.rl, media.paravt_root),
-        eval_rows={split: _validated_eval_rows(cfg, split, downloads, media) for split in cfg.eval.splits},
-    )
+    sft, sft_aside = _validated_folder(cfg, "sft", tables.sft, media.paravt_root)
+    rl, rl_aside = _validated_folder(cfg, "rl", tables.rl, media.paravt_root)
+    eval_rows = {split: _validated_eval_rows(cfg, split, downloads, media) for split in cfg.eval.splits}
+    eval_aside = [rows for _, set_aside in eval_rows.values() for rows in set_aside]
+    return Validated(sft=sft, rl=rl, eval_rows={split: ref for split, (ref, _) in eval_rows.items()},
+                     quarantined=(*sft_aside, *rl_aside, *eval_aside))
 
 
 # ----- 5. evaluation splits -----------------------------------------------------------
@@ -345,7 +375,8 @@ def prepare_eval(cfg: PipelineConfig, downloads: Downloads, media: Media, checke
 
 
 def bundle(tables: Materialized, checked: Validated, eval_ref: ArtifactRef) -> DataBundle:
-    return DataBundle(sft=checked.sft, rl=checked.rl, eval=eval_ref, missing=tables.missing)
+    return DataBundle(sft=checked.sft, rl=checked.rl, eval=eval_ref, missing=tables.missing,
+                      quarantined=checked.quarantined)
 
 
 def run(cfg: PipelineConfig, progress: bool = True) -> DataBundle:

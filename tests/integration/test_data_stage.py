@@ -4,6 +4,8 @@ deleted output re-made), and what quarantined rows do to the bundle."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 
 from paravt_core.config import EVAL_SPLITS, PipelineConfig
 from paravt_core.data import stage
+from paravt_core.data.hub import synth_world_dir
 from paravt_core.data.synth.paravt import SENTINEL_ROOTS
 from paravt_core.refs import content_hash
 
@@ -104,6 +107,37 @@ def test_quarantined_rows_leave_the_bundle_and_the_other_shards_stay(tmp_path):
 
     strict = small_config(tmp_path, CLEAN_SYNTH, on_bad_rows="fail")
     with pytest.raises(ContractError, match=shards[0].name):
+        stage.validate(strict, tables, downloads, media)
+
+
+def test_planted_empty_videos_are_quarantined_with_their_rows_and_named(tmp_path):
+    """A 0-byte training video and a 0-byte Charades video (`data.synth.empty_videos`) pass
+    download and unzip like any file; the media probes of the contracts set their rows aside
+    (SFT, RL and eval), and the bundle names both files. Under `fail` the stage stops on them."""
+    from data_contracts import ContractError
+
+    planted = {**CLEAN_SYNTH, "empty_videos": ["train", "charades"]}
+    cfg = small_config(tmp_path, planted, on_bad_rows="quarantine")
+    downloads = stage.download(cfg, progress=False)
+    media = stage.unzip(cfg, downloads, progress=False)
+    tables = stage.materialize(cfg, downloads, media, progress=False)
+    checked = stage.validate(cfg, tables, downloads, media)
+    bundle = stage.bundle(tables, checked, stage.prepare_eval(cfg, downloads, media, checked))
+
+    manifest = json.loads((synth_world_dir(cfg) / "manifest.json").read_text())
+    train_video, eval_video = manifest["empty_videos"]
+    problems = {aside.kind: aside.problem for aside in bundle.quarantined}
+    assert set(problems) == {"sft", "rl", "eval/charades"}, problems
+    assert all(problem.endswith("the file is empty (0 bytes)") for problem in problems.values())
+    assert train_video in problems["sft"] and train_video in problems["rl"]
+    assert eval_video.removeprefix("charades/") in problems["eval/charades"]
+    sft_rows = sum(len(aside.rows) for aside in bundle.quarantined if aside.kind == "sft")
+    assert sft_rows == cfg.data.synth.sft_traces_per_video  # every trace of the emptied video, no other row
+    charades = stage.load_split_file(bundle.eval.path / "charades" / "split.json")
+    assert charades and all(sample.video_path.stat().st_size > 0 for sample in charades)
+
+    strict = small_config(tmp_path, planted, on_bad_rows="fail")
+    with pytest.raises(ContractError, match=re.escape(train_video)):
         stage.validate(strict, tables, downloads, media)
 
 

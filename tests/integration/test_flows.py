@@ -90,6 +90,39 @@ def test_injected_failure_is_retried_without_redoing_finished_stages(prefect_har
     assert steps == [1, 2, 3, 3, 4]  # killed after step 3, resumed from the step-2 checkpoint
 
 
+def test_planted_empty_videos_do_not_sink_the_run_and_the_summary_names_them(prefect_harness, tmp_path: Path):
+    """Issue #12's demo, shrunk: one 0-byte training video and one 0-byte Charades video in
+    the generated world; under quarantine the run completes and its outputs (what `paravt
+    run` prints) and set_aside.json name both files with the stage that set them aside."""
+    import json
+
+    from flows.full_pipeline import full_pipeline
+    from flows.params import PipelineParams
+    from paravt_core.config import load_config
+    from paravt_core.data.hub import synth_world_dir
+
+    # 8 training videos: two per sentinel root, so the emptied one's shard keeps good rows.
+    overrides = [*fast_overrides(tmp_path), "data.synth.train_videos=8", "data.synth.eval_videos_per_split=2",
+                 "eval.splits=[charades, mlvu]", "data.on_bad_rows=quarantine",
+                 "data.synth.empty_videos=[train, charades]"]
+    params = PipelineParams(config_path=str(REPO / "conf/pipeline/tiny.yaml"), overrides=overrides)
+    state = full_pipeline(params, return_state=True)
+    assert state.is_completed()
+
+    manifest = json.loads((synth_world_dir(load_config(params.config_path, overrides)) / "manifest.json").read_text())
+    train_video, eval_video = manifest["empty_videos"]
+    eval_video = eval_video.removeprefix("charades/")
+    summary = state.result()["set aside"]
+    lines = summary.splitlines()
+    assert any(line.startswith("data contract sft (quarantined): ") and train_video in line for line in lines)
+    assert any(line.startswith("data contract eval/charades (quarantined): ") and eval_video in line
+               for line in lines), summary
+    written = json.loads((tmp_path / "set_aside.json").read_text())
+    assert {entry["stage"] for entry in written} == {
+        "data contract sft (quarantined)", "data contract rl (quarantined)",
+        "data contract eval/charades (quarantined)"}
+
+
 def test_bad_parameters_refused_before_any_stage(tmp_path: Path):
     from pydantic import ValidationError
 

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import typing
 import zipfile
 from pathlib import Path
 
@@ -568,3 +569,34 @@ def test_no_row_repeats(world):
     assert len(sft) == len(set(sft))
     rl = [json.dumps(r, sort_keys=True, default=str) for r in _rows(world, PARQUET_REPO, "rl/paravt_rl_diverse.parquet")]
     assert len(rl) == len(set(rl))
+
+
+# ----- planted empty videos (issue #12's demo) ----------------------------------------------
+
+
+def test_empty_videos_name_only_known_sets_once():
+    from paravt_core.data.synth.benchmarks import GENERATED_SPLITS
+    from paravt_core.data.synth.config import VideoSet
+
+    assert set(typing.get_args(VideoSet)) == {"train", *GENERATED_SPLITS}
+    with pytest.raises(ValidationError):
+        SynthConfig(empty_videos=("videomme_wsub",))  # shares videomme's videos: plant it there
+    with pytest.raises(ValidationError):
+        SynthConfig(empty_videos=("train", "train"))
+
+
+def test_planting_empties_the_first_video_of_each_named_set_only():
+    from paravt_core.data.synth.benchmarks import build_eval_split
+    from paravt_core.data.synth.generate import plant_empty_videos, train_videos
+
+    cfg = SMALL.model_copy(update={"empty_videos": ("train", "charades")})
+    train = train_videos(cfg)
+    splits = {split: build_eval_split(cfg, split) for split in ("charades", "mlvu")}
+    media = {v.sentinel: b"mp4" for v in train}
+    media |= {(split, v.file_name): b"mp4" for split, s in splits.items() for v in s.videos}
+    planted, names = plant_empty_videos(cfg, train, splits, media)
+    charades = splits["charades"]
+    assert names == [train[0].sentinel, f"charades/{charades.layout.video_member(charades.videos[0].file_name)}"]
+    emptied = {key for key, data in planted.items() if data == b""}
+    assert emptied == {train[0].sentinel, ("charades", charades.videos[0].file_name)}
+    assert media[train[0].sentinel] == b"mp4"  # the rendered media are left as they were

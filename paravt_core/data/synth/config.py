@@ -11,6 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Where a planted empty video can go: the training videos, or one benchmark repo's videos
+# (`benchmarks.GENERATED_SPLITS`; videomme_wsub shares videomme's).
+VideoSet = Literal["train", "videomme", "longvideobench", "lvbench", "mlvu", "mmvu", "charades"]
+
 
 class SynthConfig(BaseModel):
     """Everything `generate_world` needs besides the output folder.
@@ -51,6 +55,11 @@ class SynthConfig(BaseModel):
     )
     max_crop_s: float = Field(16.0, ge=4.0, le=16.0, description="teacher windows fit 16 frames at 1 fps (SPEC §3)")
     codec: Literal["libx264", "mpeg4"] = "libx264"
+    empty_videos: tuple[VideoSet, ...] = Field(
+        (),
+        description="sets whose first video is written as a 0-byte file: a planted bad file, to see a run "
+        "set it aside and go on (issue #12). Off (empty) for every real use",
+    )
     revision: str = Field("main", pattern=r"^[A-Za-z0-9._-]+$", description="branch name written under refs/")
 
     @model_validator(mode="after")
@@ -63,4 +72,6 @@ class SynthConfig(BaseModel):
             raise ValueError(f"min_event_s {self.min_event_s} > max_event_s {self.max_event_s}")
         if self.max_event_s + 2.0 > self.max_crop_s:
             raise ValueError(f"max_event_s {self.max_event_s} + 2 s of context must fit max_crop_s {self.max_crop_s}")
+        if len(set(self.empty_videos)) != len(self.empty_videos):
+            raise ValueError(f"empty_videos {list(self.empty_videos)} names a set twice")
         return self

@@ -6,7 +6,8 @@ Under `out/` it writes:
         datasets--ParaVT--ParaVT-Parquet/    sft/paravt_sft_{shard}.parquet, rl/paravt_rl_diverse.parquet
         datasets--ParaVT--ParaVT-Source/     {root}.zip, members named by sentinel path (SPEC §8)
         datasets--lmms-lab--Video-MME/ ...   the six benchmark repos (see benchmarks.LAYOUTS)
-    manifest.json                            the ground truth: every video's events, every question
+    manifest.json                            the ground truth: every video's events, every question,
+                                             the videos planted empty (`SynthConfig.empty_videos`)
 
 Training videos (ParaVT) and evaluation videos (one fresh set per benchmark repo) are
 disjoint: the held-out split is by video. The same config and seed give the same bytes
@@ -109,6 +110,23 @@ def render_media(cfg: SynthConfig, train: list[TrainVideo], splits: dict[str, Ev
     return {key: encode_mp4(spec, cfg.codec) for key, spec in bar}
 
 
+def plant_empty_videos(cfg: SynthConfig, train: list[TrainVideo], splits: dict[str, EvalSplit],
+                       media: dict) -> tuple[dict, list[str]]:
+    """`media` with the first video of each set in `cfg.empty_videos` emptied (0 bytes), and
+    the planted files' names as they appear in the repos (sentinel path, or split/file)."""
+    planted = dict(media)
+    names = []
+    for where in cfg.empty_videos:
+        if where == "train":
+            key, name = train[0].sentinel, train[0].sentinel
+        else:
+            video = splits[where].videos[0]
+            key, name = (where, video.file_name), f"{where}/{splits[where].layout.video_member(video.file_name)}"
+        planted[key] = b""
+        names.append(name)
+    return planted, names
+
+
 def _readme(repo_id: str, cfg: SynthConfig, lines: Iterable[str]) -> bytes:
     body = "\n".join(f"- {line}" for line in lines)
     return (
@@ -164,12 +182,14 @@ def _spec_record(spec) -> dict:
 
 
 def manifest_record(
-    cfg: SynthConfig, train: list[TrainVideo], splits: dict[str, EvalSplit], repos: dict[str, RepoSnapshot]
+    cfg: SynthConfig, train: list[TrainVideo], splits: dict[str, EvalSplit], repos: dict[str, RepoSnapshot],
+    empty_videos: list[str],
 ) -> dict:
     """The ground truth of the world, JSON-ready (paths relative to `out`)."""
     return {
         "config": cfg.model_dump(),
         "hub_cache": HUB_DIR,
+        "empty_videos": empty_videos,
         "repos": {
             r.repo_id: {"revision": r.revision, "commit": r.commit, "files": list(r.files)} for r in repos.values()
         },
@@ -194,12 +214,13 @@ def generate_world(cfg: SynthConfig, out: str | Path, progress: bool = True) -> 
     train = train_videos(cfg)
     splits = {split: build_eval_split(cfg, split) for split in GENERATED_SPLITS}
     _check_disjoint(train, splits)
-    media = render_media(cfg, train, splits, progress)
+    media, empty_videos = plant_empty_videos(cfg, train, splits, render_media(cfg, train, splits, progress))
     parquet_files, counts = paravt_parquet_files(cfg, train)
     source_files = source_archives(train, media)
     source_files["README.md"] = _readme(SOURCE_REPO, cfg, sorted(source_files))
     repo_files = {PARQUET_REPO: parquet_files, SOURCE_REPO: source_files} | benchmark_repo_files(cfg, splits, media)
     repos = {repo_id: write_dataset_repo(hub, repo_id, files, cfg.revision) for repo_id, files in repo_files.items()}
     counts |= {split: len(splits["videomme" if split == "videomme_wsub" else split].rows) for split in LAYOUTS}
-    manifest = atomic_write_text(out / MANIFEST, json.dumps(manifest_record(cfg, train, splits, repos), indent=1))
+    record = manifest_record(cfg, train, splits, repos, empty_videos)
+    manifest = atomic_write_text(out / MANIFEST, json.dumps(record, indent=1))
     return SynthWorld(out, hub, manifest, repos, counts, dict(LAYOUTS), time.perf_counter() - started)
