@@ -60,10 +60,17 @@ class ChatRenderer:
             `<|vision_start|><|image_pad|><|vision_end|>` (ours,
             `paravt_core/model/chat_template.jinja`, and Qwen3-VL's).
         think_prefix: end every main-agent generation prompt with `<think>\\n` (SPEC §3).
+        pixel_bounds: (min, max) pixels per frame (SPEC §3), handed to the image processor.
+            Without them Qwen3-VL's own image processor (shortest_edge 65536) upscales every
+            frame below 65536 pixels, so a 50176-pixel frame would cost a third more tokens
+            than SPEC §3 allows; our frames are already resized within these bounds and
+            pass through unchanged. None keeps the processor's own bounds.
     """
 
-    def __init__(self, processor: Any, think_prefix: bool):
+    def __init__(self, processor: Any, think_prefix: bool, pixel_bounds: tuple[int, int] | None = None):
         self.processor = processor
+        self.image_size = None if pixel_bounds is None else {"shortest_edge": pixel_bounds[0],
+                                                             "longest_edge": pixel_bounds[1]}
         self.tokenizer = processor.tokenizer
         self.generation_prefix = THINK_PREFIX if think_prefix else ""
         self.turn_end_id: int = self.tokenizer.convert_tokens_to_ids(TURN_END_TOKEN)
@@ -116,8 +123,9 @@ class ChatRenderer:
         if not clips:
             ids = self.tokenizer(text, add_special_tokens=not continuation)["input_ids"]
             return Encoded(list(ids), VisionInputs())
+        size = {"size": self.image_size} if self.image_size else {}
         batch = self.processor(text=[text], images=clip_images(clips), add_special_tokens=not continuation,
-                               return_tensors="pt")
+                               return_tensors="pt", **size)
         vision = VisionInputs(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
         return Encoded(batch["input_ids"][0].tolist(), vision)
 

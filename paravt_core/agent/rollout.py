@@ -373,7 +373,7 @@ def run_episodes(
     """
     if group_size < 1:
         raise ValueError(f"group_size must be at least 1, got {group_size}")
-    renderer = ChatRenderer(processor, rollout_cfg.think_prefix)
+    renderer = ChatRenderer(processor, rollout_cfg.think_prefix, (video_cfg.min_pixels, video_cfg.max_pixels))
     runner = CropRunner(renderer, video_cfg, tool_mode)
     rollout = _Rollout(engine, subagent_engine or engine, renderer, rollout_cfg, runner, temperature, top_p,
                        seed, batched_subagents)

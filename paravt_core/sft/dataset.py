@@ -153,7 +153,9 @@ class SFTDataset:
         if index in self._undecodable:
             return None
         try:
-            sample = encode_conversation(row["messages"], self.processor, self.cache.load, load_image, self.tools)
+            sampling = self.cache.sampling
+            sample = encode_conversation(row["messages"], self.processor, self.cache.load, load_image, self.tools,
+                                         (sampling.min_pixels, sampling.max_pixels))
         except ConversationError as err:
             raise ConversationError(f"{row['source']}: {err}") from err
         except VideoDecodeError as err:

@@ -142,14 +142,23 @@ def encode_conversation(
     load_video: FrameLoader,
     load_image: ImageLoader,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    pixel_bounds: tuple[int, int] | None = None,
 ) -> EncodedSample:
-    """Render, tokenize and mask one conversation (SPEC §8 messages)."""
+    """Render, tokenize and mask one conversation (SPEC §8 messages).
+
+    Args:
+        pixel_bounds: (min, max) pixels per image for the image processor (SPEC §1/§3), as
+            in `ChatRenderer`: Qwen3-VL's own bounds would upscale every frame below 65536
+            pixels; row images are resized into these bounds.
+    """
     rendered, media = split_media(messages)
     if not any(m["role"] == "assistant" for m in rendered):
         raise ConversationError("conversation has no assistant turn to train on")
     rendered, images = with_media(rendered, media, load_video, load_image)
     text = processor.apply_chat_template(rendered, tools=tools, tokenize=False, add_generation_prompt=False)
     kwargs: dict[str, Any] = {"images": images} if images else {}
+    if images and pixel_bounds is not None:
+        kwargs["size"] = {"shortest_edge": pixel_bounds[0], "longest_edge": pixel_bounds[1]}
     batch = processor(text=[text], return_tensors="pt", **kwargs)
     tok = processor.tokenizer
     input_ids = batch["input_ids"][0]

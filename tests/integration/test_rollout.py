@@ -569,3 +569,30 @@ def test_embedded_and_server_paths_give_the_same_token_layout(tiny_processor, sh
         crop = runner.frames(job)
         content = [*frame_items(crop), *subagent_messages(2.0, 7.0)[0]["content"][1:]]
         assert embedded_sub == _server_ids(tiny_processor, [{"role": "user", "content": content}], ())
+
+
+def test_frames_keep_the_spec_pixel_budget_under_qwen3_vls_own_image_bounds(tiny_processor, short_video):
+    """Qwen3-VL's image processor (shortest_edge 65536) would upscale every frame below 65536
+    pixels; the tiny kit's (784) would not. The rollout must hand SPEC §3's bounds to either."""
+    import copy
+    from contextlib import ExitStack
+
+    from transformers import Qwen2VLImageProcessor
+
+    from paravt_core.agent.context import ChatRenderer
+    from paravt_core.agent.rollout import prepare_prompt
+
+    real_like = copy.deepcopy(tiny_processor)
+    real_like.image_processor = Qwen2VLImageProcessor(
+        size={"shortest_edge": 65536, "longest_edge": 16777216}, patch_size=16, temporal_patch_size=2, merge_size=2,
+        image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    overview = sample_overview_frames(short_video, 3, min_pixels=VIDEO_CFG.min_pixels, max_pixels=VIDEO_CFG.max_pixels)
+    _, height, width, _ = overview.array.shape
+    bounded = ChatRenderer(real_like, think_prefix=False, pixel_bounds=(VIDEO_CFG.min_pixels, VIDEO_CFG.max_pixels))
+    unbounded = ChatRenderer(real_like, think_prefix=False)
+    with ExitStack() as stack:
+        kept = prepare_prompt(0, one_prompt(short_video, nframes=3), bounded, VIDEO_CFG, stack).encoded
+        upscaled = prepare_prompt(0, one_prompt(short_video, nframes=3), unbounded, VIDEO_CFG, stack).encoded
+    assert kept.vision.image_grid_thw.tolist() == [[1, height // 16, width // 16]] * 3
+    assert upscaled.vision.image_grid_thw[0].prod() > kept.vision.image_grid_thw[0].prod()  # what the bounds prevent
+    assert len(upscaled.token_ids) > len(kept.token_ids)
