@@ -40,7 +40,7 @@ from paravt_core.rl.grpo import (
     shaped_reward,
     token_advantages,
 )
-from paravt_core.rl.rewards import RewardBreakdown, compute_reward
+from paravt_core.rl.rewards import RewardBreakdown, compute_reward, format_reward
 
 RewardFn = Callable[[Episode, RLPrompt], RewardBreakdown]
 
@@ -80,8 +80,6 @@ def paravt_reward(cfg: RLConfig) -> RewardFn:
 def fixed_format_reward(episode: Episode) -> float:
     """R_fmt under ONE definition for every row (SPEC §5, Table 2 fτ): answer_suffix on,
     λ = 0.5, scope generated, so rows with different reward knobs stay comparable."""
-    from paravt_core.rl.rewards import format_reward
-
     return format_reward(episode.text("generated"), answer_suffix=True, anchor_weight=0.5)
 
 

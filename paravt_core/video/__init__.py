@@ -14,7 +14,7 @@ Departures from the release, which samples with `qwen_vl_utils.fetch_video` (SPE
 """
 
 from paravt_core.video.errors import VideoDecodeError
-from paravt_core.video.frames import Frames, sample_overview_frames, sample_window_frames, video_metadata
+from paravt_core.video.frames import Frames, sample_overview_frames, sample_window_frames
 from paravt_core.video.geometry import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, QWEN3_VL_FACTOR, smart_resize
 from paravt_core.video.hashing import video_sha256
 from paravt_core.video.reader import VideoFile, VideoInfo, probe_video
@@ -34,7 +34,6 @@ __all__ = [
     "sample_overview_frames",
     "sample_window_frames",
     "smart_resize",
-    "video_metadata",
     "video_sha256",
     "window_frame_indices",
 ]

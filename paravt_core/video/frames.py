@@ -14,16 +14,12 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from paravt_core.video.geometry import DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, QWEN3_VL_FACTOR, smart_resize
 from paravt_core.video.reader import VideoFile
 from paravt_core.video.sampling import overview_frame_indices, window_frame_indices
-
-if TYPE_CHECKING:
-    from transformers.video_utils import VideoMetadata
 
 VideoSource = str | os.PathLike[str] | VideoFile
 
@@ -118,17 +114,3 @@ def sample_window_frames(
 
     with _opened(video) as opened:
         return _decode_frames(opened, pick, min_pixels=min_pixels, max_pixels=max_pixels, factor=factor)
-
-
-def video_metadata(frames: Frames) -> VideoMetadata:
-    """The `transformers` VideoMetadata that makes Qwen3VLProcessor write `<t seconds>` right.
-
-    The processor computes each timestamp as frames_indices / fps, so these must be the
-    source video's values. Pass it as `video_metadata=[...]` together with
-    `do_sample_frames=False` so the processor keeps our frames.
-    """
-    from transformers.video_utils import VideoMetadata  # transformers is heavy; import on use
-
-    _, height, width, _ = frames.array.shape
-    return VideoMetadata(total_num_frames=frames.total_frames, fps=frames.fps, width=width, height=height,
-                         duration=frames.duration, video_backend="pyav", frames_indices=list(frames.indices))

@@ -21,7 +21,6 @@ from paravt_core.video import (
     sample_overview_frames,
     sample_window_frames,
     smart_resize,
-    video_metadata,
     video_sha256,
     window_frame_indices,
 )
@@ -243,15 +242,6 @@ def test_one_open_file_serves_overview_and_crops(clip: Path) -> None:
     assert np.array_equal(overview.array, again.array)
     assert crop.indices == window_frame_indices(NUM_FRAMES, FPS, 3.0, 9.0)
     assert np.array_equal(crop.array, sample_window_frames(clip, 3.0, 9.0).array)
-
-
-def test_video_metadata_gives_the_processor_our_timestamps(clip: Path) -> None:
-    frames = sample_overview_frames(clip, nframes=8)
-    metadata = video_metadata(frames)
-    assert metadata.frames_indices == frames.indices and metadata.fps == frames.fps
-    assert metadata.total_num_frames == NUM_FRAMES
-    assert metadata.timestamps == pytest.approx(frames.timestamps)
-    assert (metadata.height, metadata.width) == frames.array.shape[1:3]
 
 
 # --- errors and hashing --------------------------------------------------------------
