@@ -12,7 +12,8 @@ The release's advantage pipeline, in order (SPEC §5 steps 1-5), each a switch i
    only the small KL term, never a full-scale KL-driven advantage.
 4. `batch_normalize`: mean and std over every trained token of the step's batch.
 5. `policy_loss` with `behaviour_weight`: decoupled PPO. The ratio is taken against the
-   log-probs the trainer recomputes before the update (the proximal policy); the loss of a
+   trainer's own log-probs before the update (the proximal policy; `rl/policy.py` says why
+   no extra pass computes them); the loss of a
    token is weighted by its behaviour weight pi_prox / pi_rollout, and tokens whose weight
    exceeds the cap (5) are dropped (weight 0), as AReaL's decoupled loss does.
 

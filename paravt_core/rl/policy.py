@@ -4,12 +4,15 @@ The step's data flow (each stage a function here, driven by `rl/worker.py`):
 1. `trajectories`: the main-agent episodes, then (with `train_subagents`) their sub-agent
    runs, each with the structural-token mask of its ids (`agent/tags.py`: tags matched as
    token sequences, never as single ids).
-2. `reference_pass` and `proximal_pass`: log-probs of every trajectory under the frozen
-   reference (KL) and under the policy before the update (decoupled PPO).
+2. `reference_pass`: log-probs of every trajectory under the frozen reference (KL).
 3. `step_advantages`: rewards (SPEC §4), shaped, clipped, group-normalized (SPEC §5 steps
    1-2); `assign_token_advantages`: per-token advantages with the KL reward to go (step 3);
    the worker then batch-normalizes them over all ranks (step 4).
-4. `micro_batch_loss`: decoupled PPO-clip over a micro-batch (step 5).
+4. `micro_batch_loss`: decoupled PPO-clip over a micro-batch (step 5). The trainer takes ONE
+   optimizer step per rollout batch, after every micro-batch's backward, so the policy that
+   computes a micro-batch's log-probs IS the policy before the update: its detached
+   log-probs are the proximal ones, with no second forward pass. A trainer that updated
+   within a batch (PPO mini-batches) would need them recomputed before its first update.
 Sub-agent trajectories get their episode's normalized scalar at their last generated token
 and their own KL rewards (SPEC §5: sub-agents trained with their episode's advantage).
 """
@@ -57,7 +60,6 @@ class Trajectory:
     is_subagent: bool
     structural: torch.Tensor | None = None  # [L] bool, token anchoring only
     ref_logprobs: torch.Tensor | None = None  # [L], filled by the reference pass
-    prox_logprobs: torch.Tensor | None = None  # [L], filled by the proximal pass (decoupled PPO)
     advantages: torch.Tensor | None = None  # [L], filled by assign_token_advantages
 
 
@@ -137,14 +139,6 @@ def reference_pass(ref_model, trajs: Sequence[Trajectory], micro: int, ids: dict
         t.ref_logprobs = row
 
 
-def proximal_pass(policy, trajs: Sequence[Trajectory], micro: int, ids: dict[str, int], temperature: float,
-                  device: str) -> None:
-    """Fill each trajectory's `prox_logprobs`: the policy's log-probs before this step's update
-    (SPEC §5 step 5, the decoupled loss's ratio denominator)."""
-    for t, row in zip(trajs, _logprob_pass(policy, trajs, micro, ids, temperature, device)):
-        t.prox_logprobs = row
-
-
 @dataclass
 class StepAdvantages:
     """The step's per-episode terms (SPEC §5 steps 1-2); token advantages come from them."""
@@ -220,7 +214,8 @@ def micro_batch_loss(model, batch_trajs: Sequence[Trajectory], cfg: RLConfig, id
                      total_tokens: int, device: str) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the step's token-mean loss (sums to the token mean over the step).
 
-    Needs `advantages` on every trajectory, and `prox_logprobs` with `decoupled_ppo`.
+    Needs `advantages` on every trajectory. With `decoupled_ppo` the proximal log-probs are
+    this forward's, detached (module docstring: one optimizer step per rollout batch).
     """
     logp, _ = sequence_logprobs(model, batch_trajs, ids["pad"], ids["image"], ids["video"], cfg.temperature, device)
     length = logp.shape[1]
@@ -229,7 +224,7 @@ def micro_batch_loss(model, batch_trajs: Sequence[Trajectory], cfg: RLConfig, id
     token_adv = left_pad([t.advantages for t in batch_trajs], length).to(device)  # [B, L]
     weight = None
     if cfg.decoupled_ppo:
-        prox = left_pad([t.prox_logprobs for t in batch_trajs], length).to(device)  # [B, L]
+        prox = logp.detach()  # [B, L] the policy before this step's update
         weight = behaviour_weight(prox, rollout, cfg.behaviour_weight_cap)
         loss, clip_frac = policy_loss(logp, prox, token_adv, mask, cfg.clip_eps, weight)
     else:

@@ -154,8 +154,6 @@ class Trainer:
             P.reference_pass(self.ref_model, trajs, micro, self.ids, self.rl.temperature, self.device)
         kl = P.episode_kl(episodes, trajs, self.rl.kl_mode) if self.ref_model is not None else torch.zeros(len(episodes))
         t2 = time.perf_counter()
-        if self.rl.decoupled_ppo:
-            P.proximal_pass(self.policy, trajs, micro, self.ids, self.rl.temperature, self.device)
         adv = P.step_advantages(episodes, prompts, self.rl, self.reward_fn, kl)
         P.assign_token_advantages(trajs, adv, self.rl)
         raw_stats = _advantage_stats(trajs, "adv_raw")
