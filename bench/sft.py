@@ -55,6 +55,8 @@ class UncachedDataset(torch.utils.data.Dataset):
         from paravt_core.sft.dataset import FrameSampling, read_sft_rows
 
         self.sampling = FrameSampling(fps=cfg.video.sft_fps, max_frames=cfg.video.sft_max_frames,
+                                      crop_fps=cfg.video.crop_fps, crop_min_frames=cfg.video.crop_min_frames,
+                                      crop_max_frames=cfg.video.crop_max_frames,
                                       min_pixels=cfg.video.min_pixels, max_pixels=cfg.video.max_pixels)
         self.rows = read_sft_rows(files)
         self.processor = load_processor(base_dir)
@@ -71,12 +73,12 @@ class UncachedDataset(torch.utils.data.Dataset):
         self.tokens += sample.num_tokens
         return {"sample": sample}
 
-    def _decode(self, path: Path):
+    def _decode(self, path: Path, window: tuple[float, float] | None = None):
         from transformers.video_utils import VideoMetadata
 
         from paravt_core.sft.dataset import decode_video
 
-        frames, meta = decode_video(path, self.sampling)
+        frames, meta = decode_video(path, self.sampling, window)
         return frames, VideoMetadata(**meta)
 
 

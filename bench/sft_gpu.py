@@ -130,6 +130,8 @@ def ceiling(cfg, base, sft_data, steps: int) -> tuple[list[float], int, int]:
         model.gradient_checkpointing_enable()
     model.train()
     sampling = FrameSampling(fps=cfg.video.sft_fps, max_frames=cfg.video.sft_max_frames,
+                             crop_fps=cfg.video.crop_fps, crop_min_frames=cfg.video.crop_min_frames,
+                             crop_max_frames=cfg.video.crop_max_frames,
                              min_pixels=cfg.video.min_pixels, max_pixels=cfg.video.max_pixels)
     dataset = SFTDataset(read_sft_rows(stage.sft_shards(sft_data)), processor,
                          FrameCache(cfg.run.output_dir / "cache" / "frames", sampling),

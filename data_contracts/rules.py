@@ -9,7 +9,8 @@ Row formats (SPEC §8 and the loaders of `paravt_core.eval.samples`, SPEC §7):
 
 - SFT `messages`: a non-empty list of turns `{role, content}`; `content` is a string or a
   non-empty list of items `{"type": "text", "text"}`, `{"type": "video_url", "video_url":
-  {"url"}}` or `{"type": "image_url", "image_url": {"url"}}`.
+  {"url"}}` or `{"type": "image_url", "image_url": {"url"}}`; a video item may carry
+  `video_start` / `video_end` seconds (a sub-agent row's crop, 0 <= start < end).
 - RL `prompt`: turns with string content; `<video>` marks where the one video goes.
 - RL `extra_info`: a JSON object with `answer`, `question_type` (mcq | tvg | oe) and
   optionally `question`. A ground truth is valid when the SPEC §4.2 scorer of its type can
@@ -137,7 +138,24 @@ def _content_item_problem(item: Any) -> Problem:
         return f"content item type {kind!r} is not one of {', '.join(CONTENT_ITEM_TYPES)}"
     if kind == "text":
         return None if isinstance(item.get("text"), str) else "text item without a text string"
-    return None if is_text(media_url(item)) else f"{kind} item without a url"
+    if not is_text(media_url(item)):
+        return f"{kind} item without a url"
+    return _window_problem(item) if kind == "video_url" else None
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and value != value
+
+
+def _window_problem(item: Mapping[str, Any]) -> Problem:
+    """A video item showing one window (a sub-agent's crop, SPEC §3) has 0 <= video_start < video_end."""
+    start, end = (None if _is_nan(item.get(k)) else item.get(k) for k in ("video_start", "video_end"))
+    if start is None and end is None:
+        return None
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (start, end))
+    if not numbers or not 0 <= start < end:
+        return f"video window video_start={start!r} video_end={end!r} must be two numbers with 0 <= start < end"
+    return None
 
 
 def _turn_problem(turn: Any, content: str) -> Problem:

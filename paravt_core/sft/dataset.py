@@ -30,13 +30,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FrameSampling:
-    """How SFT samples a video: `fps` over the whole video, at most `max_frames` (SPEC §1)."""
+    """How SFT samples a video: `fps` over the whole video, at most `max_frames` (SPEC §1); a
+    window (a sub-agent row's crop) as the rollout samples crops: `crop_fps`, with
+    `crop_min_frames` to `crop_max_frames` frames (SPEC §3, `video` config)."""
 
     fps: float
     max_frames: int
     min_pixels: int
     max_pixels: int
     factor: int = 32
+    crop_fps: float = 1.0
+    crop_min_frames: int = 1
+    crop_max_frames: int = 16
 
     def key(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -61,37 +66,47 @@ class FrameCache:
             self._video_hashes[memo] = video_sha256(path)
         return self._video_hashes[memo]
 
-    def _entry(self, path: Path) -> Path:
-        key = hashlib.sha256(f"{self._video_hash(path)}|{self.sampling.key()}".encode()).hexdigest()
+    def _entry(self, path: Path, window: tuple[float, float] | None) -> Path:
+        key = hashlib.sha256(f"{self._video_hash(path)}|{self.sampling.key()}|{window}".encode()).hexdigest()
         return self.root / key[:2] / f"{key}.npz"
 
-    def load(self, path: Path):
-        """(frames uint8 [T, H, W, 3], transformers VideoMetadata) for one video."""
+    def load(self, path: Path, window: tuple[float, float] | None = None):
+        """(frames uint8 [T, H, W, 3], transformers VideoMetadata) for one video, or for the
+        window (start, end) seconds of it sampled as a crop."""
         from transformers.video_utils import VideoMetadata
 
-        entry = self._entry(path)
+        entry = self._entry(path, window)
         if entry.is_file():
             self.hits += 1
             with np.load(entry) as z:
                 frames, meta = z["frames"], json.loads(str(z["meta"]))
             return frames, VideoMetadata(**meta)
         self.misses += 1
-        frames, meta = decode_video(path, self.sampling)
+        frames, meta = decode_video(path, self.sampling, window)
         buf = io.BytesIO()
         np.savez(buf, frames=frames, meta=np.array(json.dumps(meta)))
         atomic_write_bytes(entry, buf.getvalue())
         return frames, VideoMetadata(**meta)
 
 
-def decode_video(path: Path, s: FrameSampling) -> tuple[np.ndarray, dict[str, Any]]:
-    """Frames of a whole video at `s.fps`, at most `s.max_frames`, with their metadata fields."""
+def decode_video(path: Path, s: FrameSampling, window: tuple[float, float] | None = None
+                 ) -> tuple[np.ndarray, dict[str, Any]]:
+    """Frames of a whole video at `s.fps`, at most `s.max_frames`, with their metadata fields;
+    or of `window` at `s.crop_fps`, `s.crop_min_frames` to `s.crop_max_frames` (as
+    `agent.dispatch` samples a sub-agent's crop)."""
     from paravt_core.video import VideoFile, sample_window_frames
 
     with VideoFile(path) as video:  # one open: index the file once for probe and decode
-        frames = sample_window_frames(
-            video, 0.0, video.info.duration, fps=s.fps, min_frames=1, max_frames=s.max_frames,
-            min_pixels=s.min_pixels, max_pixels=s.max_pixels, factor=s.factor,
-        )
+        if window is None:
+            frames = sample_window_frames(
+                video, 0.0, video.info.duration, fps=s.fps, min_frames=1, max_frames=s.max_frames,
+                min_pixels=s.min_pixels, max_pixels=s.max_pixels, factor=s.factor,
+            )
+        else:
+            frames = sample_window_frames(
+                video, *window, fps=s.crop_fps, min_frames=s.crop_min_frames, max_frames=s.crop_max_frames,
+                min_pixels=s.min_pixels, max_pixels=s.max_pixels, factor=s.factor,
+            )
     _, height, width, _ = frames.array.shape
     meta = dict(total_num_frames=frames.total_frames, fps=frames.fps, width=width, height=height,
                 duration=frames.duration, frames_indices=list(frames.indices))

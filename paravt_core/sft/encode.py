@@ -5,7 +5,9 @@ or a list of items `{"type": "text"|"video_url"|"image_url", ...}`. The conversa
 rendered with the processor's chat template; each video item becomes frames from
 `paravt_core.video` (SFT: `sft_fps`, at most `sft_max_frames`, pixel bounds from config;
 SPEC §1) shown as timestamped image items, exactly as the rollout shows frames
-(`paravt_core.agent.media`), each image item an image. Labels are -100 everywhere except the tokens of
+(`paravt_core.agent.media`), each image item an image. A video item with `video_start` and
+`video_end` (seconds) shows only that window, sampled as a crop is for a sub-agent
+(`crop_fps`, `crop_min_frames`..`crop_max_frames`, SPEC §3): a sub-agent SFT row. Labels are -100 everywhere except the tokens of
 assistant turns (their `<|im_end|>` included, so the model learns to stop): system, user
 and tool-response turns are masked, while the tool-call JSON and the answer are trained.
 """
@@ -63,7 +65,22 @@ def media_path(item: Mapping[str, Any]) -> Path:
     raise ConversationError(f"media url {url!r} is not a local file; run the materialize step first")
 
 
-def split_media(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[str, Path]]]:
+Window = tuple[float, float]
+Media = tuple[str, Path, Window | None]  # (kind, file, window of a cropped video item or None)
+
+
+def media_window(item: Mapping[str, Any], turn: int) -> Window | None:
+    """The (start, end) seconds of a video item showing one window, None for a whole video."""
+    start, end = item.get("video_start"), item.get("video_end")
+    if start is None and end is None:
+        return None
+    if not isinstance(start, int | float) or not isinstance(end, int | float) or not 0 <= start < end:
+        raise ConversationError(f"message {turn}: video window video_start={start!r} video_end={end!r} "
+                                f"must be two numbers with 0 <= start < end")
+    return float(start), float(end)
+
+
+def split_media(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[Media]]:
     """Chat-template messages (media items as bare placeholders) and the media in order."""
     rendered, media = [], []
     for turn, message in enumerate(messages):
@@ -79,7 +96,8 @@ def split_media(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, A
             if kind == "text":
                 items.append({"type": "text", "text": item.get("text") or ""})
             elif kind in MEDIA_TYPES:
-                media.append((MEDIA_TYPES[kind], media_path(item)))
+                window = media_window(item, turn) if MEDIA_TYPES[kind] == "video" else None
+                media.append((MEDIA_TYPES[kind], media_path(item), window))
                 items.append({"type": MEDIA_TYPES[kind]})
             else:
                 raise ConversationError(f"message {turn} has a content item of unknown type {kind!r}")
@@ -106,11 +124,12 @@ def assistant_label_mask(input_ids: torch.Tensor, im_start: int, im_end: int, as
     return mask
 
 
-FrameLoader = Callable[[Path], tuple[np.ndarray, Any]]  # path -> (frames [T,H,W,3], VideoMetadata)
+# (path, window or None) -> (frames [T,H,W,3], VideoMetadata)
+FrameLoader = Callable[[Path, Window | None], tuple[np.ndarray, Any]]
 ImageLoader = Callable[[Path], Any]
 
 
-def with_media(rendered: Sequence[Mapping[str, Any]], media: Sequence[tuple[str, Path]], load_video: FrameLoader,
+def with_media(rendered: Sequence[Mapping[str, Any]], media: Sequence[Media], load_video: FrameLoader,
                load_image: ImageLoader) -> tuple[list[dict[str, Any]], list[Any]]:
     """The messages with each video placeholder as timestamped image items (SPEC §1: the
     same rendering as the rollout, `agent/media.py`) and the images in item order."""
@@ -123,7 +142,8 @@ def with_media(rendered: Sequence[Mapping[str, Any]], media: Sequence[tuple[str,
             items: list[dict[str, Any]] = []
             for item in content:
                 if item["type"] == "video":
-                    frames, meta = load_video(pending.pop(0)[1])
+                    _, path, window = pending.pop(0)
+                    frames, meta = load_video(path, window)
                     items += frame_items([index / meta.fps for index in meta.frames_indices], list(frames))
                     images += list(frames)
                 elif item["type"] == "image":

@@ -219,3 +219,61 @@ def test_an_undecodable_video_is_skipped_counted_and_named(sft_setup, tmp_path: 
     assert meta["media_skipped"]["toy.parquet:2"].startswith(f"cannot read video {broken}: ")
     assert any(line.startswith("warning: SFT skipped toy.parquet:2: cannot read video") and str(broken) in line
                for line in lines)
+
+
+def test_subagent_row_trains_on_the_prompt_the_rollout_gives_a_subagent(tiny_processor, short_video: Path,
+                                                                          tmp_path: Path):
+    """#15: a sub-agent SFT row (a video item with video_start / video_end, then the summary
+    request) encodes to exactly the token ids and pixels of the rollout's sub-agent prompt for
+    that window (SPEC §3), and only the summary and its <|im_end|> are trained."""
+    from contextlib import ExitStack
+
+    from paravt_core.agent.context import ChatRenderer
+    from paravt_core.agent.dispatch import CropJob, CropRunner
+    from paravt_core.agent.prompts import question_prompt, subagent_instruction
+    from paravt_core.agent.rollout import prepare_prompt
+    from paravt_core.config import VideoConfig
+    from paravt_core.sft.dataset import FrameCache, FrameSampling
+
+    video_cfg = VideoConfig(nframes=4, max_pixels=6144, crop_max_frames=3)
+    sampling = FrameSampling(fps=1.0, max_frames=4, min_pixels=video_cfg.min_pixels, max_pixels=video_cfg.max_pixels,
+                             crop_fps=video_cfg.crop_fps, crop_min_frames=video_cfg.crop_min_frames,
+                             crop_max_frames=video_cfg.crop_max_frames)
+    summary = "From 00:02.0 to 00:04.0 a red square appears in the centre."
+    row = [
+        {"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": f"file://{short_video}"}, "video_start": 2.0, "video_end": 7.0},
+            {"type": "text", "text": subagent_instruction(2.0, 7.0)},
+        ]},
+        {"role": "assistant", "content": [{"type": "text", "text": summary}]},
+    ]
+    sample = encode_conversation(row, tiny_processor, FrameCache(tmp_path, sampling).load, None,
+                                 pixel_bounds=(video_cfg.min_pixels, video_cfg.max_pixels))
+
+    renderer = ChatRenderer(tiny_processor, think_prefix=True, pixel_bounds=(video_cfg.min_pixels, video_cfg.max_pixels))
+    with ExitStack() as stack:
+        prepared = prepare_prompt(0, question_prompt("q", short_video, "What colour?"), renderer, video_cfg, stack)
+        request = CropRunner(renderer, video_cfg).subagent_request(CropJob(prepared.source, (2.0, 7.0), None))
+    prompt_len = len(request.prompt_ids)
+    assert sample.input_ids[:prompt_len].tolist() == list(request.prompt_ids)
+    torch.testing.assert_close(sample.pixel_values, request.vision.pixel_values)
+    assert sample.image_grid_thw.shape[0] == 3  # crop_max_frames, not the SFT overview's 4
+    trained = sample.input_ids[sample.labels != IGNORE_INDEX]
+    assert tiny_processor.tokenizer.decode(trained) == summary + "<|im_end|>"
+    assert int((sample.labels[:prompt_len] != IGNORE_INDEX).sum()) == 0
+
+
+@pytest.mark.parametrize("window", [(5.0, 2.0), (-1.0, 3.0), ("a", 3.0)])
+def test_a_bad_video_window_names_the_turn(tiny_processor, short_video: Path, tmp_path: Path, window):
+    from paravt_core.sft.encode import ConversationError
+
+    start, end = window
+    row = [
+        {"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": f"file://{short_video}"}, "video_start": start, "video_end": end},
+            {"type": "text", "text": "Summarize."},
+        ]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Nothing."}]},
+    ]
+    with pytest.raises(ConversationError, match="message 0: video window"):
+        encode_conversation(row, tiny_processor, _frames_of(tmp_path).load, None)

@@ -548,3 +548,28 @@ def test_an_undecodable_eval_video_is_quarantined_with_its_row(tmp_path):
     assert [(f.row, f.rule) for f in result.failures] == [(2, "expect_rows_to_name_healthy_videos")]
     assert "EMPTY.mp4 cannot be used: the file is empty" in result.failures[0].value
     assert result.kept_path.read_text().splitlines() == [json.dumps(rows[0])]
+
+
+@pytest.mark.parametrize(
+    ("window", "problem"),
+    [
+        ({}, None),
+        ({"video_start": None, "video_end": None}, None),
+        ({"video_start": float("nan"), "video_end": float("nan")}, None),  # pandas' null
+        ({"video_start": 16.0, "video_end": 32.0}, None),
+        ({"video_start": 0, "video_end": 4}, None),
+        ({"video_start": 32.0, "video_end": 16.0}, "0 <= start < end"),
+        ({"video_start": -1.0, "video_end": 4.0}, "0 <= start < end"),
+        ({"video_start": 3.0, "video_end": None}, "0 <= start < end"),
+        ({"video_start": "0", "video_end": 4.0}, "0 <= start < end"),
+    ],
+)
+def test_a_video_item_window_must_be_ordered_seconds(window, problem):
+    """#15: sub-agent rows show a crop as a video item with video_start / video_end (SPEC §3)."""
+    turns = [
+        {"role": "user", "content": [{"type": "video_url", "video_url": {"url": "selfqa/a.mp4"}, **window},
+                                     {"type": "text", "text": "Summarize."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Nothing."}]},
+    ]
+    found = rules.chat_turns_problem(turns)
+    assert found is None if problem is None else problem in found

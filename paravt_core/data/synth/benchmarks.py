@@ -432,7 +432,8 @@ def build_eval_split(cfg: SynthConfig, split: str) -> EvalSplit:
     if split == "charades":
         return charades_split(cfg, videos)
     rng = derived_rng(cfg.seed, "eval-questions", split)
-    slots = question_slots(rng, [v.spec for v in videos], cfg.eval_rows_per_split, MCQ_TOPICS)
+    topics = MCQ_TOPICS if cfg.question_topics is None else tuple(t for t in MCQ_TOPICS if t in cfg.question_topics)
+    slots = question_slots(rng, [v.spec for v in videos], cfg.eval_rows_per_split, topics)
     rows, questions, per_video = [], [], [0] * len(videos)
     for number, (vi, ei, topic) in enumerate(slots):
         question = _split_question(rng, split, videos[vi].spec, ei, topic)

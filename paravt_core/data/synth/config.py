@@ -54,6 +54,28 @@ class SynthConfig(BaseModel):
         3, ge=1, le=5, description="parallel crop calls of a teacher trace (SPEC §3: max 5)"
     )
     max_crop_s: float = Field(16.0, ge=4.0, le=16.0, description="teacher windows fit 16 frames at 1 fps (SPEC §3)")
+    question_topics: tuple[str, ...] | None = Field(
+        None,
+        description="event topics questions are drawn from (SFT, RL and evaluation; see questions.EVENT_TOPICS): "
+        "a world a tiny vision tower can perceive asks only colour and position (#15). None: every topic",
+    )
+    teacher_windows: Literal["target", "cover"] = Field(
+        "target",
+        description="what a teacher trace crops: `target` the grid segment(s) holding the event plus random "
+        "others; `cover` every segment of the grid, so the crops always hold the evidence however little the "
+        "overview shows (needs max_duration_s <= max_calls_per_trace * max_crop_s)",
+    )
+    subagent_traces_per_video: int = Field(
+        0,
+        ge=0,
+        description="SFT rows per training video in which the sub-agent sees one grid segment's frames and "
+        "writes its summary (SPEC §3), so tool responses carry the evidence (#15); 0: main-agent rows only",
+    )
+    rl_overview_share: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of RL prompts asking about the background, which the overview alone answers "
+        "(not calling a tool is then right)",
+    )
     codec: Literal["libx264", "mpeg4"] = "libx264"
     empty_videos: tuple[VideoSet, ...] = Field(
         (),
@@ -72,6 +94,18 @@ class SynthConfig(BaseModel):
             raise ValueError(f"min_event_s {self.min_event_s} > max_event_s {self.max_event_s}")
         if self.max_event_s + 2.0 > self.max_crop_s:
             raise ValueError(f"max_event_s {self.max_event_s} + 2 s of context must fit max_crop_s {self.max_crop_s}")
+        if self.teacher_windows == "cover" and self.max_duration_s > self.max_calls_per_trace * self.max_crop_s:
+            raise ValueError(
+                f"teacher_windows cover: max_duration_s {self.max_duration_s} needs more than max_calls_per_trace "
+                f"{self.max_calls_per_trace} windows of max_crop_s {self.max_crop_s}"
+            )
+        if self.question_topics is not None:
+            from paravt_core.data.synth.questions import EVENT_TOPICS
+
+            known = sorted({t for topics in EVENT_TOPICS.values() for t in topics})
+            unknown = sorted(set(self.question_topics) - set(known))
+            if unknown or not self.question_topics:
+                raise ValueError(f"question_topics {list(self.question_topics)}: unknown {unknown}; known: {known}")
         if len(set(self.empty_videos)) != len(self.empty_videos):
             raise ValueError(f"empty_videos {list(self.empty_videos)} names a set twice")
         return self

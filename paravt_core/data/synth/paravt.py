@@ -32,9 +32,10 @@ import pyarrow.parquet as pq
 
 from paravt_core.data.synth.archives import zip_bytes
 from paravt_core.data.synth.config import SynthConfig
+from paravt_core.agent.prompts import subagent_instruction
 from paravt_core.data.synth.prompts import SYSTEM_PROMPT, question_prompt
 from paravt_core.data.synth.questions import Question, background_question, random_event_question
-from paravt_core.data.synth.traces import TeacherTrace, no_tool_trace, tool_trace
+from paravt_core.data.synth.traces import TeacherTrace, Window, no_tool_trace, segment_grid, summarize_window, tool_trace
 from paravt_core.data.synth.world import VideoSpec, derived_rng
 
 SENTINEL_ROOTS = ("longvt_source", "museg/charades", "museg/et_instruct_164k", "selfqa")
@@ -47,8 +48,16 @@ SFT_SHARD_OF_ROOT = {
 LONGVT_SOURCE_NAME = "synthworld"  # the <src> level of longvt_source/<src>/<rel>
 RL_FILE = "rl/paravt_rl_diverse.parquet"
 
+# `video_start` / `video_end` (seconds, qwen-vl-utils' keys) mark a video item that shows only a
+# window: the crop a sub-agent sees (SPEC §3). Null on every other item, as on release rows.
 _CONTENT_ITEM = pa.struct(
-    [("type", pa.string()), ("text", pa.string()), ("video_url", pa.struct([("url", pa.string())]))]
+    [
+        ("type", pa.string()),
+        ("text", pa.string()),
+        ("video_url", pa.struct([("url", pa.string())])),
+        ("video_start", pa.float64()),
+        ("video_end", pa.float64()),
+    ]
 )
 SFT_SCHEMA = pa.schema(
     [
@@ -118,6 +127,31 @@ def sft_row(trace: TeacherTrace, video: TrainVideo) -> dict:
     return {"messages": sft_messages(trace, video), "videos": [video.sentinel]}
 
 
+def subagent_sft_row(video: TrainVideo, window: Window) -> dict:
+    """A sub-agent row (SPEC §3): the prompt the rollout gives a sub-agent for `window` (its
+    frames, then the summary request of `agent.prompts`), answered by the window's summary."""
+    start, end = window
+    crop = {"type": "video_url", "video_url": {"url": video.sentinel}, "video_start": float(start),
+            "video_end": float(end)}
+    messages = [
+        {"role": "user", "content": [crop, *_text(subagent_instruction(start, end))]},
+        {"role": "assistant", "content": _text(summarize_window(video.spec, start, end))},
+    ]
+    return {"messages": messages, "videos": [video.sentinel]}
+
+
+def subagent_windows(cfg: SynthConfig, video: TrainVideo) -> list[Window]:
+    """Up to `subagent_traces_per_video` grid segments of one video, those holding an event first
+    (in random order), then empty ones, so the sub-agent learns both kinds of summary."""
+    rng = derived_rng(cfg.seed, "subagent", video.spec.video_id)
+    grid = segment_grid(video.spec, int(cfg.max_crop_s))
+    busy = [w for w in grid if any(e.start_s < w[1] and e.end_s > w[0] for e in video.spec.events)]
+    empty = [w for w in grid if w not in busy]
+    rng.shuffle(busy)
+    rng.shuffle(empty)
+    return (busy + empty)[: cfg.subagent_traces_per_video]
+
+
 def rl_row(question, video: TrainVideo) -> dict:
     """One RL prompt with its reward ground truth (SPEC §4.2 question types)."""
     prompt = [
@@ -162,10 +196,10 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
             if question is not None:
                 traces.append((video, no_tool_trace(video.spec, question)))
             continue
-        question = _distinct(lambda: random_event_question(rng, video.spec), seen)
+        question = _distinct(lambda: random_event_question(rng, video.spec, topics=cfg.question_topics), seen)
         if question is not None:
             traces.append((video, tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace,
-                                             cfg.max_crop_s)))
+                                             cfg.max_crop_s, cover=cfg.teacher_windows == "cover")))
     return traces
 
 
@@ -174,18 +208,27 @@ def sft_shards(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> dict[str, list
     shards: dict[str, list[dict]] = {sft_file(SFT_SHARD_OF_ROOT[root]): [] for root in SENTINEL_ROOTS}
     for video, trace in teacher_traces(cfg, videos):
         shards[sft_file(SFT_SHARD_OF_ROOT[video.root])].append(sft_row(trace, video))
+    for video in videos:
+        for window in subagent_windows(cfg, video):
+            shards[sft_file(SFT_SHARD_OF_ROOT[video.root])].append(subagent_sft_row(video, window))
     return shards
 
 
 def rl_rows(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[dict]:
-    """Up to `rl_prompts_per_video` distinct event questions per video, types from mcq / tvg / oe."""
+    """Up to `rl_prompts_per_video` distinct questions per video, types from mcq / tvg / oe:
+    event questions, and background ones (mcq / oe) in `rl_overview_share` of the slots."""
+    slots = [(video, k) for video in videos for k in range(cfg.rl_prompts_per_video)]
+    overview = set(derived_rng(cfg.seed, "rl-overview").sample(range(len(slots)),
+                                                              round(cfg.rl_overview_share * len(slots))))
     rows, seen = [], set()
-    for video in videos:
-        for k in range(cfg.rl_prompts_per_video):
-            rng = derived_rng(cfg.seed, "rl", video.spec.video_id, k)
-            question = _distinct(lambda: random_event_question(rng, video.spec), seen)
-            if question is not None:
-                rows.append(rl_row(question, video))
+    for index, (video, k) in enumerate(slots):
+        rng = derived_rng(cfg.seed, "rl", video.spec.video_id, k)
+        if index in overview:
+            question = _distinct(lambda: background_question(rng, video.spec, rng.choice(("mcq", "oe"))), seen)
+        else:
+            question = _distinct(lambda: random_event_question(rng, video.spec, topics=cfg.question_topics), seen)
+        if question is not None:
+            rows.append(rl_row(question, video))
     return rows
 
 

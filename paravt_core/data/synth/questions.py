@@ -170,6 +170,18 @@ def background_question(rng: random.Random, spec: VideoSpec, qtype: QuestionType
     return Question(video_id=spec.video_id, qtype=qtype, topic=topic, text=text, **fields)
 
 
-def random_event_question(rng: random.Random, spec: VideoSpec, n_options: int = 4) -> Question:
-    """A question on a random event, with the type drawn uniformly from mcq / tvg / oe."""
-    return event_question(rng, spec, rng.randrange(len(spec.events)), rng.choice(QUESTION_TYPES), n_options)
+def random_event_question(
+    rng: random.Random, spec: VideoSpec, n_options: int = 4, topics: tuple[str, ...] | None = None
+) -> Question:
+    """A question on a random event, with the type drawn uniformly from mcq / tvg / oe.
+
+    With `topics` (`SynthConfig.question_topics`), the (event, topic) pair is drawn among
+    the allowed ones, then the type among that topic's types.
+    """
+    if topics is None:
+        return event_question(rng, spec, rng.randrange(len(spec.events)), rng.choice(QUESTION_TYPES), n_options)
+    pairs = [(i, t) for i, e in enumerate(spec.events) for t in EVENT_TOPICS[e.kind] if t in topics]
+    if not pairs:
+        raise ValueError(f"video {spec.video_id}: no event supports a question on {list(topics)}")
+    index, topic = rng.choice(pairs)
+    return event_question(rng, spec, index, rng.choice(TOPIC_TYPES[topic]), n_options, topic=topic)

@@ -113,6 +113,16 @@ def plan_crop_windows(
     return tuple(sorted(target + extra))
 
 
+def cover_crop_windows(spec: VideoSpec, max_calls: int, max_crop_s: float) -> tuple[Window, ...]:
+    """Every segment of the `max_crop_s` grid: one parallel turn that scans the whole video,
+    so the crops hold the evidence wherever the event is (`SynthConfig.teacher_windows: cover`)."""
+    grid = segment_grid(spec, int(max_crop_s))
+    if len(grid) > max_calls:
+        raise ValueError(f"video {spec.video_id} ({spec.duration_s:.1f} s) needs {len(grid)} windows of "
+                         f"{max_crop_s:g} s, more than max_calls {max_calls}")
+    return tuple(grid)
+
+
 def tool_call_block(video_name: str, window: Window) -> str:
     """`<tool_call>{"name": "crop_video", "arguments": {...}}</tool_call>` (SPEC §2)."""
     arguments = {"video_path": video_name, "start_time": window[0], "end_time": window[1]}
@@ -134,10 +144,14 @@ def think(text: str) -> str:
 
 
 def tool_trace(
-    rng: random.Random, spec: VideoSpec, question: Question, video_name: str, max_calls: int, max_crop_s: float
+    rng: random.Random, spec: VideoSpec, question: Question, video_name: str, max_calls: int, max_crop_s: float,
+    cover: bool = False,
 ) -> TeacherTrace:
-    """A one-round trace with parallel crops for an event question."""
-    windows = plan_crop_windows(rng, spec, question.event_index, max_calls, max_crop_s)
+    """A one-round trace with parallel crops for an event question (`cover`: every grid segment)."""
+    if cover:
+        windows = cover_crop_windows(spec, max_calls, max_crop_s)
+    else:
+        windows = plan_crop_windows(rng, spec, question.event_index, max_calls, max_crop_s)
     # The plan names the windows ("16-32 s"): start and end side by side are an easier pattern
     # for a small model than across the call's JSON, which then copies them.
     spans = " and ".join(f"{s}-{e} s" for s, e in windows)

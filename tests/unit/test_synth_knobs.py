@@ -1,0 +1,138 @@
+"""The generated world's knobs for the miniature reproduction (#15): perceivable topics only,
+teacher crops that cover the video, sub-agent SFT rows and overview-answerable RL prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from paravt_core.agent.prompts import subagent_instruction
+from paravt_core.data.synth import PARQUET_REPO, SynthConfig, generate_world
+from paravt_core.data.synth.paravt import RL_FILE
+from paravt_core.data.synth.traces import segment_grid, summarize_window
+
+KNOBS = SynthConfig(
+    seed=3,
+    train_videos=8,
+    eval_videos_per_split=3,
+    eval_rows_per_split=6,
+    min_duration_s=34,
+    max_duration_s=46,
+    width=64,
+    height=64,
+    sft_traces_per_video=3,
+    rl_prompts_per_video=3,
+    no_tool_share=0.0,
+    max_calls_per_trace=3,
+    question_topics=("colour", "position"),
+    teacher_windows="cover",
+    subagent_traces_per_video=2,
+    rl_overview_share=0.25,
+)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return generate_world(KNOBS, tmp_path_factory.mktemp("knobs"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def videos(world) -> dict[str, dict]:
+    return {v["sentinel"]: v["video"] for v in json.loads(world.manifest.read_text())["train"]}
+
+
+def _sft_rows(world) -> list[dict]:
+    repo = world.repos[PARQUET_REPO]
+    return [row for path in repo.files if path.startswith("sft/") for row in pq.read_table(repo.folder / path).to_pylist()]
+
+
+def _text(message: dict) -> str:
+    return "".join(item["text"] for item in message["content"] if item["type"] == "text")
+
+
+def test_cover_needs_enough_calls_for_the_longest_video():
+    with pytest.raises(ValidationError, match="teacher_windows cover"):
+        SynthConfig(**{**KNOBS.model_dump(), "max_duration_s": 60.0})
+    with pytest.raises(ValidationError, match="question_topics"):
+        SynthConfig(question_topics=("colour", "smell"))
+
+
+def test_subagent_rows_show_one_grid_window_and_its_summary(world, videos):
+    rows = [r for r in _sft_rows(world) if r["messages"][0]["role"] == "user"]
+    assert len(rows) == KNOBS.train_videos * KNOBS.subagent_traces_per_video
+    with_events = 0
+    for row in rows:
+        user, assistant = row["messages"]
+        (crop,) = [item for item in user["content"] if item["type"] == "video_url"]
+        start, end = crop["video_start"], crop["video_end"]
+        video = videos[row["videos"][0]]
+        assert crop["video_url"]["url"] == row["videos"][0]
+        assert _text(user) == subagent_instruction(start, end)
+        grid = [(s, e) for s, e in _grid(video)]
+        assert (start, end) in grid
+        events = [e for e in video["events"] if e["start_s"] < end and e["end_s"] > start]
+        with_events += bool(events)
+        summary = _text(assistant)
+        assert ("Nothing notable" in summary) == (not events)
+        for event in events:
+            assert event["colour"] in summary
+    # segments holding an event come first, so most rows show one
+    assert with_events >= len(rows) // 2
+
+
+def _grid(video: dict) -> list[tuple[int, int]]:
+    from paravt_core.data.synth.world import Background, VideoSpec
+
+    spec = VideoSpec("v", video["n_frames"], video["fps"], 64, 64, Background("grey", "left", 100, ()), ())
+    return segment_grid(spec, int(KNOBS.max_crop_s))
+
+
+def test_cover_traces_crop_every_segment_and_ask_only_allowed_topics(world, videos):
+    traces = [r for r in _sft_rows(world) if r["messages"][0]["role"] == "system"]
+    assert traces
+    for row in traces:
+        video = videos[row["videos"][0]]
+        calls = [json.loads(block.split("</tool_call>")[0])["arguments"]
+                 for block in _text(row["messages"][2]).split("<tool_call>")[1:]]
+        assert [(c["start_time"], c["end_time"]) for c in calls] == _grid(video)
+        question = _text(row["messages"][1])
+        assert any(word in question for word in ("What colour", "Where in the frame")), question
+
+
+def test_rl_prompts_mix_overview_and_event_questions(world):
+    rows = pq.read_table(world.repos[PARQUET_REPO].folder / RL_FILE).to_pylist()
+    questions = [json.loads(r["extra_info"])["question"] for r in rows]
+    background = [q for q in questions if "background" in q]
+    assert len(background) == round(KNOBS.rl_overview_share * KNOBS.train_videos * KNOBS.rl_prompts_per_video)
+    events = [q for q in questions if q not in background]
+    assert events and all(q.startswith(("What colour", "Where in the frame")) for q in events)
+
+
+def test_eval_questions_ask_only_allowed_topics(world):
+    from paravt_core.data.synth.benchmarks import LAYOUTS
+
+    layout = LAYOUTS["videomme"]
+    snapshot = world.repos[layout.repo_id].folder
+    rows = [row for path in world.repos[layout.repo_id].files if path.endswith(".parquet")
+            for row in pq.read_table(snapshot / path).to_pylist()]
+    assert rows and all(r["question"].startswith(("What colour", "Where in the frame")) for r in rows)
+
+
+def test_summaries_match_the_rows(world, videos):
+    """The summary a sub-agent row trains on is the one the teacher traces quote as a tool response."""
+    from paravt_core.data.synth.world import Background, Event, VideoSpec
+
+    for row in _sft_rows(world):
+        if row["messages"][0]["role"] != "user":
+            continue
+        video = videos[row["videos"][0]]
+        events = tuple(Event(**{k: e[k] for k in ("kind", "start_frame", "end_frame", "fps", "colour", "shape",
+                                                   "position", "digit", "direction")}) for e in video["events"])
+        spec = VideoSpec("v", video["n_frames"], video["fps"], 64, 64, Background("grey", "left", 100, ()), events)
+        crop = row["messages"][0]["content"][0]
+        summary = summarize_window(spec, crop["video_start"], crop["video_end"])
+        if "Nothing notable" not in summary:
+            assert _text(row["messages"][1]) == summary
