@@ -45,8 +45,9 @@ def follows_grammar(episode: Episode) -> bool:
 
 
 def held_out_prompts(sft_rows: Sequence[dict], samples: Sequence) -> list[EpisodePrompt]:
-    """Eval-split samples asked the way the training rows ask (their system prompt)."""
-    system = next((m for m in sft_rows[0]["messages"] if m["role"] == "system"), None)
+    """Eval-split samples asked the way the training rows ask (the main agent's system prompt;
+    sub-agent rows have none)."""
+    system = next((m for row in sft_rows for m in row["messages"] if m["role"] == "system"), None)
     prompts = []
     for sample in samples:
         text = f"{sample.question}\nThe video path for this video is: {Path(sample.video_path).name}"

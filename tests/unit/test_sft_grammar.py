@@ -43,3 +43,17 @@ def test_think_tool_calls_answer_and_think_answer_follow_the_grammar():
 )
 def test_broken_episodes_do_not(ep, why):
     assert not follows_grammar(ep), why
+
+
+def test_held_out_prompts_take_the_main_agents_system_prompt_past_subagent_rows(tmp_path):
+    """#15: sub-agent SFT rows have no system turn; the held-out prompts still get the main agent's."""
+    from paravt_core.sft.grammar import held_out_prompts
+
+    subagent_row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Summarize."}]},
+                                 {"role": "assistant", "content": [{"type": "text", "text": "Nothing."}]}]}
+    main_row = {"messages": [{"role": "system", "content": [{"type": "text", "text": "MAIN SYSTEM"}]},
+                             {"role": "user", "content": [{"type": "text", "text": "q"}]}]}
+    sample = SimpleNamespace(id="s1", question="What colour?", video_path=str(tmp_path / "v.mp4"))
+    (prompt,) = held_out_prompts([subagent_row, main_row], [sample])
+    assert prompt.messages[0] == {"role": "system", "content": [{"type": "text", "text": "MAIN SYSTEM"}]}
+    assert prompt.messages[1]["content"][1]["text"].endswith("The video path for this video is: v.mp4")

@@ -29,8 +29,13 @@ KNOBS = SynthConfig(
     max_calls_per_trace=3,
     question_topics=("colour", "position"),
     teacher_windows="cover",
-    subagent_traces_per_video=2,
+    subagent_traces_per_video=4,
     rl_overview_share=0.25,
+    event_kinds=("shape",),
+    max_events=2,
+    prompts="eval",
+    direct_share=0.25,
+    final_reasoning="relevant",
 )
 
 
@@ -60,26 +65,29 @@ def test_cover_needs_enough_calls_for_the_longest_video():
         SynthConfig(question_topics=("colour", "smell"))
 
 
-def test_subagent_rows_show_one_grid_window_and_its_summary(world, videos):
+def test_subagent_rows_show_grid_windows_then_random_ones_with_their_summary(world, videos):
     rows = [r for r in _sft_rows(world) if r["messages"][0]["role"] == "user"]
     assert len(rows) == KNOBS.train_videos * KNOBS.subagent_traces_per_video
-    with_events = 0
+    with_events, by_video = 0, {}
     for row in rows:
         user, assistant = row["messages"]
         (crop,) = [item for item in user["content"] if item["type"] == "video_url"]
         start, end = crop["video_start"], crop["video_end"]
         video = videos[row["videos"][0]]
+        by_video.setdefault(row["videos"][0], []).append((start, end))
         assert crop["video_url"]["url"] == row["videos"][0]
         assert _text(user) == subagent_instruction(start, end)
-        grid = [(s, e) for s, e in _grid(video)]
-        assert (start, end) in grid
+        assert 0 <= start < end <= video["n_frames"] / video["fps"] and end - start <= KNOBS.max_crop_s
         events = [e for e in video["events"] if e["start_s"] < end and e["end_s"] > start]
         with_events += bool(events)
         summary = _text(assistant)
         assert ("Nothing notable" in summary) == (not events)
         for event in events:
             assert event["colour"] in summary
-    # segments holding an event come first, so most rows show one
+    for sentinel, windows in by_video.items():
+        grid = _grid(videos[sentinel])
+        assert sorted(windows[: len(grid)]) == grid  # every grid segment, then random windows
+        assert len(set(windows)) == len(windows)
     assert with_events >= len(rows) // 2
 
 
@@ -92,14 +100,39 @@ def _grid(video: dict) -> list[tuple[int, int]]:
 
 def test_cover_traces_crop_every_segment_and_ask_only_allowed_topics(world, videos):
     traces = [r for r in _sft_rows(world) if r["messages"][0]["role"] == "system"]
-    assert traces
-    for row in traces:
+    tool_traces = [r for r in traces if len(r["messages"]) > 3]
+    assert tool_traces
+    for row in tool_traces:
         video = videos[row["videos"][0]]
         calls = [json.loads(block.split("</tool_call>")[0])["arguments"]
                  for block in _text(row["messages"][2]).split("<tool_call>")[1:]]
         assert [(c["start_time"], c["end_time"]) for c in calls] == _grid(video)
         question = _text(row["messages"][1])
         assert any(word in question for word in ("What colour", "Where in the frame")), question
+
+
+def test_rows_ask_as_the_evaluation_does_and_direct_rows_have_no_tools(world, videos):
+    from paravt_core.eval.prompting import AGENTIC_MODES, DIRECT_MCQ_INSTRUCTION, DIRECT_SYSTEM, system_text
+
+    traces = [r for r in _sft_rows(world) if r["messages"][0]["role"] == "system"]
+    direct = [r for r in traces if _text(r["messages"][0]) == DIRECT_SYSTEM]
+    agentic = [r for r in traces if _text(r["messages"][0]) == system_text("agentic_general")]
+    assert "agentic_general" in AGENTIC_MODES and len(direct) + len(agentic) == len(traces)
+    assert len(direct) == round(KNOBS.direct_share * KNOBS.train_videos * KNOBS.sft_traces_per_video)
+    for row in direct:
+        assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
+        user = _text(row["messages"][1])
+        assert "video path" not in user
+        assert user.endswith(DIRECT_MCQ_INSTRUCTION) or "Answer with a short word or phrase." in user
+    for row in agentic:
+        user = _text(row["messages"][1])
+        name = row["videos"][0].rsplit("/", 1)[1]
+        assert user.endswith(f" The video path for this video is: {name}")
+
+
+def test_event_kinds_restrict_the_events(videos):
+    assert {e["kind"] for v in videos.values() for e in v["events"]} == {"shape"}
+    assert any(len(v["events"]) == 2 for v in videos.values())
 
 
 def test_rl_prompts_mix_overview_and_event_questions(world):
@@ -136,3 +169,21 @@ def test_summaries_match_the_rows(world, videos):
         summary = summarize_window(spec, crop["video_start"], crop["video_end"])
         if "Nothing notable" not in summary:
             assert _text(row["messages"][1]) == summary
+
+
+def test_relevant_final_reasoning_quotes_only_the_crop_showing_the_asked_object():
+    import random
+
+    from paravt_core.data.synth.questions import event_question
+    from paravt_core.data.synth.traces import tool_trace
+    from paravt_core.data.synth.world import Background, Event, VideoSpec
+
+    events = (Event("shape", 10, 14, 2.0, "red", "circle", "centre"), Event("shape", 70, 74, 2.0, "blue", "star", "top left"))
+    spec = VideoSpec("v", 90, 2.0, 64, 64, Background("grey", "left", 100, ()), events)
+    question = event_question(random.Random(0), spec, 1, "mcq", topic="colour")
+    full = tool_trace(random.Random(0), spec, question, "v.mp4", 3, 16.0, cover=True)
+    short = tool_trace(random.Random(0), spec, question, "v.mp4", 3, 16.0, cover=True, relevant_only=True)
+    assert full.calls == short.calls == ((0, 16), (16, 32), (32, 45))
+    assert full.final_turn.count("reports:") == 3
+    assert short.final_turn.count("reports:") == 1 and "00:32.0 to 00:45.0 reports: From 00:35.0" in short.final_turn
+    assert "red" not in short.final_turn and short.final_turn.endswith(f"<answer>{question.answer}</answer>")

@@ -54,6 +54,27 @@ class SynthConfig(BaseModel):
         3, ge=1, le=5, description="parallel crop calls of a teacher trace (SPEC §3: max 5)"
     )
     max_crop_s: float = Field(16.0, ge=4.0, le=16.0, description="teacher windows fit 16 frames at 1 fps (SPEC §3)")
+    event_kinds: tuple[Literal["shape", "digit", "motion"], ...] | None = Field(
+        None,
+        description="event kinds drawn (a kind may then repeat within a video; colours and shapes stay distinct). "
+        "None: up to one event of each kind per video",
+    )
+    prompts: Literal["training", "eval"] = Field(
+        "training",
+        description="how the main-agent SFT rows and RL prompts ask: `training` our own system prompt and question "
+        "layout (`prompts.SYSTEM_PROMPT`); `eval` exactly as the SPEC §7 evaluation asks in agentic_general mode "
+        "(and direct mode for the direct_share rows), so a tiny model is evaluated on the prompts it learned (#15)",
+    )
+    direct_share: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of SFT traces asked in the evaluation's `direct` mode (prompts: eval only): no tools, "
+        "the answer straight after a short reasoning over the overview",
+    )
+    final_reasoning: Literal["all", "relevant"] = Field(
+        "all",
+        description="what a tool trace's final <think> quotes: `all` every crop's report, `relevant` only the "
+        "report(s) naming the asked object, then the answer (shorter, for a tiny model)",
+    )
     question_topics: tuple[str, ...] | None = Field(
         None,
         description="event topics questions are drawn from (SFT, RL and evaluation; see questions.EVENT_TOPICS): "
@@ -106,6 +127,10 @@ class SynthConfig(BaseModel):
             unknown = sorted(set(self.question_topics) - set(known))
             if unknown or not self.question_topics:
                 raise ValueError(f"question_topics {list(self.question_topics)}: unknown {unknown}; known: {known}")
+        if self.direct_share > 0 and self.prompts != "eval":
+            raise ValueError("direct_share needs prompts: eval (direct rows ask in the evaluation's direct mode)")
+        if self.no_tool_share + self.direct_share > 1:
+            raise ValueError(f"no_tool_share {self.no_tool_share} + direct_share {self.direct_share} exceed 1")
         if len(set(self.empty_videos)) != len(self.empty_videos):
             raise ValueError(f"empty_videos {list(self.empty_videos)} names a set twice")
         return self

@@ -33,9 +33,17 @@ import pyarrow.parquet as pq
 from paravt_core.data.synth.archives import zip_bytes
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.agent.prompts import subagent_instruction
-from paravt_core.data.synth.prompts import SYSTEM_PROMPT, question_prompt
+from paravt_core.data.synth.prompts import SYSTEM_PROMPT, eval_style_text, question_prompt
 from paravt_core.data.synth.questions import Question, background_question, random_event_question
-from paravt_core.data.synth.traces import TeacherTrace, Window, no_tool_trace, segment_grid, summarize_window, tool_trace
+from paravt_core.data.synth.traces import (
+    TeacherTrace,
+    Window,
+    direct_trace,
+    no_tool_trace,
+    segment_grid,
+    summarize_window,
+    tool_trace,
+)
 from paravt_core.data.synth.world import VideoSpec, derived_rng
 
 SENTINEL_ROOTS = ("longvt_source", "museg/charades", "museg/et_instruct_164k", "selfqa")
@@ -111,11 +119,21 @@ def _text(text: str) -> list[dict]:
     return [{"type": "text", "text": text}]
 
 
-def sft_messages(trace: TeacherTrace, video: TrainVideo) -> list[dict]:
+def main_prompt(question: Question, video: TrainVideo, prompts: str = "training", direct: bool = False
+                ) -> tuple[str, str]:
+    """(system, user text) of a main-agent row: ours (`training`) or the evaluation's (`eval`:
+    agentic_general, or direct for a direct-mode row), see `SynthConfig.prompts`."""
+    if prompts == "eval":
+        return eval_style_text(question, video.name, "direct" if direct else "agentic_general")
+    return SYSTEM_PROMPT, question_prompt(question, video.name)
+
+
+def sft_messages(trace: TeacherTrace, video: TrainVideo, prompts: str = "training") -> list[dict]:
     """The chat turns of one SFT row (see the module docstring for the tool turns)."""
     video_item = {"type": "video_url", "video_url": {"url": video.sentinel}}
-    user = [video_item, *_text(question_prompt(trace.question, video.name))]
-    messages = [{"role": "system", "content": _text(SYSTEM_PROMPT)}, {"role": "user", "content": user}]
+    system, user_text = main_prompt(trace.question, video, prompts, trace.direct)
+    user = [video_item, *_text(user_text)]
+    messages = [{"role": "system", "content": _text(system)}, {"role": "user", "content": user}]
     if trace.first_turn is not None:
         messages.append({"role": "assistant", "content": _text(trace.first_turn)})
         messages += [{"role": "tool", "content": _text(response)} for response in trace.tool_responses]
@@ -123,8 +141,8 @@ def sft_messages(trace: TeacherTrace, video: TrainVideo) -> list[dict]:
     return messages
 
 
-def sft_row(trace: TeacherTrace, video: TrainVideo) -> dict:
-    return {"messages": sft_messages(trace, video), "videos": [video.sentinel]}
+def sft_row(trace: TeacherTrace, video: TrainVideo, prompts: str = "training") -> dict:
+    return {"messages": sft_messages(trace, video, prompts), "videos": [video.sentinel]}
 
 
 def subagent_sft_row(video: TrainVideo, window: Window) -> dict:
@@ -141,22 +159,34 @@ def subagent_sft_row(video: TrainVideo, window: Window) -> dict:
 
 
 def subagent_windows(cfg: SynthConfig, video: TrainVideo) -> list[Window]:
-    """Up to `subagent_traces_per_video` grid segments of one video, those holding an event first
-    (in random order), then empty ones, so the sub-agent learns both kinds of summary."""
+    """`subagent_traces_per_video` windows of one video: grid segments first, those holding an
+    event before empty ones (so the sub-agent learns both kinds of summary), then random ones."""
     rng = derived_rng(cfg.seed, "subagent", video.spec.video_id)
     grid = segment_grid(video.spec, int(cfg.max_crop_s))
     busy = [w for w in grid if any(e.start_s < w[1] and e.end_s > w[0] for e in video.spec.events)]
     empty = [w for w in grid if w not in busy]
     rng.shuffle(busy)
     rng.shuffle(empty)
-    return (busy + empty)[: cfg.subagent_traces_per_video]
+    windows = (busy + empty)[: cfg.subagent_traces_per_video]
+    # Beyond the grid: whole-second windows of 4 s to max_crop_s anywhere in the video.
+    last = int(video.spec.duration_s)
+    for _ in range(MAX_REDRAWS * cfg.subagent_traces_per_video):
+        if len(windows) >= cfg.subagent_traces_per_video:
+            break
+        length = rng.randint(4, int(cfg.max_crop_s))
+        start = rng.randint(0, max(0, last - length))
+        window = (start, min(start + length, last))
+        if window not in windows:
+            windows.append(window)
+    return windows
 
 
-def rl_row(question, video: TrainVideo) -> dict:
+def rl_row(question, video: TrainVideo, prompts: str = "training") -> dict:
     """One RL prompt with its reward ground truth (SPEC §4.2 question types)."""
+    system, user_text = main_prompt(question, video, prompts)
     prompt = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": "<video>\n" + question_prompt(question, video.name)},
+        {"role": "system", "content": system},
+        {"role": "user", "content": "<video>\n" + user_text},
     ]
     extra = {"answer": question.answer, "question_type": question.qtype, "question": question.text}
     return {"prompt": prompt, "videos": [{"video": video.sentinel}], "extra_info": json.dumps(extra)}
@@ -188,6 +218,8 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
     round(no_tool_share * n). A slot whose video has no question left is dropped."""
     slots = [(video, k) for video in videos for k in range(cfg.sft_traces_per_video)]
     no_tool = set(derived_rng(cfg.seed, "no-tool").sample(range(len(slots)), round(cfg.no_tool_share * len(slots))))
+    rest = [i for i in range(len(slots)) if i not in no_tool]
+    direct = set(derived_rng(cfg.seed, "direct").sample(rest, round(cfg.direct_share * len(slots))))
     traces, seen = [], set()
     for index, (video, k) in enumerate(slots):
         rng = derived_rng(cfg.seed, "sft", video.spec.video_id, k)
@@ -197,9 +229,14 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
                 traces.append((video, no_tool_trace(video.spec, question)))
             continue
         question = _distinct(lambda: random_event_question(rng, video.spec, topics=cfg.question_topics), seen)
-        if question is not None:
+        if question is None:
+            continue
+        if index in direct:
+            traces.append((video, direct_trace(video.spec, question)))
+        else:
             traces.append((video, tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace,
-                                             cfg.max_crop_s, cover=cfg.teacher_windows == "cover")))
+                                             cfg.max_crop_s, cover=cfg.teacher_windows == "cover",
+                                             relevant_only=cfg.final_reasoning == "relevant")))
     return traces
 
 
@@ -207,7 +244,7 @@ def sft_shards(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> dict[str, list
     """Repo path -> SFT rows, one shard per sentinel root."""
     shards: dict[str, list[dict]] = {sft_file(SFT_SHARD_OF_ROOT[root]): [] for root in SENTINEL_ROOTS}
     for video, trace in teacher_traces(cfg, videos):
-        shards[sft_file(SFT_SHARD_OF_ROOT[video.root])].append(sft_row(trace, video))
+        shards[sft_file(SFT_SHARD_OF_ROOT[video.root])].append(sft_row(trace, video, cfg.prompts))
     for video in videos:
         for window in subagent_windows(cfg, video):
             shards[sft_file(SFT_SHARD_OF_ROOT[video.root])].append(subagent_sft_row(video, window))
@@ -228,7 +265,7 @@ def rl_rows(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[dict]:
         else:
             question = _distinct(lambda: random_event_question(rng, video.spec, topics=cfg.question_topics), seen)
         if question is not None:
-            rows.append(rl_row(question, video))
+            rows.append(rl_row(question, video, cfg.prompts))
     return rows
 
 

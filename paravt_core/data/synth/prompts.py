@@ -41,3 +41,23 @@ def question_prompt(question: Question, video_name: str) -> str:
     lines.append(ANSWER_INSTRUCTIONS[question.qtype])
     lines.append(f"The video path for this video is: {video_name}")
     return "\n".join(lines)
+
+
+def eval_style_text(question: Question, video_name: str, mode: str) -> tuple[str, str]:
+    """(system, user text) of a sample as the SPEC §7 evaluation asks it in prompt `mode`
+    (`agentic_general` or `direct`): the same functions build both, so the rows of a world
+    generated with `prompts: eval` ask exactly what the evaluation asks (#15)."""
+    from pathlib import Path
+
+    from paravt_core.eval.prompting import system_text, user_text
+    from paravt_core.eval.samples import EvalSample, mcq_question, open_question
+
+    if question.qtype == "mcq":
+        text, kind, answer = mcq_question(question.text, question.options), "mcq", question.answer
+    elif question.qtype == "oe":
+        text, kind, answer = open_question(question.text), "open", question.answer
+    else:
+        text, kind, answer = f"Question: {question.text}\n{ANSWER_INSTRUCTIONS[question.qtype]}", "open", question.answer
+    sample = EvalSample(id=question.video_id, split="synth", video_path=Path(video_name), question=text,
+                        answer=answer, kind=kind, options=tuple(question.options))
+    return system_text(mode), user_text(sample, mode)

@@ -13,6 +13,7 @@ A no-tool trace answers a background question straight from the overview frames.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -37,6 +38,7 @@ class TeacherTrace:
     first_turn: str | None
     tool_responses: tuple[str, ...]
     final_turn: str
+    direct: bool = False  # asked in the evaluation's direct mode (no tools)
 
 
 def clock(seconds: float) -> str:
@@ -145,7 +147,7 @@ def think(text: str) -> str:
 
 def tool_trace(
     rng: random.Random, spec: VideoSpec, question: Question, video_name: str, max_calls: int, max_crop_s: float,
-    cover: bool = False,
+    cover: bool = False, relevant_only: bool = False,
 ) -> TeacherTrace:
     """A one-round trace with parallel crops for an event question (`cover`: every grid segment)."""
     if cover:
@@ -166,9 +168,11 @@ def tool_trace(
     )
     first_turn = think(opening) + "\n" + "\n".join(tool_call_block(video_name, w) for w in windows)
     responses = tuple(summarize_window(spec, s, e) for s, e in windows)
-    evidence = " ".join(
-        f"The crop from {clock(s)} to {clock(e)} reports: {r}" for (s, e), r in zip(windows, responses, strict=True)
-    )
+    quoted = list(zip(windows, responses, strict=True))
+    if relevant_only:  # only the report(s) of the window(s) the asked event is in
+        asked = spec.events[question.event_index]
+        quoted = [(w, r) for w, r in quoted if asked in events_in_window(spec, *w)]
+    evidence = " ".join(f"The crop from {clock(s)} to {clock(e)} reports: {r}" for (s, e), r in quoted)
     final_turn = think(f"{evidence} {conclusion(question, spec)}") + f"\n<answer>{question.answer}</answer>"
     return TeacherTrace(question, windows, first_turn, responses, final_turn)
 
@@ -181,3 +185,14 @@ def no_tool_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
         f"No crop is needed. {conclusion(question, spec)}"
     )
     return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>")
+
+
+def direct_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
+    """An answer in the evaluation's direct mode (no tools): a short look at the overview, then
+    the answer. For an event question the overview does not show the event, so the trace says
+    so and the label is the ground truth all the same (what a model answering blind is taught)."""
+    if question.event_index is None:
+        return dataclasses.replace(no_tool_trace(spec, question), direct=True)
+    reasoning = (f"The overview frames show a plain {background_phrase(spec)} background; the "
+                 f"{spec.events[question.event_index].label} is not in them.")
+    return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>", direct=True)

@@ -199,10 +199,13 @@ def place_event_windows(rng: random.Random, cfg: SynthConfig, n_frames: int, cou
 
 
 def sample_events(rng: random.Random, cfg: SynthConfig, n_frames: int) -> tuple[Event, ...]:
-    """1-3 events of distinct kinds, colours and shapes, in temporal order."""
+    """1-3 events of distinct kinds (or of `cfg.event_kinds`), colours and shapes, in temporal order."""
     count = rng.randint(cfg.min_events, cfg.max_events)
     windows = place_event_windows(rng, cfg, n_frames, count)
-    kinds = rng.sample(EVENT_KINDS, len(windows))
+    if cfg.event_kinds is None:
+        kinds = rng.sample(EVENT_KINDS, len(windows))
+    else:
+        kinds = [rng.choice(cfg.event_kinds) for _ in windows]
     colours = rng.sample(sorted(COLOURS), len(windows))
     shapes = rng.sample(SHAPES, len(windows))
     events = []
