@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "paravt_core.model.cli",
     "paravt_core.data.cli",
     "paravt_core.eval.cli",
+    "paravt_core.sft.cli",
     "paravt_core.rl.cli",
     "paravt_core.registry.cli",
     "flows.cli",

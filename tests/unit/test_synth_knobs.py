@@ -187,3 +187,24 @@ def test_relevant_final_reasoning_quotes_only_the_crop_showing_the_asked_object(
     assert full.final_turn.count("reports:") == 3
     assert short.final_turn.count("reports:") == 1 and "00:32.0 to 00:45.0 reports: From 00:35.0" in short.final_turn
     assert "red" not in short.final_turn and short.final_turn.endswith(f"<answer>{question.answer}</answer>")
+
+
+def test_perception_windows_follow_the_manifest(world, tmp_path):
+    from paravt_core.sft.perception import window_truths
+
+    record = json.loads(world.manifest.read_text())
+    videos = record["eval"]["videomme"]["videos"][:2]
+    for video in videos:
+        (tmp_path / video["file_name"]).write_bytes(b"")
+    truths = window_truths(world.manifest, "videomme", tmp_path, KNOBS.max_crop_s, max_videos=2)
+    assert {t.video.name for t in truths} == {v["file_name"] for v in videos}
+    for t in truths:
+        video = next(v["video"] for v in videos if v["file_name"] == t.video.name)
+        start, end = t.window
+        assert t.colours == tuple(e["colour"] for e in video["events"] if e["start_s"] < end and e["end_s"] > start)
+    assert any(t.colours for t in truths) and any(not t.colours for t in truths)
+    with pytest.raises(ValueError, match="no evaluation split 'nope'"):
+        window_truths(world.manifest, "nope", tmp_path, KNOBS.max_crop_s, max_videos=2)
+    (tmp_path / videos[0]["file_name"]).unlink()
+    with pytest.raises(FileNotFoundError, match="run the data stage"):
+        window_truths(world.manifest, "videomme", tmp_path, KNOBS.max_crop_s, max_videos=2)
