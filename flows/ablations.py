@@ -22,7 +22,7 @@ from flows.params import PipelineParams
 from paravt_core.config import load_config
 from paravt_core.eval.report import format_table
 from paravt_core.run_lock import hold_output_dir
-from tasks.model import base_model
+from tasks.model import base_stage
 from tasks.rl import rl
 from tasks.sft import sft
 
@@ -41,7 +41,7 @@ def ablations(params: AblationParams = AblationParams()) -> str:
     with hold_output_dir(cfg.run.output_dir, "paravt flow (ablations)"):
         log = get_run_logger()
         data = data_stage(cfg)
-        sft_model = sft(cfg, base_model(cfg), data.sft)
+        sft_model = sft(cfg, base_stage(cfg), data.sft)
         reports = {"sft": eval_stage(cfg, sft_model, data.eval, "sft")}
         rl_dir = Path(params.config_path).resolve().parents[1] / "rl"
         for row in params.rows:

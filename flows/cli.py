@@ -31,9 +31,33 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduce(args: argparse.Namespace) -> int:
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "paravt_core")
+    from flows.reproduce import ReproduceParams, reproduce
+    from paravt_core.run_lock import OutputDirBusy, hold_output_dir
+
+    params = ReproduceParams(config_path=args.config, overrides=args.set)
+    cfg = params.load()
+    try:
+        with hold_output_dir(cfg.run.output_dir, "paravt reproduce"):
+            report = reproduce(params)
+    except OutputDirBusy as exc:
+        print(f"paravt reproduce: {exc}", file=sys.stderr)
+        return 2
+    print(f"\nReport: {report} (figure and measurements beside it; also in MLflow, experiment "
+          f"{cfg.mlflow.experiment!r} at {cfg.mlflow_uri()})")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run the full pipeline flow on a config (no server needed)")
     p.add_argument("--config", default="conf/pipeline/tiny.yaml", help="pipeline YAML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. sft.max_steps=20")
     p.add_argument("--rl-row", default=None, help="RL ablation row (conf/rl/*.yaml) laid over the rl section")
     p.set_defaults(func=_run)
+    p = subparsers.add_parser("reproduce", help="the miniature reproduction: SFT, the RL rows x seeds, Table 2 "
+                                                "in miniature with 95 %% intervals (#15)")
+    p.add_argument("--config", default="conf/pipeline/reproduce.yaml", help="pipeline YAML")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override, e.g. 'reproduce.seeds=[0]' or rl.max_steps=4")
+    p.set_defaults(func=_reproduce)

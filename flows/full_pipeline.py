@@ -25,7 +25,7 @@ from paravt_core.set_aside import (
     from_sft_model,
     write_set_aside,
 )
-from tasks.model import base_model
+from tasks.model import base_stage
 from tasks.registry import promote, register
 from tasks.rl import rl
 from tasks.sft import sft, sft_grammar
@@ -38,7 +38,7 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
         log = get_run_logger()
         log.info("pipeline %s -> %s", cfg.run.name, cfg.run.output_dir.resolve())
         data = data_stage(cfg)
-        base = base_model(cfg)
+        base = base_stage(cfg)
         sft_model = sft(cfg, base, data.sft)
         grammar = sft_grammar(cfg, base, sft_model, data)
         sft_version = register(cfg, sft_model, "sft", data.sft.sha256, alias="sft")

@@ -8,7 +8,7 @@ from flows.data import data_stage
 from flows.params import PipelineParams
 from paravt_core.refs import ArtifactRef
 from paravt_core.run_lock import hold_output_dir
-from tasks.model import base_model
+from tasks.model import base_stage
 from tasks.rl import rl
 from tasks.sft import sft
 
@@ -18,5 +18,5 @@ def rl_flow(params: PipelineParams = PipelineParams()) -> ArtifactRef:
     cfg = params.load()
     with hold_output_dir(cfg.run.output_dir, "paravt-rl flow"):
         data = data_stage(cfg)
-        sft_model = sft(cfg, base_model(cfg), data.sft)
+        sft_model = sft(cfg, base_stage(cfg), data.sft)
         return rl(cfg, sft_model, data.rl)

@@ -8,7 +8,7 @@ from flows.data import data_stage
 from flows.params import PipelineParams
 from paravt_core.refs import ArtifactRef
 from paravt_core.run_lock import hold_output_dir
-from tasks.model import base_model
+from tasks.model import base_stage
 from tasks.sft import sft
 
 
@@ -17,4 +17,4 @@ def sft_flow(params: PipelineParams = PipelineParams()) -> ArtifactRef:
     cfg = params.load()
     with hold_output_dir(cfg.run.output_dir, "paravt-sft flow"):
         data = data_stage(cfg)
-        return sft(cfg, base_model(cfg), data.sft)
+        return sft(cfg, base_stage(cfg), data.sft)

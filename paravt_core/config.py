@@ -33,6 +33,25 @@ class RunConfig(_Section):
     seed: int = 0
 
 
+class PretrainConfig(_Section):
+    """Perception pretraining of the tiny base model (`paravt_core.model.pretrain`, #15).
+
+    The real Qwen3-VL arrives able to describe a clip; the random-weight tiny one does not,
+    and cold-start SFT at batch 1 never taught it to (the sub-agent named held-out event
+    colours at chance). Off by default; `conf/pipeline/reproduce.yaml` turns it on.
+    """
+
+    enabled: bool = False
+    seed: int = 0  # the corpus's own video stream (never a training or evaluation video)
+    videos: int = Field(300, ge=1)
+    windows_per_video: int = Field(8, ge=1)
+    max_steps: int = Field(1000, ge=1)
+    micro_batch_size: int = Field(8, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    checkpoint_every: int = Field(200, ge=1)
+
+
 class ModelConfig(_Section):
     """Which base model the pipeline starts from.
 
@@ -48,10 +67,18 @@ class ModelConfig(_Section):
     # CUDA and bf16 only. eager: the plain matmul-softmax reference (debugging).
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
     registered_name: str = "paravt-tiny"
+    pretrain: PretrainConfig = PretrainConfig()
 
     @property
     def is_tiny(self) -> bool:
         return self.base == "tiny"
+
+    @model_validator(mode="after")
+    def _pretrain_only_tiny(self) -> ModelConfig:
+        if self.pretrain.enabled and not self.is_tiny:
+            raise ValueError("model.pretrain.enabled is for the tiny model (base: tiny); a real checkpoint "
+                             f"({self.base}) already sees")
+        return self
 
     @model_validator(mode="after")
     def _flash_attention_needs_bf16(self) -> ModelConfig:
@@ -358,6 +385,22 @@ class EvalConfig(_Section):
         return self
 
 
+class ReproduceConfig(_Section):
+    """The miniature reproduction (`paravt reproduce`, #15): which RL rows of SPEC §6
+    (`conf/rl/<row>.yaml`), each trained from the one SFT model once per seed (`run.seed`)."""
+
+    rows: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")], ...] = ("vanilla_grpo", "paragrpo")
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ReproduceConfig:
+        if not self.rows or len(set(self.rows)) != len(self.rows):
+            raise ValueError(f"reproduce.rows must name distinct RL rows, got {list(self.rows)}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"reproduce.seeds must be distinct, got {list(self.seeds)}")
+        return self
+
+
 class MLflowConfig(_Section):
     tracking_uri: str | None = None  # None: sqlite database inside run.output_dir
     experiment: str = "paravt"
@@ -372,6 +415,7 @@ class PipelineConfig(_Section):
     rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
     mlflow: MLflowConfig = MLflowConfig()
+    reproduce: ReproduceConfig = ReproduceConfig()
 
     def section_hash(self, *names: str) -> str:
         """Stable hash of some sections (all when none given): a cache key for stages."""

@@ -28,3 +28,25 @@ def _base_model_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 def base_model(cfg: PipelineConfig) -> ArtifactRef:
     """Build the tiny Qwen3-VL or resolve the configured checkpoint."""
     return model_stage.run(cfg)
+
+
+@task(name="pretrain", retries=2, retry_delay_seconds=10)
+def pretrain(cfg: PipelineConfig, base: ArtifactRef) -> ArtifactRef:
+    """Perception pretraining of the tiny base (model.pretrain); a retry resumes from its checkpoint.
+
+    Not result-cached: the stage itself is idempotent (the corpus folder and the run folder
+    are keyed by content, and a finished run returns its exported model at once), and its
+    run folder's key needs the corpus hash, which exists only once the corpus is built."""
+    from prefect import get_run_logger
+
+    from paravt_core.model import pretrain as pretrain_stage
+
+    log = get_run_logger()
+    return pretrain_stage.run(cfg, base, log_line=lambda line: log.info(line))
+
+
+def base_stage(cfg: PipelineConfig) -> ArtifactRef:
+    """The base model every training stage starts from: built or resolved, then perception
+    pretrained when `model.pretrain.enabled` (the tiny model only)."""
+    base = base_model(cfg)
+    return pretrain(cfg, base) if cfg.model.pretrain.enabled else base

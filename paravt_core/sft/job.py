@@ -22,3 +22,4 @@ class SFTJob(BaseModel):
     tracking_uri: str | None
     mlflow_run_id: str | None
     git_revision: str
+    stage: str = "sft"  # "pretrain": the tiny base's perception pretraining (paravt_core.model.pretrain)

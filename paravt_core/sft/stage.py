@@ -21,11 +21,11 @@ from paravt_core.sft.job import SFTJob
 WORKER = Path(__file__).with_name("worker.py")
 
 
-def run_dir(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef) -> Path:
+def run_dir(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, stage: str = "sft") -> Path:
     key = hashlib.sha256(
         f"{base.sha256}|{sft_data.sha256}|{cfg.section_hash('sft', 'video', 'run')}".encode()
     ).hexdigest()[:16]
-    return cfg.run.output_dir / "sft" / key
+    return cfg.run.output_dir / stage / key
 
 
 def sft_shards(sft_data: ArtifactRef) -> list[Path]:
@@ -35,8 +35,11 @@ def sft_shards(sft_data: ArtifactRef) -> list[Path]:
     return files
 
 
-def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
-    out = run_dir(cfg, base, sft_data)
+def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line: LogLine = print,
+        stage: str = "sft") -> ArtifactRef:
+    """Train (or resume, or return the finished) model; `stage` names the run folder and the
+    MLflow run (`pretrain`: the tiny base's perception pretraining, `paravt_core.model.pretrain`)."""
+    out = run_dir(cfg, base, sft_data, stage)
 
     def job() -> SFTJob:
         return SFTJob(
@@ -48,8 +51,9 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
             out_dir=out.resolve(),
             frame_cache_dir=(cfg.run.output_dir / "cache" / "frames").resolve(),
             tracking_uri=cfg.mlflow_uri(),
-            mlflow_run_id=_mlflow_run(cfg, out, base, sft_data),
+            mlflow_run_id=_mlflow_run(cfg, out, base, sft_data, stage),
             git_revision=git_revision(),
+            stage=stage,
         )
 
     model = run_stage_workers(out, "sft_model", job, WORKER, cfg.sft.num_ranks, cfg.sft.hostfile, log_line)
@@ -59,13 +63,13 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
     return model
 
 
-def _mlflow_run(cfg: PipelineConfig, out: Path, base: ArtifactRef, sft_data: ArtifactRef) -> str:
+def _mlflow_run(cfg: PipelineConfig, out: Path, base: ArtifactRef, sft_data: ArtifactRef, stage: str) -> str:
     """The run's MLflow run id; a resumed run keeps logging into the run it started."""
     from paravt_core.tracking import flatten, stage_run_id
 
     return stage_run_id(
-        out, cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-sft",
-        tags={"stage": "sft", "base_model_sha256": base.sha256, "data_sha256": sft_data.sha256,
+        out, cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-{stage}",
+        tags={"stage": stage, "base_model_sha256": base.sha256, "data_sha256": sft_data.sha256,
               "config_hash": cfg.section_hash(), "git_revision": git_revision()},
         params=flatten(cfg.model_dump(mode="json", include={"sft", "video", "model", "run"})),
     )

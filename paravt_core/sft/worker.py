@@ -112,7 +112,7 @@ def train(job: SFTJob) -> None:
     model = load_model(job.base_model, dtype=pdist.training_dtype(cfg.model.dtype, on_gpu),
                        attn_implementation=cfg.model.attn_implementation,
                        zero3_config=ds_config if sft.zero_stage == 3 else None)
-    record_memory(job.out_dir, "sft", "constructed", rank, world, device, model)
+    record_memory(job.out_dir, job.stage, "constructed", rank, world, device, model)
     if sft.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
@@ -129,7 +129,7 @@ def train(job: SFTJob) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(sft.max_steps, warmup, sft.lr_schedule))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config)
-    record_memory(job.out_dir, "sft", "engine", rank, world, device, engine.module)
+    record_memory(job.out_dir, job.stage, "engine", rank, world, device, engine.module)
     ckpt_dir = job.out_dir / "checkpoints"
     start = int(pdist.resume(engine, ckpt_dir).get("step", 0))
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
@@ -137,9 +137,9 @@ def train(job: SFTJob) -> None:
     pad_id = processor.tokenizer.pad_token_id
     orders: dict[int, np.ndarray] = {}
 
-    bar = tqdm(range(start, sft.max_steps), initial=start, total=sft.max_steps, desc="sft",
+    bar = tqdm(range(start, sft.max_steps), initial=start, total=sft.max_steps, desc=job.stage,
                disable=rank != 0 or not sys.stdout.isatty(), mininterval=2.0)
-    progress = StepLog("sft", sft.max_steps, start, enabled=rank == 0 and not sys.stdout.isatty())
+    progress = StepLog(job.stage, sft.max_steps, start, enabled=rank == 0 and not sys.stdout.isatty())
     for step in bar:
         t0 = time.perf_counter()
         step_loss, tokens, samples = 0.0, 0, 0
@@ -173,7 +173,7 @@ def train(job: SFTJob) -> None:
             pdist.save(engine, ckpt_dir, done, {"step": done})
         pdist.maybe_kill_for_test(done)
 
-    record_memory(job.out_dir, "sft", "trained", rank, world, device, engine.module)
+    record_memory(job.out_dir, job.stage, "trained", rank, world, device, engine.module)
     _export(job, engine, rank, dataset, ckpt_dir)
     metrics.finish()
     dist.barrier()
@@ -187,7 +187,7 @@ def _export(job: SFTJob, engine, rank: int, dataset, ckpt_dir: Path) -> None:
     if rank != 0:
         return
     meta = {
-        "stage": "sft",
+        "stage": job.stage,
         "resolved_config": job.config.model_dump(mode="json"),
         "base_model": str(job.base_model),
         "base_model_sha256": job.base_model_sha256,

@@ -1,0 +1,83 @@
+"""The miniature reproduction of #15 as one flow (deployment `paravt/reproduce`).
+
+    data -> base (+ perception pretraining) -> SFT -> eval (subagent, direct)
+         -> for each RL row x seed: PARA-GRPO variant -> eval (subagent, direct)
+         -> Table 2 in miniature + per-step figure (outputs and MLflow)
+
+Every stage is a cached task, so an interrupted reproduction resumes with the rows and
+seeds it finished (and an RL run resumes from its checkpoint). The rows and seeds are
+`reproduce.rows` / `reproduce.seeds` of the config (`conf/pipeline/reproduce.yaml`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from pydantic import Field, model_validator
+
+from flows.data import data_stage
+from flows.eval import eval_stage
+from flows.params import PipelineParams
+from paravt_core.config import PipelineConfig, load_config
+from paravt_core.refs import ArtifactRef
+from paravt_core.registry.reproduce import ModelRun, read_steps
+from paravt_core.run_lock import hold_output_dir
+from tasks.model import base_stage
+from tasks.registry import reproduce_report
+from tasks.rl import rl
+from tasks.sft import sft
+
+HELD_OUT_SPLIT = "videomme"
+
+
+class ReproduceParams(PipelineParams):
+    config_path: str = Field("conf/pipeline/reproduce.yaml", description="pipeline YAML, relative to the project root")
+
+    @model_validator(mode="after")
+    def _rows_exist(self) -> ReproduceParams:
+        for row in self.load().reproduce.rows:
+            if not row_file(self.config_path, row).is_file():
+                raise ValueError(f"reproduce.rows names {row!r} but {row_file(self.config_path, row)} does not exist")
+        return self
+
+
+def row_file(config_path: str, row: str) -> Path:
+    """`conf/rl/<row>.yaml` beside the pipeline config's folder."""
+    return Path(config_path).resolve().parents[1] / "rl" / f"{row}.yaml"
+
+
+def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row: str, seed: int | None,
+            label: str) -> ModelRun:
+    """The held-out evaluation of one model in subagent tool mode and in direct mode."""
+    tools_cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(
+        update={"prompt_mode": "agentic_general", "tool_mode": "subagent", "splits": (HELD_OUT_SPLIT,)})})
+    direct_cfg = cfg.model_copy(update={"eval": tools_cfg.eval.model_copy(update={"prompt_mode": "direct"})})
+    tools = eval_stage(tools_cfg, model, eval_data, label)
+    direct = eval_stage(direct_cfg, model, eval_data, f"{label}-direct")
+    summary = tools.summaries[HELD_OUT_SPLIT]
+    return ModelRun(row=row, seed=seed, accuracy=tools.primary(HELD_OUT_SPLIT),
+                    accuracy_direct=direct.primary(HELD_OUT_SPLIT),
+                    eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),
+                    steps=read_steps(model.path) if row != "sft" else [])
+
+
+@flow(name="paravt", log_prints=True)
+def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
+    cfg = params.load()
+    with hold_output_dir(cfg.run.output_dir, "paravt flow (reproduce)"):
+        log = get_run_logger()
+        data = data_stage(cfg)
+        sft_model = sft(cfg, base_stage(cfg), data.sft)
+        runs = [measure(cfg, sft_model, data.eval, "sft", None, "sft")]
+        for row in cfg.reproduce.rows:
+            for seed in cfg.reproduce.seeds:
+                row_cfg = load_config(params.config_path, [*params.overrides, f"run.seed={seed}"],
+                                      row_file(params.config_path, row))
+                model = rl(row_cfg, sft_model, data.rl)
+                runs.append(measure(row_cfg, model, data.eval, row, seed, f"{row}-seed{seed}"))
+        report = reproduce_report(cfg, runs)
+        text = report.read_text()
+        log.info("miniature reproduction (%s):\n%s", report, text)
+        print(text)
+        return str(report)

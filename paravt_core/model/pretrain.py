@@ -1,0 +1,128 @@
+"""Perception pretraining of the tiny base model (#15): it arrives able to see, as Qwen3-VL does.
+
+The real Qwen3-VL-8B comes to cold-start SFT already able to say what a clip shows; a
+random-weight tiny Qwen3-VL does not, and SFT at batch 1 never taught it (the sub-agent
+named 2 of 32 held-out event colours, chance; README "Miniature reproduction"). Measured
+on clips of the reproduce world: at micro-batch 8 and lr 1e-3 the tiny model names most
+held-out event colours within several hundred steps. So, for `model.base: tiny` with
+`model.pretrain.enabled`, the base model stage is followed by this one, which makes the
+tiny kit more like the real base model, not friendlier to the method:
+
+- the corpus is a generated world of its own (the data config's geometry and event kinds,
+  but a separate seed stream, so no pretraining video is a training or evaluation video):
+  `windows_per_video` clips per video (its grid segments, then random 4-16 s windows);
+- a clip is shown exactly as a sub-agent's crop is (a video item with `video_start` /
+  `video_end`, sampled by the SFT encoder as `agent.dispatch` samples crops: same frames,
+  same timestamped image items, same pixel bounds), asked with a plain captioning request
+  (`CAPTION_REQUEST`), NOT the sub-agent prompt of SPEC §3: learning to answer that prompt,
+  and the main agent's protocol, is still cold-start SFT's job;
+- the caption is the world's ground truth of the window, in the summary wording of
+  `data.synth.traces.summarize_window`;
+- training is the SFT trainer (`paravt_core.sft.stage` under the folder `pretrain/`,
+  DeepSpeed, checkpoints and exact resume) with `model.pretrain`'s steps, micro-batch and
+  learning rate in place of the `sft` section's.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from paravt_core.atomic import atomic_dir
+from paravt_core.config import PipelineConfig
+from paravt_core.data.synth.world import VideoSpec
+from paravt_core.dist import LogLine
+from paravt_core.refs import ArtifactRef, content_hash
+
+CAPTION_REQUEST = "Describe what happens in these frames."
+CORPUS_FILE = "captions.parquet"
+
+
+def corpus_dir(cfg: PipelineConfig) -> Path:
+    """`<output_dir>/pretrain/corpus-<hash>`: a pure function of the pretrain and world settings."""
+    from paravt_core.refs import source_digest
+
+    key = cfg.section_hash("model", "data")
+    builder = source_digest("paravt_core.data.synth")
+    return cfg.run.output_dir / "pretrain" / f"corpus-{key}-{builder}"
+
+
+def clip_windows(rng: random.Random, spec: VideoSpec, segment_s: int, count: int) -> list[tuple[int, int]]:
+    """`count` whole-second windows of a video: its `segment_s` grid first, then random 4 s to
+    `segment_s` windows anywhere (distinct)."""
+    from paravt_core.data.synth.traces import segment_grid
+
+    last = int(spec.duration_s)
+    windows = segment_grid(spec, segment_s)[:count]
+    for _ in range(20 * count):
+        if len(windows) >= count:
+            break
+        length = rng.randint(min(4, last), min(segment_s, last))
+        start = rng.randint(0, last - length)
+        if (start, start + length) not in windows:
+            windows.append((start, start + length))
+    return windows
+
+
+def caption_row(video_file: Path, window: tuple[int, int], caption: str) -> dict:
+    """An SFT row: the window's frames (sampled as a crop), the caption request, the caption."""
+    start, end = window
+    clip = {"type": "video_url", "video_url": {"url": video_file.resolve().as_uri()},
+            "video_start": float(start), "video_end": float(end)}
+    return {"messages": [{"role": "user", "content": [clip, {"type": "text", "text": CAPTION_REQUEST}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": caption}]}],
+            "videos": [video_file.resolve().as_uri()]}
+
+
+def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
+    """Write the captioning corpus (videos + one parquet of rows) once; return its reference."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from paravt_core.data.synth.render import encode_mp4
+    from paravt_core.data.synth.traces import summarize_window
+    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+
+    out = corpus_dir(cfg)
+    if not (out / CORPUS_FILE).is_file():
+        pre, synth = cfg.model.pretrain, cfg.data.synth
+        with atomic_dir(out) as tmp:
+            rows = []
+            for index in range(pre.videos):
+                rng = derived_rng(synth.seed, "pretrain", pre.seed, index)
+                spec = sample_video(rng, synth, youtube_like_id(rng))
+                video_file = tmp / "videos" / f"{spec.video_id}.mp4"
+                video_file.parent.mkdir(exist_ok=True)
+                video_file.write_bytes(encode_mp4(spec, synth.codec))
+                final_file = out / "videos" / video_file.name
+                for window in clip_windows(rng, spec, int(synth.max_crop_s), pre.windows_per_video):
+                    rows.append(caption_row(final_file, window, summarize_window(spec, *window)))
+                if (index + 1) % 100 == 0:
+                    log_line(f"pretrain corpus: {index + 1}/{pre.videos} videos")
+            table = pa.table({"messages": [json.dumps(r["messages"]) for r in rows],
+                              "videos": [r["videos"] for r in rows]})
+            pq.write_table(table, tmp / CORPUS_FILE)
+        log_line(f"pretrain corpus: {len(rows)} captioned clips of {pre.videos} videos in {out}")
+    return ArtifactRef(kind="pretrain_corpus", path=out.resolve(), sha256=content_hash(out / CORPUS_FILE))
+
+
+def training_config(cfg: PipelineConfig) -> PipelineConfig:
+    """`cfg` with the `sft` section replaced by the pretraining's optimisation settings."""
+    pre = cfg.model.pretrain
+    sft = cfg.sft.model_copy(update=dict(
+        max_steps=pre.max_steps, learning_rate=pre.learning_rate, micro_batch_size=pre.micro_batch_size,
+        grad_accum_steps=1, warmup_ratio=pre.warmup_ratio, lr_schedule="cosine", weight_decay=0.0,
+        checkpoint_every=pre.checkpoint_every, max_seq_len=cfg.sft.max_seq_len))
+    return cfg.model_copy(update={"sft": sft})
+
+
+def run(cfg: PipelineConfig, base: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
+    """The pretrained base model (kind `base_model`), trained or resumed in `<output_dir>/pretrain/<key>`."""
+    from paravt_core.sft import stage as sft_stage
+
+    if not cfg.model.is_tiny or not cfg.model.pretrain.enabled:
+        raise ValueError("perception pretraining is for the tiny model (model.base: tiny, model.pretrain.enabled)")
+    corpus = build_corpus(cfg, log_line)
+    model = sft_stage.run(training_config(cfg), base, corpus, log_line=log_line, stage="pretrain")
+    return ArtifactRef(kind="base_model", path=model.path, sha256=model.sha256)

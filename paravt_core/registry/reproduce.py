@@ -1,0 +1,259 @@
+"""The miniature reproduction's report (#15): Table 2 in miniature, with intervals over seeds.
+
+`paravt reproduce` trains one SFT model, then each RL row of SPEC §6 from it once per seed,
+and evaluates every model on the held-out questions twice: in `subagent` tool mode (the
+agent may crop, sub-agents summarize) and in `direct` mode (no tools, the same overview).
+This module turns those measurements into
+
+- `table_markdown`: one line per row: held-out accuracy in both modes, the tool gain
+  (subagent minus direct), the gain over SFT, κ of the held-out evaluation, and fτ_fixed / κ
+  of training (the mean of the last `LAST_STEPS` RL steps, as `paravt report` does; SPEC §5:
+  fτ under one fixed definition for every row). Each cell is the mean over seeds with its
+  95 % t-interval. The SFT row's training fτ / κ are those of the first RL step's rollouts
+  (the SFT policy before any update);
+- `findings`: the issue's checks, computed (tools necessary, RL learns, the κ / fτ contrast);
+- `plot_steps`: fτ_fixed, κ and the rollouts' accuracy per RL step for all rows in one figure
+  (mean over seeds, min-max band).
+
+Everything but `write_report` is a pure function of the measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+LAST_STEPS = 3
+# Two-sided 95 % Student t quantiles by degrees of freedom (n seeds - 1).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+STEP_METRICS = (("f_tau_fixed", "fτ (fixed R_fmt, τ = 0.7)"), ("kappa", "κ (tool calls per rollout)"),
+                ("reward_acc", "accuracy of the rollouts (R_acc)"))
+
+
+@dataclass(frozen=True)
+class ModelRun:
+    """One trained model of the reproduction and what was measured on it.
+
+    Attributes:
+        row: "sft" or an RL row name (conf/rl/<row>.yaml).
+        seed: the RL run's `run.seed` (None for the SFT model).
+        accuracy: held-out accuracy in `subagent` tool mode (fraction).
+        accuracy_direct: the same questions in `direct` mode (no tools).
+        eval_tool_calls: mean executed crop calls per held-out question (subagent mode).
+        steps: the RL run's per-step metrics (its metrics.jsonl rows); empty for SFT.
+    """
+
+    row: str
+    seed: int | None
+    accuracy: float
+    accuracy_direct: float
+    eval_tool_calls: float
+    steps: list[dict[str, float]] = field(default_factory=list)
+
+    def final(self, metric: str) -> float | None:
+        values = [s[metric] for s in sorted(self.steps, key=lambda s: s["step"]) if metric in s][-LAST_STEPS:]
+        return sum(values) / len(values) if values else None
+
+    def first(self, metric: str) -> float | None:
+        ordered = sorted(self.steps, key=lambda s: s["step"])
+        return ordered[0].get(metric) if ordered else None
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    def cell(self, scale: float = 1.0, digits: int = 1) -> str:
+        if self.n < 2:
+            return f"{scale * self.mean:.{digits}f}"
+        half = scale * (self.high - self.mean)
+        return f"{scale * self.mean:.{digits}f} ± {half:.{digits}f}"
+
+
+def interval95(values: Sequence[float]) -> Interval | None:
+    """Mean and two-sided 95 % Student t interval of `values` (None when there are none)."""
+    values = [float(v) for v in values]
+    if not values:
+        return None
+    n, mean = len(values), sum(values) / len(values)
+    if n == 1:
+        return Interval(mean, mean, mean, 1)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def read_steps(rl_model_dir: Path) -> list[dict[str, float]]:
+    """The per-step metrics an RL run wrote beside its exported model (`<run>/metrics.jsonl`)."""
+    path = Path(rl_model_dir).parent / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the RL run left no per-step metrics; re-run its rl task")
+    by_step = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_step[int(row["step"])] = row  # a resumed run may repeat a step: keep the last
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def rows_in_order(runs: Sequence[ModelRun]) -> list[str]:
+    return list(dict.fromkeys(r.row for r in runs))
+
+
+def _by_row(runs: Sequence[ModelRun], row: str) -> list[ModelRun]:
+    return [r for r in runs if r.row == row]
+
+
+def _cell(interval: Interval | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "–" if interval is None else interval.cell(scale, digits)
+
+
+def sft_training_start(runs: Sequence[ModelRun], prefer: str = "paragrpo") -> list[ModelRun]:
+    """The RL runs whose first step stands for the SFT policy's training-time fτ / κ."""
+    rl_rows = [row for row in rows_in_order(runs) if row != "sft"]
+    chosen = prefer if prefer in rl_rows else (rl_rows[0] if rl_rows else None)
+    return _by_row(runs, chosen) if chosen else []
+
+
+def table_markdown(runs: Sequence[ModelRun]) -> str:
+    """Table 2 in miniature (see the module docstring); percentages for accuracies."""
+    sft = _by_row(runs, "sft")
+    sft_accuracy = sft[0].accuracy if sft else None
+    head = ("| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) | "
+            "gain over SFT (points) | held-out κ | training fτ_fixed | training κ |")
+    lines = [head, "|" + "---|" * 9]
+    for row in rows_in_order(runs):
+        mine = _by_row(runs, row)
+        if row == "sft":
+            start = sft_training_start(runs)
+            f_tau = interval95([v for r in start if (v := r.first("f_tau_fixed")) is not None])
+            kappa = interval95([v for r in start if (v := r.first("kappa")) is not None])
+        else:
+            f_tau = interval95([v for r in mine if (v := r.final("f_tau_fixed")) is not None])
+            kappa = interval95([v for r in mine if (v := r.final("kappa")) is not None])
+        gain = None if sft_accuracy is None or row == "sft" else interval95([r.accuracy - sft_accuracy for r in mine])
+        cells = [
+            str(len(mine)),
+            _cell(interval95([r.accuracy for r in mine]), 100),
+            _cell(interval95([r.accuracy_direct for r in mine]), 100),
+            _cell(interval95([r.accuracy - r.accuracy_direct for r in mine]), 100),
+            _cell(gain, 100),
+            _cell(interval95([r.eval_tool_calls for r in mine]), 1, 2),
+            _cell(f_tau, 1, 2),
+            _cell(kappa, 1, 2),
+        ]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_target: float = 0.10) -> list[str]:
+    """The issue's checks on these measurements, one plain sentence each."""
+    out = []
+    sft = _by_row(runs, "sft")
+    if sft:
+        s = sft[0]
+        gain = s.accuracy - s.accuracy_direct
+        verdict = "met" if gain >= tool_gain_target else "NOT met"
+        out.append(f"Tools necessary: the SFT model answers {100 * s.accuracy:.1f} % with sub-agents and "
+                   f"{100 * s.accuracy_direct:.1f} % directly, a gain of {100 * gain:.1f} points "
+                   f"(target >= {100 * tool_gain_target:.0f}: {verdict}).")
+        for row in rows_in_order(runs):
+            if row == "sft":
+                continue
+            diff = interval95([r.accuracy - s.accuracy for r in _by_row(runs, row)])
+            if diff is None:
+                continue
+            verdict = "met" if diff.mean >= rl_gain_target and diff.low > 0 else "NOT met"
+            target = f" (target >= {100 * rl_gain_target:.0f} with the interval above 0: {verdict})" \
+                if row == "paragrpo" else ""
+            out.append(f"{row} vs SFT: {100 * diff.mean:+.1f} points held-out accuracy, 95 % interval "
+                       f"[{100 * diff.low:+.1f}, {100 * diff.high:+.1f}] over {diff.n} seed(s){target}.")
+    kappa = {row: interval95([v for r in _by_row(runs, row) if (v := r.final("kappa")) is not None])
+             for row in rows_in_order(runs) if row != "sft"}
+    f_tau = {row: interval95([v for r in _by_row(runs, row) if (v := r.final("f_tau_fixed")) is not None])
+             for row in rows_in_order(runs) if row != "sft"}
+    if kappa.get("vanilla_grpo") and kappa.get("paragrpo"):
+        v, p = kappa["vanilla_grpo"], kappa["paragrpo"]
+        fv, fp = f_tau["vanilla_grpo"], f_tau["paragrpo"]
+        out.append(f"Training κ at the end: vanilla_grpo {v.mean:.2f}, paragrpo {p.mean:.2f} (paper: 0.02 vs 0.21); "
+                   f"fτ_fixed: vanilla_grpo {fv.mean:.2f}, paragrpo {fp.mean:.2f} (paper: 0.13 vs 0.41).")
+    return out
+
+
+def plot_steps(runs: Sequence[ModelRun], out: Path) -> Path:
+    """fτ_fixed, κ and rollout accuracy per RL step, every row in one figure (mean, min-max band)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(STEP_METRICS), figsize=(4.2 * len(STEP_METRICS), 3.4), dpi=120)
+    for row in rows_in_order(runs):
+        mine = [r for r in _by_row(runs, row) if r.steps]
+        if not mine:
+            continue
+        for ax, (metric, label) in zip(axes, STEP_METRICS):
+            per_step: dict[int, list[float]] = {}
+            for run in mine:
+                for s in run.steps:
+                    if metric in s:
+                        per_step.setdefault(int(s["step"]), []).append(float(s[metric]))
+            steps = sorted(per_step)
+            means = [sum(per_step[k]) / len(per_step[k]) for k in steps]
+            line, = ax.plot(steps, means, marker="o", markersize=2.5, label=f"{row} (n={len(mine)})")
+            ax.fill_between(steps, [min(per_step[k]) for k in steps], [max(per_step[k]) for k in steps],
+                            color=line.get_color(), alpha=0.15, linewidth=0)
+            ax.set_title(label, fontsize=9)
+            ax.set_xlabel("RL step")
+            ax.grid(alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def report_markdown(runs: Sequence[ModelRun], figure: str, title: str) -> str:
+    return "\n\n".join([
+        f"# {title}",
+        "Held-out questions asked as the SPEC §7 evaluation asks (greedy). Cells: mean over seeds ± the half "
+        f"width of the 95 % t-interval. Training fτ_fixed / κ: mean of the last {LAST_STEPS} RL steps (SFT: the "
+        "first RL step's rollouts, i.e. the SFT policy before any update).",
+        table_markdown(runs),
+        "## Findings",
+        "\n".join(f"- {line}" for line in findings(runs)),
+        f"![per-step curves]({figure})",
+    ]) + "\n"
+
+
+def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_uri: str | None = None,
+                 experiment: str | None = None) -> Path:
+    """`<out_dir>/report.md`, `steps.png` and `runs.json` (the measurements); logged to MLflow
+    as one run tagged `stage=reproduce` when a tracking URI is given. Returns the report's path."""
+    from paravt_core.atomic import atomic_write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figure = plot_steps(runs, out_dir / "steps.png")
+    data = atomic_write_text(out_dir / "runs.json", json.dumps([asdict(r) for r in runs], indent=1))
+    report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title))
+    if tracking_uri and experiment:
+        from paravt_core.registry.report import _client
+        from paravt_core.tracking import start_stage_run
+
+        run_id = start_stage_run(tracking_uri, experiment, "reproduce", {"stage": "reproduce"}, {})
+        client = _client(tracking_uri)
+        for row in rows_in_order(runs):
+            mine = _by_row(runs, row)
+            client.log_metric(run_id, f"{row}_accuracy", sum(r.accuracy for r in mine) / len(mine))
+            client.log_metric(run_id, f"{row}_accuracy_direct", sum(r.accuracy_direct for r in mine) / len(mine))
+        for path in (report, figure, data):
+            client.log_artifact(run_id, str(path), artifact_path="reproduce")
+        client.set_terminated(run_id)
+    return report

@@ -1,0 +1,96 @@
+"""The miniature reproduction's report: intervals, Table 2 cells, findings, figure (#15)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from paravt_core.registry.reproduce import (
+    ModelRun,
+    findings,
+    interval95,
+    plot_steps,
+    read_steps,
+    table_markdown,
+    write_report,
+)
+
+
+def _steps(kappas, f_taus, accs=None):
+    accs = accs or [0.5] * len(kappas)
+    return [{"step": i + 1, "kappa": k, "f_tau_fixed": f, "reward_acc": a}
+            for i, (k, f, a) in enumerate(zip(kappas, f_taus, accs))]
+
+
+def _runs():
+    return [
+        ModelRun("sft", None, accuracy=0.50, accuracy_direct=0.20, eval_tool_calls=2.8),
+        ModelRun("vanilla_grpo", 0, 0.55, 0.25, 0.4, _steps([2.5, 1.0, 0.2, 0.1, 0.0], [0.4, 0.3, 0.2, 0.2, 0.2])),
+        ModelRun("vanilla_grpo", 1, 0.53, 0.25, 0.5, _steps([2.6, 1.2, 0.4, 0.2, 0.0], [0.4, 0.3, 0.2, 0.1, 0.2])),
+        ModelRun("paragrpo", 0, 0.66, 0.25, 2.9, _steps([2.5, 2.6, 2.7, 2.8, 2.9], [0.5, 0.6, 0.7, 0.7, 0.8])),
+        ModelRun("paragrpo", 1, 0.64, 0.24, 2.8, _steps([2.4, 2.6, 2.8, 2.8, 2.7], [0.5, 0.6, 0.6, 0.7, 0.8])),
+    ]
+
+
+def test_interval95_is_the_student_t_interval():
+    iv = interval95([1.0, 2.0, 3.0])
+    assert iv.mean == pytest.approx(2.0)
+    # sd = 1, n = 3, t(0.975, 2) = 4.303
+    assert iv.high - iv.mean == pytest.approx(4.303 / math.sqrt(3))
+    assert iv.low == pytest.approx(2.0 - 4.303 / math.sqrt(3))
+    assert interval95([]) is None
+    single = interval95([0.4])
+    assert (single.low, single.high, single.n) == (0.4, 0.4, 1)
+
+
+def test_table_has_one_line_per_row_with_gains_and_last_step_means():
+    text = table_markdown(_runs())
+    lines = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| row")]
+    assert [line.split(" | ")[0][2:] for line in lines] == ["sft", "vanilla_grpo", "paragrpo"]
+    paragrpo = lines[2].split(" | ")
+    assert paragrpo[1] == "2"
+    assert paragrpo[2].startswith("65.0 ± ")  # mean of 66 and 64
+    assert paragrpo[5].startswith("15.0 ± ")  # gain over SFT: +16 and +14
+    # training κ: the mean over seeds of each run's last 3 steps (2.8 and 2.7667)
+    assert paragrpo[8].startswith(f"{(2.8 + (2.8 + 2.8 + 2.7) / 3) / 2:.2f}")
+    sft = lines[0].split(" | ")
+    assert sft[5] == "–"  # no gain of SFT over itself
+    assert sft[8].startswith("2.45")  # SFT training κ = paragrpo's first steps (2.5, 2.4)
+
+
+def test_findings_state_whether_the_targets_are_met():
+    text = "\n".join(findings(_runs()))
+    assert "gain of 30.0 points (target >= 25: met)" in text
+    assert "paragrpo vs SFT: +15.0 points" in text and "NOT met" not in text.split("paragrpo vs SFT")[1]
+    weak = [ModelRun("sft", None, 0.30, 0.20, 1.0),
+            ModelRun("paragrpo", 0, 0.45, 0.2, 1.0, _steps([1], [0.5])),
+            ModelRun("paragrpo", 1, 0.28, 0.2, 1.0, _steps([1], [0.5]))]
+    lines = findings(weak)
+    assert "(target >= 25: NOT met)" in lines[0]
+    assert "interval above 0: NOT met" in lines[1]
+
+
+def test_read_steps_keeps_the_last_record_of_a_repeated_step(tmp_path):
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    rows = [{"step": 1, "kappa": 1.0}, {"step": 2, "kappa": 2.0}, {"step": 2, "kappa": 3.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_steps(run / "model") == [{"step": 1, "kappa": 1.0}, {"step": 2, "kappa": 3.0}]
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        read_steps(tmp_path / "other" / "model")
+
+
+def test_report_files_are_written(tmp_path):
+    report = write_report(_runs(), tmp_path / "report", "test")
+    assert report.read_text().startswith("# test")
+    assert "![per-step curves](steps.png)" in report.read_text()
+    assert (tmp_path / "report" / "steps.png").stat().st_size > 1000
+    runs = json.loads((tmp_path / "report" / "runs.json").read_text())
+    assert [r["row"] for r in runs] == ["sft", "vanilla_grpo", "vanilla_grpo", "paragrpo", "paragrpo"]
+
+
+def test_plot_without_rl_rows_still_draws(tmp_path):
+    out = plot_steps([ModelRun("sft", None, 0.5, 0.2, 2.0)], tmp_path / "p.png")
+    assert out.is_file()
