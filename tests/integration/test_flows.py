@@ -155,3 +155,60 @@ def test_ablation_flow_rows_from_one_sft_checkpoint(prefect_harness, task_runs, 
     text = write_report(cfg.mlflow_uri(), cfg.mlflow.experiment, tmp_path / "report").read_text()
     assert "| paragrpo | " in text and "| vanilla_grpo | " in text
     assert (tmp_path / "report" / "kappa_per_step.png").is_file()
+
+
+def reproduce_overrides(out: Path) -> list[str]:
+    """conf/pipeline/reproduce.yaml shrunk to a couple of steps per stage."""
+    return [
+        f"run.output_dir={out}", "data.synth.train_videos=4", "data.synth.eval_videos_per_split=1",
+        "data.synth.eval_rows_per_split=2", "data.synth.sft_traces_per_video=2",
+        "data.synth.subagent_traces_per_video=1", "data.synth.rl_prompts_per_video=1",
+        "model.pretrain.videos=2", "model.pretrain.windows_per_video=2", "model.pretrain.max_steps=2",
+        "model.pretrain.micro_batch_size=2", "sft.max_steps=2", "sft.checkpoint_every=2", "rl.max_steps=2",
+        "rl.prompts_per_step=1", "rl.group_size=2", "rl.checkpoint_every=2", "rl.rollout.max_new_tokens=8",
+        "rl.rollout.subagent_max_new_tokens=4", "eval.max_new_tokens=8", "eval.max_samples_per_split=2",
+        "reproduce.seeds=[0]",
+    ]
+
+
+def test_reproduce_flow_reports_rows_over_seeds_and_resumes_finished_rows(prefect_harness, task_runs,
+                                                                          tmp_path: Path):
+    """SFT once, each RL row per seed, every model evaluated with and without tools; a second
+    run with one more seed trains only the new seed's rows (the finished ones come from the cache)."""
+    import json
+
+    from flows.reproduce import ReproduceParams, reproduce
+
+    config = str(REPO / "conf/pipeline/reproduce.yaml")
+    first = reproduce(ReproduceParams(config_path=config, overrides=reproduce_overrides(tmp_path)), return_state=True)
+    assert first.is_completed()
+    runs = task_runs(first.state_details.flow_run_id)
+    assert len(runs["pretrain"]) == 1 and len(runs["sft"]) == 1 and len(runs["rl"]) == 2
+
+    more = ReproduceParams(config_path=config, overrides=[*reproduce_overrides(tmp_path), "reproduce.seeds=[0, 1]"])
+    second = reproduce(more, return_state=True)
+    assert second.is_completed()
+    runs = task_runs(second.state_details.flow_run_id)
+    assert runs["sft"][0].state.name == "Cached"
+    assert sorted(r.state.name for r in runs["rl"]) == ["Cached", "Cached", "Completed", "Completed"]
+
+    report = Path(second.result())
+    text = report.read_text()
+    for row in ("sft", "vanilla_grpo", "paragrpo"):
+        assert f"| {row} | " in text
+    assert "Tools necessary:" in text and "paragrpo vs SFT:" in text
+    measured = json.loads((report.parent / "runs.json").read_text())
+    assert [(m["row"], m["seed"]) for m in measured] == [
+        ("sft", None), ("vanilla_grpo", 0), ("vanilla_grpo", 1), ("paragrpo", 0), ("paragrpo", 1)]
+    assert all(len(m["steps"]) == 2 for m in measured[1:])
+    assert (report.parent / "steps.png").stat().st_size > 1000
+
+
+def test_reproduce_refuses_an_unknown_row_before_any_stage(tmp_path: Path):
+    from pydantic import ValidationError
+
+    from flows.reproduce import ReproduceParams
+
+    with pytest.raises(ValidationError, match="no_such_row"):
+        ReproduceParams(config_path=str(REPO / "conf/pipeline/reproduce.yaml"),
+                        overrides=[f"run.output_dir={tmp_path}", "reproduce.rows=[paragrpo, no_such_row]"])
