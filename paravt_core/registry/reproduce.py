@@ -233,6 +233,25 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str) -> str:
     ]) + "\n"
 
 
+def runs_from_json(text: str) -> list[ModelRun]:
+    return [ModelRun(**item) for item in json.loads(text)]
+
+
+def latest_logged_runs(tracking_uri: str, experiment: str) -> list[ModelRun]:
+    """The measurements of the experiment's latest reproduction run in MLflow (its runs.json)."""
+    import tempfile
+
+    from paravt_core.registry.report import _client, _runs
+
+    logged = _runs(tracking_uri, experiment, "reproduce")
+    if not logged:
+        raise ValueError(f"MLflow experiment {experiment!r} at {tracking_uri} has no reproduction run; "
+                         "run `paravt reproduce` first")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _client(tracking_uri).download_artifacts(logged[-1].info.run_id, "reproduce/runs.json", tmp)
+        return runs_from_json(Path(path).read_text())
+
+
 def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_uri: str | None = None,
                  experiment: str | None = None) -> Path:
     """`<out_dir>/report.md`, `steps.png` and `runs.json` (the measurements); logged to MLflow

@@ -94,3 +94,16 @@ def test_report_files_are_written(tmp_path):
 def test_plot_without_rl_rows_still_draws(tmp_path):
     out = plot_steps([ModelRun("sft", None, 0.5, 0.2, 2.0)], tmp_path / "p.png")
     assert out.is_file()
+
+
+def test_report_from_mlflow_rebuilds_the_logged_measurements(tmp_path):
+    from paravt_core.registry.reproduce import latest_logged_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    write_report(_runs(), tmp_path / "report", "logged", uri, "exp")
+    assert latest_logged_runs(uri, "exp") == _runs()
+    with pytest.raises(ValueError, match="no reproduction run"):
+        from paravt_core.tracking import start_stage_run
+
+        start_stage_run(uri, "other", "x", {"stage": "eval"}, {})
+        latest_logged_runs(uri, "other")
