@@ -1,0 +1,87 @@
+"""Perception pretraining of the tiny base (#15): its corpus, its frames, its training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from paravt_core.config import load_config
+from paravt_core.model import pretrain
+from paravt_core.refs import ArtifactRef, content_hash
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cfg(out: Path, *extra: str):
+    return load_config(REPO / "conf/pipeline/reproduce.yaml", [
+        f"run.output_dir={out}", "model.pretrain.videos=3", "model.pretrain.windows_per_video=4",
+        "model.pretrain.max_steps=3", "model.pretrain.micro_batch_size=2", "model.pretrain.checkpoint_every=3",
+        *extra])
+
+
+def test_corpus_clips_are_captioned_with_the_truth_of_their_window(tmp_path: Path):
+    from paravt_core.data.synth.traces import summarize_window
+    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+
+    cfg = _cfg(tmp_path)
+    corpus = pretrain.build_corpus(cfg, log_line=lambda line: None)
+    rows = pq.read_table(corpus.path / pretrain.CORPUS_FILE).to_pylist()
+    assert len(rows) == 3 * 4
+    messages = json.loads(rows[0]["messages"])
+    clip, request = messages[0]["content"]
+    assert request["text"] == pretrain.CAPTION_REQUEST
+    assert (clip["video_start"], clip["video_end"]) == (0.0, 16.0)  # the grid comes first
+    assert Path(clip["video_url"]["url"].removeprefix("file://")).is_file()
+    # the caption is the ground truth of that window of the corpus's own first video
+    rng = derived_rng(cfg.data.synth.seed, "pretrain", cfg.model.pretrain.seed, 0)
+    spec = sample_video(rng, cfg.data.synth, youtube_like_id(rng))
+    assert Path(clip["video_url"]["url"]).stem == spec.video_id
+    assert messages[1]["content"][0]["text"] == summarize_window(spec, 0, 16)
+    # a second build reuses the folder; its hash is stable
+    assert pretrain.build_corpus(cfg, log_line=lambda line: None) == corpus
+
+
+def test_no_pretraining_video_is_a_training_or_evaluation_video(tmp_path: Path):
+    from paravt_core.data.synth.generate import generate_world
+
+    cfg = _cfg(tmp_path, "data.synth.train_videos=4", "data.synth.eval_videos_per_split=2",
+               "data.synth.eval_rows_per_split=2")
+    corpus = pretrain.build_corpus(cfg, log_line=lambda line: None)
+    world = generate_world(cfg.data.synth, tmp_path / "world", progress=False)
+    manifest = json.loads(world.manifest.read_text())
+    known = {v["video"]["video_id"] for v in manifest["train"]}
+    known |= {v["video"]["video_id"] for split in manifest["eval"].values() for v in split["videos"]}
+    ours = {p.stem for p in (corpus.path / "videos").glob("*.mp4")}
+    assert len(ours) == 3 and not ours & known
+
+
+def test_pretraining_trains_the_base_and_resumes_to_the_same_model(tmp_path: Path):
+    from paravt_core.model.stage import run as build_base
+
+    cfg = _cfg(tmp_path)
+    base = build_base(cfg)
+    lines: list[str] = []
+    trained = pretrain.run(cfg, base, log_line=lines.append)
+    assert trained.kind == "base_model" and trained.sha256 != base.sha256
+    run_dir = trained.path.parent
+    assert run_dir.parent.name == "pretrain"
+    losses = [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in losses] == [1, 2, 3] and all(torch.isfinite(torch.tensor(r["loss"])) for r in losses)
+    meta = json.loads((trained.path / "paravt_meta.json").read_text())
+    assert meta["stage"] == "pretrain" and meta["steps"] == 3
+    # finished: a second call returns the exported model without training again
+    again = pretrain.run(cfg, base, log_line=lines.append)
+    assert again == ArtifactRef(kind="base_model", path=trained.path, sha256=content_hash(trained.path))
+
+
+def test_pretraining_is_refused_for_a_real_checkpoint(tmp_path: Path):
+    from paravt_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.pretrain.enabled is for the tiny model"):
+        _cfg(tmp_path, "model.base=Qwen/Qwen3-VL-8B-Instruct")
