@@ -157,3 +157,22 @@ def test_broken_yaml_file_names_the_file_and_line(tmp_path: Path):
 def test_unparsable_set_value_names_the_item():
     with pytest.raises(ConfigError, match=r"override 'k=\[1': the value is not valid YAML"):
         load_config("conf/pipeline/tiny.yaml", ["run.seed=1", "k=[1"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("reproduce.rows=[paragrpo, paragrpo]", "distinct RL rows"),
+    ("reproduce.rows=[]", "distinct RL rows"),
+    ("reproduce.seeds=[0, 0]", "seeds must be distinct"),
+    ("reproduce.rows=['../etc']", "reproduce.rows"),
+    ("model.pretrain.max_steps=0", "model.pretrain.max_steps"),
+])
+def test_reproduce_and_pretrain_settings_are_checked_at_load(override: str, message: str):
+    with pytest.raises(ConfigError, match=message):
+        load_config("conf/pipeline/reproduce.yaml", [override])
+
+
+def test_reproduce_config_pretrains_the_tiny_base_and_runs_paper_rows_over_three_seeds():
+    cfg = load_config("conf/pipeline/reproduce.yaml")
+    assert cfg.model.pretrain.enabled and cfg.model.is_tiny
+    assert set(cfg.reproduce.rows) >= {"vanilla_grpo", "paragrpo"} and len(cfg.reproduce.seeds) == 3
+    assert max(cfg.rl.gating.choices) <= cfg.eval.nframes  # gating never shows more than the evaluation
