@@ -25,6 +25,7 @@ tiny kit more like the real base model, not friendlier to the method:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -39,11 +40,20 @@ CAPTION_REQUEST = "Describe what happens in these frames."
 CORPUS_FILE = "captions.parquet"
 
 
+# The world settings a clip's pixels and caption depend on; trace and question settings
+# (sft_traces_per_video, prompts, ...) do not change the corpus, so they must not rebuild it.
+WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "height", "min_events", "max_events",
+                "min_event_s", "max_event_s", "overview_blind_frames", "event_kinds", "max_crop_s", "codec")
+
+
 def corpus_dir(cfg: PipelineConfig) -> Path:
-    """`<output_dir>/pretrain/corpus-<hash>`: a pure function of the pretrain and world settings."""
+    """`<output_dir>/pretrain/corpus-<hash>`: a pure function of `model.pretrain`, the world's
+    geometry and events (`WORLD_FIELDS`) and the code that draws them."""
     from paravt_core.refs import source_digest
 
-    key = cfg.section_hash("model", "data")
+    settings = {"pretrain": cfg.model.pretrain.model_dump(mode="json"),
+                "world": cfg.data.synth.model_dump(mode="json", include=set(WORLD_FIELDS))}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     builder = source_digest("paravt_core.data.synth")
     return cfg.run.output_dir / "pretrain" / f"corpus-{key}-{builder}"
 
