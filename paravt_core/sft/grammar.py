@@ -9,6 +9,8 @@ call block parses and asks for a window inside the video, and the episode ends w
 
 from __future__ import annotations
 
+import json
+
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,9 +47,18 @@ def follows_grammar(episode: Episode) -> bool:
 
 
 def held_out_prompts(sft_rows: Sequence[dict], samples: Sequence) -> list[EpisodePrompt]:
-    """Eval-split samples asked the way the training rows ask (the main agent's system prompt;
-    sub-agent rows have none)."""
-    system = next((m for row in sft_rows for m in row["messages"] if m["role"] == "system"), None)
+    """Eval-split samples asked the way the training rows ask: with the system prompt of the
+    first row that calls a tool (sub-agent rows have none, and rows asked in the evaluation's
+    direct mode carry a system prompt without tools), else of the first row that has one."""
+    def system_of(row: dict) -> dict | None:
+        return next((m for m in row["messages"] if m["role"] == "system"), None)
+
+    def calls_a_tool(row: dict) -> bool:
+        return any(m["role"] == "assistant" and "<tool_call>" in json.dumps(m["content"]) for m in row["messages"])
+
+    with_system = [row for row in sft_rows if system_of(row)]
+    chosen = next((row for row in with_system if calls_a_tool(row)), with_system[0] if with_system else None)
+    system = system_of(chosen) if chosen else None
     prompts = []
     for sample in samples:
         text = f"{sample.question}\nThe video path for this video is: {Path(sample.video_path).name}"

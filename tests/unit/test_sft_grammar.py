@@ -57,3 +57,22 @@ def test_held_out_prompts_take_the_main_agents_system_prompt_past_subagent_rows(
     (prompt,) = held_out_prompts([subagent_row, main_row], [sample])
     assert prompt.messages[0] == {"role": "system", "content": [{"type": "text", "text": "MAIN SYSTEM"}]}
     assert prompt.messages[1]["content"][1]["text"].endswith("The video path for this video is: v.mp4")
+
+
+def test_held_out_prompts_take_the_system_prompt_of_a_row_that_calls_tools(tmp_path):
+    """#15: rows asked in the evaluation's direct mode come with a system prompt without tools;
+    the grammar check asks with the one the tool-calling rows were trained on."""
+    from paravt_core.sft.grammar import held_out_prompts
+
+    def row(system: str, answer: str) -> dict:
+        return {"messages": [{"role": "system", "content": [{"type": "text", "text": system}]},
+                             {"role": "user", "content": [{"type": "text", "text": "q"}]},
+                             {"role": "assistant", "content": [{"type": "text", "text": answer}]}]}
+
+    direct = row("DIRECT SYSTEM", "<answer>A</answer>")
+    agentic = row("AGENTIC SYSTEM", '<think>x</think><tool_call>{"name": "crop_video"}</tool_call>')
+    sample = SimpleNamespace(id="s1", question="What colour?", video_path=str(tmp_path / "v.mp4"))
+    (prompt,) = held_out_prompts([direct, agentic], [sample])
+    assert prompt.messages[0]["content"][0]["text"] == "AGENTIC SYSTEM"
+    (prompt,) = held_out_prompts([direct], [sample])
+    assert prompt.messages[0]["content"][0]["text"] == "DIRECT SYSTEM"
