@@ -1,4 +1,5 @@
-"""`paravt run`: the full pipeline flow in-process (an ephemeral Prefect API, no server)."""
+"""`paravt run` / `paravt reproduce`: the full pipeline or the miniature reproduction flow in-process
+(an ephemeral Prefect API, no server)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,30 @@ import os
 import sys
 
 
+def _flow_in_process(command: str, flow, params, cfg):
+    """Run `flow(params)` holding the output folder, or None when another run holds it.
+
+    The lock is taken here too (the flow takes it again, re-entrantly) so a busy directory is
+    a one-line refusal before Prefect starts a flow run, not a failed flow run."""
+    from paravt_core.run_lock import OutputDirBusy, hold_output_dir
+
+    try:
+        with hold_output_dir(cfg.run.output_dir, command):
+            return flow(params)
+    except OutputDirBusy as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return None
+
+
 def _run(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "paravt_core")
     from flows.full_pipeline import full_pipeline
     from flows.params import PipelineParams
-    from paravt_core.run_lock import OutputDirBusy, hold_output_dir
 
     params = PipelineParams(config_path=args.config, overrides=args.set, rl_row=args.rl_row)
     cfg = params.load()
-    try:
-        # Taken here too (the flow takes it again, re-entrantly) so a busy directory is a
-        # one-line refusal before Prefect starts a flow run, not a failed flow run.
-        with hold_output_dir(cfg.run.output_dir, "paravt run"):
-            outputs = full_pipeline(params)
-    except OutputDirBusy as exc:
-        print(f"paravt run: {exc}", file=sys.stderr)
+    outputs = _flow_in_process("paravt run", full_pipeline, params, cfg)
+    if outputs is None:
         return 2
     print("\nPipeline finished. Outputs:")
     for name, where in outputs.items():
@@ -34,15 +44,11 @@ def _run(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "paravt_core")
     from flows.reproduce import ReproduceParams, reproduce
-    from paravt_core.run_lock import OutputDirBusy, hold_output_dir
 
     params = ReproduceParams(config_path=args.config, overrides=args.set)
     cfg = params.load()
-    try:
-        with hold_output_dir(cfg.run.output_dir, "paravt reproduce"):
-            report = reproduce(params)
-    except OutputDirBusy as exc:
-        print(f"paravt reproduce: {exc}", file=sys.stderr)
+    report = _flow_in_process("paravt reproduce", reproduce, params, cfg)
+    if report is None:
         return 2
     print(f"\nReport: {report} (figure and measurements beside it; also in MLflow, experiment "
           f"{cfg.mlflow.experiment!r} at {cfg.mlflow_uri()})")

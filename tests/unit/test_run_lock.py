@@ -84,3 +84,14 @@ def test_paravt_run_is_refused_on_a_busy_output_dir(tmp_path, holder, capsys):
                               rl_row=None)
     assert _run(args) == 2
     assert f"in use by another run: pid {holder.pid}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, config", [("run", "conf/pipeline/tiny.yaml"),
+                                             ("reproduce", "conf/pipeline/reproduce.yaml")])
+def test_in_process_flows_refuse_a_busy_output_dir_in_one_line(command, config, tmp_path: Path, holder, capsys):
+    from paravt_core.cli import main
+
+    code = main([command, "--config", config, "--set", f"run.output_dir={tmp_path / 'out'}"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"paravt {command}: ") and "in use by another run" in err[0]
