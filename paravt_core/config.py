@@ -50,6 +50,11 @@ class PretrainConfig(_Section):
     learning_rate: float = Field(1e-3, gt=0)
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     checkpoint_every: int = Field(200, ge=1)
+    # A second phase on text-only reading rows (`paravt_core.model.pretrain.reading_row`): a
+    # video's notes, a question on one of its events as the evaluation asks it, the answer
+    # quoted from the notes. 0 rows: no reading phase. Same micro-batch and learning rate.
+    reading_rows: int = Field(0, ge=0)
+    reading_steps: int = Field(3000, ge=1)
 
 
 class ModelConfig(_Section):

@@ -18,6 +18,14 @@ tiny kit more like the real base model, not friendlier to the method:
   and the main agent's protocol, is still cold-start SFT's job;
 - the caption is the world's ground truth of the window, in the summary wording of
   `data.synth.traces.summarize_window`;
+- with `reading_rows`, a second phase (folder `pretrain-reading/`) trains on text-only
+  reading rows (`reading_row`): the notes a
+  video's grid segments would get from sub-agents, a question on one event asked as the
+  evaluation asks it, and an answer that quotes the relevant note and names the option. The
+  real Qwen3 language model reads a context and picks the option it supports; the tiny
+  random-weight one does not, and cold-start SFT at batch 1 never taught it (held-out
+  answers at chance while the sub-agent's reports were right; README "Miniature
+  reproduction"). No tool protocol, no system prompt: SFT still teaches those;
 - training is the SFT trainer (`paravt_core.sft.stage` under the folder `pretrain/`,
   DeepSpeed, checkpoints and exact resume) with `model.pretrain`'s steps, micro-batch and
   learning rate in place of the `sft` section's.
@@ -38,12 +46,15 @@ from paravt_core.refs import ArtifactRef, content_hash
 
 CAPTION_REQUEST = "Describe what happens in these frames."
 CORPUS_FILE = "captions.parquet"
+READING_FILE = "reading.parquet"
+READING_NOTES = "Notes on a video:"
 
 
 # The world settings a clip's pixels and caption depend on; trace and question settings
 # (sft_traces_per_video, prompts, ...) do not change the corpus, so they must not rebuild it.
 WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "height", "min_events", "max_events",
                 "min_event_s", "max_event_s", "overview_blind_frames", "event_kinds", "max_crop_s", "codec")
+READING_FIELDS = ("reading_rows", "reading_steps")
 
 
 def corpus_dir(cfg: PipelineConfig) -> Path:
@@ -51,7 +62,7 @@ def corpus_dir(cfg: PipelineConfig) -> Path:
     geometry and events (`WORLD_FIELDS`) and the code that draws them."""
     from paravt_core.refs import source_digest
 
-    settings = {"pretrain": cfg.model.pretrain.model_dump(mode="json"),
+    settings = {"pretrain": cfg.model.pretrain.model_dump(mode="json", exclude=set(READING_FIELDS)),
                 "world": cfg.data.synth.model_dump(mode="json", include=set(WORLD_FIELDS))}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     builder = source_digest("paravt_core.data.synth")
@@ -85,6 +96,34 @@ def caption_row(video_file: Path, window: tuple[int, int], caption: str) -> dict
             "videos": [video_file.resolve().as_uri()]}
 
 
+def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tuple[str, ...] | None) -> dict:
+    """A text-only row: the video's notes (one line per `segment_s` grid segment, in the
+    sub-agent summary wording), a question on one event in the evaluation's layout (SPEC §7),
+    and the answer: the note(s) of the segment(s) holding the event, then the conclusion the
+    teacher traces end with (`data.synth.traces.conclusion`)."""
+    from paravt_core.data.synth.prompts import ANSWER_INSTRUCTIONS
+    from paravt_core.data.synth.questions import random_event_question
+    from paravt_core.data.synth.traces import clock, conclusion, segment_grid, summarize_window
+    from paravt_core.data.synth.world import events_in_window
+    from paravt_core.eval.samples import mcq_question, open_question
+
+    question = random_event_question(rng, spec, 4, topics)
+    grid = segment_grid(spec, segment_s)
+    notes = "\n".join(f"{clock(s)} to {clock(e)}: {summarize_window(spec, s, e)}" for s, e in grid)
+    event = spec.events[question.event_index]
+    quoted = " ".join(summarize_window(spec, s, e) for s, e in grid if event in events_in_window(spec, s, e))
+    if question.qtype == "mcq":
+        asked = mcq_question(question.text, question.options)
+    elif question.qtype == "oe":
+        asked = open_question(question.text)
+    else:
+        asked = f"Question: {question.text}\n{ANSWER_INSTRUCTIONS[question.qtype]}"
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": f"{READING_NOTES}\n{notes}\n\n{asked}"}]},
+                         {"role": "assistant", "content": [
+                             {"type": "text", "text": f"The notes say: {quoted} {conclusion(question, spec)}"}]}],
+            "videos": []}
+
+
 def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
     """Write the captioning corpus (videos + one parquet of rows) once; return its reference."""
     import pyarrow as pa
@@ -110,18 +149,58 @@ def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
                     rows.append(caption_row(final_file, window, summarize_window(spec, *window)))
                 if (index + 1) % 100 == 0:
                     log_line(f"pretrain corpus: {index + 1}/{pre.videos} videos")
-            table = pa.table({"messages": [json.dumps(r["messages"]) for r in rows],
-                              "videos": [r["videos"] for r in rows]})
-            pq.write_table(table, tmp / CORPUS_FILE)
+            pq.write_table(_table(rows), tmp / CORPUS_FILE)
         log_line(f"pretrain corpus: {len(rows)} captioned clips of {pre.videos} videos in {out}")
     return ArtifactRef(kind="pretrain_corpus", path=out.resolve(), sha256=content_hash(out / CORPUS_FILE))
 
 
-def training_config(cfg: PipelineConfig) -> PipelineConfig:
-    """`cfg` with the `sft` section replaced by the pretraining's optimisation settings."""
+def reading_dir(cfg: PipelineConfig) -> Path:
+    """`<output_dir>/pretrain/reading-<hash>`: a pure function of the pretraining seed and
+    row count, the world's geometry, events and question topics, and the code that draws them."""
+    from paravt_core.refs import source_digest
+
+    pre = cfg.model.pretrain
+    settings = {"seed": pre.seed, "rows": pre.reading_rows,
+                "world": cfg.data.synth.model_dump(mode="json", include={*WORLD_FIELDS, "question_topics"})}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return cfg.run.output_dir / "pretrain" / f"reading-{key}-{source_digest('paravt_core.data.synth')}"
+
+
+def build_reading_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
+    """Write the text-only reading rows once (videos drawn from the corpus's own stream, never
+    rendered); return their reference."""
+    import pyarrow.parquet as pq
+
+    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+
+    out = reading_dir(cfg)
+    if not (out / READING_FILE).is_file():
+        pre, synth = cfg.model.pretrain, cfg.data.synth
+        topics = tuple(synth.question_topics) if synth.question_topics else None
+        rows = []
+        for index in range(pre.reading_rows):
+            rng = derived_rng(synth.seed, "pretrain-reading", pre.seed, index)
+            spec = sample_video(rng, synth, youtube_like_id(rng))
+            rows.append(reading_row(rng, spec, int(synth.max_crop_s), topics))
+        with atomic_dir(out) as tmp:
+            pq.write_table(_table(rows), tmp / READING_FILE)
+        log_line(f"pretrain reading corpus: {len(rows)} rows in {out}")
+    return ArtifactRef(kind="pretrain_corpus", path=out.resolve(), sha256=content_hash(out / READING_FILE))
+
+
+def _table(rows: list[dict]):
+    import pyarrow as pa
+
+    return pa.table({"messages": [json.dumps(r["messages"]) for r in rows],
+                     "videos": pa.array([r["videos"] for r in rows], type=pa.list_(pa.string()))})
+
+
+def training_config(cfg: PipelineConfig, steps: int | None = None) -> PipelineConfig:
+    """`cfg` with the `sft` section replaced by the pretraining's optimisation settings
+    (`steps`: the reading phase's instead of `max_steps`)."""
     pre = cfg.model.pretrain
     sft = cfg.sft.model_copy(update=dict(
-        max_steps=pre.max_steps, learning_rate=pre.learning_rate, micro_batch_size=pre.micro_batch_size,
+        max_steps=pre.max_steps if steps is None else steps, learning_rate=pre.learning_rate, micro_batch_size=pre.micro_batch_size,
         grad_accum_steps=1, warmup_ratio=pre.warmup_ratio, lr_schedule="cosine", weight_decay=0.0,
         checkpoint_every=pre.checkpoint_every, max_seq_len=cfg.sft.max_seq_len))
     return cfg.model_copy(update={"sft": sft})
@@ -135,4 +214,8 @@ def run(cfg: PipelineConfig, base: ArtifactRef, log_line: LogLine = print) -> Ar
         raise ValueError("perception pretraining is for the tiny model (model.base: tiny, model.pretrain.enabled)")
     corpus = build_corpus(cfg, log_line)
     model = sft_stage.run(training_config(cfg), base, corpus, log_line=log_line, stage="pretrain")
+    if cfg.model.pretrain.reading_rows:
+        reading = build_reading_corpus(cfg, log_line)
+        steps = cfg.model.pretrain.reading_steps
+        model = sft_stage.run(training_config(cfg, steps), model, reading, log_line=log_line, stage="pretrain-reading")
     return ArtifactRef(kind="base_model", path=model.path, sha256=model.sha256)

@@ -22,7 +22,7 @@ def _cfg(out: Path, *extra: str):
     return load_config(REPO / "conf/pipeline/reproduce.yaml", [
         f"run.output_dir={out}", "model.pretrain.videos=3", "model.pretrain.windows_per_video=4",
         "model.pretrain.max_steps=3", "model.pretrain.micro_batch_size=2", "model.pretrain.checkpoint_every=3",
-        *extra])
+        "model.pretrain.reading_rows=8", "model.pretrain.reading_steps=2", *extra])
 
 
 def test_corpus_clips_are_captioned_with_the_truth_of_their_window(tmp_path: Path):
@@ -47,6 +47,35 @@ def test_corpus_clips_are_captioned_with_the_truth_of_their_window(tmp_path: Pat
     assert pretrain.build_corpus(cfg, log_line=lambda line: None) == corpus
 
 
+def test_reading_rows_quote_the_note_of_the_asked_event_and_name_its_option(tmp_path: Path):
+    import random
+
+    from paravt_core.data.synth.world import sample_video
+
+    cfg = _cfg(tmp_path, "model.pretrain.reading_rows=40")
+    corpus = pretrain.build_reading_corpus(cfg, log_line=lambda line: None)
+    rows = pq.read_table(corpus.path / pretrain.READING_FILE).to_pylist()
+    assert len(rows) == 40 and all(r["videos"] == [] for r in rows)
+    for row in rows:
+        user, answer = (m["content"][0]["text"] for m in json.loads(row["messages"]))
+        assert user.startswith(pretrain.READING_NOTES + "\n00:00.0 to 00:16.0: ")
+        assert "Answer with the option letter only." in user or "Answer with a short" in user
+        assert answer.startswith("The notes say: From ")
+    # one row checked against its truth: the quoted note holds the asked event, the letter is right
+    rng = random.Random(7)
+    spec = sample_video(rng, cfg.data.synth, "vid")
+    row = pretrain.reading_row(random.Random(3), spec, 16, ("colour",))
+    user, answer = (m["content"][0]["text"] for m in row["messages"])
+    options = dict(line.split(". ", 1) for line in user.splitlines() if line[:2] in ("A.", "B.", "C.", "D."))
+    letter = answer.rsplit("option ", 1)[1].rstrip(".")
+    asked = next(e for e in spec.events if e.shape in user.split("Question: ")[1].split("\n")[0])
+    assert options[letter].lower() == asked.colour
+    assert f"{asked.colour} {asked.shape}" in answer.split(" So the answer")[0]
+    # the reading settings key the reading corpus, not the clips (the perception phase stays cached)
+    assert pretrain.corpus_dir(cfg) == pretrain.corpus_dir(_cfg(tmp_path))
+    assert pretrain.reading_dir(cfg) != pretrain.reading_dir(_cfg(tmp_path, "model.pretrain.reading_rows=41"))
+
+
 def test_no_pretraining_video_is_a_training_or_evaluation_video(tmp_path: Path):
     from paravt_core.data.synth.generate import generate_world
 
@@ -69,12 +98,18 @@ def test_pretraining_trains_the_base_and_resumes_to_the_same_model(tmp_path: Pat
     lines: list[str] = []
     trained = pretrain.run(cfg, base, log_line=lines.append)
     assert trained.kind == "base_model" and trained.sha256 != base.sha256
-    run_dir = trained.path.parent
-    assert run_dir.parent.name == "pretrain"
-    losses = [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in losses] == [1, 2, 3] and all(torch.isfinite(torch.tensor(r["loss"])) for r in losses)
-    meta = json.loads((trained.path / "paravt_meta.json").read_text())
-    assert meta["stage"] == "pretrain" and meta["steps"] == 3
+    # two phases: captioned clips (3 steps), then reading rows (2 steps) from that model
+    reading_dir = trained.path.parent
+    assert reading_dir.parent.name == "pretrain-reading"
+    (perception_dir,) = [p for p in (tmp_path / "pretrain").iterdir() if not p.name.startswith(("corpus-", "reading-"))]
+    for run_dir, stage, steps in ((perception_dir, "pretrain", 3), (reading_dir, "pretrain-reading", 2)):
+        losses = [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in losses] == list(range(1, steps + 1))
+        assert all(torch.isfinite(torch.tensor(r["loss"])) for r in losses)
+        meta = json.loads((run_dir / "model" / "paravt_meta.json").read_text())
+        assert meta["stage"] == stage and meta["steps"] == steps
+    reading_job = json.loads((reading_dir / "job.json").read_text())
+    assert content_hash(perception_dir / "model") in json.dumps(reading_job)
     # finished: a second call returns the exported model without training again
     again = pretrain.run(cfg, base, log_line=lines.append)
     assert again == ArtifactRef(kind="base_model", path=trained.path, sha256=content_hash(trained.path))
