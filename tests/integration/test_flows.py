@@ -164,6 +164,7 @@ def reproduce_overrides(out: Path) -> list[str]:
         "data.synth.eval_rows_per_split=2", "data.synth.sft_traces_per_video=2",
         "data.synth.subagent_traces_per_video=1", "data.synth.rl_prompts_per_video=1",
         "model.pretrain.videos=2", "model.pretrain.windows_per_video=2", "model.pretrain.max_steps=2",
+        "model.pretrain.reading_rows=4", "model.pretrain.reading_steps=2",
         "model.pretrain.micro_batch_size=2", "sft.max_steps=2", "sft.checkpoint_every=2", "rl.max_steps=2",
         "rl.prompts_per_step=1", "rl.group_size=2", "rl.checkpoint_every=2", "rl.rollout.max_new_tokens=8",
         "rl.rollout.subagent_max_new_tokens=4", "eval.max_new_tokens=8", "eval.max_samples_per_split=2",

@@ -53,8 +53,11 @@ def test_reading_rows_quote_the_note_of_the_asked_event_and_name_its_option(tmp_
     from paravt_core.data.synth.world import sample_video
 
     cfg = _cfg(tmp_path, "model.pretrain.reading_rows=40")
-    corpus = pretrain.build_reading_corpus(cfg, log_line=lambda line: None)
+    clips = pretrain.build_corpus(cfg, log_line=lambda line: None)
+    corpus = pretrain.build_reading_corpus(cfg, clips, log_line=lambda line: None)
     rows = pq.read_table(corpus.path / pretrain.READING_FILE).to_pylist()
+    # the clips are replayed beside the reading rows
+    assert pq.read_table(corpus.path / pretrain.CORPUS_FILE).equals(pq.read_table(clips.path / pretrain.CORPUS_FILE))
     assert len(rows) == 40 and all(r["videos"] == [] for r in rows)
     for row in rows:
         user, answer = (m["content"][0]["text"] for m in json.loads(row["messages"]))
@@ -73,7 +76,7 @@ def test_reading_rows_quote_the_note_of_the_asked_event_and_name_its_option(tmp_
     assert f"{asked.colour} {asked.shape}" in answer.split(" So the answer")[0]
     # the reading settings key the reading corpus, not the clips (the perception phase stays cached)
     assert pretrain.corpus_dir(cfg) == pretrain.corpus_dir(_cfg(tmp_path))
-    assert pretrain.reading_dir(cfg) != pretrain.reading_dir(_cfg(tmp_path, "model.pretrain.reading_rows=41"))
+    assert pretrain.reading_dir(cfg, clips) != pretrain.reading_dir(_cfg(tmp_path, "model.pretrain.reading_rows=41"), clips)
 
 
 def test_no_pretraining_video_is_a_training_or_evaluation_video(tmp_path: Path):

@@ -165,6 +165,8 @@ def test_unparsable_set_value_names_the_item():
     ("reproduce.seeds=[0, 0]", "seeds must be distinct"),
     ("reproduce.rows=['../etc']", "reproduce.rows"),
     ("model.pretrain.max_steps=0", "model.pretrain.max_steps"),
+    ("model.pretrain.reading_rows=-1", "model.pretrain.reading_rows"),
+    ("model.pretrain.reading_steps=0", "model.pretrain.reading_steps"),
 ])
 def test_reproduce_and_pretrain_settings_are_checked_at_load(override: str, message: str):
     with pytest.raises(ConfigError, match=message):
@@ -173,6 +175,6 @@ def test_reproduce_and_pretrain_settings_are_checked_at_load(override: str, mess
 
 def test_reproduce_config_pretrains_the_tiny_base_and_runs_paper_rows_over_three_seeds():
     cfg = load_config("conf/pipeline/reproduce.yaml")
-    assert cfg.model.pretrain.enabled and cfg.model.is_tiny
+    assert cfg.model.pretrain.enabled and cfg.model.is_tiny and cfg.model.pretrain.reading_rows > 0
     assert set(cfg.reproduce.rows) >= {"vanilla_grpo", "paragrpo"} and len(cfg.reproduce.seeds) == 3
     assert max(cfg.rl.gating.choices) <= cfg.eval.nframes  # gating never shows more than the evaluation

@@ -208,3 +208,20 @@ def test_perception_windows_follow_the_manifest(world, tmp_path):
     (tmp_path / videos[0]["file_name"]).unlink()
     with pytest.raises(FileNotFoundError, match="run the data stage"):
         window_truths(world.manifest, "videomme", tmp_path, KNOBS.max_crop_s, max_videos=2)
+
+
+@pytest.mark.parametrize("answer_index", [0, 2, 3])
+def test_mcq_conclusions_read_the_options_in_order_up_to_the_answer(answer_index: int):
+    """The letter is never looked up behind its option text: each option line is read, judged
+    against the value (spelled as the option spells it), and the letter copied from the line
+    that matched."""
+    from paravt_core.data.synth.questions import Question
+    from paravt_core.data.synth.traces import check_options, conclusion
+
+    options = ("Top left", "Bottom right", "Centre", "Top right")
+    letter = "ABCD"[answer_index]
+    question = Question(video_id="v", qtype="mcq", topic="position", text="Where?", answer=letter,
+                        answer_text=options[answer_index].lower(), options=options, event_index=0)
+    checks = " ".join(f"{x}. {o}, {'yes' if x == letter else 'no'}." for x, o in zip("ABCD", options[:answer_index + 1]))
+    assert check_options(question) == f"Checking the options: {checks} So the answer is option {letter}."
+    assert conclusion(question, None).startswith(f"So the answer is {options[answer_index]}. Checking the options: A. ")
