@@ -19,9 +19,9 @@ tiny kit more like the real base model, not friendlier to the method:
 - the caption is the world's ground truth of the window, in the summary wording of
   `data.synth.traces.summarize_window`;
 - with `reading_rows`, a second phase (folder `pretrain-reading/`) trains on text-only
-  reading rows (`reading_row`), with the clips replayed beside them: a question on one
-  event asked as the evaluation asks it, the notes a video's segments would get from
-  sub-agents, and an answer that quotes the relevant note and names the option. The
+  reading rows (`reading_row`), with the clips replayed beside them: the notes a
+  video's grid segments would get from sub-agents, a question on one event asked as the
+  evaluation asks it, and an answer that quotes the relevant note and names the option. The
   real Qwen3 language model reads a context and picks the option it supports; the tiny
   random-weight one does not, and cold-start SFT at batch 1 never taught it (held-out
   answers at chance while the sub-agent's reports were right; README "Miniature
@@ -48,8 +48,6 @@ CAPTION_REQUEST = "Describe what happens in these frames."
 CORPUS_FILE = "captions.parquet"
 READING_FILE = "reading.parquet"
 READING_NOTES = "Notes on a video:"
-# Note granularities of the reading rows (s), beside the crop grid's `max_crop_s`.
-NOTE_SEGMENTS_S = (4, 8)
 
 
 # The world settings a clip's pixels and caption depend on; trace and question settings
@@ -99,17 +97,10 @@ def caption_row(video_file: Path, window: tuple[int, int], caption: str) -> dict
 
 
 def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tuple[str, ...] | None) -> dict:
-    """A text-only row: a question on one event in the evaluation's layout (SPEC §7), then the
-    video's notes (one line per grid segment of a length drawn from `NOTE_SEGMENTS_S` and
-    `segment_s`, in the sub-agent summary wording), and the answer: the note(s) of the
-    segment(s) holding the event, then the conclusion the teacher traces end with
-    (`data.synth.traces.conclusion`).
-
-    The question stands first, as in an agent's context, where its options come before the
-    overview, the calls and the reports: with the notes first the options were a few tokens
-    from the check and SFT's agent answered with long-range option copies gone wrong (every
-    option line read as the reported value: "A. Orange, no. B. Orange, no. ..."). Finer notes
-    put the options 60-250 tokens back, as far as an agent's reports put them."""
+    """A text-only row: the video's notes (one line per `segment_s` grid segment, in the
+    sub-agent summary wording), a question on one event in the evaluation's layout (SPEC §7),
+    and the answer: the note(s) of the segment(s) holding the event, then the conclusion the
+    teacher traces end with (`data.synth.traces.conclusion`)."""
     from paravt_core.data.synth.prompts import ANSWER_INSTRUCTIONS
     from paravt_core.data.synth.questions import random_event_question
     from paravt_core.data.synth.traces import clock, conclusion, segment_grid, summarize_window
@@ -117,7 +108,7 @@ def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tup
     from paravt_core.eval.samples import mcq_question, open_question
 
     question = random_event_question(rng, spec, 4, topics)
-    grid = segment_grid(spec, rng.choice((*NOTE_SEGMENTS_S, segment_s)))
+    grid = segment_grid(spec, segment_s)
     notes = "\n".join(f"{clock(s)} to {clock(e)}: {summarize_window(spec, s, e)}" for s, e in grid)
     event = spec.events[question.event_index]
     quoted = " ".join(summarize_window(spec, s, e) for s, e in grid if event in events_in_window(spec, s, e))
@@ -127,7 +118,7 @@ def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tup
         asked = open_question(question.text)
     else:
         asked = f"Question: {question.text}\n{ANSWER_INSTRUCTIONS[question.qtype]}"
-    return {"messages": [{"role": "user", "content": [{"type": "text", "text": f"{asked}\n\n{READING_NOTES}\n{notes}"}]},
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": f"{READING_NOTES}\n{notes}\n\n{asked}"}]},
                          {"role": "assistant", "content": [
                              {"type": "text", "text": f"The notes say: {quoted} {conclusion(question, spec)}"}]}],
             "videos": []}
@@ -172,7 +163,6 @@ def reading_dir(cfg: PipelineConfig, clips: ArtifactRef) -> Path:
     pre = cfg.model.pretrain
     settings = {"seed": pre.seed, "rows": pre.reading_rows, "clips": clips.sha256,
                 "world": cfg.data.synth.model_dump(mode="json", include={*WORLD_FIELDS, "question_topics"})}
-    settings["rows_code"] = source_digest("paravt_core.model", only=("pretrain.py",))
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return cfg.run.output_dir / "pretrain" / f"reading-{key}-{source_digest('paravt_core.data.synth')}"
 
