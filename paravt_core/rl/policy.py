@@ -43,7 +43,7 @@ from paravt_core.rl.grpo import (
     shaped_reward,
     token_advantages,
 )
-from paravt_core.rl.rewards import RewardBreakdown, compute_reward, format_reward
+from paravt_core.rl.rewards import RewardBreakdown, RewardScope, compute_reward, format_reward
 
 RewardFn = Callable[[Episode, RLPrompt], RewardBreakdown]
 
@@ -79,10 +79,17 @@ def paravt_reward(cfg: RLConfig) -> RewardFn:
     return score
 
 
-def fixed_format_reward(episode: Episode) -> float:
+def fixed_format_reward(episode: Episode, scope: RewardScope = "generated") -> float:
     """R_fmt under ONE definition for every row (SPEC §5, Table 2 fτ): answer_suffix on,
-    λ = 0.5, scope generated, so rows with different reward knobs stay comparable."""
-    return format_reward(episode.text("generated"), answer_suffix=True, anchor_weight=0.5)
+    λ = 0.5, scope generated, so rows with different reward knobs stay comparable.
+
+    `scope="transcript"` scores the forced think prefixes too. Under the SPEC's generated
+    scope a row with `rollout.think_prefix` never shows an opening `<think>` (the prompt
+    forced it), so the same written transcript scores 0.5 there and 1.0 without the prefix:
+    the miniature Table 2 measured PARA-GRPO 0.49 against vanilla 0.99 at step 1, from one
+    SFT policy (README "Miniature reproduction"). Both are logged (`f_tau_fixed`,
+    `f_tau_fixed_transcript`)."""
+    return format_reward(episode.text(scope), answer_suffix=True, anchor_weight=0.5)
 
 
 def trajectories(episodes: Sequence[Episode], train_subagents: bool,

@@ -199,6 +199,7 @@ class Trainer:
         row = {
             "f_tau": float(np.mean([x.format for x in r])),
             "f_tau_fixed": float(np.mean([fixed_format_reward(e) for e in episodes])),
+            "f_tau_fixed_transcript": float(np.mean([fixed_format_reward(e, "transcript") for e in episodes])),
             "kappa": float(np.mean([e.tool_calls for e in episodes])),
             "reward_acc": float(np.mean([x.acc for x in r])),
             "reward_tool": float(np.mean([x.tool for x in r])),

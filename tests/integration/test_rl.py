@@ -247,7 +247,8 @@ def test_paragrpo_with_token_anchoring_runs_end_to_end(rl_setup, monkeypatch):
     rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     for row in rows:
-        for key in ("f_tau", "f_tau_fixed", "kappa", "kl", "adv_raw_std", "adv_std", "dropped_frac", "loss"):
+        for key in ("f_tau", "f_tau_fixed", "f_tau_fixed_transcript", "kappa", "kl", "adv_raw_std", "adv_std",
+                    "dropped_frac", "loss"):
             assert key in row and row[key] == row[key] and abs(row[key]) != float("inf"), (key, row)
         assert row["adv_mean"] == pytest.approx(0.0, abs=1e-4)  # batch-normalized over the step's tokens
     assert (job.out_dir / "model" / "config.json").exists()

@@ -462,3 +462,24 @@ def test_no_penalty_row_drops_only_the_unclosed_think_penalty():
     # answer_suffix on: +0.2 think; anchoring λ=0.5: -0.3 * 0.5 = -0.15; tags unbalanced -> no +0.1
     assert format_reward(text) == pytest.approx(0.2 - 0.15)
     assert format_reward(text, unclosed_think_penalty=False) == pytest.approx(0.2)
+
+
+def test_fixed_format_under_generated_scope_misses_a_forced_think_prefix():
+    """The Table 2 fτ_fixed artifact (README "Miniature reproduction"): the same written
+    transcript, its think blocks opened by the prompt (PARA-GRPO's think prefix) or by the
+    policy (vanilla), scores 0.5 against 1.0 under the SPEC's generated scope; the transcript
+    scope scores both 1.0."""
+    from types import SimpleNamespace
+
+    from paravt_core.rl.policy import fixed_format_reward
+
+    forced = SimpleNamespace(text=lambda scope: scored_text(SEGMENTS, scope))
+    own = [
+        TranscriptSegment("<think>\nlook at 0-10 s</think>" + CALL, generated=True),
+        TranscriptSegment("<tool_response>a dog</tool_response>", generated=False, scored="<tool_response></tool_response>"),
+        TranscriptSegment("<think>\na dog runs</think><answer>A</answer>", generated=True),
+    ]
+    written = SimpleNamespace(text=lambda scope: scored_text(own, scope))
+    assert fixed_format_reward(forced) == pytest.approx(0.5)
+    assert fixed_format_reward(written) == pytest.approx(1.0)
+    assert fixed_format_reward(forced, "transcript") == fixed_format_reward(written, "transcript") == pytest.approx(1.0)
