@@ -20,8 +20,8 @@ tiny kit more like the real base model, not friendlier to the method:
   `data.synth.traces.summarize_window`;
 - with `reading_rows`, a second phase (folder `pretrain-reading/`) trains on text-only
   reading rows (`reading_row`), with the clips replayed beside them: the notes a
-  video's segments would get from sub-agents and a question on one event asked as the
-  evaluation asks it (in either order), and an answer that quotes the relevant note and names the option. The
+  video's grid segments would get from sub-agents, a question on one event asked as the
+  evaluation asks it, and an answer that quotes the relevant note and names the option. The
   real Qwen3 language model reads a context and picks the option it supports; the tiny
   random-weight one does not, and cold-start SFT at batch 1 never taught it (held-out
   answers at chance while the sub-agent's reports were right; README "Miniature
@@ -97,19 +97,10 @@ def caption_row(video_file: Path, window: tuple[int, int], caption: str) -> dict
 
 
 def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tuple[str, ...] | None) -> dict:
-    """A text-only row: the video's notes (one line per grid segment, in the sub-agent
-    summary wording) and a question on one event in the evaluation's layout (SPEC §7), in one
-    of two orders drawn per row; the answer: the note(s) of the segment(s) holding the event,
-    then the conclusion the teacher traces end with (`data.synth.traces.conclusion`).
-
-    - notes first (`segment_s` segments), the question last: its options stand a few tokens
-      before the check;
-    - question first, then notes of 8 s or `segment_s` segments: the options stand 60-150
-      tokens back, as in an agent's context, where they come before the overview, the calls
-      and the reports. With the notes-first order alone, SFT's agent copied the reported value
-      into every option line ("A. Orange, no. B. Orange, no. ..."); with the question-first
-      order alone (notes down to 4 s), it copied the option lines better but quoted the wrong
-      report and named the wrong value more often (README "Miniature reproduction")."""
+    """A text-only row: the video's notes (one line per `segment_s` grid segment, in the
+    sub-agent summary wording), a question on one event in the evaluation's layout (SPEC §7),
+    and the answer: the note(s) of the segment(s) holding the event, then the conclusion the
+    teacher traces end with (`data.synth.traces.conclusion`)."""
     from paravt_core.data.synth.prompts import ANSWER_INSTRUCTIONS
     from paravt_core.data.synth.questions import random_event_question
     from paravt_core.data.synth.traces import clock, conclusion, segment_grid, summarize_window
@@ -117,8 +108,7 @@ def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tup
     from paravt_core.eval.samples import mcq_question, open_question
 
     question = random_event_question(rng, spec, 4, topics)
-    question_first = rng.random() < 0.5
-    grid = segment_grid(spec, rng.choice((8, segment_s)) if question_first else segment_s)
+    grid = segment_grid(spec, segment_s)
     notes = "\n".join(f"{clock(s)} to {clock(e)}: {summarize_window(spec, s, e)}" for s, e in grid)
     event = spec.events[question.event_index]
     quoted = " ".join(summarize_window(spec, s, e) for s, e in grid if event in events_in_window(spec, s, e))
@@ -128,8 +118,7 @@ def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tup
         asked = open_question(question.text)
     else:
         asked = f"Question: {question.text}\n{ANSWER_INSTRUCTIONS[question.qtype]}"
-    text = f"{asked}\n\n{READING_NOTES}\n{notes}" if question_first else f"{READING_NOTES}\n{notes}\n\n{asked}"
-    return {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]},
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": f"{READING_NOTES}\n{notes}\n\n{asked}"}]},
                          {"role": "assistant", "content": [
                              {"type": "text", "text": f"The notes say: {quoted} {conclusion(question, spec)}"}]}],
             "videos": []}
