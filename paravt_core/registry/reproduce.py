@@ -8,7 +8,9 @@ This module turns those measurements into
 - `table_markdown`: one line per row: held-out accuracy in both modes, the tool gain
   (subagent minus direct), the gain over SFT, κ of the held-out evaluation, and fτ_fixed / κ
   of training (the mean of the last `LAST_STEPS` RL steps, as `paravt report` does; SPEC §5:
-  fτ under one fixed definition for every row). Each cell is the mean over seeds with its
+  fτ under one fixed definition for every row; also over the transcript, forced think
+  prefixes included, which runs before that metric existed leave "–": see
+  `rl.policy.fixed_format_reward`). Each cell is the mean over seeds with its
   95 % t-interval. The SFT row's training fτ / κ are those of the first RL step's rollouts
   (the SFT policy before any update);
 - `findings`: the issue's checks, computed (tools necessary, RL learns, the κ / fτ contrast);
@@ -126,17 +128,19 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
     sft = _by_row(runs, "sft")
     sft_accuracy = sft[0].accuracy if sft else None
     head = ("| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) | "
-            "gain over SFT (points) | held-out κ | training fτ_fixed | training κ |")
-    lines = [head, "|" + "---|" * 9]
+            "gain over SFT (points) | held-out κ | training fτ_fixed | training κ | training fτ_fixed, transcript |")
+    lines = [head, "|" + "---|" * 10]
     for row in rows_in_order(runs):
         mine = _by_row(runs, row)
         if row == "sft":
             start = sft_training_start(runs)
             f_tau = interval95([v for r in start if (v := r.first("f_tau_fixed")) is not None])
             kappa = interval95([v for r in start if (v := r.first("kappa")) is not None])
+            f_tau_t = interval95([v for r in start if (v := r.first("f_tau_fixed_transcript")) is not None])
         else:
             f_tau = interval95([v for r in mine if (v := r.final("f_tau_fixed")) is not None])
             kappa = interval95([v for r in mine if (v := r.final("kappa")) is not None])
+            f_tau_t = interval95([v for r in mine if (v := r.final("f_tau_fixed_transcript")) is not None])
         gain = None if sft_accuracy is None or row == "sft" else interval95([r.accuracy - sft_accuracy for r in mine])
         cells = [
             str(len(mine)),
@@ -147,6 +151,7 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
             _cell(interval95([r.eval_tool_calls for r in mine]), 1, 2),
             _cell(f_tau, 1, 2),
             _cell(kappa, 1, 2),
+            _cell(f_tau_t, 1, 2),
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

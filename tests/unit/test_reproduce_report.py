@@ -58,6 +58,19 @@ def test_table_has_one_line_per_row_with_gains_and_last_step_means():
     sft = lines[0].split(" | ")
     assert sft[5] == "–"  # no gain of SFT over itself
     assert sft[8].startswith("2.45")  # SFT training κ = paragrpo's first steps (2.5, 2.4)
+    # runs from before the transcript-scope fτ was logged leave that column empty
+    assert all(line.split(" | ")[9] == "– |" for line in lines)
+
+
+def test_table_shows_the_transcript_scope_format_where_logged():
+    runs = [ModelRun("sft", None, 0.5, 0.2, 2.8)]
+    for seed, values in ((0, [0.9, 1.0, 1.0, 1.0]), (1, [1.0, 1.0, 1.0, 1.0])):
+        steps = [{**s, "f_tau_fixed_transcript": v} for s, v in zip(_steps([2, 2, 2, 2], [0.5] * 4), values)]
+        runs.append(ModelRun("paragrpo", seed, 0.5, 0.2, 2.0, steps))
+    lines = [line for line in table_markdown(runs).splitlines() if line.startswith("| ") and not line.startswith("| row")]
+    assert lines[0].split(" | ")[9].startswith("0.95 ± ")  # SFT: paragrpo's first steps (0.9, 1.0)
+    assert lines[1].split(" | ")[9].startswith("1.00 ± ")  # last 3 steps of both seeds
+    assert lines[1].split(" | ")[7].startswith("0.50")  # the SPEC's generated-scope column beside it
 
 
 def test_findings_state_whether_the_targets_are_met():
