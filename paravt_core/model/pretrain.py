@@ -221,6 +221,12 @@ def run(cfg: PipelineConfig, base: ArtifactRef, log_line: LogLine = print) -> Ar
 
     if not cfg.model.is_tiny or not cfg.model.pretrain.enabled:
         raise ValueError("perception pretraining is for the tiny model (model.base: tiny, model.pretrain.enabled)")
+    if cfg.model.pretrain.reading_rows and cfg.sft.num_ranks > 1 and cfg.sft.zero_stage == 3:
+        # Measured: the reading phase at 2 CPU ranks under ZeRO-3 stalled before its first step
+        # (its text-only micro-batches skip the vision tower that other ranks gather).
+        raise ValueError(f"model.pretrain.reading_rows={cfg.model.pretrain.reading_rows} with sft.num_ranks="
+                         f"{cfg.sft.num_ranks} and sft.zero_stage=3 hangs (text-only micro-batches skip the "
+                         "vision tower other ranks gather): set sft.num_ranks=1 or sft.zero_stage 0/2 for it")
     corpus = build_corpus(cfg, log_line)
     model = sft_stage.run(training_config(cfg), base, corpus, log_line=log_line, stage="pretrain")
     if cfg.model.pretrain.reading_rows:

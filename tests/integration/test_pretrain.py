@@ -147,3 +147,12 @@ def test_corpus_depends_on_the_world_geometry_not_on_trace_settings(tmp_path: Pa
     assert pretrain.corpus_dir(same) == pretrain.corpus_dir(_cfg(tmp_path))
     assert pretrain.corpus_dir(_cfg(tmp_path, "data.synth.max_event_s=4")) != pretrain.corpus_dir(_cfg(tmp_path))
     assert pretrain.corpus_dir(_cfg(tmp_path, "model.pretrain.videos=4")) != pretrain.corpus_dir(_cfg(tmp_path))
+
+
+def test_reading_phase_refuses_zero3_across_ranks_before_any_work(tmp_path: Path):
+    """Text-only micro-batches skip the vision tower that other ZeRO-3 ranks gather: measured
+    to stall at 2 CPU ranks, so the stage says so instead of hanging."""
+    cfg = _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3")
+    with pytest.raises(ValueError, match="sft.zero_stage=3 hangs"):
+        pretrain.run(cfg, ArtifactRef(kind="base_model", path=tmp_path / "unused", sha256="0" * 64))
+    assert not (tmp_path / "pretrain").exists()
