@@ -1,0 +1,130 @@
+"""Can the tiny model read? A teacher-forced probe of the reading phase's skill (#15).
+
+The reading phase of the tiny base (`model.pretrain`, rows of `pretrain.reading_row`) should
+leave a model that, given a video's notes and a multiple-choice question, quotes the note on
+the asked event, names the value, checks the options in order and ends on the right letter
+(`data.synth.traces.check_options`). This probe draws held-out reading rows from a stream of
+their own (never a training row), feeds each whole row to the model once (teacher forcing:
+every token is predicted from the true text before it) and scores each part of the answer by
+whether the model's argmax reproduces all of its tokens:
+
+- quote: the quoted note(s); value: the value after "So the answer is";
+- options: every option text copied into the checking lines; verdicts: every "yes"/"no";
+- letter: the final "option X"; chain: everything from the value to the letter.
+
+Teacher forcing isolates each step from the errors before it: a greedy answer can fail at
+the value and never reach a letter, which says nothing about the letter step. The score of
+one row is a pure function of its tokens' correctness and offsets (`score_row`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from paravt_core.config import PipelineConfig
+
+PARTS = ("quote", "value", "options", "verdicts", "letter", "chain")
+PROBE_STREAM = "probe-reading"  # derived_rng stream; training rows come from "pretrain-reading"
+
+
+@dataclass(frozen=True)
+class ReadingProbe:
+    rows: int  # multiple-choice rows scored
+    quote: float
+    value: float
+    options: float
+    verdicts: float
+    letter: float
+    chain: float
+
+    def as_metrics(self, prefix: str = "reading") -> dict[str, float]:
+        return {f"{prefix}_{f.name}": float(getattr(self, f.name)) for f in fields(self) if f.name != "rows"}
+
+
+def answer_spans(answer: str) -> dict[str, list[tuple[int, int]]]:
+    """Character spans of the scored parts of one reading-row answer (module docstring).
+
+    Raises:
+        ValueError: the answer is not in the reading-row layout (quote, value, checks, letter).
+    """
+    head = re.match(r"The notes say: (.+?) So the answer is (.+?)\. Checking the options: ", answer, re.S)
+    tail = re.search(r" So the answer is option ([A-Z])\.$", answer)
+    if not head or not tail:
+        raise ValueError(f"not a multiple-choice reading answer: {answer[:120]!r}")
+    checks = list(re.finditer(r"([A-Z])\. (.+?), (yes|no)\.", answer[head.end():tail.start() + 1]))
+    if not checks:
+        raise ValueError(f"no option checks in the reading answer: {answer[:120]!r}")
+    base = head.end()
+    return {"quote": [head.span(1)], "value": [head.span(2)],
+            "options": [(base + m.start(2), base + m.end(2)) for m in checks],
+            "verdicts": [(base + m.start(3), base + m.end(3)) for m in checks],
+            "letter": [tail.span(1)], "chain": [(head.start(2), tail.end(1))]}
+
+
+def score_row(correct: Sequence[bool], offsets: Sequence[tuple[int, int]], spans: dict[str, list[tuple[int, int]]],
+              shift: int = 0) -> dict[str, bool]:
+    """Whether every token of each part was predicted right.
+
+    Args:
+        correct: per token of the rendered text, whether the model's argmax at the token before
+            it was this token (the first token's entry is never consulted by an answer span).
+        offsets: per token, its (start, end) characters in the rendered text.
+        spans: `answer_spans` of the answer, in characters of the answer.
+        shift: where the answer starts in the rendered text.
+    """
+    out = {}
+    for part, ranges in spans.items():
+        hit = [ok for ok, (a, b) in zip(correct, offsets, strict=True)
+               if b > a and any(a < shift + e and b > shift + s for s, e in ranges)]
+        if not hit:
+            raise ValueError(f"no token covers the {part!r} span {ranges}")
+        out[part] = all(hit)
+    return out
+
+
+def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0) -> list[dict]:
+    """`count` multiple-choice reading rows of the config's world from the probe's own stream."""
+    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+    from paravt_core.model.pretrain import reading_row
+
+    synth = cfg.data.synth
+    topics = tuple(synth.question_topics) if synth.question_topics else None
+    rows, index = [], 0
+    while len(rows) < count:
+        rng = derived_rng(synth.seed, PROBE_STREAM, seed, index)
+        index += 1
+        row = reading_row(rng, sample_video(rng, synth, youtube_like_id(rng)), int(synth.max_crop_s), topics)
+        if "Checking the options" in row["messages"][1]["content"][0]["text"]:
+            rows.append(row)
+        if index > 20 * count:
+            raise ValueError(f"the world's question topics {topics} give no multiple-choice reading rows")
+    return rows
+
+
+def reading_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 200, seed: int = 0) -> ReadingProbe:
+    """Score the model in `model_dir` on `rows` held-out reading rows (module docstring)."""
+    import torch
+
+    from paravt_core.model.loading import load_model, load_processor
+
+    processor = load_processor(model_dir)
+    model = load_model(model_dir, dtype="float32", device="cpu").eval()
+    totals = dict.fromkeys(PARTS, 0)
+    drawn = probe_rows(cfg, rows, seed)
+    for row in drawn:
+        answer = row["messages"][1]["content"][0]["text"]
+        text = processor.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=False)
+        shift = text.rindex(answer)
+        enc = processor.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+        ids = torch.tensor([enc["input_ids"]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0]
+        predicted = logits.argmax(-1)
+        correct = [False] + (predicted[:-1] == ids[0, 1:]).tolist()
+        for part, ok in score_row(correct, enc["offset_mapping"], answer_spans(answer), shift).items():
+            totals[part] += ok
+    return ReadingProbe(rows=len(drawn), **{part: totals[part] / len(drawn) for part in PARTS})
+

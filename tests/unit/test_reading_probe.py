@@ -1,0 +1,85 @@
+"""The teacher-forced reading probe (#15): the parts of a reading answer and their scoring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paravt_core.config import load_config
+from paravt_core.model.reading_probe import PARTS, answer_spans, probe_rows, reading_probe, score_row
+
+REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
+ANSWER = ("The notes say: From 00:20.0 to 00:22.0 a green circle appears in the top right corner. So the answer is "
+          "Top right. Checking the options: A. Bottom left, no. B. Top right, yes. So the answer is option B.")
+
+
+def test_answer_spans_name_each_part():
+    spans = answer_spans(ANSWER)
+    text = {part: [ANSWER[a:b] for a, b in ranges] for part, ranges in spans.items()}
+    assert text["quote"] == ["From 00:20.0 to 00:22.0 a green circle appears in the top right corner."]
+    assert text["value"] == ["Top right"]
+    assert text["options"] == ["Bottom left", "Top right"]
+    assert text["verdicts"] == ["no", "yes"]
+    assert text["letter"] == ["B"]
+    assert text["chain"] == [ANSWER[ANSWER.index("Top right. Checking"):-1]]
+
+
+def test_answer_spans_refuse_an_answer_in_another_layout():
+    with pytest.raises(ValueError, match="not a multiple-choice reading answer"):
+        answer_spans("The notes say: nothing. So the answer is Red.")
+
+
+@pytest.fixture(scope="module")
+def rendered(tiny_processor):
+    row = probe_rows(load_config(REPRODUCE, []), 1)[0]
+    answer = row["messages"][1]["content"][0]["text"]
+    text = tiny_processor.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=False)
+    enc = tiny_processor.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    return answer, text.rindex(answer), enc["offset_mapping"]
+
+
+def _token_at(offsets, char: int) -> int:
+    return next(i for i, (a, b) in enumerate(offsets) if a <= char < b)
+
+
+def test_score_row_fails_exactly_the_parts_a_wrong_token_belongs_to(rendered):
+    answer, shift, offsets = rendered
+    spans = answer_spans(answer)
+    assert score_row([True] * len(offsets), offsets, spans, shift) == dict.fromkeys(PARTS, True)
+    cases = {"letter": {"letter", "chain"}, "value": {"value", "chain"}, "quote": {"quote"},
+             "verdicts": {"verdicts", "chain"}, "options": {"options", "chain"}}
+    for part, failed in cases.items():
+        correct = [True] * len(offsets)
+        correct[_token_at(offsets, shift + spans[part][-1][0])] = False
+        scores = score_row(correct, offsets, spans, shift)
+        assert {p for p, ok in scores.items() if not ok} == failed, part
+    # a wrong token outside the answer (the question) fails nothing
+    correct = [True] * len(offsets)
+    correct[_token_at(offsets, shift - 5)] = False
+    assert all(score_row(correct, offsets, spans, shift).values())
+
+
+def test_probe_rows_are_multiple_choice_and_not_the_training_rows():
+    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+    from paravt_core.model.pretrain import reading_row
+
+    cfg = load_config(REPRODUCE, [])
+    probe = probe_rows(cfg, 20)
+    assert len(probe) == 20 and all("Checking the options" in r["messages"][1]["content"][0]["text"] for r in probe)
+    synth = cfg.data.synth
+    train = []
+    for index in range(50):  # the reading phase's own stream (pretrain.build_reading_corpus)
+        rng = derived_rng(synth.seed, "pretrain-reading", cfg.model.pretrain.seed, index)
+        train.append(reading_row(rng, sample_video(rng, synth, youtube_like_id(rng)), int(synth.max_crop_s),
+                                 tuple(synth.question_topics)))
+    questions = {r["messages"][0]["content"][0]["text"] for r in train}
+    assert not questions & {r["messages"][0]["content"][0]["text"] for r in probe}
+
+
+def test_reading_probe_scores_a_model_folder(tiny_model_dir):
+    report = reading_probe(tiny_model_dir, load_config(REPRODUCE, []), rows=3)
+    assert report.rows == 3
+    assert set(report.as_metrics()) == {f"reading_{p}" for p in PARTS}
+    # a random-weight model copies nothing whole
+    assert report.chain == 0.0 and report.quote == 0.0
