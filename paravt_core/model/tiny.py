@@ -77,11 +77,29 @@ class TinyModelSpec(BaseModel):
     max_pixels: int = 50176
 
 
-def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
-    """Domain text for the BPE merges: questions, timestamps, tool calls, answers."""
+# The words of the generated world (data.synth.world: colours, shapes, corners, digits,
+# directions) and of its answers: Qwen3-VL's 151k-token vocabulary holds each of them as ONE
+# token with its leading space, lower case and capitalised (" purple", " Purple", " Top",
+# " yes"). The tiny tokenizer learns its merges from `_corpus` alone: when the corpus had the
+# colours in lower case only, an option reading "Purple" became " ", "P", "ur", "ple" and
+# " yes" became " ", "y", "es", so telling two options apart, or yes from no, hung on
+# sub-word pieces and a bare space the real model never sees (measured: a held-out "no" was
+# predicted as the space that starts " yes" in 50 of 300 option checks, README "Miniature
+# reproduction"). tests/unit/test_tiny_tokenizer.py keeps this list in step with the world.
+WORLD_WORDS = (
+    "red green blue yellow purple orange cyan white black "
+    "square circle triangle diamond star "
+    "top bottom left right centre corner "
+    "zero one two three four five six seven eight nine digit "
+    "to in a moving from yes no option options checking notes say answer"
+).split()
+
+
+def _corpus(seed: int, n_lines: int = 6000) -> list[str]:
+    """Domain text for the BPE merges: questions, timestamps, tool calls, answers, option checks."""
     rng = random.Random(seed)
     colours = ["red", "green", "blue", "yellow", "purple", "orange", "white", "black", "cyan"]
-    shapes = ["square", "circle", "triangle", "star", "ball", "box", "digit", "object"]
+    shapes = ["square", "circle", "triangle", "diamond", "star", "ball", "box", "digit", "object"]
     digits = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
     verbs = ["appears", "moves", "is shown", "happens", "crosses", "disappears", "stays"]
     words = (
@@ -92,7 +110,7 @@ def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
     ).split()
     lines = []
     for _ in range(n_lines):
-        kind = rng.randrange(5)
+        kind = rng.randrange(7)
         s, e = sorted(rng.sample(range(0, 300), 2))
         if kind == 0:
             lines.append(
@@ -112,8 +130,18 @@ def _corpus(seed: int, n_lines: int = 4000) -> list[str]:
             lines.append(f"The event happens in the {s:.1f} - {e:.1f} seconds. [{s}, {e}]")
             # the text tags, so their pieces merge as Qwen's do ("<", "answer", ">")
             lines.append(f"<answer>{rng.choice('ABCD')}</answer> <tool_code>crop_video(\"v.mp4\", {s}, {e})</tool_code>")
-        else:
+        elif kind == 4:
             lines.append(" ".join(rng.choice(words + digits + colours) for _ in range(12)) + ".")
+        elif kind == 5:
+            # options as benchmarks write them (capitalised) and the check of each
+            picks = [rng.choice(WORLD_WORDS) for _ in range(4)]
+            checks = " ".join(f"{letter}. {word.capitalize()}, {rng.choice(('yes', 'no'))}."
+                              for letter, word in zip("ABCD", picks, strict=True))
+            lines.append(f"Checking the options: {checks} So the answer is option {rng.choice('ABCD')}.")
+        else:
+            text = " ".join(rng.choice(WORLD_WORDS) for _ in range(10))
+            lines.append(f"The notes say: {text}. So the answer is {rng.choice(WORLD_WORDS).capitalize()} "
+                         f"{rng.choice(WORLD_WORDS)}. Yes or No?")
     return lines
 
 
