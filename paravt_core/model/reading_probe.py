@@ -58,10 +58,16 @@ def answer_spans(answer: str) -> dict[str, list[tuple[int, int]]]:
     if not checks:
         raise ValueError(f"no option checks in the reading answer: {answer[:120]!r}")
     base = head.end()
-    return {"quote": [head.span(1)], "value": [head.span(2)],
-            "options": [(base + m.start(2), base + m.end(2)) for m in checks],
-            "verdicts": [(base + m.start(3), base + m.end(3)) for m in checks],
-            "letter": [tail.span(1)], "chain": [(head.start(2), tail.end(1))]}
+
+    def spaced(start: int, end: int) -> tuple[int, int]:
+        # the space before a word belongs to it: a tokenizer that splits " yes" into " ", "y",
+        # "es" decides yes or no at the bare space, which must count
+        return (start - 1, end) if start > 0 and answer[start - 1] == " " else (start, end)
+
+    return {"quote": [spaced(*head.span(1))], "value": [spaced(*head.span(2))],
+            "options": [spaced(base + m.start(2), base + m.end(2)) for m in checks],
+            "verdicts": [spaced(base + m.start(3), base + m.end(3)) for m in checks],
+            "letter": [spaced(*tail.span(1))], "chain": [spaced(head.start(2), tail.end(1))]}
 
 
 def score_row(correct: Sequence[bool], offsets: Sequence[tuple[int, int]], spans: dict[str, list[tuple[int, int]]],

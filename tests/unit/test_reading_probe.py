@@ -17,12 +17,13 @@ ANSWER = ("The notes say: From 00:20.0 to 00:22.0 a green circle appears in the 
 def test_answer_spans_name_each_part():
     spans = answer_spans(ANSWER)
     text = {part: [ANSWER[a:b] for a, b in ranges] for part, ranges in spans.items()}
-    assert text["quote"] == ["From 00:20.0 to 00:22.0 a green circle appears in the top right corner."]
-    assert text["value"] == ["Top right"]
-    assert text["options"] == ["Bottom left", "Top right"]
-    assert text["verdicts"] == ["no", "yes"]
-    assert text["letter"] == ["B"]
-    assert text["chain"] == [ANSWER[ANSWER.index("Top right. Checking"):-1]]
+    # each with the space before it (where a split tokenizer may decide the word)
+    assert text["quote"] == [" From 00:20.0 to 00:22.0 a green circle appears in the top right corner."]
+    assert text["value"] == [" Top right"]
+    assert text["options"] == [" Bottom left", " Top right"]
+    assert text["verdicts"] == [" no", " yes"]
+    assert text["letter"] == [" B"]
+    assert text["chain"] == [ANSWER[ANSWER.index(" Top right. Checking"):-1]]
 
 
 def test_answer_spans_refuse_an_answer_in_another_layout():
@@ -58,6 +59,18 @@ def test_score_row_fails_exactly_the_parts_a_wrong_token_belongs_to(rendered):
     correct = [True] * len(offsets)
     correct[_token_at(offsets, shift - 5)] = False
     assert all(score_row(correct, offsets, spans, shift).values())
+
+
+def test_a_bare_space_before_a_split_word_counts_for_that_word():
+    # "...A. Red, yes." with " yes" split as " ", "y", "es": the bare space decides yes or no
+    answer = ("The notes say: A red star. So the answer is Red. Checking the options: A. Red, yes. "
+              "So the answer is option A.")
+    spans = answer_spans(answer)
+    yes = answer.index(" yes")
+    offsets = [(0, yes), (yes, yes + 1), (yes + 1, yes + 2), (yes + 2, yes + 4), (yes + 4, len(answer))]
+    scores = score_row([True, False, True, True, True], offsets, {"verdicts": spans["verdicts"]})
+    assert scores == {"verdicts": False}
+    assert score_row([True] * 5, offsets, {"verdicts": spans["verdicts"]}) == {"verdicts": True}
 
 
 def test_probe_rows_are_multiple_choice_and_not_the_training_rows():
