@@ -9,7 +9,8 @@ every token is predicted from the true text before it) and scores each part of t
 whether the model's argmax reproduces all of its tokens:
 
 - quote: the quoted note(s); value: the value after "So the answer is";
-- options: every option text copied into the checking lines; verdicts: every "yes"/"no";
+- options: every option text copied into the checking lines; values: the value beside each;
+- verdicts: every "same"/"different";
 - letter: the final "option X"; chain: everything from the value to the letter.
 
 Teacher forcing isolates each step from the errors before it: a greedy answer can fail at
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from paravt_core.config import PipelineConfig
 
-PARTS = ("quote", "value", "options", "verdicts", "letter", "chain")
+PARTS = ("quote", "value", "options", "values", "verdicts", "letter", "chain")
 PROBE_STREAM = "probe-reading"  # derived_rng stream; training rows come from "pretrain-reading"
 
 
@@ -36,6 +37,7 @@ class ReadingProbe:
     quote: float
     value: float
     options: float
+    values: float
     verdicts: float
     letter: float
     chain: float
@@ -54,7 +56,7 @@ def answer_spans(answer: str) -> dict[str, list[tuple[int, int]]]:
     tail = re.search(r" So the answer is option ([A-Z])\.$", answer)
     if not head or not tail:
         raise ValueError(f"not a multiple-choice reading answer: {answer[:120]!r}")
-    checks = list(re.finditer(r"([A-Z])\. (.+?), (yes|no)\.", answer[head.end():tail.start() + 1]))
+    checks = list(re.finditer(r"([A-Z])\. (.+?) vs (.+?): (same|different)\.", answer[head.end():tail.start() + 1]))
     if not checks:
         raise ValueError(f"no option checks in the reading answer: {answer[:120]!r}")
     base = head.end()
@@ -66,7 +68,8 @@ def answer_spans(answer: str) -> dict[str, list[tuple[int, int]]]:
 
     return {"quote": [spaced(*head.span(1))], "value": [spaced(*head.span(2))],
             "options": [spaced(base + m.start(2), base + m.end(2)) for m in checks],
-            "verdicts": [spaced(base + m.start(3), base + m.end(3)) for m in checks],
+            "values": [spaced(base + m.start(3), base + m.end(3)) for m in checks],
+            "verdicts": [spaced(base + m.start(4), base + m.end(4)) for m in checks],
             "letter": [spaced(*tail.span(1))], "chain": [spaced(head.start(2), tail.end(1))]}
 
 

@@ -91,7 +91,7 @@ WORLD_WORDS = (
     "square circle triangle diamond star "
     "top bottom left right centre corner "
     "zero one two three four five six seven eight nine digit "
-    "to in a moving from yes no option options checking notes say answer"
+    "to in a moving from yes no option options checking notes say answer vs same different"
 ).split()
 
 
@@ -135,7 +135,8 @@ def _corpus(seed: int, n_lines: int = 6000) -> list[str]:
         elif kind == 5:
             # options as benchmarks write them (capitalised) and the check of each
             picks = [rng.choice(WORLD_WORDS) for _ in range(4)]
-            checks = " ".join(f"{letter}. {word.capitalize()}, {rng.choice(('yes', 'no'))}."
+            value = rng.choice(WORLD_WORDS).capitalize()
+            checks = " ".join(f"{letter}. {word.capitalize()} vs {value}: {rng.choice(('same', 'different'))}."
                               for letter, word in zip("ABCD", picks, strict=True))
             lines.append(f"Checking the options: {checks} So the answer is option {rng.choice('ABCD')}.")
         else:

@@ -11,7 +11,8 @@ from paravt_core.model.reading_probe import PARTS, answer_spans, probe_rows, rea
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
 ANSWER = ("The notes say: From 00:20.0 to 00:22.0 a green circle appears in the top right corner. So the answer is "
-          "Top right. Checking the options: A. Bottom left, no. B. Top right, yes. So the answer is option B.")
+          "Top right. Checking the options: A. Bottom left vs Top right: different. B. Top right vs Top right: same. "
+          "So the answer is option B.")
 
 
 def test_answer_spans_name_each_part():
@@ -21,7 +22,8 @@ def test_answer_spans_name_each_part():
     assert text["quote"] == [" From 00:20.0 to 00:22.0 a green circle appears in the top right corner."]
     assert text["value"] == [" Top right"]
     assert text["options"] == [" Bottom left", " Top right"]
-    assert text["verdicts"] == [" no", " yes"]
+    assert text["values"] == [" Top right", " Top right"]
+    assert text["verdicts"] == [" different", " same"]
     assert text["letter"] == [" B"]
     assert text["chain"] == [ANSWER[ANSWER.index(" Top right. Checking"):-1]]
 
@@ -49,7 +51,7 @@ def test_score_row_fails_exactly_the_parts_a_wrong_token_belongs_to(rendered):
     spans = answer_spans(answer)
     assert score_row([True] * len(offsets), offsets, spans, shift) == dict.fromkeys(PARTS, True)
     cases = {"letter": {"letter", "chain"}, "value": {"value", "chain"}, "quote": {"quote"},
-             "verdicts": {"verdicts", "chain"}, "options": {"options", "chain"}}
+             "verdicts": {"verdicts", "chain"}, "options": {"options", "chain"}, "values": {"values", "chain"}}
     for part, failed in cases.items():
         correct = [True] * len(offsets)
         correct[_token_at(offsets, shift + spans[part][-1][0])] = False
@@ -62,12 +64,12 @@ def test_score_row_fails_exactly_the_parts_a_wrong_token_belongs_to(rendered):
 
 
 def test_a_bare_space_before_a_split_word_counts_for_that_word():
-    # "...A. Red, yes." with " yes" split as " ", "y", "es": the bare space decides yes or no
-    answer = ("The notes say: A red star. So the answer is Red. Checking the options: A. Red, yes. "
+    # "...A. Red vs Red: same." with " same" split as " ", "s", "ame": the bare space decides
+    answer = ("The notes say: A red star. So the answer is Red. Checking the options: A. Red vs Red: same. "
               "So the answer is option A.")
     spans = answer_spans(answer)
-    yes = answer.index(" yes")
-    offsets = [(0, yes), (yes, yes + 1), (yes + 1, yes + 2), (yes + 2, yes + 4), (yes + 4, len(answer))]
+    yes = answer.index(" same")
+    offsets = [(0, yes), (yes, yes + 1), (yes + 1, yes + 2), (yes + 2, yes + 5), (yes + 5, len(answer))]
     scores = score_row([True, False, True, True, True], offsets, {"verdicts": spans["verdicts"]})
     assert scores == {"verdicts": False}
     assert score_row([True] * 5, offsets, {"verdicts": spans["verdicts"]}) == {"verdicts": True}

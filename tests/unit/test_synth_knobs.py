@@ -212,9 +212,9 @@ def test_perception_windows_follow_the_manifest(world, tmp_path):
 
 @pytest.mark.parametrize("answer_index", [0, 2, 3])
 def test_mcq_conclusions_read_the_options_in_order_up_to_the_answer(answer_index: int):
-    """The letter is never looked up behind its option text: each option line is read, judged
-    against the value (spelled as the option spells it), and the letter copied from the line
-    that matched."""
+    """The letter is never looked up behind its option text: each option line is read, set
+    beside the value (spelled as the option spells it) and judged, and the letter copied from
+    the line that matched."""
     from paravt_core.data.synth.questions import Question
     from paravt_core.data.synth.traces import check_options, conclusion
 
@@ -222,6 +222,8 @@ def test_mcq_conclusions_read_the_options_in_order_up_to_the_answer(answer_index
     letter = "ABCD"[answer_index]
     question = Question(video_id="v", qtype="mcq", topic="position", text="Where?", answer=letter,
                         answer_text=options[answer_index].lower(), options=options, event_index=0)
-    checks = " ".join(f"{x}. {o}, {'yes' if x == letter else 'no'}." for x, o in zip("ABCD", options[:answer_index + 1]))
+    value = options[answer_index]
+    checks = " ".join(f"{x}. {o} vs {value}: {'same' if x == letter else 'different'}."
+                      for x, o in zip("ABCD", options[:answer_index + 1]))
     assert check_options(question) == f"Checking the options: {checks} So the answer is option {letter}."
     assert conclusion(question, None).startswith(f"So the answer is {options[answer_index]}. Checking the options: A. ")

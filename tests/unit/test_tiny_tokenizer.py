@@ -9,7 +9,7 @@ from paravt_core.model.tiny import WORLD_WORDS
 
 
 def world_words() -> set[str]:
-    values = [*COLOURS, *SHAPES, *POSITIONS, *DIGIT_WORDS, *DIRECTION_OPTIONS, "yes", "no"]
+    values = [*COLOURS, *SHAPES, *POSITIONS, *DIGIT_WORDS, *DIRECTION_OPTIONS, "yes", "no", "vs", "same", "different"]
     return {word for value in values for word in value.split()}
 
 
@@ -30,6 +30,7 @@ def test_world_words_are_one_token_each_in_both_cases(tiny_processor):
 
 def test_an_option_check_line_is_word_tokens(tiny_processor):
     tok = tiny_processor.tokenizer
-    line = f"A. {option_text('top left')}, no. B. {option_text('purple')}, yes."
+    line = f"A. {option_text('top left')} vs {option_text('purple')}: different. B. {option_text('purple')}, yes."
     pieces = [tok.decode([i]) for i in tok(line, add_special_tokens=False)["input_ids"]]
-    assert pieces == ["A", ".", " Top", " left", ",", " no", ".", " B", ".", " Purple", ",", " yes", "."], pieces
+    assert pieces == ["A", ".", " Top", " left", " vs", " Purple", ":", " different", ".", " B", ".", " Purple", ",",
+                      " yes", "."], pieces

@@ -142,20 +142,24 @@ def conclusion(question: Question, spec: VideoSpec) -> str:
 
 
 def check_options(question: Question) -> str:
-    """The options read in order up to the one holding the answer, then its letter: "Checking
-    the options: A. Purple, no. B. Red, no. C. Cyan, yes. So the answer is option C."
+    """The options read in order up to the one holding the answer, each set beside the value,
+    then its letter: "Checking the options: A. Purple vs Cyan: different. B. Cyan vs Cyan: same.
+    So the answer is option B."
 
     Naming the letter of the option that reads "Cyan" at once asks for a token that comes
-    BEFORE the match ("C. Cyan"); the tiny Qwen3-VL never learned that lookup (measured on
+    BEFORE the match ("B. Cyan"); the tiny Qwen3-VL never learned that lookup (measured on
     held-out reading rows: 17-32 % of letters, chance 25 %, while it copied the value from the
-    notes 88 % of the time; README "Miniature reproduction"). Read in order, each step is one a
-    small transformer learns: copy the next option line, tell whether it repeats the value just
-    named, and copy the letter written a few tokens back. The value is spelled as its option
-    ("Top right"), so the comparison is of identical tokens.
+    notes 88 % of the time; README "Miniature reproduction"). Judging "A. Purple, no." against
+    a value named a line or more before it was not learned either: the tiny model said "no"
+    at the first options and "yes" at the fourth whatever they read (`paravt reading-probe`).
+    So each line copies the option, then the value (from the line before it), and judges two
+    spans a few tokens apart; the letter is copied from the line that says "same". The value
+    is spelled as its option ("Top right"), so equal spans are equal tokens.
     """
+    value = option_text(question.answer_text)
     checks = []
     for letter, option in zip(question.letters, question.options, strict=True):
-        checks.append(f"{letter}. {option}, {'yes' if letter == question.answer else 'no'}.")
+        checks.append(f"{letter}. {option} vs {value}: {'same' if letter == question.answer else 'different'}.")
         if letter == question.answer:
             break
     return f"Checking the options: {' '.join(checks)} So the answer is option {question.answer}."
