@@ -11,19 +11,23 @@ from pathlib import Path
 def _perception(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
     from paravt_core.data.stage import load_split_file
-    from paravt_core.sft.perception import perception_report, window_truths
+    from paravt_core.sft.perception import perception_report, window_truths, world_manifest
 
     cfg = load_config(args.config, args.set)
     data = cfg.run.output_dir / "data"
-    manifests = sorted(data.glob("world-*/manifest.json"))
     split_json = data / "eval" / args.split / "split.json"
-    if not manifests or not split_json.is_file():
-        print(f"paravt perception: no generated world or prepared split {args.split!r} under {data}; run the data "
-              f"stage of {args.config} first (source: synth)", file=sys.stderr)
+    try:
+        manifest = world_manifest(cfg)
+    except FileNotFoundError as exc:
+        print(f"paravt perception: {exc} ({args.config})", file=sys.stderr)
+        return 2
+    if not split_json.is_file():
+        print(f"paravt perception: no prepared split {args.split!r} under {data}; run the data stage of "
+              f"{args.config} first (source: synth)", file=sys.stderr)
         return 2
     videos = {Path(s.video_path).name: Path(s.video_path).parent for s in load_split_file(split_json)}
     video_dir = next(iter(videos.values()))
-    truths = window_truths(manifests[-1], args.split, video_dir, cfg.data.synth.max_crop_s, args.videos)
+    truths = window_truths(manifest, args.split, video_dir, cfg.data.synth.max_crop_s, args.videos)
     report = perception_report(Path(args.model), cfg, truths)
     print(json.dumps({"windows": report.windows, **report.as_metrics()}, indent=1))
     return 0

@@ -7,7 +7,9 @@ for the summary of each grid segment of held-out evaluation videos and scores it
 
 - detection: the summary says "nothing notable" exactly when no event is in the window;
 - colours: of the events in the window, how many the summary names by colour (recall),
-  and of the colours it names, how many are there (precision).
+  and of the colours it names, how many are there (precision);
+- corners: of the events in the window, how many the summary names by colour in a sentence
+  that also names the event's place ("top left", "centre"): what a position question needs.
 
 The score of one summary is a pure function of its text (`score_summary`).
 """
@@ -32,6 +34,7 @@ class WindowTruth:
     video: Path
     window: tuple[float, float]
     colours: tuple[str, ...]
+    positions: tuple[str, ...] = ()  # each event's place, in the order of `colours` (none: not scored)
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class SummaryScore:
     colours_found: int  # truth colours the summary names
     colours_named: int  # colour words the summary names
     colours_true: int  # truth colours
+    positions_found: int = 0  # truth events named by colour beside their place
 
 
 @dataclass(frozen=True)
@@ -48,23 +52,36 @@ class PerceptionReport:
     detection_accuracy: float
     colour_recall: float  # NaN-free: 0 when no window holds an event
     colour_precision: float
+    position_recall: float = 0.0  # of the truth events, named by colour beside their place
 
     def as_metrics(self, prefix: str = "perception") -> dict[str, float]:
         return {f"{prefix}_detection_accuracy": self.detection_accuracy,
                 f"{prefix}_colour_recall": self.colour_recall,
-                f"{prefix}_colour_precision": self.colour_precision}
+                f"{prefix}_colour_precision": self.colour_precision,
+                f"{prefix}_position_recall": self.position_recall}
 
 
-def score_summary(summary: str, colours: Sequence[str], vocabulary: Iterable[str]) -> SummaryScore:
-    """Score one summary against the colours of the window's events (empty: nothing happens)."""
-    text = summary.lower()
+def _names_colour(text: str, colour: str) -> bool:
     # a colour word, but not a background tint ("red-tinted")
-    named = {c for c in vocabulary if re.search(rf"\b{re.escape(c)}\b(?!-tinted)", text)}
+    return re.search(rf"\b{re.escape(colour)}\b(?!-tinted)", text) is not None
+
+
+def score_summary(summary: str, colours: Sequence[str], vocabulary: Iterable[str],
+                  positions: Sequence[str] = ()) -> SummaryScore:
+    """Score one summary against the colours (and, given, the places) of the window's events
+    (empty: nothing happens)."""
+    text = summary.lower()
+    named = {c for c in vocabulary if _names_colour(text, c)}
+    # sentences end at a full stop after a word; the timestamps' "00:20.0" do not end one
+    sentences = re.split(r"(?<=[a-z])\.(?:\s+|$)", text)
+    placed = sum(any(_names_colour(s, colour) and re.search(rf"\b{re.escape(place)}\b", s) for s in sentences)
+                 for colour, place in zip(colours, positions, strict=False))
     return SummaryScore(
         detection_ok=(NOTHING_PHRASE in text) == (not colours),
         colours_found=sum(c in named for c in colours),
         colours_named=len(named),
         colours_true=len(colours),
+        positions_found=placed,
     )
 
 
@@ -79,7 +96,25 @@ def aggregate(scores: Sequence[SummaryScore]) -> PerceptionReport:
         detection_accuracy=sum(s.detection_ok for s in scores) / len(scores),
         colour_recall=found / true if true else 0.0,
         colour_precision=found / named if named else 0.0,
+        position_recall=sum(s.positions_found for s in scores) / true if true else 0.0,
     )
+
+
+def world_manifest(cfg: PipelineConfig) -> Path:
+    """The manifest of the world `cfg` generates (`data.hub.synth_world_dir`): an output folder
+    keeps the worlds of earlier settings or generator code beside it, whose videos and events
+    differ, so "the newest-looking manifest" is not this config's.
+
+    Raises:
+        FileNotFoundError: this config's world was not generated, naming where it should be.
+    """
+    from paravt_core.data.hub import synth_world_dir
+
+    manifest = synth_world_dir(cfg) / "manifest.json"
+    if not manifest.is_file():
+        raise FileNotFoundError(f"{manifest}: the generated world of this config is missing; run its data stage "
+                                "first (data.source: synth)")
+    return manifest
 
 
 def window_truths(manifest: Path, split: str, video_dir: Path, segment_s: float, max_videos: int
@@ -103,8 +138,9 @@ def window_truths(manifest: Path, split: str, video_dir: Path, segment_s: float,
         if not path.is_file():
             raise FileNotFoundError(f"{path}: video of {split} named in {manifest} is missing; run the data stage")
         for start, end in segment_grid(spec, int(segment_s)):
-            colours = tuple(e["colour"] for e in v["events"] if e["start_s"] < end and e["end_s"] > start)
-            truths.append(WindowTruth(path, (float(start), float(end)), colours))
+            events = [e for e in v["events"] if e["start_s"] < end and e["end_s"] > start]
+            truths.append(WindowTruth(path, (float(start), float(end)), tuple(e["colour"] for e in events),
+                                      tuple(e.get("position") or "" for e in events)))
     return truths
 
 
@@ -134,5 +170,5 @@ def perception_report(model_dir: Path, cfg: PipelineConfig, truths: Sequence[Win
             video = stack.enter_context(VideoFile(path))
             source = CropSource(key, video, video.info.duration)
             results = runner.run(engine, [CropJob(source, t.window) for t in windows], params)
-        scores += [score_summary(r.text, t.colours, COLOURS) for t, r in zip(windows, results, strict=True)]
+        scores += [score_summary(r.text, t.colours, COLOURS, t.positions) for t, r in zip(windows, results, strict=True)]
     return aggregate(scores)

@@ -25,11 +25,52 @@ def test_score_summary(summary, colours, expected):
     assert score_summary(summary, colours, COLOURS) == expected
 
 
+@pytest.mark.parametrize(
+    ("summary", "positions", "found"),
+    [
+        ("From 00:16.0 to 00:18.0 a red circle appears in the top left corner.", ("top left",), 1),
+        ("From 00:16.0 to 00:18.0 a red circle appears in the top right corner.", ("top left",), 0),
+        # the place must be in the sentence that names the colour
+        ("From 00:16.0 to 00:18.0 a red circle appears. From 00:20.0 to 00:22.0 a blue star appears in the centre.",
+         ("centre",), 0),
+        ("From 00:16.0 to 00:18.0 a red circle appears in the centre. A blue star in the top left corner.",
+         ("centre",), 1),
+        ("Nothing notable happens in this window.", ("centre",), 0),
+    ],
+)
+def test_score_summary_positions(summary, positions, found):
+    assert score_summary(summary, ("red",), COLOURS, positions).positions_found == found
+
+
 def test_aggregate_is_detection_accuracy_and_colour_recall_and_precision():
-    report = aggregate([SummaryScore(True, 1, 1, 1), SummaryScore(False, 0, 2, 1), SummaryScore(True, 0, 0, 0)])
+    report = aggregate([SummaryScore(True, 1, 1, 1, 1), SummaryScore(False, 0, 2, 1), SummaryScore(True, 0, 0, 0)])
     assert report.windows == 3
+    assert report.position_recall == pytest.approx(1 / 2)
     assert report.detection_accuracy == pytest.approx(2 / 3)
     assert report.colour_recall == pytest.approx(1 / 2)
     assert report.colour_precision == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="no windows"):
         aggregate([])
+
+
+def test_the_world_manifest_is_this_configs_not_the_newest_looking(tmp_path):
+    from pathlib import Path
+
+    from paravt_core.config import load_config
+    from paravt_core.data.hub import synth_world_dir
+    from paravt_core.sft.perception import world_manifest
+
+    reproduce = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
+    cfg = load_config(reproduce, [f"run.output_dir={tmp_path}"])
+    stale = tmp_path / "data" / "world-ffffffffffffffff" / "manifest.json"  # sorts after any other
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    with pytest.raises(FileNotFoundError, match="generated world of this config is missing"):
+        world_manifest(cfg)
+    own = synth_world_dir(cfg) / "manifest.json"
+    own.parent.mkdir(parents=True)
+    own.write_text("{}")
+    assert world_manifest(cfg) == own
+    other = load_config(reproduce, [f"run.output_dir={tmp_path}", "data.synth.seed=7"])
+    with pytest.raises(FileNotFoundError):
+        world_manifest(other)

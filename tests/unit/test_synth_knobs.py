@@ -202,6 +202,7 @@ def test_perception_windows_follow_the_manifest(world, tmp_path):
         video = next(v["video"] for v in videos if v["file_name"] == t.video.name)
         start, end = t.window
         assert t.colours == tuple(e["colour"] for e in video["events"] if e["start_s"] < end and e["end_s"] > start)
+        assert t.positions == tuple(e["position"] for e in video["events"] if e["start_s"] < end and e["end_s"] > start)
     assert any(t.colours for t in truths) and any(not t.colours for t in truths)
     with pytest.raises(ValueError, match="no evaluation split 'nope'"):
         window_truths(world.manifest, "nope", tmp_path, KNOBS.max_crop_s, max_videos=2)
