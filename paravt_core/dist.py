@@ -214,8 +214,8 @@ def shutdown_distributed() -> None:
     if dist.is_initialized():
         rank = dist.get_rank()
         dist.destroy_process_group()
-        # This rank's allreduce segment (SHM_BUFFER_PREFIX); workers started by
-        # launch_workers are covered by it as well, runs in a test or notebook only here.
+        # This rank's allreduce segment (SHM_BUFFER_PREFIX). launch_workers also removes the
+        # segments of the ranks it started; a run inside a test or notebook has only this.
         release_shm_buffers(os.environ.get("MASTER_PORT", ""), addr=os.environ.get("MASTER_ADDR", ""), rank=rank)
     try:
         from deepspeed.utils import groups

@@ -136,4 +136,3 @@ def reading_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 200, seed: i
         for part, ok in score_row(correct, enc["offset_mapping"], answer_spans(answer), shift).items():
             totals[part] += ok
     return ReadingProbe(rows=len(drawn), **{part: totals[part] / len(drawn) for part in PARTS})
-

@@ -44,6 +44,7 @@ class SummaryScore:
     colours_named: int  # colour words the summary names
     colours_true: int  # truth colours
     positions_found: int = 0  # truth events named by colour beside their place
+    positions_true: int = 0  # truth events with a known place
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class PerceptionReport:
     detection_accuracy: float
     colour_recall: float  # NaN-free: 0 when no window holds an event
     colour_precision: float
-    position_recall: float = 0.0  # of the truth events, named by colour beside their place
+    position_recall: float = 0.0  # of the truth events with a place, named by colour beside it
 
     def as_metrics(self, prefix: str = "perception") -> dict[str, float]:
         return {f"{prefix}_detection_accuracy": self.detection_accuracy,
@@ -74,14 +75,17 @@ def score_summary(summary: str, colours: Sequence[str], vocabulary: Iterable[str
     named = {c for c in vocabulary if _names_colour(text, c)}
     # sentences end at a full stop after a word; the timestamps' "00:20.0" do not end one
     sentences = re.split(r"(?<=[a-z])\.(?:\s+|$)", text)
+    # an event without a known place (positions shorter, or "") is not scored for it
+    known = [(colour, place) for colour, place in zip(colours, positions, strict=False) if place]
     placed = sum(any(_names_colour(s, colour) and re.search(rf"\b{re.escape(place)}\b", s) for s in sentences)
-                 for colour, place in zip(colours, positions, strict=False))
+                 for colour, place in known)
     return SummaryScore(
         detection_ok=(NOTHING_PHRASE in text) == (not colours),
         colours_found=sum(c in named for c in colours),
         colours_named=len(named),
         colours_true=len(colours),
         positions_found=placed,
+        positions_true=len(known),
     )
 
 
@@ -89,6 +93,7 @@ def aggregate(scores: Sequence[SummaryScore]) -> PerceptionReport:
     if not scores:
         raise ValueError("no windows were scored")
     true = sum(s.colours_true for s in scores)
+    found_placed = sum(s.positions_found for s in scores)
     named = sum(s.colours_named for s in scores)
     found = sum(s.colours_found for s in scores)
     return PerceptionReport(
@@ -96,7 +101,7 @@ def aggregate(scores: Sequence[SummaryScore]) -> PerceptionReport:
         detection_accuracy=sum(s.detection_ok for s in scores) / len(scores),
         colour_recall=found / true if true else 0.0,
         colour_precision=found / named if named else 0.0,
-        position_recall=sum(s.positions_found for s in scores) / true if true else 0.0,
+        position_recall=found_placed / placed_true if (placed_true := sum(s.positions_true for s in scores)) else 0.0,
     )
 
 

@@ -33,4 +33,3 @@ def test_a_second_deepspeed_engine_in_the_same_process_after_shutdown(single_ran
         finally:
             shutdown_distributed()
     assert not torch.distributed.is_initialized()
-

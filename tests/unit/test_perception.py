@@ -36,19 +36,24 @@ def test_score_summary(summary, colours, expected):
         ("From 00:16.0 to 00:18.0 a red circle appears in the centre. A blue star in the top left corner.",
          ("centre",), 1),
         ("Nothing notable happens in this window.", ("centre",), 0),
+        # no known place: not scored (an empty place must not match every sentence)
+        ("From 00:16.0 to 00:18.0 a red circle appears in the centre.", ("",), 0),
     ],
 )
 def test_score_summary_positions(summary, positions, found):
-    assert score_summary(summary, ("red",), COLOURS, positions).positions_found == found
+    score = score_summary(summary, ("red",), COLOURS, positions)
+    assert score.positions_found == found
+    assert score.positions_true == sum(bool(p) for p in positions)
 
 
 def test_aggregate_is_detection_accuracy_and_colour_recall_and_precision():
-    report = aggregate([SummaryScore(True, 1, 1, 1, 1), SummaryScore(False, 0, 2, 1), SummaryScore(True, 0, 0, 0)])
-    assert report.windows == 3
-    assert report.position_recall == pytest.approx(1 / 2)
-    assert report.detection_accuracy == pytest.approx(2 / 3)
-    assert report.colour_recall == pytest.approx(1 / 2)
-    assert report.colour_precision == pytest.approx(1 / 3)
+    report = aggregate([SummaryScore(True, 1, 1, 1, 1, 1), SummaryScore(False, 0, 2, 1, 0, 1),
+                        SummaryScore(True, 0, 0, 0), SummaryScore(True, 1, 1, 1, 0, 0)])
+    assert report.windows == 4
+    assert report.position_recall == pytest.approx(1 / 2)  # of the 2 events with a known place
+    assert report.detection_accuracy == pytest.approx(3 / 4)
+    assert report.colour_recall == pytest.approx(2 / 3)
+    assert report.colour_precision == pytest.approx(2 / 4)
     with pytest.raises(ValueError, match="no windows"):
         aggregate([])
 
