@@ -55,6 +55,10 @@ class PretrainConfig(_Section):
     # quoted from the notes. 0 rows: no reading phase. Same micro-batch and learning rate.
     reading_rows: int = Field(0, ge=0)
     reading_steps: int = Field(3000, ge=1)
+    # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
+    # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
+    # what pretraining taught (`paravt_core.model.pretrain.replay_shard`). 0: none.
+    sft_replay_rows: int = Field(0, ge=0)
 
 
 class ModelConfig(_Section):
@@ -83,6 +87,9 @@ class ModelConfig(_Section):
         if self.pretrain.enabled and not self.is_tiny:
             raise ValueError("model.pretrain.enabled is for the tiny model (base: tiny); a real checkpoint "
                              f"({self.base}) already sees")
+        if self.pretrain.sft_replay_rows and not (self.pretrain.enabled and self.pretrain.reading_rows):
+            raise ValueError(f"model.pretrain.sft_replay_rows={self.pretrain.sft_replay_rows} replays the reading "
+                             "phase's corpus: set model.pretrain.enabled and reading_rows, or sft_replay_rows: 0")
         return self
 
     @model_validator(mode="after")
@@ -421,6 +428,19 @@ class PipelineConfig(_Section):
     eval: EvalConfig = EvalConfig()
     mlflow: MLflowConfig = MLflowConfig()
     reproduce: ReproduceConfig = ReproduceConfig()
+
+    @model_validator(mode="after")
+    def _text_only_rows_fit_zero3(self) -> PipelineConfig:
+        # Measured: the reading phase at 2 CPU ranks under ZeRO-3 stalled before its first step
+        # (a text-only micro-batch skips the vision tower whose weights the other ranks gather).
+        pre = self.model.pretrain
+        if pre.enabled and (pre.reading_rows or pre.sft_replay_rows) and self.sft.num_ranks > 1 \
+                and self.sft.zero_stage == 3:
+            raise ValueError(f"model.pretrain.reading_rows / sft_replay_rows train on text-only rows, which hang "
+                             f"sft.num_ranks={self.sft.num_ranks} under sft.zero_stage=3 (a text-only micro-batch "
+                             "skips the vision tower the other ranks gather): set sft.num_ranks: 1 or "
+                             "sft.zero_stage 0 or 2")
+        return self
 
     def section_hash(self, *names: str) -> str:
         """Stable hash of some sections (all when none given): a cache key for stages."""

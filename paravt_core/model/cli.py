@@ -1,5 +1,6 @@
 """`paravt tiny-model`: write the tiny random-weight Qwen3-VL model directory;
-`paravt reading-probe`: score a checkpoint's reading skill on held-out reading rows (#15)."""
+`paravt reading-probe`: score a checkpoint's reading skill on held-out reading rows;
+`paravt caption-probe`: score what it sees in held-out crops (#15)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,20 @@ def _reading_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _caption_probe(args: argparse.Namespace) -> int:
+    from paravt_core.config import load_config
+    from paravt_core.model.caption_probe import caption_probe
+
+    cfg = load_config(args.config, args.set)
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(f"paravt caption-probe: {model_dir} is not a model folder (no config.json); pass e.g. "
+                         f"{cfg.run.output_dir}/pretrain/<key>/model")
+    report = caption_probe(model_dir, cfg, videos=args.videos, seed=args.seed)
+    print(json.dumps({"windows": report.windows, "events": report.events, **report.as_metrics()}, indent=1))
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("tiny-model", help="write a tiny random-weight Qwen3-VL model directory")
     p.add_argument("--out", required=True, help="output model directory")
@@ -44,3 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rows", type=int, default=200, help="multiple-choice reading rows to score")
     p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
     p.set_defaults(func=_reading_probe)
+
+    p = subparsers.add_parser("caption-probe", help="teacher-forced scores of what a checkpoint sees in held-out "
+                                                    "crops (event colour, shape, place, times)")
+    p.add_argument("--config", required=True, help="the pipeline YAML whose world the clips are drawn from")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/pretrain/<key>/model)")
+    p.add_argument("--videos", type=int, default=24, help="held-out videos whose grid segments are scored")
+    p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
+    p.set_defaults(func=_caption_probe)

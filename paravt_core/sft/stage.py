@@ -22,10 +22,18 @@ WORKER = Path(__file__).with_name("worker.py")
 
 
 def run_dir(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, stage: str = "sft") -> Path:
+    """`<output_dir>/<stage>/<key>`: keyed by the base model, the data, the `sft`, `video` and
+    `run` sections and, for SFT with pretraining replay, the number of rows replayed (which
+    rows: the base model's hash covers the pretraining corpus they come from)."""
+    replay = _replay_rows(cfg, stage)
     key = hashlib.sha256(
-        f"{base.sha256}|{sft_data.sha256}|{cfg.section_hash('sft', 'video', 'run')}".encode()
-    ).hexdigest()[:16]
+        f"{base.sha256}|{sft_data.sha256}|{cfg.section_hash('sft', 'video', 'run')}{f'|replay={replay}' if replay else ''}"
+        .encode()).hexdigest()[:16]
     return cfg.run.output_dir / stage / key
+
+
+def _replay_rows(cfg: PipelineConfig, stage: str) -> int:
+    return cfg.model.pretrain.sft_replay_rows if stage == "sft" and cfg.model.pretrain.enabled else 0
 
 
 def sft_shards(sft_data: ArtifactRef) -> list[Path]:
@@ -42,11 +50,16 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
     out = run_dir(cfg, base, sft_data, stage)
 
     def job() -> SFTJob:
+        files = sft_shards(sft_data)
+        if _replay_rows(cfg, stage):  # the tiny base's pretraining rows beside SFT's (model.pretrain)
+            from paravt_core.model.pretrain import replay_shard
+
+            files.append(replay_shard(cfg, out.resolve() / "replay.parquet", log_line))
         return SFTJob(
             config=cfg,
             base_model=base.path,
             base_model_sha256=base.sha256,
-            data_files=sft_shards(sft_data),
+            data_files=files,
             data_sha256=sft_data.sha256,
             out_dir=out.resolve(),
             frame_cache_dir=(cfg.run.output_dir / "cache" / "frames").resolve(),

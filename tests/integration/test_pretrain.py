@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from paravt_core.config import load_config
+from paravt_core.config import ConfigError, load_config
 from paravt_core.model import pretrain
 from paravt_core.refs import ArtifactRef, content_hash
 
@@ -135,8 +135,37 @@ def test_pretraining_trains_the_base_and_resumes_to_the_same_model(tmp_path: Pat
     assert again == ArtifactRef(kind="base_model", path=trained.path, sha256=content_hash(trained.path))
 
 
+def test_sft_replays_rows_of_the_reading_corpus_beside_its_own(tmp_path: Path):
+    """`model.pretrain.sft_replay_rows`: SFT trains on that many rows of the reading phase's
+    corpus (reading rows and clips) beside its shards, drawn once per run folder."""
+    from paravt_core.model.stage import run as build_base
+    from paravt_core.sft import stage as sft_stage
+
+    steps = ["sft.max_steps=2", "sft.checkpoint_every=2", "sft.zero_stage=0", "sft.num_ranks=1"]
+    cfg = _cfg(tmp_path, "model.pretrain.sft_replay_rows=12", *steps)
+    base = build_base(cfg)
+    clips = pretrain.build_corpus(cfg, log_line=lambda line: None)
+    reading = pretrain.build_reading_corpus(cfg, clips, log_line=lambda line: None)
+    corpus_rows = {r["messages"] for name in (pretrain.READING_FILE, pretrain.CORPUS_FILE)
+                   for r in pq.read_table(reading.path / name).to_pylist()}
+    plain = sft_stage.run_dir(_cfg(tmp_path, *steps), base, clips)
+    model = sft_stage.run(cfg, base, clips, log_line=lambda line: None)  # the clips' folder stands in for SFT shards
+    out = model.path.parent
+    assert out != plain  # a run with replay is another run
+    job = json.loads((out / "job.json").read_text())
+    assert job["data_files"] == [str(clips.path / pretrain.CORPUS_FILE), str(out / "replay.parquet")]
+    replayed = pq.read_table(out / "replay.parquet").to_pylist()
+    assert len(replayed) == 12 and {r["messages"] for r in replayed} <= corpus_rows
+    assert {bool(r["videos"]) for r in replayed} == {True, False}  # both kinds (8 reading rows, 12 clips)
+    assert json.loads((out / "model" / "paravt_meta.json").read_text())["steps"] == 2
+    # the same draw for the same seed; too many rows is refused naming the corpus
+    again = pretrain.replay_shard(cfg, tmp_path / "again.parquet", log_line=lambda line: None)
+    assert pq.read_table(again).equals(pq.read_table(out / "replay.parquet"))
+    with pytest.raises(ValueError, match="sft_replay_rows=21 > the 20 rows"):
+        pretrain.replay_shard(_cfg(tmp_path, "model.pretrain.sft_replay_rows=21"), tmp_path / "x.parquet")
+
+
 def test_pretraining_is_refused_for_a_real_checkpoint(tmp_path: Path):
-    from paravt_core.config import ConfigError
 
     with pytest.raises(ConfigError, match="model.pretrain.enabled is for the tiny model"):
         _cfg(tmp_path, "model.base=Qwen/Qwen3-VL-8B-Instruct")
@@ -149,10 +178,12 @@ def test_corpus_depends_on_the_world_geometry_not_on_trace_settings(tmp_path: Pa
     assert pretrain.corpus_dir(_cfg(tmp_path, "model.pretrain.videos=4")) != pretrain.corpus_dir(_cfg(tmp_path))
 
 
-def test_reading_phase_refuses_zero3_across_ranks_before_any_work(tmp_path: Path):
-    """Text-only micro-batches skip the vision tower that other ZeRO-3 ranks gather: measured
-    to stall at 2 CPU ranks, so the stage says so instead of hanging."""
-    cfg = _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3")
-    with pytest.raises(ValueError, match="sft.zero_stage=3 hangs"):
-        pretrain.run(cfg, ArtifactRef(kind="base_model", path=tmp_path / "unused", sha256="0" * 64))
-    assert not (tmp_path / "pretrain").exists()
+@pytest.mark.parametrize("rows", ["model.pretrain.sft_replay_rows=0", "model.pretrain.sft_replay_rows=4"])
+def test_text_only_rows_refuse_zero3_across_ranks_at_load(tmp_path: Path, rows: str):
+    """Text-only micro-batches (reading rows, and their replay in SFT) skip the vision tower
+    that other ZeRO-3 ranks gather: measured to stall at 2 CPU ranks, so the config says so
+    when it loads instead of a stage hanging."""
+    with pytest.raises(ConfigError, match="hang sft.num_ranks=2 under sft.zero_stage=3"):
+        _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3", rows)
+    _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=2", rows)
+    _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3", "model.pretrain.reading_rows=0")

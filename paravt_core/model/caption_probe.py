@@ -1,0 +1,137 @@
+"""Can the tiny model see? A teacher-forced probe of the captioning phase's skill (#15).
+
+`paravt perception` asks the sub-agent's question and parses what the model writes, which
+says little about a model never trained on that prompt (the captioning phase's, for one).
+This probe asks what the captioning phase taught, on clips it never saw: held-out videos of
+the config's world drawn from a stream of their own, cut into the grid segments a sub-agent
+is given, each clip shown exactly as a crop is (`pretrain.caption_row`, encoded by the SFT
+encoder) beside its true caption. The whole row is fed once (teacher forcing) and each word
+of the caption that only the frames can tell is scored by whether the model's argmax gives
+all its tokens:
+
+- colour, shape and place of each event ("a red circle appears in the top left corner");
+- times: the "From MM:SS.s to MM:SS.s" of each event;
+- empty: the first word of a window where nothing happens ("Nothing" vs "From").
+
+Teacher forcing scores the place given the true colour and shape before it, so a model that
+sees colours but not corners shows it directly. Scores are per event (per window for empty).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from paravt_core.config import PipelineConfig
+from paravt_core.model.reading_probe import score_row
+
+PROBE_STREAM = "probe-caption"  # derived_rng stream; pretraining clips come from "pretrain"
+EVENT = re.compile(r"From (\d\d:\d\d\.\d) to (\d\d:\d\d\.\d) an? (\w+) (\w+) appears in (the centre|the (?:\w+ \w+) corner)\.")
+
+
+@dataclass(frozen=True)
+class CaptionProbe:
+    windows: int
+    events: int
+    colour: float
+    shape: float
+    place: float
+    times: float
+    empty: float  # windows without events whose first word is right; nan when none
+
+    def as_metrics(self, prefix: str = "caption") -> dict[str, float]:
+        return {f"{prefix}_{f.name}": float(getattr(self, f.name)) for f in fields(self)
+                if f.name not in ("windows", "events")}
+
+
+def caption_spans(caption: str) -> tuple[list[dict[str, list[tuple[int, int]]]], tuple[int, int] | None]:
+    """Per event of a caption, the character spans of its colour, shape, place and times
+    (the space before a word counts for it); and, for an empty window, its first word.
+
+    Raises:
+        ValueError: a caption neither empty nor made of shape-event sentences.
+    """
+    if caption.startswith("Nothing notable"):
+        return [], (0, len("Nothing"))
+    matches = list(EVENT.finditer(caption))
+    if not matches or "".join(m.group(0) for m in matches) != caption.replace(". From", ".From"):
+        raise ValueError(f"not a caption of shape events: {caption[:120]!r}")
+    events = []
+    for m in matches:
+        events.append({"times": [m.span(1), m.span(2)], "colour": [(m.start(3) - 1, m.end(3))],
+                       "shape": [(m.start(4) - 1, m.end(4))], "place": [(m.start(5) - 1, m.end(5))]})
+    return events, None
+
+
+def token_offsets(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """The text of `ids` decoded one token at a time, and each token's (start, end) in it."""
+    text, offsets = "", []
+    for token in ids:
+        piece = tokenizer.decode([token])
+        offsets.append((len(text), len(text) + len(piece)))
+        text += piece
+    return text, offsets
+
+
+def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: int = 0) -> CaptionProbe:
+    """Score the model in `model_dir` on the grid-segment clips of `videos` held-out videos."""
+    import torch
+
+    from paravt_core.data.synth.render import encode_mp4
+    from paravt_core.data.synth.traces import segment_grid, summarize_window
+    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.pretrain import caption_row
+    from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
+    from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
+
+    synth, video = cfg.data.synth, cfg.video
+    if set(synth.event_kinds) != {"shape"}:
+        raise ValueError(f"caption-probe scores shape events only; data.synth.event_kinds is {synth.event_kinds}")
+    processor = load_processor(model_dir)
+    model = load_model(model_dir, dtype="float32", device="cpu").eval()
+    sampling = FrameSampling(fps=video.sft_fps, max_frames=video.sft_max_frames, crop_fps=video.crop_fps,
+                             crop_min_frames=video.crop_min_frames, crop_max_frames=video.crop_max_frames,
+                             min_pixels=video.min_pixels, max_pixels=video.max_pixels)
+    totals = dict(colour=0, shape=0, place=0, times=0, empty=0)
+    windows = events = empty_windows = 0
+    with tempfile.TemporaryDirectory(prefix="caption-probe-") as tmp:
+        cache = FrameCache(Path(tmp) / "frames", sampling)
+        for index in range(videos):
+            rng = derived_rng(synth.seed, PROBE_STREAM, seed, index)
+            spec = sample_video(rng, synth, youtube_like_id(rng))
+            video_file = Path(tmp) / f"{spec.video_id}.mp4"
+            video_file.write_bytes(encode_mp4(spec, synth.codec))
+            for window in segment_grid(spec, int(synth.max_crop_s)):
+                caption = summarize_window(spec, *window)
+                row = caption_row(video_file, window, caption)
+                sample = encode_conversation(row["messages"], processor, cache.load, load_image, None,
+                                             (sampling.min_pixels, sampling.max_pixels))
+                inputs = {"input_ids": sample.input_ids[None], "mm_token_type_ids": sample.mm_token_type_ids[None],
+                          "attention_mask": torch.ones_like(sample.input_ids)[None]}
+                for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+                    if getattr(sample, key) is not None:
+                        inputs[key] = getattr(sample, key)
+                with torch.no_grad():
+                    predicted = model(**inputs).logits[0].argmax(-1)
+                ids = sample.input_ids
+                answer = (sample.labels != IGNORE_INDEX).nonzero().flatten().tolist()
+                correct = [bool(predicted[i - 1] == ids[i]) for i in answer]
+                text, offsets = token_offsets(processor.tokenizer, ids[answer].tolist())
+                if not text.startswith(caption):
+                    raise ValueError(f"the answer tokens decode to {text[:80]!r}, not the caption {caption[:80]!r}")
+                spans, first_word = caption_spans(caption)
+                windows += 1
+                if first_word is not None:
+                    empty_windows += 1
+                    totals["empty"] += score_row(correct, offsets, {"empty": [first_word]})["empty"]
+                for event in spans:
+                    events += 1
+                    for part, ok in score_row(correct, offsets, event).items():
+                        totals[part] += ok
+    if not events:
+        raise ValueError(f"no events in the grid segments of {videos} probe videos")
+    return CaptionProbe(windows=windows, events=events, empty=totals["empty"] / empty_windows if empty_windows else float("nan"),
+                        **{p: totals[p] / events for p in ("colour", "shape", "place", "times")})
