@@ -62,12 +62,15 @@ def test_reading_rows_quote_the_note_of_the_asked_event_and_name_its_option(tmp_
     for row in rows:
         user, answer = (m["content"][0]["text"] for m in json.loads(row["messages"]))
         assert user.startswith(pretrain.READING_NOTES + "\n00:00.0 to 00:16.0: ")
-        assert "Answer with the option letter only." in user or "Answer with a short" in user
+        assert "Answer with the option letter only." in user  # multiple choice only, as evaluated
+        assert "Checking the options: A. " in answer
         assert answer.startswith("The notes say: From ")
     # one row checked against its truth: the quoted note holds the asked event, the letter is right
     rng = random.Random(7)
     spec = sample_video(rng, cfg.data.synth, "vid")
     row = pretrain.reading_row(random.Random(3), spec, 16, ("colour",))
+    with pytest.raises(ValueError, match="no event supports a multiple-choice question on \\['when'\\]"):
+        pretrain.reading_row(random.Random(3), spec, 16, ("when",))
     user, answer = (m["content"][0]["text"] for m in row["messages"])
     options = dict(line.split(". ", 1) for line in user.splitlines() if line[:2] in ("A.", "B.", "C.", "D."))
     letter = answer.rsplit("option ", 1)[1].rstrip(".")
