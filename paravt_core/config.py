@@ -51,8 +51,9 @@ class PretrainConfig(_Section):
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     checkpoint_every: int = Field(200, ge=1)
     # A second phase on text-only reading rows (`paravt_core.model.pretrain.reading_row`): a
-    # video's notes, a question on one of its events as the evaluation asks it, the answer
-    # quoted from the notes. 0 rows: no reading phase. Same micro-batch and learning rate.
+    # video's notes, a multiple-choice question on one of its events as the evaluation asks
+    # it, the answer quoted from the notes and the options checked. 0 rows: no reading phase.
+    # Same micro-batch and learning rate.
     reading_rows: int = Field(0, ge=0)
     reading_steps: int = Field(3000, ge=1)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
@@ -90,6 +91,10 @@ class ModelConfig(_Section):
         if self.pretrain.sft_replay_rows and not (self.pretrain.enabled and self.pretrain.reading_rows):
             raise ValueError(f"model.pretrain.sft_replay_rows={self.pretrain.sft_replay_rows} replays the reading "
                              "phase's corpus: set model.pretrain.enabled and reading_rows, or sft_replay_rows: 0")
+        corpus = self.pretrain.reading_rows + self.pretrain.videos * self.pretrain.windows_per_video
+        if self.pretrain.sft_replay_rows > corpus:
+            raise ValueError(f"model.pretrain.sft_replay_rows={self.pretrain.sft_replay_rows} > the {corpus} rows of "
+                             "the reading phase's corpus (reading_rows + videos x windows_per_video): lower it")
         return self
 
     @model_validator(mode="after")

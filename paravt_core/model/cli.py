@@ -1,6 +1,7 @@
 """`paravt tiny-model`: write the tiny random-weight Qwen3-VL model directory;
 `paravt reading-probe`: score a checkpoint's reading skill on held-out reading rows;
-`paravt caption-probe`: score what it sees in held-out crops (#15)."""
+`paravt caption-probe`: score what it sees in held-out crops;
+`paravt agent-probe`: score its last step in held-out agent transcripts (#15)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,20 @@ def _caption_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_probe(args: argparse.Namespace) -> int:
+    from paravt_core.config import load_config
+    from paravt_core.model.agent_probe import agent_probe
+
+    cfg = load_config(args.config, args.set)
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(f"paravt agent-probe: {model_dir} is not a model folder (no config.json); pass e.g. "
+                         f"{cfg.run.output_dir}/sft/<key>/model")
+    report = agent_probe(model_dir, cfg, rows=args.rows, seed=args.seed)
+    print(json.dumps({"rows": report.rows, **report.as_metrics()}, indent=1))
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("tiny-model", help="write a tiny random-weight Qwen3-VL model directory")
     p.add_argument("--out", required=True, help="output model directory")
@@ -68,3 +83,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--videos", type=int, default=24, help="held-out videos whose grid segments are scored")
     p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
     p.set_defaults(func=_caption_probe)
+
+    p = subparsers.add_parser("agent-probe", help="teacher-forced scores of the final option check in held-out "
+                                                  "agent transcripts (value, option lines, verdicts, letter)")
+    p.add_argument("--config", required=True, help="the pipeline YAML whose world the questions are drawn from")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    p.add_argument("--rows", type=int, default=64, help="held-out multiple-choice transcripts to score")
+    p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
+    p.set_defaults(func=_agent_probe)

@@ -53,24 +53,37 @@ def answer_spans(answer: str) -> dict[str, list[tuple[int, int]]]:
         ValueError: the answer is not in the reading-row layout (quote, value, checks, letter).
     """
     head = re.match(r"The notes say: (.+?) So the answer is (.+?)\. Checking the options: ", answer, re.S)
-    tail = re.search(r" So the answer is option ([A-Z])\.$", answer)
-    if not head or not tail:
+    if not head or not re.search(r" So the answer is option ([A-Z])\.$", answer):
         raise ValueError(f"not a multiple-choice reading answer: {answer[:120]!r}")
-    checks = list(re.finditer(r"([A-Z])\. (.+?) vs (.+?): (same|different)\.", answer[head.end():tail.start() + 1]))
+    return {"quote": [_spaced(answer, *head.span(1))], **check_spans(answer)}
+
+
+def check_spans(text: str) -> dict[str, list[tuple[int, int]]]:
+    """Character spans of the option check in `text` (a reading answer or an agent's final
+    turn): value, options, values, verdicts, letter and the chain from value to letter.
+
+    Raises:
+        ValueError: no "So the answer is X. Checking the options: ... So the answer is option L." in it.
+    """
+    head = re.search(r"So the answer is (.+?)\. Checking the options: ", text)
+    tail = re.search(r" So the answer is option ([A-Z])\.", text[head.end():]) if head else None
+    if not head or not tail:
+        raise ValueError(f"no option check in: {text[:120]!r}")
+    base, end = head.end(), head.end() + tail.start(1)
+    checks = list(re.finditer(r"([A-Z])\. (.+?) vs (.+?): (same|different)\.", text[base:base + tail.start() + 1]))
     if not checks:
-        raise ValueError(f"no option checks in the reading answer: {answer[:120]!r}")
-    base = head.end()
+        raise ValueError(f"no option checks in: {text[:120]!r}")
+    return {"value": [_spaced(text, *head.span(1))],
+            "options": [_spaced(text, base + m.start(2), base + m.end(2)) for m in checks],
+            "values": [_spaced(text, base + m.start(3), base + m.end(3)) for m in checks],
+            "verdicts": [_spaced(text, base + m.start(4), base + m.end(4)) for m in checks],
+            "letter": [_spaced(text, end, end + 1)], "chain": [_spaced(text, head.start(1), end + 1)]}
 
-    def spaced(start: int, end: int) -> tuple[int, int]:
-        # the space before a word belongs to it: a tokenizer that splits " yes" into " ", "y",
-        # "es" decides yes or no at the bare space, which must count
-        return (start - 1, end) if start > 0 and answer[start - 1] == " " else (start, end)
 
-    return {"quote": [spaced(*head.span(1))], "value": [spaced(*head.span(2))],
-            "options": [spaced(base + m.start(2), base + m.end(2)) for m in checks],
-            "values": [spaced(base + m.start(3), base + m.end(3)) for m in checks],
-            "verdicts": [spaced(base + m.start(4), base + m.end(4)) for m in checks],
-            "letter": [spaced(*tail.span(1))], "chain": [spaced(head.start(2), tail.end(1))]}
+def _spaced(text: str, start: int, end: int) -> tuple[int, int]:
+    # the space before a word belongs to it: a tokenizer that splits " yes" into " ", "y", "es"
+    # decides yes or no at the bare space, which must count
+    return (start - 1, end) if start > 0 and text[start - 1] == " " else (start, end)
 
 
 def score_row(correct: Sequence[bool], offsets: Sequence[tuple[int, int]], spans: dict[str, list[tuple[int, int]]],

@@ -164,8 +164,8 @@ def test_sft_replays_rows_of_the_reading_corpus_beside_its_own(tmp_path: Path):
     # the same draw for the same seed; too many rows is refused naming the corpus
     again = pretrain.replay_shard(cfg, tmp_path / "again.parquet", log_line=lambda line: None)
     assert pq.read_table(again).equals(pq.read_table(out / "replay.parquet"))
-    with pytest.raises(ValueError, match="sft_replay_rows=21 > the 20 rows"):
-        pretrain.replay_shard(_cfg(tmp_path, "model.pretrain.sft_replay_rows=21"), tmp_path / "x.parquet")
+    with pytest.raises(ConfigError, match="sft_replay_rows=21 > the 20 rows"):
+        _cfg(tmp_path, "model.pretrain.sft_replay_rows=21")
 
 
 def test_pretraining_is_refused_for_a_real_checkpoint(tmp_path: Path):

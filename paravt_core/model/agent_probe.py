@@ -1,0 +1,114 @@
+"""Can the main agent read its own transcript? A teacher-forced probe of the last step (#15).
+
+`paravt reading-probe` scores the reading skill on reading rows, where the options stand a
+few dozen tokens before the answer. In an agent transcript they stand hundreds of tokens back
+(the overview frames, the tool calls and the sub-agents' reports come between), and the same
+model may read one and not the other. This probe draws held-out multiple-choice questions on
+videos of the config's world from a stream of their own, writes the teacher's tool trace for
+each (`data.synth.traces.tool_trace`, the SFT rows' layout and prompts), renders the video
+and feeds the whole conversation once (teacher forcing: frames, calls and the true reports
+included). The final turn is scored as the reading probe scores a reading answer
+(`reading_probe.check_spans`): value, option lines, the value beside each option, verdicts,
+letter, and the whole chain; `distance` is the median number of tokens from the question's
+options to the end of the conversation.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from paravt_core.config import PipelineConfig
+from paravt_core.model.reading_probe import check_spans, score_row
+
+PROBE_STREAM = "probe-agent"  # derived_rng stream; training videos come from the data stage's
+PARTS = ("value", "options", "values", "verdicts", "letter", "chain")
+
+
+@dataclass(frozen=True)
+class AgentProbe:
+    rows: int
+    distance: float  # median tokens from the options to the end of the conversation
+    value: float
+    options: float
+    values: float
+    verdicts: float
+    letter: float
+    chain: float
+
+    def as_metrics(self, prefix: str = "agent") -> dict[str, float]:
+        return {f"{prefix}_{f.name}": float(getattr(self, f.name)) for f in fields(self) if f.name != "rows"}
+
+
+def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Path) -> list[dict]:
+    """The SFT-layout messages of held-out probe question `index` (its video rendered into
+    `video_dir`): a multiple-choice question on the video's event and the teacher's tool trace."""
+    from paravt_core.data.synth.paravt import TrainVideo, sft_messages
+    from paravt_core.data.synth.questions import EVENT_TOPICS, TOPIC_TYPES, event_question
+    from paravt_core.data.synth.render import encode_mp4
+    from paravt_core.data.synth.traces import tool_trace
+    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+
+    synth = cfg.data.synth
+    rng = derived_rng(synth.seed, PROBE_STREAM, seed, index)
+    spec = sample_video(rng, synth, youtube_like_id(rng))
+    pairs = [(i, t) for i, e in enumerate(spec.events) for t in EVENT_TOPICS[e.kind]
+             if (not synth.question_topics or t in synth.question_topics) and "mcq" in TOPIC_TYPES[t]]
+    if not pairs:
+        raise ValueError(f"the world's question topics {synth.question_topics} give no multiple-choice question")
+    event_index, topic = rng.choice(pairs)
+    question = event_question(rng, spec, event_index, "mcq", 4, topic=topic)
+    video_file = video_dir / f"{spec.video_id}.mp4"
+    video_file.write_bytes(encode_mp4(spec, synth.codec))
+    trace = tool_trace(rng, spec, question, video_file.name, synth.max_calls_per_trace, synth.max_crop_s,
+                       cover=synth.teacher_windows == "cover", relevant_only=synth.final_reasoning == "relevant")
+    return sft_messages(trace, TrainVideo(spec=spec, sentinel=str(video_file)), synth.prompts)
+
+
+def agent_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 64, seed: int = 0) -> AgentProbe:
+    """Score the model in `model_dir` on `rows` held-out teacher transcripts (module docstring)."""
+    import torch
+
+    from paravt_core.model.caption_probe import token_offsets
+    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
+    from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
+
+    video = cfg.video
+    processor = load_processor(model_dir)
+    model = load_model(model_dir, dtype="float32", device="cpu").eval()
+    sampling = FrameSampling(fps=video.sft_fps, max_frames=video.sft_max_frames, crop_fps=video.crop_fps,
+                             crop_min_frames=video.crop_min_frames, crop_max_frames=video.crop_max_frames,
+                             min_pixels=video.min_pixels, max_pixels=video.max_pixels)
+    totals = dict.fromkeys(PARTS, 0)
+    distances = []
+    with tempfile.TemporaryDirectory(prefix="agent-probe-") as tmp:
+        cache = FrameCache(Path(tmp) / "frames", sampling)
+        for index in range(rows):
+            messages = probe_conversation(cfg, index, seed, Path(tmp))
+            sample = encode_conversation(messages, processor, cache.load, load_image, None,  # as SFT encodes
+                                         (sampling.min_pixels, sampling.max_pixels))
+            inputs = {"input_ids": sample.input_ids[None], "mm_token_type_ids": sample.mm_token_type_ids[None],
+                      "attention_mask": torch.ones_like(sample.input_ids)[None]}
+            for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+                if getattr(sample, key) is not None:
+                    inputs[key] = getattr(sample, key)
+            with torch.no_grad():
+                predicted = model(**inputs).logits[0].argmax(-1)
+            ids = sample.input_ids
+            trained = (sample.labels != IGNORE_INDEX).nonzero().flatten().tolist()
+            final = [trained[-1]]  # the last assistant turn: the last run of trained positions
+            for position in reversed(trained[:-1]):
+                if position != final[0] - 1:
+                    break
+                final.insert(0, position)
+            text, offsets = token_offsets(processor.tokenizer, ids[final].tolist())
+            correct = [bool(predicted[i - 1] == ids[i]) for i in final]
+            for part, ok in score_row(correct, offsets, check_spans(text)).items():
+                totals[part] += ok
+            whole = processor.tokenizer.decode(ids.tolist())
+            distances.append(len(processor.tokenizer(whole[whole.rindex("Options:"):], add_special_tokens=False)["input_ids"]))
+    return AgentProbe(rows=rows, distance=float(statistics.median(distances)),
+                      **{part: totals[part] / rows for part in PARTS})
