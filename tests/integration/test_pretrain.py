@@ -22,7 +22,7 @@ def _cfg(out: Path, *extra: str):
     return load_config(REPO / "conf/pipeline/reproduce.yaml", [
         f"run.output_dir={out}", "model.pretrain.videos=3", "model.pretrain.windows_per_video=4",
         "model.pretrain.max_steps=3", "model.pretrain.micro_batch_size=2", "model.pretrain.checkpoint_every=3",
-        "model.pretrain.reading_rows=8", "model.pretrain.reading_steps=2", *extra])
+        "model.pretrain.reading_rows=8", "model.pretrain.reading_steps=2", "model.pretrain.sft_replay_rows=0", *extra])
 
 
 def test_corpus_clips_are_captioned_with_the_truth_of_their_window(tmp_path: Path):
