@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.model.reading_probe import check_spans, score_row
+from paravt_core.model.reading_probe import ProbeScores, check_spans, score_row
 
 PROBE_STREAM = "probe-agent"  # derived_rng stream; training videos come from the data stage's
 PARTS = ("value", "options", "values", "verdicts", "letter", "chain")
 
 
 @dataclass(frozen=True)
-class AgentProbe:
+class AgentProbe(ProbeScores):
+    PREFIX = "agent"
+
     rows: int
     distance: float  # median tokens from the options to the end of the conversation
     value: float
@@ -37,9 +39,6 @@ class AgentProbe:
     verdicts: float
     letter: float
     chain: float
-
-    def as_metrics(self, prefix: str = "agent") -> dict[str, float]:
-        return {f"{prefix}_{f.name}": float(getattr(self, f.name)) for f in fields(self) if f.name != "rows"}
 
 
 def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Path) -> list[dict]:
@@ -69,19 +68,14 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
 
 def agent_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 64, seed: int = 0) -> AgentProbe:
     """Score the model in `model_dir` on `rows` held-out teacher transcripts (module docstring)."""
-    import torch
-
-    from paravt_core.model.caption_probe import token_offsets
+    from paravt_core.model.caption_probe import crop_sampling, teacher_forced
     from paravt_core.model.loading import load_model, load_processor
-    from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
+    from paravt_core.sft.dataset import FrameCache, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 
-    video = cfg.video
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype="float32", device="cpu").eval()
-    sampling = FrameSampling(fps=video.sft_fps, max_frames=video.sft_max_frames, crop_fps=video.crop_fps,
-                             crop_min_frames=video.crop_min_frames, crop_max_frames=video.crop_max_frames,
-                             min_pixels=video.min_pixels, max_pixels=video.max_pixels)
+    sampling = crop_sampling(cfg)
     totals = dict.fromkeys(PARTS, 0)
     distances = []
     with tempfile.TemporaryDirectory(prefix="agent-probe-") as tmp:
@@ -90,25 +84,16 @@ def agent_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 64, seed: int 
             messages = probe_conversation(cfg, index, seed, Path(tmp))
             sample = encode_conversation(messages, processor, cache.load, load_image, None,  # as SFT encodes
                                          (sampling.min_pixels, sampling.max_pixels))
-            inputs = {"input_ids": sample.input_ids[None], "mm_token_type_ids": sample.mm_token_type_ids[None],
-                      "attention_mask": torch.ones_like(sample.input_ids)[None]}
-            for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
-                if getattr(sample, key) is not None:
-                    inputs[key] = getattr(sample, key)
-            with torch.no_grad():
-                predicted = model(**inputs).logits[0].argmax(-1)
-            ids = sample.input_ids
             trained = (sample.labels != IGNORE_INDEX).nonzero().flatten().tolist()
             final = [trained[-1]]  # the last assistant turn: the last run of trained positions
             for position in reversed(trained[:-1]):
                 if position != final[0] - 1:
                     break
                 final.insert(0, position)
-            text, offsets = token_offsets(processor.tokenizer, ids[final].tolist())
-            correct = [bool(predicted[i - 1] == ids[i]) for i in final]
+            text, offsets, correct = teacher_forced(model, processor.tokenizer, sample, final)
             for part, ok in score_row(correct, offsets, check_spans(text)).items():
                 totals[part] += ok
-            whole = processor.tokenizer.decode(ids.tolist())
+            whole = processor.tokenizer.decode(sample.input_ids.tolist())
             distances.append(len(processor.tokenizer(whole[whole.rindex("Options:"):], add_special_tokens=False)["input_ids"]))
     return AgentProbe(rows=rows, distance=float(statistics.median(distances)),
                       **{part: totals[part] / rows for part in PARTS})

@@ -21,18 +21,21 @@ from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.model.reading_probe import score_row
+from paravt_core.model.reading_probe import ProbeScores, score_row
 
 PROBE_STREAM = "probe-caption"  # derived_rng stream; pretraining clips come from "pretrain"
 EVENT = re.compile(r"From (\d\d:\d\d\.\d) to (\d\d:\d\d\.\d) an? (\w+) (\w+) appears in (the centre|the (?:\w+ \w+) corner)\.")
 
 
 @dataclass(frozen=True)
-class CaptionProbe:
+class CaptionProbe(ProbeScores):
+    COUNTS = ("windows", "events")
+    PREFIX = "caption"
+
     windows: int
     events: int
     colour: float
@@ -40,10 +43,6 @@ class CaptionProbe:
     place: float
     times: float
     empty: float  # windows without events whose first word is right; nan when none
-
-    def as_metrics(self, prefix: str = "caption") -> dict[str, float]:
-        return {f"{prefix}_{f.name}": float(getattr(self, f.name)) for f in fields(self)
-                if f.name not in ("windows", "events")}
 
 
 def caption_spans(caption: str) -> tuple[list[dict[str, list[tuple[int, int]]]], tuple[int, int] | None]:
@@ -75,26 +74,51 @@ def token_offsets(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]
     return text, offsets
 
 
-def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: int = 0) -> CaptionProbe:
-    """Score the model in `model_dir` on the grid-segment clips of `videos` held-out videos."""
+def crop_sampling(cfg: PipelineConfig):
+    """The SFT encoder's frame sampling of the config (whole videos and crops), as the SFT
+    worker sets it."""
+    from paravt_core.sft.dataset import FrameSampling
+
+    video = cfg.video
+    return FrameSampling(fps=video.sft_fps, max_frames=video.sft_max_frames, crop_fps=video.crop_fps,
+                         crop_min_frames=video.crop_min_frames, crop_max_frames=video.crop_max_frames,
+                         min_pixels=video.min_pixels, max_pixels=video.max_pixels)
+
+
+def teacher_forced(model, tokenizer, sample, positions: list[int]) -> tuple[str, list[tuple[int, int]], list[bool]]:
+    """Feed one encoded sample whole; for `positions` (token indices, each > 0): their text
+    decoded token by token, each token's offsets in it, and whether the model's argmax at the
+    position before predicted it."""
     import torch
 
+    inputs = {"input_ids": sample.input_ids[None], "mm_token_type_ids": sample.mm_token_type_ids[None],
+              "attention_mask": torch.ones_like(sample.input_ids)[None]}
+    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+        if getattr(sample, key) is not None:
+            inputs[key] = getattr(sample, key)
+    with torch.no_grad():
+        predicted = model(**inputs).logits[0].argmax(-1)
+    ids = sample.input_ids
+    text, offsets = token_offsets(tokenizer, ids[positions].tolist())
+    return text, offsets, [bool(predicted[i - 1] == ids[i]) for i in positions]
+
+
+def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: int = 0) -> CaptionProbe:
+    """Score the model in `model_dir` on the grid-segment clips of `videos` held-out videos."""
     from paravt_core.data.synth.render import encode_mp4
     from paravt_core.data.synth.traces import segment_grid, summarize_window
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.model.pretrain import caption_row
-    from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
+    from paravt_core.sft.dataset import FrameCache, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 
-    synth, video = cfg.data.synth, cfg.video
+    synth = cfg.data.synth
     if set(synth.event_kinds) != {"shape"}:
         raise ValueError(f"caption-probe scores shape events only; data.synth.event_kinds is {synth.event_kinds}")
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype="float32", device="cpu").eval()
-    sampling = FrameSampling(fps=video.sft_fps, max_frames=video.sft_max_frames, crop_fps=video.crop_fps,
-                             crop_min_frames=video.crop_min_frames, crop_max_frames=video.crop_max_frames,
-                             min_pixels=video.min_pixels, max_pixels=video.max_pixels)
+    sampling = crop_sampling(cfg)
     totals = dict(colour=0, shape=0, place=0, times=0, empty=0)
     windows = events = empty_windows = 0
     with tempfile.TemporaryDirectory(prefix="caption-probe-") as tmp:
@@ -109,17 +133,8 @@ def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: 
                 row = caption_row(video_file, window, caption)
                 sample = encode_conversation(row["messages"], processor, cache.load, load_image, None,
                                              (sampling.min_pixels, sampling.max_pixels))
-                inputs = {"input_ids": sample.input_ids[None], "mm_token_type_ids": sample.mm_token_type_ids[None],
-                          "attention_mask": torch.ones_like(sample.input_ids)[None]}
-                for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
-                    if getattr(sample, key) is not None:
-                        inputs[key] = getattr(sample, key)
-                with torch.no_grad():
-                    predicted = model(**inputs).logits[0].argmax(-1)
-                ids = sample.input_ids
                 answer = (sample.labels != IGNORE_INDEX).nonzero().flatten().tolist()
-                correct = [bool(predicted[i - 1] == ids[i]) for i in answer]
-                text, offsets = token_offsets(processor.tokenizer, ids[answer].tolist())
+                text, offsets, correct = teacher_forced(model, processor.tokenizer, sample, answer)
                 if not text.startswith(caption):
                     raise ValueError(f"the answer tokens decode to {text[:80]!r}, not the caption {caption[:80]!r}")
                 spans, first_word = caption_spans(caption)

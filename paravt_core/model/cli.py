@@ -18,46 +18,45 @@ def _tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reading_probe(args: argparse.Namespace) -> int:
+def _probe_inputs(args: argparse.Namespace, command: str, example: str):
+    """(config, model folder) of a probe command; a folder without config.json is refused."""
     from paravt_core.config import load_config
-    from paravt_core.model.reading_probe import reading_probe
 
     cfg = load_config(args.config, args.set)
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
-        raise SystemExit(f"paravt reading-probe: {model_dir} is not a model folder (no config.json); pass e.g. "
-                         f"{cfg.run.output_dir}/pretrain-reading/<key>/model")
-    report = reading_probe(model_dir, cfg, rows=args.rows, seed=args.seed)
-    print(json.dumps({"rows": report.rows, **report.as_metrics()}, indent=1))
+        raise SystemExit(f"paravt {command}: {model_dir} is not a model folder (no config.json); pass e.g. "
+                         f"{cfg.run.output_dir}/{example}/<key>/model")
+    return cfg, model_dir
+
+
+def _print_report(counts: dict[str, int], report) -> int:
+    print(json.dumps({**counts, **report.as_metrics()}, indent=1))
     return 0
+
+
+def _reading_probe(args: argparse.Namespace) -> int:
+    from paravt_core.model.reading_probe import reading_probe
+
+    cfg, model_dir = _probe_inputs(args, "reading-probe", "pretrain-reading")
+    report = reading_probe(model_dir, cfg, rows=args.rows, seed=args.seed)
+    return _print_report({"rows": report.rows}, report)
 
 
 def _caption_probe(args: argparse.Namespace) -> int:
-    from paravt_core.config import load_config
     from paravt_core.model.caption_probe import caption_probe
 
-    cfg = load_config(args.config, args.set)
-    model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise SystemExit(f"paravt caption-probe: {model_dir} is not a model folder (no config.json); pass e.g. "
-                         f"{cfg.run.output_dir}/pretrain/<key>/model")
+    cfg, model_dir = _probe_inputs(args, "caption-probe", "pretrain")
     report = caption_probe(model_dir, cfg, videos=args.videos, seed=args.seed)
-    print(json.dumps({"windows": report.windows, "events": report.events, **report.as_metrics()}, indent=1))
-    return 0
+    return _print_report({"windows": report.windows, "events": report.events}, report)
 
 
 def _agent_probe(args: argparse.Namespace) -> int:
-    from paravt_core.config import load_config
     from paravt_core.model.agent_probe import agent_probe
 
-    cfg = load_config(args.config, args.set)
-    model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise SystemExit(f"paravt agent-probe: {model_dir} is not a model folder (no config.json); pass e.g. "
-                         f"{cfg.run.output_dir}/sft/<key>/model")
+    cfg, model_dir = _probe_inputs(args, "agent-probe", "sft")
     report = agent_probe(model_dir, cfg, rows=args.rows, seed=args.seed)
-    print(json.dumps({"rows": report.rows, **report.as_metrics()}, indent=1))
-    return 0
+    return _print_report({"rows": report.rows}, report)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,29 +65,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (same seed, same files)")
     p.set_defaults(func=_tiny_model)
 
-    p = subparsers.add_parser("reading-probe", help="teacher-forced scores of a checkpoint's reading skill (quote, "
-                                                    "value, option checks, letter) on held-out reading rows")
-    p.add_argument("--config", required=True, help="the pipeline YAML whose world the rows are drawn from")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/pretrain-reading/<key>/model)")
-    p.add_argument("--rows", type=int, default=200, help="multiple-choice reading rows to score")
-    p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
-    p.set_defaults(func=_reading_probe)
-
-    p = subparsers.add_parser("caption-probe", help="teacher-forced scores of what a checkpoint sees in held-out "
-                                                    "crops (event colour, shape, place, times)")
-    p.add_argument("--config", required=True, help="the pipeline YAML whose world the clips are drawn from")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/pretrain/<key>/model)")
-    p.add_argument("--videos", type=int, default=24, help="held-out videos whose grid segments are scored")
-    p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
-    p.set_defaults(func=_caption_probe)
-
-    p = subparsers.add_parser("agent-probe", help="teacher-forced scores of the final option check in held-out "
-                                                  "agent transcripts (value, option lines, verdicts, letter)")
-    p.add_argument("--config", required=True, help="the pipeline YAML whose world the questions are drawn from")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
-    p.add_argument("--rows", type=int, default=64, help="held-out multiple-choice transcripts to score")
-    p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
-    p.set_defaults(func=_agent_probe)
+    probes = (
+        ("reading-probe", _reading_probe, "teacher-forced scores of a checkpoint's reading skill (quote, value, "
+         "option checks, letter) on held-out reading rows", "rows", "pretrain-reading",
+         ("--rows", 200, "multiple-choice reading rows to score")),
+        ("caption-probe", _caption_probe, "teacher-forced scores of what a checkpoint sees in held-out crops (event "
+         "colour, shape, place, times)", "clips", "pretrain",
+         ("--videos", 24, "held-out videos whose grid segments are scored")),
+        ("agent-probe", _agent_probe, "teacher-forced scores of the final option check in held-out agent "
+         "transcripts (value, option lines, verdicts, letter)", "questions", "sft",
+         ("--rows", 64, "held-out multiple-choice transcripts to score")),
+    )
+    for name, func, help_text, drawn, example, (flag, default, flag_help) in probes:
+        p = subparsers.add_parser(name, help=help_text)
+        p.add_argument("--config", required=True, help=f"the pipeline YAML whose world the {drawn} are drawn from")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+        p.add_argument("--model", required=True, help=f"model folder (e.g. <output_dir>/{example}/<key>/model)")
+        p.add_argument(flag, type=int, default=default, help=flag_help)
+        p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
+        p.set_defaults(func=func)

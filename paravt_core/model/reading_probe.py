@@ -31,8 +31,22 @@ PARTS = ("quote", "value", "options", "values", "verdicts", "letter", "chain")
 PROBE_STREAM = "probe-reading"  # derived_rng stream; training rows come from "pretrain-reading"
 
 
+class ProbeScores:
+    """Base of a probe's report (a frozen dataclass): `COUNTS` name its count fields, every
+    other field is a score, logged as `<PREFIX>_<field>` by `as_metrics`."""
+
+    COUNTS: tuple[str, ...] = ("rows",)
+    PREFIX = ""
+
+    def as_metrics(self, prefix: str | None = None) -> dict[str, float]:
+        return {f"{prefix or self.PREFIX}_{f.name}": float(getattr(self, f.name))
+                for f in fields(self) if f.name not in self.COUNTS}
+
+
 @dataclass(frozen=True)
-class ReadingProbe:
+class ReadingProbe(ProbeScores):
+    PREFIX = "reading"
+
     rows: int  # multiple-choice rows scored
     quote: float
     value: float
@@ -41,9 +55,6 @@ class ReadingProbe:
     verdicts: float
     letter: float
     chain: float
-
-    def as_metrics(self, prefix: str = "reading") -> dict[str, float]:
-        return {f"{prefix}_{f.name}": float(getattr(self, f.name)) for f in fields(self) if f.name != "rows"}
 
 
 def answer_spans(answer: str) -> dict[str, list[tuple[int, int]]]:
