@@ -1,7 +1,7 @@
 """Can the main agent read its own transcript? A teacher-forced probe of the last step (#15).
 
-`paravt reading-probe` scores the reading skill on reading rows, where the options stand a
-few dozen tokens before the answer. In an agent transcript they stand hundreds of tokens back
+`paravt reading-probe` scores the reading skill on reading rows, where the options stand
+about a hundred tokens before the end (median 112 on 200 held-out rows). In an agent transcript they stand hundreds of tokens back
 (the overview frames, the tool calls and the sub-agents' reports come between), and the same
 model may read one and not the other. This probe draws held-out multiple-choice questions on
 videos of the config's world from a stream of their own, writes the teacher's tool trace for
@@ -45,20 +45,15 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
     """The SFT-layout messages of held-out probe question `index` (its video rendered into
     `video_dir`): a multiple-choice question on the video's event and the teacher's tool trace."""
     from paravt_core.data.synth.paravt import TrainVideo, sft_messages
-    from paravt_core.data.synth.questions import EVENT_TOPICS, TOPIC_TYPES, event_question
     from paravt_core.data.synth.render import encode_mp4
     from paravt_core.data.synth.traces import tool_trace
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+    from paravt_core.model.pretrain import mcq_event_question
 
     synth = cfg.data.synth
     rng = derived_rng(synth.seed, PROBE_STREAM, seed, index)
     spec = sample_video(rng, synth, youtube_like_id(rng))
-    pairs = [(i, t) for i, e in enumerate(spec.events) for t in EVENT_TOPICS[e.kind]
-             if (not synth.question_topics or t in synth.question_topics) and "mcq" in TOPIC_TYPES[t]]
-    if not pairs:
-        raise ValueError(f"the world's question topics {synth.question_topics} give no multiple-choice question")
-    event_index, topic = rng.choice(pairs)
-    question = event_question(rng, spec, event_index, "mcq", 4, topic=topic)
+    question = mcq_event_question(rng, spec, tuple(synth.question_topics) if synth.question_topics else None)
     video_file = video_dir / f"{spec.video_id}.mp4"
     video_file.write_bytes(encode_mp4(spec, synth.codec))
     trace = tool_trace(rng, spec, question, video_file.name, synth.max_calls_per_trace, synth.max_crop_s,
@@ -68,14 +63,14 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
 
 def agent_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 64, seed: int = 0) -> AgentProbe:
     """Score the model in `model_dir` on `rows` held-out teacher transcripts (module docstring)."""
-    from paravt_core.model.caption_probe import crop_sampling, teacher_forced
+    from paravt_core.model.caption_probe import teacher_forced
     from paravt_core.model.loading import load_model, load_processor
-    from paravt_core.sft.dataset import FrameCache, load_image
+    from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype="float32", device="cpu").eval()
-    sampling = crop_sampling(cfg)
+    sampling = FrameSampling.from_config(cfg.video)  # as the SFT worker samples
     totals = dict.fromkeys(PARTS, 0)
     distances = []
     with tempfile.TemporaryDirectory(prefix="agent-probe-") as tmp:

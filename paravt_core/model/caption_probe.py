@@ -74,17 +74,6 @@ def token_offsets(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]
     return text, offsets
 
 
-def crop_sampling(cfg: PipelineConfig):
-    """The SFT encoder's frame sampling of the config (whole videos and crops), as the SFT
-    worker sets it."""
-    from paravt_core.sft.dataset import FrameSampling
-
-    video = cfg.video
-    return FrameSampling(fps=video.sft_fps, max_frames=video.sft_max_frames, crop_fps=video.crop_fps,
-                         crop_min_frames=video.crop_min_frames, crop_max_frames=video.crop_max_frames,
-                         min_pixels=video.min_pixels, max_pixels=video.max_pixels)
-
-
 def teacher_forced(model, tokenizer, sample, positions: list[int]) -> tuple[str, list[tuple[int, int]], list[bool]]:
     """Feed one encoded sample whole; for `positions` (token indices, each > 0): their text
     decoded token by token, each token's offsets in it, and whether the model's argmax at the
@@ -110,7 +99,7 @@ def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: 
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.model.pretrain import caption_row
-    from paravt_core.sft.dataset import FrameCache, load_image
+    from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 
     synth = cfg.data.synth
@@ -118,7 +107,7 @@ def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: 
         raise ValueError(f"caption-probe scores shape events only; data.synth.event_kinds is {synth.event_kinds}")
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype="float32", device="cpu").eval()
-    sampling = crop_sampling(cfg)
+    sampling = FrameSampling.from_config(cfg.video)  # as the SFT worker samples
     totals = dict(colour=0, shape=0, place=0, times=0, empty=0)
     windows = events = empty_windows = 0
     with tempfile.TemporaryDirectory(prefix="caption-probe-") as tmp:

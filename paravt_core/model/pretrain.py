@@ -96,12 +96,31 @@ def caption_row(video_file: Path, window: tuple[int, int], caption: str) -> dict
             "videos": [video_file.resolve().as_uri()]}
 
 
+def mcq_event_question(rng: random.Random, spec: VideoSpec, topics: tuple[str, ...] | None):
+    """A 4-option multiple-choice question on a random (event, topic) pair of `spec` whose
+    topic is among `topics` (all when None) and allows multiple choice.
+
+    `data.synth.questions.random_event_question` draws the type too; this lives here, not
+    there, because an edit to the synth package renames the captioning corpus (`corpus_dir`).
+
+    Raises:
+        ValueError: no event of the video supports a multiple-choice question on `topics`.
+    """
+    from paravt_core.data.synth.questions import EVENT_TOPICS, TOPIC_TYPES, event_question
+
+    pairs = [(i, t) for i, e in enumerate(spec.events) for t in EVENT_TOPICS[e.kind]
+             if (topics is None or t in topics) and "mcq" in TOPIC_TYPES[t]]
+    if not pairs:
+        raise ValueError(f"video {spec.video_id}: no event supports a multiple-choice question on {list(topics or ())}")
+    index, topic = rng.choice(pairs)
+    return event_question(rng, spec, index, "mcq", 4, topic=topic)
+
+
 def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tuple[str, ...] | None) -> dict:
     """A text-only row: the video's notes (one line per `segment_s` grid segment, in the
     sub-agent summary wording), a multiple-choice question on one event in the evaluation's layout (SPEC §7),
     and the answer: the note(s) of the segment(s) holding the event, then the conclusion the
     teacher traces end with (`data.synth.traces.conclusion`)."""
-    from paravt_core.data.synth.questions import EVENT_TOPICS, TOPIC_TYPES, event_question
     from paravt_core.data.synth.traces import clock, conclusion, segment_grid, summarize_window
     from paravt_core.data.synth.world import events_in_window
     from paravt_core.eval.samples import mcq_question
@@ -109,13 +128,9 @@ def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tup
     # Multiple-choice only: the value is also taught by the quote, but reading the options to
     # the letter is what the tiny model learns slowest. Measured (`paravt reading-probe`): with
     # colour questions, half of them open-ended, 3000 steps left every check wrong (chains 0 %,
-    # verdicts by position); a world with three multiple-choice rows in four got 80.5 %.
-    pairs = [(i, t) for i, e in enumerate(spec.events) for t in EVENT_TOPICS[e.kind]
-             if (topics is None or t in topics) and "mcq" in TOPIC_TYPES[t]]
-    if not pairs:
-        raise ValueError(f"video {spec.video_id}: no event supports a multiple-choice question on {list(topics or ())}")
-    index, topic = rng.choice(pairs)
-    question = event_question(rng, spec, index, "mcq", 4, topic=topic)
+    # verdicts by position); colour and corner questions (by their draw, about three
+    # multiple-choice rows in four) got 80.5 %, multiple-choice only 91.5 %.
+    question = mcq_event_question(rng, spec, topics)
     grid = segment_grid(spec, segment_s)
     notes = "\n".join(f"{clock(s)} to {clock(e)}: {summarize_window(spec, s, e)}" for s, e in grid)
     event = spec.events[question.event_index]

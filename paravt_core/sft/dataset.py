@@ -43,6 +43,13 @@ class FrameSampling:
     crop_min_frames: int = 1
     crop_max_frames: int = 16
 
+    @classmethod
+    def from_config(cls, video) -> FrameSampling:
+        """The sampling of a `video` config section (`VideoConfig`): SFT's and the crops'."""
+        return cls(fps=video.sft_fps, max_frames=video.sft_max_frames, crop_fps=video.crop_fps,
+                   crop_min_frames=video.crop_min_frames, crop_max_frames=video.crop_max_frames,
+                   min_pixels=video.min_pixels, max_pixels=video.max_pixels)
+
     def key(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
 

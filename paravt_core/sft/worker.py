@@ -116,10 +116,7 @@ def train(job: SFTJob) -> None:
     if sft.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    sampling = FrameSampling(fps=cfg.video.sft_fps, max_frames=cfg.video.sft_max_frames,
-                             crop_fps=cfg.video.crop_fps, crop_min_frames=cfg.video.crop_min_frames,
-                             crop_max_frames=cfg.video.crop_max_frames,
-                             min_pixels=cfg.video.min_pixels, max_pixels=cfg.video.max_pixels)
+    sampling = FrameSampling.from_config(cfg.video)
     dataset = SFTDataset(read_sft_rows(job.data_files), processor, FrameCache(job.frame_cache_dir, sampling),
                          OverlongPolicy(sft.max_seq_len, sft.overlong))
 
