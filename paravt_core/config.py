@@ -56,6 +56,10 @@ class PretrainConfig(_Section):
     # Same micro-batch and learning rate.
     reading_rows: int = Field(0, ge=0)
     reading_steps: int = Field(3000, ge=1)
+    # The share of reading rows written as a text-only agent transcript (`pretrain.transcript_row`):
+    # the question, the teacher's crop calls, the notes as the tool's replies and the final turn,
+    # so the options stand as far back as in an agent's own transcript (hundreds of tokens).
+    reading_transcripts: float = Field(0.0, ge=0, le=1)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
     # what pretraining taught (`paravt_core.model.pretrain.replay_shard`). 0: none.

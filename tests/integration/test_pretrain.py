@@ -82,6 +82,42 @@ def test_reading_rows_quote_the_note_of_the_asked_event_and_name_its_option(tmp_
     assert pretrain.reading_dir(cfg, clips) != pretrain.reading_dir(_cfg(tmp_path, "model.pretrain.reading_rows=41"), clips)
 
 
+def test_transcript_reading_rows_are_text_only_agent_transcripts_of_the_sft_layout(tmp_path: Path):
+    """`reading_transcripts` lays that share of reading rows out as an SFT row without system
+    prompt or frames: question, crop calls, the notes as tool replies, the teacher's final turn."""
+    import random
+
+    from paravt_core.data.synth.world import sample_video
+
+    cfg = _cfg(tmp_path, "model.pretrain.reading_rows=40", "model.pretrain.reading_transcripts=0.5")
+    clips = pretrain.build_corpus(cfg, log_line=lambda line: None)
+    corpus = pretrain.build_reading_corpus(cfg, clips, log_line=lambda line: None)
+    rows = [json.loads(r["messages"]) for r in pq.read_table(corpus.path / pretrain.READING_FILE).to_pylist()]
+    transcripts = [m for m in rows if len(m) > 2]
+    assert 10 <= len(transcripts) <= 30 and len(rows) == 40  # a draw of one half
+    for messages in transcripts:
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "tool", "assistant"]
+        assert all(item["type"] == "text" for m in messages for item in m["content"])
+        assert "Answer with the option letter only." in messages[0]["content"][0]["text"]
+        assert messages[1]["content"][0]["text"].count("<tool_call>") == 3  # cover: every grid segment
+        assert "Checking the options: A. " in messages[-1]["content"][0]["text"]
+    # the other rows are the notes layout, and the row draw does not depend on the layout draw
+    notes = pretrain.build_reading_corpus(_cfg(tmp_path, "model.pretrain.reading_rows=40"), clips,
+                                          log_line=lambda line: None)
+    assert pretrain.reading_dir(cfg, clips) != Path(notes.path)
+    plain = [json.loads(r["messages"]) for r in pq.read_table(notes.path / pretrain.READING_FILE).to_pylist()]
+    assert [m for m, p in zip(rows, plain) if len(m) == 2] == [p for m, p in zip(rows, plain) if len(m) == 2]
+    # one transcript against its truth: the reply holding the event names its colour, the letter is right
+    spec = sample_video(random.Random(7), cfg.data.synth, "vid")
+    messages = pretrain.transcript_row(random.Random(3), spec, cfg.data.synth, ("colour",))["messages"]
+    user, final = messages[0]["content"][0]["text"], messages[-1]["content"][0]["text"]
+    options = dict(line.split(". ", 1) for line in user.splitlines() if line[:2] in ("A.", "B.", "C.", "D."))
+    letter = final.rsplit("<answer>", 1)[1].split("</answer>")[0]
+    asked = spec.events[0]
+    assert options[letter].lower() == asked.colour
+    assert any(f"{asked.colour} {asked.shape}" in m["content"][0]["text"] for m in messages if m["role"] == "tool")
+
+
 def test_reading_corpus_is_keyed_on_the_code_of_its_rows(tmp_path: Path, monkeypatch):
     """An edit to `reading_row` (in model/pretrain.py, outside the synth package) builds the
     reading corpus again instead of training on the stale one."""
