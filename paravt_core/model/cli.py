@@ -39,7 +39,7 @@ def _reading_probe(args: argparse.Namespace) -> int:
     from paravt_core.model.reading_probe import reading_probe
 
     cfg, model_dir = _probe_inputs(args, "reading-probe", "pretrain-reading")
-    report = reading_probe(model_dir, cfg, rows=args.rows, seed=args.seed)
+    report = reading_probe(model_dir, cfg, rows=args.rows, seed=args.seed, pad=args.pad)
     return _print_report({"rows": report.rows}, report)
 
 
@@ -83,4 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--model", required=True, help=f"model folder (e.g. <output_dir>/{example}/<key>/model)")
         p.add_argument(flag, type=int, default=default, help=flag_help)
         p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
+        if name == "reading-probe":
+            p.add_argument("--pad", type=int, default=0, help="lead each answer's quote with this many empty-window "
+                           "notes: options that far further back (a copy by fixed distance fails, a lookup does not)")
         p.set_defaults(func=func)

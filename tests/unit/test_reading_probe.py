@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from paravt_core.config import load_config
-from paravt_core.model.reading_probe import PARTS, answer_spans, probe_rows, reading_probe, score_row
+from paravt_core.model.reading_probe import PARTS, answer_spans, padded, probe_rows, reading_probe, score_row
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
 ANSWER = ("The notes say: From 00:20.0 to 00:22.0 a green circle appears in the top right corner. So the answer is "
@@ -90,6 +90,22 @@ def test_probe_rows_are_multiple_choice_and_not_the_training_rows():
                                  tuple(synth.question_topics)))
     questions = {r["messages"][0]["content"][0]["text"] for r in train}
     assert not questions & {r["messages"][0]["content"][0]["text"] for r in probe}
+
+
+def test_padded_rows_move_the_options_back_by_whole_empty_notes_and_keep_the_checks():
+    cfg = load_config(REPRODUCE, [])
+    plain, shifted = probe_rows(cfg, 10), probe_rows(cfg, 10, pad=2)
+    for row, far in zip(plain, shifted, strict=True):
+        assert far["messages"][0] == row["messages"][0]  # same notes, same question
+        answer, longer = row["messages"][1]["content"][0]["text"], far["messages"][1]["content"][0]["text"]
+        empty = next(line.split(": ", 1)[1] for line in row["messages"][0]["content"][0]["text"].splitlines()
+                     if ": Nothing notable" in line)
+        assert longer == answer.replace("The notes say: ", f"The notes say: {empty} {empty} ", 1)
+        assert answer_spans(longer).keys() == answer_spans(answer).keys()
+        assert answer_spans(longer)["letter"][0][0] - answer_spans(answer)["letter"][0][0] == 2 * (len(empty) + 1)
+    notes_only = {"messages": [{"role": "user", "content": [{"type": "text", "text": "00:00.0 to 00:16.0: From ..."}]},
+                               {"role": "assistant", "content": [{"type": "text", "text": "The notes say: x"}]}]}
+    assert padded(notes_only, 1) is None  # no empty window to repeat
 
 
 def test_reading_probe_scores_a_model_folder(tiny_model_dir):
