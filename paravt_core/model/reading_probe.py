@@ -126,6 +126,8 @@ def padded(row: dict, pad: int) -> dict | None:
     A model that copies each option from a fixed distance back fails on these rows; one that
     finds the option by its letter does not. Measured on the reading phase's model (100
     held-out rows): option lines 91 % unpadded, 10 % with one sentence, 8 % with three."""
+    if pad < 0:
+        raise ValueError(f"pad must be 0 or more empty-window notes, got {pad}")
     user, answer = (m["content"][0]["text"] for m in row["messages"])
     empty = next((line.split(": ", 1)[1] for line in user.splitlines() if ": Nothing notable" in line), None)
     if empty is None:

@@ -106,6 +106,8 @@ def test_padded_rows_move_the_options_back_by_whole_empty_notes_and_keep_the_che
     notes_only = {"messages": [{"role": "user", "content": [{"type": "text", "text": "00:00.0 to 00:16.0: From ..."}]},
                                {"role": "assistant", "content": [{"type": "text", "text": "The notes say: x"}]}]}
     assert padded(notes_only, 1) is None  # no empty window to repeat
+    with pytest.raises(ValueError, match="pad must be 0 or more"):
+        padded(plain[0], -1)
 
 
 def test_reading_probe_scores_a_model_folder(tiny_model_dir):
