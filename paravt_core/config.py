@@ -60,10 +60,20 @@ class PretrainConfig(_Section):
     # the question, the teacher's crop calls, the notes as the tool's replies and the final turn,
     # so the options stand as far back as in an agent's own transcript (hundreds of tokens).
     reading_transcripts: float = Field(0.0, ge=0, le=1)
+    # The share of reading rows that ask to write a list back from 0-550 tokens earlier
+    # (`pretrain.copy_row`): they teach looking a token up by what preceded it, at any distance.
+    reading_copies: float = Field(0.0, ge=0, le=1)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
     # what pretraining taught (`paravt_core.model.pretrain.replay_shard`). 0: none.
     sft_replay_rows: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _reading_shares(self) -> PretrainConfig:
+        if self.reading_transcripts + self.reading_copies > 1:
+            raise ValueError(f"model.pretrain.reading_transcripts ({self.reading_transcripts}) + reading_copies "
+                             f"({self.reading_copies}) are shares of the reading rows: their sum must be at most 1")
+        return self
 
 
 class ModelConfig(_Section):

@@ -60,7 +60,11 @@ WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "hei
                 "min_event_s", "max_event_s", "overview_blind_frames", "event_kinds", "max_crop_s", "codec")
 # The trace settings a transcript reading row (`transcript_row`) depends on.
 TRANSCRIPT_FIELDS = {"max_calls_per_trace", "max_crop_s", "teacher_windows", "final_reasoning", "prompts"}
-READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "sft_replay_rows")
+READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "reading_copies", "sft_replay_rows")
+COPY_REQUEST = "Write the list again."
+# A copy row's filler: the notes of up to this many random videos (about 150 tokens each),
+# so the list stands 0 to ~600 tokens back, as far as the options of an agent's transcript.
+COPY_MAX_VIDEOS = 4
 
 
 def corpus_dir(cfg: PipelineConfig) -> Path:
@@ -175,6 +179,39 @@ def transcript_row(rng: random.Random, spec: VideoSpec, synth, topics: tuple[str
     return {"messages": [text_only, *turns], "videos": []}
 
 
+def copy_row(rng: random.Random, synth, segment_s: int) -> dict:
+    """A text-only row that asks to write a list back: 8-16 of the world's words (half the
+    lists lettered like options, "A. Purple B. Cyan ..."), then the notes of 0 to
+    `COPY_MAX_VIDEOS` random videos as filler, then `COPY_REQUEST`; the answer is the list.
+
+    Every answer token is found by looking back for where the token before it stood and
+    taking what followed (an induction head), at a distance the filler varies, which is what
+    reading an option into a checking line ~500 tokens later takes. Measured: the reading
+    phase's model copied options from a fixed distance only (`paravt reading-probe --pad 1`:
+    option lines 91 % -> 10 %), and rows with the options at varied distances did not teach the
+    lookup in 3000 steps (25 % at every pad); in a plain loop on the tiny language model, lists
+    copied back over 0-300 random words taught it in 500-900 steps (README "Miniature reproduction").
+    """
+    from paravt_core.data.synth.traces import clock, segment_grid, summarize_window
+    from paravt_core.data.synth.world import sample_video, youtube_like_id
+    from paravt_core.model.tiny import WORLD_WORDS
+
+    words = [w.capitalize() if rng.random() < 0.5 else w for w in rng.choices(WORLD_WORDS, k=rng.randint(8, 16))]
+    if rng.random() < 0.5:
+        items = " ".join(f"{letter}. {word.capitalize()}" for letter, word in zip("ABCDEFGHIJKLMNOP", words))
+    else:
+        items = " ".join(words)
+    notes = []
+    for _ in range(rng.randint(0, COPY_MAX_VIDEOS)):
+        spec = sample_video(rng, synth, youtube_like_id(rng))
+        notes += [f"{clock(s)} to {clock(e)}: {summarize_window(spec, s, e)}" for s, e in segment_grid(spec, segment_s)]
+    before = rng.randint(0, len(notes))
+    text = "\n".join([*notes[:before], f"List: {items}", *notes[before:], COPY_REQUEST])
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": f"List: {items}"}]}],
+            "videos": []}
+
+
 def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
     """Write the captioning corpus (videos + one parquet of rows) once; return its reference."""
     import pyarrow as pa
@@ -217,6 +254,8 @@ def reading_dir(cfg: PipelineConfig, clips: ArtifactRef) -> Path:
     if pre.reading_transcripts:  # their layout follows the trace settings too
         settings["transcripts"] = pre.reading_transcripts
         settings["traces"] = cfg.data.synth.model_dump(mode="json", include=TRANSCRIPT_FIELDS)
+    if pre.reading_copies:
+        settings["copies"] = pre.reading_copies
     settings["rows_code"] = source_digest("paravt_core.model", only=("pretrain.py",))  # reading_row lives here
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return cfg.run.output_dir / "pretrain" / f"reading-{key}-{source_digest('paravt_core.data.synth')}"
@@ -243,8 +282,11 @@ def build_reading_corpus(cfg: PipelineConfig, clips: ArtifactRef, log_line: LogL
         for index in range(pre.reading_rows):
             rng = derived_rng(synth.seed, "pretrain-reading", pre.seed, index)
             spec = sample_video(rng, synth, youtube_like_id(rng))
-            if derived_rng(synth.seed, "pretrain-reading-layout", pre.seed, index).random() < pre.reading_transcripts:
+            layout = derived_rng(synth.seed, "pretrain-reading-layout", pre.seed, index).random()
+            if layout < pre.reading_transcripts:
                 rows.append(transcript_row(rng, spec, synth, topics))
+            elif layout < pre.reading_transcripts + pre.reading_copies:
+                rows.append(copy_row(rng, synth, int(synth.max_crop_s)))
             else:
                 rows.append(reading_row(rng, spec, int(synth.max_crop_s), topics))
         with atomic_dir(out) as tmp:

@@ -118,6 +118,45 @@ def test_transcript_reading_rows_are_text_only_agent_transcripts_of_the_sft_layo
     assert any(f"{asked.colour} {asked.shape}" in m["content"][0]["text"] for m in messages if m["role"] == "tool")
 
 
+def test_copy_rows_ask_for_a_list_written_back_from_a_varied_distance(tmp_path: Path):
+    """`reading_copies` makes that share of reading rows copy rows (`pretrain.copy_row`): a list
+    of world words (lettered like options in about half) among 0-4 videos' notes, answered by
+    writing it back, so every answer token is a lookup at a distance the notes vary."""
+    import random
+
+    from paravt_core.model.tiny import WORLD_WORDS
+
+    cfg = _cfg(tmp_path, "model.pretrain.reading_rows=40", "model.pretrain.reading_copies=0.5")
+    clips = pretrain.build_corpus(cfg, log_line=lambda line: None)
+    corpus = pretrain.build_reading_corpus(cfg, clips, log_line=lambda line: None)
+    rows = [json.loads(r["messages"]) for r in pq.read_table(corpus.path / pretrain.READING_FILE).to_pylist()]
+    copies = [m for m in rows if m[0]["content"][0]["text"].endswith(pretrain.COPY_REQUEST)]
+    assert 10 <= len(copies) <= 30 and len(rows) == 40
+    for user, answer in ((m[0]["content"][0]["text"], m[1]["content"][0]["text"]) for m in copies):
+        assert answer.startswith("List: ") and answer in user.splitlines()
+    # the same row draw as without copies for the other rows; a different corpus folder
+    plain = pretrain.build_reading_corpus(_cfg(tmp_path, "model.pretrain.reading_rows=40"), clips, log_line=lambda line: None)
+    assert pretrain.reading_dir(cfg, clips) != Path(plain.path)
+    others = [json.loads(r["messages"]) for r in pq.read_table(plain.path / pretrain.READING_FILE).to_pylist()]
+    assert [m for m, p in zip(rows, others) if m not in copies] == [p for m, p in zip(rows, others) if m not in copies]
+    # over many draws: lettered and plain lists, world words only, the list anywhere among 0-4 videos' notes
+    rng = random.Random(0)
+    drawn = [pretrain.copy_row(rng, cfg.data.synth, 16)["messages"] for _ in range(200)]
+    lists = [m[1]["content"][0]["text"].removeprefix("List: ") for m in drawn]
+    lettered = [items for items in lists if items.startswith("A. ")]
+    assert 60 <= len(lettered) <= 140
+    for items in lists:
+        words = [w for w in items.split() if not (len(w) == 2 and w.endswith("."))]
+        assert 8 <= len(words) <= 16 and all(w.lower() in WORLD_WORDS for w in words)
+    lines = [m[0]["content"][0]["text"].splitlines() for m in drawn]
+    notes = [len(u) - 2 for u in lines]
+    assert min(notes) == 0 and max(notes) >= 3 * 4  # 36-46 s videos: 3 grid notes each
+    assert len({next(i for i, line in enumerate(u) if line.startswith("List: ")) for u in lines}) > 5
+    # the shares of the reading rows cannot exceed the whole
+    with pytest.raises(ConfigError, match="reading_copies"):
+        _cfg(tmp_path, "model.pretrain.reading_copies=0.6", "model.pretrain.reading_transcripts=0.5")
+
+
 def test_reading_corpus_is_keyed_on_the_code_of_its_rows(tmp_path: Path, monkeypatch):
     """An edit to `reading_row` (in model/pretrain.py, outside the synth package) builds the
     reading corpus again instead of training on the stale one."""
