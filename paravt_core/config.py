@@ -60,9 +60,14 @@ class PretrainConfig(_Section):
     # the question, the teacher's crop calls, the notes as the tool's replies and the final turn,
     # so the options stand as far back as in an agent's own transcript (hundreds of tokens).
     reading_transcripts: float = Field(0.0, ge=0, le=1)
-    # The share of reading rows that ask to write a list back from 0-550 tokens earlier
+    # The share of reading rows that ask to write a list back from 0-600 tokens earlier
     # (`pretrain.copy_row`): they teach looking a token up by what preceded it, at any distance.
     reading_copies: float = Field(0.0, ge=0, le=1)
+    # A first phase, from the random weights, on `copy_rows` copy rows alone for `copy_steps`
+    # steps (same micro-batch and learning rate), before captioning: looking tokens up by
+    # what preceded them forms from random weights and not after captioning (measured). 0: none.
+    copy_rows: int = Field(0, ge=0)
+    copy_steps: int = Field(1000, ge=1)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
     # what pretraining taught (`paravt_core.model.pretrain.replay_shard`). 0: none.
@@ -453,9 +458,9 @@ class PipelineConfig(_Section):
         # Measured: the reading phase at 2 CPU ranks under ZeRO-3 stalled before its first step
         # (a text-only micro-batch skips the vision tower whose weights the other ranks gather).
         pre = self.model.pretrain
-        if pre.enabled and (pre.reading_rows or pre.sft_replay_rows) and self.sft.num_ranks > 1 \
+        if pre.enabled and (pre.reading_rows or pre.sft_replay_rows or pre.copy_rows) and self.sft.num_ranks > 1 \
                 and self.sft.zero_stage == 3:
-            raise ValueError(f"model.pretrain.reading_rows / sft_replay_rows train on text-only rows, which hang "
+            raise ValueError(f"model.pretrain.reading_rows / sft_replay_rows / copy_rows train on text-only rows, which hang "
                              f"sft.num_ranks={self.sft.num_ranks} under sft.zero_stage=3 (a text-only micro-batch "
                              "skips the vision tower the other ranks gather): set sft.num_ranks: 1 or "
                              "sft.zero_stage 0 or 2")

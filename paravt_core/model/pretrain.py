@@ -61,6 +61,9 @@ WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "hei
 # The trace settings a transcript reading row (`transcript_row`) depends on.
 TRANSCRIPT_FIELDS = {"max_calls_per_trace", "max_crop_s", "teacher_windows", "final_reasoning", "prompts"}
 READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "reading_copies", "sft_replay_rows")
+# The copy phase's settings: they key its own corpus, never the captioning corpus.
+COPY_FIELDS = ("copy_rows", "copy_steps")
+COPY_FILE = "copies.parquet"
 COPY_REQUEST = "Write the list again."
 # A copy row's filler: the notes of up to this many random videos (about 150 tokens each),
 # so the list stands 0 to ~600 tokens back, as far as the options of an agent's transcript.
@@ -72,11 +75,42 @@ def corpus_dir(cfg: PipelineConfig) -> Path:
     geometry and events (`WORLD_FIELDS`) and the code that draws them."""
     from paravt_core.refs import source_digest
 
-    settings = {"pretrain": cfg.model.pretrain.model_dump(mode="json", exclude=set(READING_FIELDS)),
+    settings = {"pretrain": cfg.model.pretrain.model_dump(mode="json", exclude={*READING_FIELDS, *COPY_FIELDS}),
                 "world": cfg.data.synth.model_dump(mode="json", include=set(WORLD_FIELDS))}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     builder = source_digest("paravt_core.data.synth")
     return cfg.run.output_dir / "pretrain" / f"corpus-{key}-{builder}"
+
+
+def copy_dir(cfg: PipelineConfig) -> Path:
+    """`<output_dir>/pretrain/copy-<hash>`: a pure function of the pretraining seed, the copy
+    row count, the world the filler notes are drawn from and the code that draws them."""
+    from paravt_core.refs import source_digest
+
+    pre = cfg.model.pretrain
+    settings = {"seed": pre.seed, "rows": pre.copy_rows,
+                "world": cfg.data.synth.model_dump(mode="json", include=set(WORLD_FIELDS)),
+                "rows_code": source_digest("paravt_core.model", only=("pretrain.py",))}
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return cfg.run.output_dir / "pretrain" / f"copy-{key}-{source_digest('paravt_core.data.synth')}"
+
+
+def build_copy_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
+    """Write the copy phase's corpus once (`model.pretrain.copy_rows` rows of `copy_row`, from
+    the corpus's own stream); return its reference."""
+    import pyarrow.parquet as pq
+
+    from paravt_core.data.synth.world import derived_rng
+
+    out = copy_dir(cfg)
+    if not (out / COPY_FILE).is_file():
+        pre, synth = cfg.model.pretrain, cfg.data.synth
+        rows = [copy_row(derived_rng(synth.seed, "pretrain-copy", pre.seed, index), synth, int(synth.max_crop_s))
+                for index in range(pre.copy_rows)]
+        with atomic_dir(out) as tmp:
+            pq.write_table(_table(rows), tmp / COPY_FILE)
+        log_line(f"pretrain copy corpus: {len(rows)} rows in {out}")
+    return ArtifactRef(kind="pretrain_corpus", path=out.resolve(), sha256=content_hash(out / COPY_FILE))
 
 
 def clip_windows(rng: random.Random, spec: VideoSpec, segment_s: int, count: int) -> list[tuple[int, int]]:
@@ -353,8 +387,13 @@ def run(cfg: PipelineConfig, base: ArtifactRef, log_line: LogLine = print) -> Ar
 
     if not cfg.model.is_tiny or not cfg.model.pretrain.enabled:
         raise ValueError("perception pretraining is for the tiny model (model.base: tiny, model.pretrain.enabled)")
+    model = base
+    if cfg.model.pretrain.copy_rows:
+        copies = build_copy_corpus(cfg, log_line)
+        model = sft_stage.run(training_config(cfg, cfg.model.pretrain.copy_steps), model, copies, log_line=log_line,
+                              stage="pretrain-copy")
     corpus = build_corpus(cfg, log_line)
-    model = sft_stage.run(training_config(cfg), base, corpus, log_line=log_line, stage="pretrain")
+    model = sft_stage.run(training_config(cfg), model, corpus, log_line=log_line, stage="pretrain")
     if cfg.model.pretrain.reading_rows:
         reading = build_reading_corpus(cfg, corpus, log_line)
         steps = cfg.model.pretrain.reading_steps

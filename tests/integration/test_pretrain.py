@@ -213,6 +213,27 @@ def test_pretraining_trains_the_base_and_resumes_to_the_same_model(tmp_path: Pat
     assert again == ArtifactRef(kind="base_model", path=trained.path, sha256=content_hash(trained.path))
 
 
+def test_copy_phase_trains_first_from_the_random_weights(tmp_path: Path):
+    """`copy_rows`: a phase on copy rows alone comes before captioning, from the base model;
+    the captioning corpus is the same with or without it."""
+    from paravt_core.model.stage import run as build_base
+
+    cfg = _cfg(tmp_path, "model.pretrain.copy_rows=6", "model.pretrain.copy_steps=2", "model.pretrain.reading_rows=0")
+    assert pretrain.corpus_dir(cfg) == pretrain.corpus_dir(_cfg(tmp_path, "model.pretrain.reading_rows=0"))
+    base = build_base(cfg)
+    trained = pretrain.run(cfg, base, log_line=lambda line: None)
+    (copy_run,) = (tmp_path / "pretrain-copy").iterdir()
+    rows = [json.loads(r["messages"]) for r in pq.read_table(pretrain.copy_dir(cfg) / pretrain.COPY_FILE).to_pylist()]
+    assert len(rows) == 6 and all(m[0]["content"][0]["text"].endswith(pretrain.COPY_REQUEST) for m in rows)
+    assert [json.loads(line)["step"] for line in (copy_run / "losses.jsonl").read_text().splitlines()] == [1, 2]
+    assert json.loads((copy_run / "job.json").read_text())["base_model"] == str(base.path)
+    # captioning starts from the copy phase's model and ends the pretraining (no reading rows)
+    captioning = json.loads((trained.path.parent / "job.json").read_text())
+    assert captioning["base_model"] == str(copy_run / "model") and captioning["stage"] == "pretrain"
+    with pytest.raises(ConfigError, match="copy_rows train on text-only rows"):
+        _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3", "model.pretrain.copy_rows=6", "model.pretrain.reading_rows=0")
+
+
 def test_sft_replays_rows_of_the_reading_corpus_beside_its_own(tmp_path: Path):
     """`model.pretrain.sft_replay_rows`: SFT trains on that many rows of the reading phase's
     corpus (reading rows and clips) beside its shards, drawn once per run folder."""
