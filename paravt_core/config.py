@@ -60,14 +60,17 @@ class PretrainConfig(_Section):
     # the question, the teacher's crop calls, the notes as the tool's replies and the final turn,
     # so the options stand as far back as in an agent's own transcript (hundreds of tokens).
     reading_transcripts: float = Field(0.0, ge=0, le=1)
-    # The share of reading rows that ask to write a list back from 0-600 tokens earlier
+    # The share of reading rows that ask to write a list back from 0-300 tokens earlier
     # (`pretrain.copy_row`): they teach looking a token up by what preceded it, at any distance.
     reading_copies: float = Field(0.0, ge=0, le=1)
     # A first phase, from the random weights, on `copy_rows` copy rows alone for `copy_steps`
-    # steps (same micro-batch and learning rate), before captioning: looking tokens up by
-    # what preceded them forms from random weights and not after captioning (measured). 0: none.
+    # steps at `copy_micro_batch_size` (same learning rate), before captioning. Measured in a
+    # plain loop on the tiny language model: copying a list back formed at step ~550 from
+    # random weights at batch 16, not in 1500 steps at batch 8, not in 1000 steps after
+    # captioning (README "Miniature reproduction"). 0 rows: no copy phase.
     copy_rows: int = Field(0, ge=0)
     copy_steps: int = Field(1000, ge=1)
+    copy_micro_batch_size: int = Field(16, ge=1)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
     # what pretraining taught (`paravt_core.model.pretrain.replay_shard`). 0: none.

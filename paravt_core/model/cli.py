@@ -1,7 +1,8 @@
 """`paravt tiny-model`: write the tiny random-weight Qwen3-VL model directory;
 `paravt reading-probe`: score a checkpoint's reading skill on held-out reading rows;
 `paravt caption-probe`: score what it sees in held-out crops;
-`paravt agent-probe`: score its last step in held-out agent transcripts (#15)."""
+`paravt agent-probe`: score its last step in held-out agent transcripts;
+`paravt copy-probe`: score its lookup of tokens on held-out copy rows (#15)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,14 @@ def _agent_probe(args: argparse.Namespace) -> int:
     return _print_report({"rows": report.rows}, report)
 
 
+def _copy_probe(args: argparse.Namespace) -> int:
+    from paravt_core.model.copy_probe import copy_probe
+
+    cfg, model_dir = _probe_inputs(args, "copy-probe", "pretrain-copy")
+    report = copy_probe(model_dir, cfg, rows=args.rows, seed=args.seed)
+    return _print_report({"rows": report.rows, "lettered_rows": report.lettered_rows}, report)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("tiny-model", help="write a tiny random-weight Qwen3-VL model directory")
     p.add_argument("--out", required=True, help="output model directory")
@@ -75,6 +84,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("agent-probe", _agent_probe, "teacher-forced scores of the final option check in held-out agent "
          "transcripts (value, option lines, verdicts, letter)", "questions", "sft",
          ("--rows", 64, "held-out multiple-choice transcripts to score")),
+        ("copy-probe", _copy_probe, "teacher-forced share of a list's words a checkpoint writes back from 0-300 "
+         "tokens earlier (the lookup options need)", "rows", "pretrain-copy",
+         ("--rows", 100, "held-out copy rows to score")),
     )
     for name, func, help_text, drawn, example, (flag, default, flag_help) in probes:
         p = subparsers.add_parser(name, help=help_text)

@@ -62,12 +62,12 @@ WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "hei
 TRANSCRIPT_FIELDS = {"max_calls_per_trace", "max_crop_s", "teacher_windows", "final_reasoning", "prompts"}
 READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "reading_copies", "sft_replay_rows")
 # The copy phase's settings: they key its own corpus, never the captioning corpus.
-COPY_FIELDS = ("copy_rows", "copy_steps")
+COPY_FIELDS = ("copy_rows", "copy_steps", "copy_micro_batch_size")
 COPY_FILE = "copies.parquet"
 COPY_REQUEST = "Write the list again."
 # A copy row's filler: the notes of up to this many random videos (about 150 tokens each),
-# so the list stands 0 to ~600 tokens back, as far as the options of an agent's transcript.
-COPY_MAX_VIDEOS = 4
+# so the list stands 0 to ~300 tokens back (the distances at which the lookup was seen to form).
+COPY_MAX_VIDEOS = 2
 
 
 def corpus_dir(cfg: PipelineConfig) -> Path:
@@ -214,25 +214,25 @@ def transcript_row(rng: random.Random, spec: VideoSpec, synth, topics: tuple[str
 
 
 def copy_row(rng: random.Random, synth, segment_s: int) -> dict:
-    """A text-only row that asks to write a list back: 8-16 of the world's words (half the
-    lists lettered like options, "A. Purple B. Cyan ..."), then the notes of 0 to
-    `COPY_MAX_VIDEOS` random videos as filler, then `COPY_REQUEST`; the answer is the list.
+    """A text-only row that asks to write a list back: 8-16 of the world's words, capitalised as
+    options are (half the lists lettered like options, "A. Purple B. Cyan ..."), among the
+    notes of 0 to `COPY_MAX_VIDEOS` random videos, then `COPY_REQUEST`; the answer is the list.
 
     Every answer token is found by looking back for where the token before it stood and
-    taking what followed (an induction head), at a distance the filler varies, which is what
-    reading an option into a checking line ~500 tokens later takes. Measured: the reading
-    phase's model copied options from a fixed distance only (`paravt reading-probe --pad 1`:
-    option lines 91 % -> 10 %), and rows with the options at varied distances did not teach the
-    lookup in 3000 steps (25 % at every pad); in a plain loop on the tiny language model, lists
-    copied back over 0-300 random words taught it in 500-900 steps (README "Miniature reproduction").
+    taking what followed (an induction head), at a distance the notes vary: what reading an
+    option into a checking line hundreds of tokens later takes. Measured: the reading phase's
+    model copied options from a fixed distance only (`paravt reading-probe --pad 1`: option
+    lines 91 % -> 10 %), and reading rows with the options at varied distances did not teach
+    the lookup in 3000 steps (25 % at every pad). Capitalised, because the notes hold the
+    lower-case words many times over, which makes a one-token match ambiguous.
     """
     from paravt_core.data.synth.traces import clock, segment_grid, summarize_window
     from paravt_core.data.synth.world import sample_video, youtube_like_id
     from paravt_core.model.tiny import WORLD_WORDS
 
-    words = [w.capitalize() if rng.random() < 0.5 else w for w in rng.choices(WORLD_WORDS, k=rng.randint(8, 16))]
+    words = [w.capitalize() for w in rng.choices(WORLD_WORDS, k=rng.randint(8, 16))]
     if rng.random() < 0.5:
-        items = " ".join(f"{letter}. {word.capitalize()}" for letter, word in zip("ABCDEFGHIJKLMNOP", words))
+        items = " ".join(f"{letter}. {word}" for letter, word in zip("ABCDEFGHIJKLMNOP", words))
     else:
         items = " ".join(words)
     notes = []
@@ -370,12 +370,13 @@ def _table(rows: list[dict]):
                      "videos": pa.array([r["videos"] for r in rows], type=pa.list_(pa.string()))})
 
 
-def training_config(cfg: PipelineConfig, steps: int | None = None) -> PipelineConfig:
+def training_config(cfg: PipelineConfig, steps: int | None = None, micro_batch_size: int | None = None) -> PipelineConfig:
     """`cfg` with the `sft` section replaced by the pretraining's optimisation settings
-    (`steps`: the reading phase's instead of `max_steps`)."""
+    (`steps`, `micro_batch_size`: a later phase's instead of `max_steps`, `micro_batch_size`)."""
     pre = cfg.model.pretrain
     sft = cfg.sft.model_copy(update=dict(
-        max_steps=pre.max_steps if steps is None else steps, learning_rate=pre.learning_rate, micro_batch_size=pre.micro_batch_size,
+        max_steps=pre.max_steps if steps is None else steps, learning_rate=pre.learning_rate,
+        micro_batch_size=pre.micro_batch_size if micro_batch_size is None else micro_batch_size,
         grad_accum_steps=1, warmup_ratio=pre.warmup_ratio, lr_schedule="cosine", weight_decay=0.0,
         checkpoint_every=pre.checkpoint_every, max_seq_len=cfg.sft.max_seq_len))
     return cfg.model_copy(update={"sft": sft})
@@ -390,8 +391,9 @@ def run(cfg: PipelineConfig, base: ArtifactRef, log_line: LogLine = print) -> Ar
     model = base
     if cfg.model.pretrain.copy_rows:
         copies = build_copy_corpus(cfg, log_line)
-        model = sft_stage.run(training_config(cfg, cfg.model.pretrain.copy_steps), model, copies, log_line=log_line,
-                              stage="pretrain-copy")
+        pre = cfg.model.pretrain
+        model = sft_stage.run(training_config(cfg, pre.copy_steps, pre.copy_micro_batch_size), model, copies,
+                              log_line=log_line, stage="pretrain-copy")
     corpus = build_corpus(cfg, log_line)
     model = sft_stage.run(training_config(cfg), model, corpus, log_line=log_line, stage="pretrain")
     if cfg.model.pretrain.reading_rows:

@@ -1,0 +1,46 @@
+"""The teacher-forced copy probe (#15): which words of a copy answer it scores, and its report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paravt_core.config import load_config
+from paravt_core.model.copy_probe import copy_probe, probe_rows, word_spans
+
+REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
+
+
+def test_word_spans_are_the_words_with_their_space_not_the_letters():
+    answer = "List: A. Purple B. Top C. Seven"
+    assert [answer[a:b] for a, b in word_spans(answer)] == [" Purple", " Top", " Seven"]
+    answer = "List: Purple Top Seven Cyan"
+    assert [answer[a:b] for a, b in word_spans(answer)] == [" Purple", " Top", " Seven", " Cyan"]
+
+
+@pytest.mark.parametrize("answer", ["The notes say: Purple", "List: A. B.", "List: "])
+def test_word_spans_refuse_what_is_not_a_copy_answer(answer: str):
+    with pytest.raises(ValueError, match="copy answer"):
+        word_spans(answer)
+
+
+def test_probe_rows_are_held_out_copy_rows():
+    from paravt_core.data.synth.world import derived_rng
+    from paravt_core.model.pretrain import copy_row
+
+    cfg = load_config(REPRODUCE, [])
+    rows = probe_rows(cfg, 20)
+    assert probe_rows(cfg, 20) == rows and probe_rows(cfg, 20, seed=1) != rows
+    training = [copy_row(derived_rng(cfg.data.synth.seed, "pretrain-copy", 0, i), cfg.data.synth, 16) for i in range(200)]
+    answers = {r["messages"][1]["content"][0]["text"] for r in training}
+    assert not answers & {r["messages"][1]["content"][0]["text"] for r in rows}
+    assert all(word_spans(r["messages"][1]["content"][0]["text"]) for r in rows)
+
+
+def test_copy_probe_scores_a_model_folder(tiny_model_dir):
+    report = copy_probe(tiny_model_dir, load_config(REPRODUCE, []), rows=6)
+    assert report.rows == 6 and 0 <= report.lettered_rows <= 6
+    assert set(report.as_metrics()) == {"copy_words", "copy_lettered", "copy_plain", "copy_lists"}
+    # random weights look nothing up
+    assert report.words < 0.2 and report.lists == 0.0
