@@ -463,8 +463,8 @@ class PipelineConfig(_Section):
         pre = self.model.pretrain
         if pre.enabled and (pre.reading_rows or pre.sft_replay_rows or pre.copy_rows) and self.sft.num_ranks > 1 \
                 and self.sft.zero_stage == 3:
-            raise ValueError(f"model.pretrain.reading_rows / sft_replay_rows / copy_rows train on text-only rows, which hang "
-                             f"sft.num_ranks={self.sft.num_ranks} under sft.zero_stage=3 (a text-only micro-batch "
+            raise ValueError("model.pretrain.reading_rows / sft_replay_rows / copy_rows train on text-only rows, "
+                             f"which hang sft.num_ranks={self.sft.num_ranks} under sft.zero_stage=3 (a text-only micro-batch "
                              "skips the vision tower the other ranks gather): set sft.num_ranks: 1 or "
                              "sft.zero_stage 0 or 2")
         return self

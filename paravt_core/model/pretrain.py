@@ -30,6 +30,10 @@ tiny kit more like the real base model, not friendlier to the method:
   transcript, text only (`transcript_row`: question, crop calls, the notes as the tool's
   replies, the final turn), so the options stand as far back as in the agent's own
   transcript; still no system prompt;
+- with `copy_rows`, a first phase (folder `pretrain-copy/`) trains the random weights on
+  copy rows alone (`copy_row`: a list asked back from among notes), and `reading_copies`
+  mixes such rows into the reading phase: both aim at the lookup by content the reading rows
+  need and the tiny model lacks (`paravt copy-probe` measures it);
 - training is the SFT trainer (`paravt_core.sft.stage` under the folder `pretrain/`,
   DeepSpeed, checkpoints and exact resume) with `model.pretrain`'s steps, micro-batch and
   learning rate in place of the `sft` section's.
@@ -66,7 +70,7 @@ COPY_FIELDS = ("copy_rows", "copy_steps", "copy_micro_batch_size")
 COPY_FILE = "copies.parquet"
 COPY_REQUEST = "Write the list again."
 # A copy row's filler: the notes of up to this many random videos (about 150 tokens each),
-# so the list stands 0 to ~300 tokens back (the distances at which the lookup was seen to form).
+# so the list stands 0 to ~300 tokens back (a reading row's options stand ~110 back, an agent's ~500).
 COPY_MAX_VIDEOS = 2
 
 
@@ -370,9 +374,10 @@ def _table(rows: list[dict]):
                      "videos": pa.array([r["videos"] for r in rows], type=pa.list_(pa.string()))})
 
 
-def training_config(cfg: PipelineConfig, steps: int | None = None, micro_batch_size: int | None = None) -> PipelineConfig:
+def training_config(cfg: PipelineConfig, steps: int | None = None,
+                    micro_batch_size: int | None = None) -> PipelineConfig:
     """`cfg` with the `sft` section replaced by the pretraining's optimisation settings
-    (`steps`, `micro_batch_size`: a later phase's instead of `max_steps`, `micro_batch_size`)."""
+    (`steps`, `micro_batch_size`: another phase's in place of the captioning phase's)."""
     pre = cfg.model.pretrain
     sft = cfg.sft.model_copy(update=dict(
         max_steps=pre.max_steps if steps is None else steps, learning_rate=pre.learning_rate,

@@ -135,7 +135,8 @@ def test_copy_rows_ask_for_a_list_written_back_from_a_varied_distance(tmp_path: 
     for user, answer in ((m[0]["content"][0]["text"], m[1]["content"][0]["text"]) for m in copies):
         assert answer.startswith("List: ") and answer in user.splitlines()
     # the same row draw as without copies for the other rows; a different corpus folder
-    plain = pretrain.build_reading_corpus(_cfg(tmp_path, "model.pretrain.reading_rows=40"), clips, log_line=lambda line: None)
+    plain = pretrain.build_reading_corpus(_cfg(tmp_path, "model.pretrain.reading_rows=40"), clips,
+                                          log_line=lambda line: None)
     assert pretrain.reading_dir(cfg, clips) != Path(plain.path)
     others = [json.loads(r["messages"]) for r in pq.read_table(plain.path / pretrain.READING_FILE).to_pylist()]
     assert [m for m, p in zip(rows, others) if m not in copies] == [p for m, p in zip(rows, others) if m not in copies]
