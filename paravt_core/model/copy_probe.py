@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.model.reading_probe import ProbeScores, score_row
+from paravt_core.model.reading_probe import ProbeScores, score_row, teacher_forced
 
 PROBE_STREAM = "probe-copy"  # derived_rng stream; training rows come from "pretrain-copy" and "pretrain-reading"
 
@@ -67,8 +67,6 @@ def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0) -> list[dict]:
 
 def copy_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 100, seed: int = 0) -> CopyProbe:
     """Score the model in `model_dir` on `rows` held-out copy rows (module docstring)."""
-    import torch
-
     from paravt_core.model.loading import load_model, load_processor
 
     processor = load_processor(model_dir)
@@ -78,15 +76,9 @@ def copy_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 100, seed: int 
     drawn = probe_rows(cfg, rows, seed)
     for row in drawn:
         answer = row["messages"][1]["content"][0]["text"]
-        text = processor.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=False)
-        shift = text.rindex(answer)
-        enc = processor.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-        ids = torch.tensor([enc["input_ids"]])
-        with torch.no_grad():
-            predicted = model(input_ids=ids).logits[0].argmax(-1)
-        correct = [False] + (predicted[:-1] == ids[0, 1:]).tolist()
+        correct, offsets, shift = teacher_forced(model, processor, row["messages"], answer)
         spans = word_spans(answer)
-        right = [score_row(correct, enc["offset_mapping"], {"w": [span]}, shift)["w"] for span in spans]
+        right = [score_row(correct, offsets, {"w": [span]}, shift)["w"] for span in spans]
         kind = "lettered" if answer.startswith("List: A. ") else "plain"
         hits[kind][0] += sum(right)
         hits[kind][1] += len(right)

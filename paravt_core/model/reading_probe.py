@@ -159,11 +159,23 @@ def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0, pad: int = 0) -> 
     return rows
 
 
+def teacher_forced(model, processor, messages: list[dict], answer: str):
+    """One text-only row fed whole: per token of its rendered chat text, whether the model's
+    argmax at the token before it was this token; each token's (start, end) characters; and
+    where `answer` (the last assistant text) starts in that text. For `score_row`."""
+    import torch
+
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    enc = processor.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    ids = torch.tensor([enc["input_ids"]])
+    with torch.no_grad():
+        predicted = model(input_ids=ids).logits[0].argmax(-1)
+    return [False] + (predicted[:-1] == ids[0, 1:]).tolist(), enc["offset_mapping"], text.rindex(answer)
+
+
 def reading_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 200, seed: int = 0, pad: int = 0) -> ReadingProbe:
     """Score the model in `model_dir` on `rows` held-out reading rows (module docstring;
     `pad`: each quote led by that many empty-window notes, `padded`)."""
-    import torch
-
     from paravt_core.model.loading import load_model, load_processor
 
     processor = load_processor(model_dir)
@@ -172,14 +184,7 @@ def reading_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 200, seed: i
     drawn = probe_rows(cfg, rows, seed, pad)
     for row in drawn:
         answer = row["messages"][1]["content"][0]["text"]
-        text = processor.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=False)
-        shift = text.rindex(answer)
-        enc = processor.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-        ids = torch.tensor([enc["input_ids"]])
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits[0]
-        predicted = logits.argmax(-1)
-        correct = [False] + (predicted[:-1] == ids[0, 1:]).tolist()
-        for part, ok in score_row(correct, enc["offset_mapping"], answer_spans(answer), shift).items():
+        correct, offsets, shift = teacher_forced(model, processor, row["messages"], answer)
+        for part, ok in score_row(correct, offsets, answer_spans(answer), shift).items():
             totals[part] += ok
     return ReadingProbe(rows=len(drawn), **{part: totals[part] / len(drawn) for part in PARTS})
