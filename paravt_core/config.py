@@ -67,7 +67,9 @@ class PretrainConfig(_Section):
     # steps at `copy_micro_batch_size` (same learning rate), before captioning. Measured in a
     # plain loop on the tiny language model: copying a list back formed at step ~550 from
     # random weights at batch 16, not in 1500 steps at batch 8, not in 1000 steps after
-    # captioning (README "Miniature reproduction"). 0 rows: no copy phase.
+    # captioning; but that was a copy from the sequence start. Copy rows at micro-batch 16:
+    # 74.8 % of held-out list words after 3000 steps, from 2.3 % at 1000 (`paravt copy-probe`,
+    # README "Miniature reproduction"). 0 rows: no copy phase.
     copy_rows: int = Field(0, ge=0)
     copy_steps: int = Field(1000, ge=1)
     copy_micro_batch_size: int = Field(16, ge=1)

@@ -12,8 +12,8 @@ scores, with `reading_probe.score_row`:
   "A." as an option is read) and over plain lists;
 - lists: the share of rows whose every word is right.
 
-Measured: random-guess level is 1-3 % of words (one of ~70 world words); a model with the
-lookup copies most of them (README "Miniature reproduction").
+Measured: 2.3 % of words (guesses among ~70 world words) after 1000 steps of the copy
+phase, 74.8 % after 3000, when the lookup had formed (README "Miniature reproduction").
 """
 
 from __future__ import annotations
