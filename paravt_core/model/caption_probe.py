@@ -92,6 +92,29 @@ def teacher_forced(model, tokenizer, sample, positions: list[int]) -> tuple[str,
     return text, offsets, [bool(predicted[i - 1] == ids[i]) for i in positions]
 
 
+def _no_media(*args):
+    raise ValueError("a text-only row asked for a frame or an image")
+
+
+def text_row_forced(model, processor, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[bool]]:
+    """`teacher_forced` on a text-only row of one assistant turn, encoded as SFT encodes it
+    (`encode_conversation`): the answer's decoded text (its `<|im_end|>` after it), offsets and
+    correctness, the answer at offset 0.
+
+    Raises:
+        ValueError: the row's trained tokens do not decode to its answer text.
+    """
+    from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
+
+    answer = messages[-1]["content"][0]["text"]
+    sample = encode_conversation(messages, processor, _no_media, _no_media)
+    positions = (sample.labels != IGNORE_INDEX).nonzero().flatten().tolist()
+    text, offsets, correct = teacher_forced(model, processor.tokenizer, sample, positions)
+    if not text.startswith(answer):
+        raise ValueError(f"the answer tokens decode to {text[:80]!r}, not the answer {answer[:80]!r}")
+    return text, offsets, correct
+
+
 def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: int = 0) -> CaptionProbe:
     """Score the model in `model_dir` on the grid-segment clips of `videos` held-out videos."""
     from paravt_core.data.synth.render import encode_mp4

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.model.reading_probe import ProbeScores, score_row, teacher_forced
+from paravt_core.model.reading_probe import ProbeScores, score_row
 
 PROBE_STREAM = "probe-copy"  # derived_rng stream; training rows come from "pretrain-copy" and "pretrain-reading"
 
@@ -65,25 +65,29 @@ def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0) -> list[dict]:
             for index in range(count)]
 
 
-def copy_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 100, seed: int = 0) -> CopyProbe:
-    """Score the model in `model_dir` on `rows` held-out copy rows (module docstring)."""
-    from paravt_core.model.loading import load_model, load_processor
+def score_rows(model, processor, rows: list[dict]) -> CopyProbe:
+    """The probe's report of `model` on copy `rows` (module docstring)."""
+    from paravt_core.model.caption_probe import text_row_forced
 
-    processor = load_processor(model_dir)
-    model = load_model(model_dir, dtype="float32", device="cpu").eval()
     hits = {"lettered": [0, 0], "plain": [0, 0]}
-    whole = 0
-    drawn = probe_rows(cfg, rows, seed)
-    for row in drawn:
+    whole = lettered_rows = 0
+    for row in rows:
+        text, offsets, correct = text_row_forced(model, processor, row["messages"])
         answer = row["messages"][1]["content"][0]["text"]
-        correct, offsets, shift = teacher_forced(model, processor, row["messages"], answer)
-        spans = word_spans(answer)
-        right = [score_row(correct, offsets, {"w": [span]}, shift)["w"] for span in spans]
-        kind = "lettered" if answer.startswith("List: A. ") else "plain"
+        right = [score_row(correct, offsets, {"word": [span]})["word"] for span in word_spans(answer)]
+        kind = "lettered" if text.startswith("List: A. ") else "plain"
+        lettered_rows += kind == "lettered"
         hits[kind][0] += sum(right)
         hits[kind][1] += len(right)
         whole += all(right)
     share = {kind: good / total if total else 0.0 for kind, (good, total) in hits.items()}
     words = sum(good for good, _ in hits.values()) / max(1, sum(total for _, total in hits.values()))
-    lettered_rows = sum(row["messages"][1]["content"][0]["text"].startswith("List: A. ") for row in drawn)
-    return CopyProbe(rows=len(drawn), lettered_rows=lettered_rows, words=words, lists=whole / len(drawn), **share)
+    return CopyProbe(rows=len(rows), lettered_rows=lettered_rows, words=words, lists=whole / len(rows), **share)
+
+
+def copy_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 100, seed: int = 0) -> CopyProbe:
+    """Score the model in `model_dir` on `rows` held-out copy rows (module docstring)."""
+    from paravt_core.model.loading import load_model, load_processor
+
+    model = load_model(model_dir, dtype="float32", device="cpu").eval()
+    return score_rows(model, load_processor(model_dir), probe_rows(cfg, rows, seed))

@@ -69,7 +69,7 @@ READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "readi
 COPY_FIELDS = ("copy_rows", "copy_steps", "copy_micro_batch_size")
 COPY_FILE = "copies.parquet"
 COPY_REQUEST = "Write the list again."
-# A copy row's filler: the notes of up to this many random videos (about 150 tokens each),
+# A copy row's filler: the notes of up to this many random videos (139-145 tokens each, 200 measured),
 # so the list stands 0 to ~300 tokens back (a reading row's options stand ~110 back, an agent's ~500).
 COPY_MAX_VIDEOS = 2
 
@@ -319,12 +319,13 @@ def build_reading_corpus(cfg: PipelineConfig, clips: ArtifactRef, log_line: LogL
         rows = []
         for index in range(pre.reading_rows):
             rng = derived_rng(synth.seed, "pretrain-reading", pre.seed, index)
-            spec = sample_video(rng, synth, youtube_like_id(rng))
             layout = derived_rng(synth.seed, "pretrain-reading-layout", pre.seed, index).random()
+            if layout >= pre.reading_transcripts and layout < pre.reading_transcripts + pre.reading_copies:
+                rows.append(copy_row(rng, synth, int(synth.max_crop_s)))  # videos of its own for the notes
+                continue
+            spec = sample_video(rng, synth, youtube_like_id(rng))
             if layout < pre.reading_transcripts:
                 rows.append(transcript_row(rng, spec, synth, topics))
-            elif layout < pre.reading_transcripts + pre.reading_copies:
-                rows.append(copy_row(rng, synth, int(synth.max_crop_s)))
             else:
                 rows.append(reading_row(rng, spec, int(synth.max_crop_s), topics))
         with atomic_dir(out) as tmp:

@@ -97,21 +97,21 @@ def _spaced(text: str, start: int, end: int) -> tuple[int, int]:
     return (start - 1, end) if start > 0 and text[start - 1] == " " else (start, end)
 
 
-def score_row(correct: Sequence[bool], offsets: Sequence[tuple[int, int]], spans: dict[str, list[tuple[int, int]]],
-              shift: int = 0) -> dict[str, bool]:
+def score_row(correct: Sequence[bool], offsets: Sequence[tuple[int, int]],
+              spans: dict[str, list[tuple[int, int]]]) -> dict[str, bool]:
     """Whether every token of each part was predicted right.
 
     Args:
-        correct: per token of the rendered text, whether the model's argmax at the token before
-            it was this token (the first token's entry is never consulted by an answer span).
-        offsets: per token, its (start, end) characters in the rendered text.
-        spans: `answer_spans` of the answer, in characters of the answer.
-        shift: where the answer starts in the rendered text.
+        correct: per token of the scored text, whether the model's argmax at the token before
+            it was this token (`caption_probe.teacher_forced`).
+        offsets: per token, its (start, end) characters in that text.
+        spans: the parts' character spans in that text (`answer_spans` of the answer, which
+            the scored text starts with).
     """
     out = {}
     for part, ranges in spans.items():
         hit = [ok for ok, (a, b) in zip(correct, offsets, strict=True)
-               if b > a and any(a < shift + e and b > shift + s for s, e in ranges)]
+               if b > a and any(a < e and b > s for s, e in ranges)]
         if not hit:
             raise ValueError(f"no token covers the {part!r} span {ranges}")
         out[part] = all(hit)
@@ -159,23 +159,10 @@ def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0, pad: int = 0) -> 
     return rows
 
 
-def teacher_forced(model, processor, messages: list[dict], answer: str):
-    """One text-only row fed whole: per token of its rendered chat text, whether the model's
-    argmax at the token before it was this token; each token's (start, end) characters; and
-    where `answer` (the last assistant text) starts in that text. For `score_row`."""
-    import torch
-
-    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-    enc = processor.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-    ids = torch.tensor([enc["input_ids"]])
-    with torch.no_grad():
-        predicted = model(input_ids=ids).logits[0].argmax(-1)
-    return [False] + (predicted[:-1] == ids[0, 1:]).tolist(), enc["offset_mapping"], text.rindex(answer)
-
-
 def reading_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 200, seed: int = 0, pad: int = 0) -> ReadingProbe:
     """Score the model in `model_dir` on `rows` held-out reading rows (module docstring;
     `pad`: each quote led by that many empty-window notes, `padded`)."""
+    from paravt_core.model.caption_probe import text_row_forced
     from paravt_core.model.loading import load_model, load_processor
 
     processor = load_processor(model_dir)
@@ -183,8 +170,7 @@ def reading_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 200, seed: i
     totals = dict.fromkeys(PARTS, 0)
     drawn = probe_rows(cfg, rows, seed, pad)
     for row in drawn:
-        answer = row["messages"][1]["content"][0]["text"]
-        correct, offsets, shift = teacher_forced(model, processor, row["messages"], answer)
-        for part, ok in score_row(correct, offsets, answer_spans(answer), shift).items():
+        _, offsets, correct = text_row_forced(model, processor, row["messages"])
+        for part, ok in score_row(correct, offsets, answer_spans(row["messages"][1]["content"][0]["text"])).items():
             totals[part] += ok
     return ReadingProbe(rows=len(drawn), **{part: totals[part] / len(drawn) for part in PARTS})

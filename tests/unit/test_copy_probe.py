@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from paravt_core.config import load_config
-from paravt_core.model.copy_probe import copy_probe, probe_rows, word_spans
+from paravt_core.model.copy_probe import copy_probe, probe_rows, score_rows, word_spans
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
 
@@ -45,3 +45,34 @@ def test_copy_probe_scores_a_model_folder(tiny_model_dir):
     assert set(report.as_metrics()) == {"copy_words", "copy_lettered", "copy_plain", "copy_lists"}
     # random weights look nothing up
     assert report.words < 0.2 and report.lists == 0.0
+
+
+class _Oracle:
+    """Predicts every next token right, except tokens equal to `miss` (a stand-in model)."""
+
+    def __init__(self, vocab: int, miss: int | None = None):
+        self.vocab, self.miss = vocab, miss
+
+    def __call__(self, input_ids, **_):
+        import types
+
+        import torch
+
+        nxt = torch.roll(input_ids, -1, dims=1)
+        if self.miss is not None:
+            nxt = torch.where(nxt == self.miss, torch.zeros_like(nxt), nxt)
+        return types.SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float())
+
+
+def test_score_rows_counts_the_words_a_model_writes_back(tiny_processor):
+    rows = probe_rows(load_config(REPRODUCE, []), 8)
+    vocab = len(tiny_processor.tokenizer)
+    report = score_rows(_Oracle(vocab), tiny_processor, rows)
+    assert (report.words, report.lettered, report.plain, report.lists) == (1.0, 1.0, 1.0, 1.0)
+    assert report.lettered_rows == sum(r["messages"][1]["content"][0]["text"].startswith("List: A. ") for r in rows)
+    # a model that never writes " Purple": exactly the rows holding it are not whole
+    purple = tiny_processor.tokenizer(" Purple", add_special_tokens=False)["input_ids"]
+    assert len(purple) == 1
+    missed = score_rows(_Oracle(vocab, purple[0]), tiny_processor, rows)
+    holding = sum(" Purple" in r["messages"][1]["content"][0]["text"] for r in rows)
+    assert 0 < holding < 8 and missed.lists == 1 - holding / 8 and missed.words < 1.0

@@ -35,11 +35,18 @@ def test_answer_spans_refuse_an_answer_in_another_layout():
 
 @pytest.fixture(scope="module")
 def rendered(tiny_processor):
+    """A held-out reading row's answer and the offsets of its trained tokens, encoded as SFT
+    encodes it (the answer, then its `<|im_end|>`)."""
+    from paravt_core.model.caption_probe import token_offsets
+    from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
+
     row = probe_rows(load_config(REPRODUCE, []), 1)[0]
+    sample = encode_conversation(row["messages"], tiny_processor, None, None)
+    trained = sample.input_ids[sample.labels != IGNORE_INDEX].tolist()
+    text, offsets = token_offsets(tiny_processor.tokenizer, trained)
     answer = row["messages"][1]["content"][0]["text"]
-    text = tiny_processor.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=False)
-    enc = tiny_processor.tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
-    return answer, text.rindex(answer), enc["offset_mapping"]
+    assert text == answer + "<|im_end|>"
+    return answer, offsets
 
 
 def _token_at(offsets, char: int) -> int:
@@ -47,20 +54,20 @@ def _token_at(offsets, char: int) -> int:
 
 
 def test_score_row_fails_exactly_the_parts_a_wrong_token_belongs_to(rendered):
-    answer, shift, offsets = rendered
+    answer, offsets = rendered
     spans = answer_spans(answer)
-    assert score_row([True] * len(offsets), offsets, spans, shift) == dict.fromkeys(PARTS, True)
+    assert score_row([True] * len(offsets), offsets, spans) == dict.fromkeys(PARTS, True)
     cases = {"letter": {"letter", "chain"}, "value": {"value", "chain"}, "quote": {"quote"},
              "verdicts": {"verdicts", "chain"}, "options": {"options", "chain"}, "values": {"values", "chain"}}
     for part, failed in cases.items():
         correct = [True] * len(offsets)
-        correct[_token_at(offsets, shift + spans[part][-1][0])] = False
-        scores = score_row(correct, offsets, spans, shift)
+        correct[_token_at(offsets, spans[part][-1][0])] = False
+        scores = score_row(correct, offsets, spans)
         assert {p for p, ok in scores.items() if not ok} == failed, part
-    # a wrong token outside the answer (the question) fails nothing
+    # a wrong token after the answer (its <|im_end|>) fails nothing
     correct = [True] * len(offsets)
-    correct[_token_at(offsets, shift - 5)] = False
-    assert all(score_row(correct, offsets, spans, shift).values())
+    correct[-1] = False
+    assert all(score_row(correct, offsets, spans).values())
 
 
 def test_a_bare_space_before_a_split_word_counts_for_that_word():
