@@ -73,6 +73,12 @@ class PretrainConfig(_Section):
     copy_rows: int = Field(0, ge=0)
     copy_steps: int = Field(1000, ge=1)
     copy_micro_batch_size: int = Field(16, ge=1)
+    # A copy row's filler, in both phases: the notes of 0 to this many random videos (~145
+    # tokens each), so the list stands 0 to ~145 x this many tokens back. The lookup reaches
+    # only as far as it was trained: a model taught at 2 (0-300 tokens) copied 70 % of words
+    # 0-200 tokens back, 15 % at 400-600, where an agent's options stand (~526); 600 more steps
+    # at 5 took it to 93 % there (README "Miniature reproduction").
+    copy_max_videos: int = Field(2, ge=0, le=8)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
     # what pretraining taught (`paravt_core.model.pretrain.replay_shard`). 0: none.

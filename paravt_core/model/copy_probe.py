@@ -1,7 +1,7 @@
 """Has the tiny model learned to look a token up? A teacher-forced probe of copy rows (#15).
 
-A copy row (`pretrain.copy_row`) asks to write back a list that stands 0-300 tokens earlier
-among a video's notes. Each word of the answer is found only by looking back for where the
+A copy row (`pretrain.copy_row`) asks to write back a list that stands 0 to ~145 x
+`model.pretrain.copy_max_videos` tokens earlier among videos' notes. Each word of the answer is found only by looking back for where the
 tokens before it stood ("List:", "B.", the word before) and taking what followed (an
 induction head); a model without that lookup guesses a word of the world's vocabulary. This probe draws
 held-out copy rows from a stream of its own, feeds each row whole once (teacher forcing) and
@@ -56,13 +56,14 @@ def word_spans(answer: str) -> list[tuple[int, int]]:
 
 
 def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0) -> list[dict]:
-    """`count` copy rows of the config's world from the probe's own stream."""
+    """`count` copy rows of the config's world from the probe's own stream, their filler as
+    training draws it (`model.pretrain.copy_max_videos`; `--set` it to probe farther back)."""
     from paravt_core.data.synth.world import derived_rng
     from paravt_core.model.pretrain import copy_row
 
     synth = cfg.data.synth
-    return [copy_row(derived_rng(synth.seed, PROBE_STREAM, seed, index), synth, int(synth.max_crop_s))
-            for index in range(count)]
+    return [copy_row(derived_rng(synth.seed, PROBE_STREAM, seed, index), synth, int(synth.max_crop_s),
+                     cfg.model.pretrain.copy_max_videos) for index in range(count)]
 
 
 def score_rows(model, processor, rows: list[dict]) -> CopyProbe:

@@ -66,12 +66,9 @@ WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "hei
 TRANSCRIPT_FIELDS = {"max_calls_per_trace", "max_crop_s", "teacher_windows", "final_reasoning", "prompts"}
 READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "reading_copies", "sft_replay_rows")
 # The copy phase's settings: they key its own corpus, never the captioning corpus.
-COPY_FIELDS = ("copy_rows", "copy_steps", "copy_micro_batch_size")
+COPY_FIELDS = ("copy_rows", "copy_steps", "copy_micro_batch_size", "copy_max_videos")
 COPY_FILE = "copies.parquet"
 COPY_REQUEST = "Write the list again."
-# A copy row's filler: the notes of up to this many random videos (139-145 tokens each, 200 measured),
-# so the list stands 0 to ~300 tokens back (a reading row's options stand ~110 back, an agent's ~500).
-COPY_MAX_VIDEOS = 2
 
 
 def corpus_dir(cfg: PipelineConfig) -> Path:
@@ -92,7 +89,7 @@ def copy_dir(cfg: PipelineConfig) -> Path:
     from paravt_core.refs import source_digest
 
     pre = cfg.model.pretrain
-    settings = {"seed": pre.seed, "rows": pre.copy_rows,
+    settings = {"seed": pre.seed, "rows": pre.copy_rows, "max_videos": pre.copy_max_videos,
                 "world": cfg.data.synth.model_dump(mode="json", include=set(WORLD_FIELDS)),
                 "rows_code": source_digest("paravt_core.model", only=("pretrain.py",))}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
@@ -109,8 +106,8 @@ def build_copy_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> Artifac
     out = copy_dir(cfg)
     if not (out / COPY_FILE).is_file():
         pre, synth = cfg.model.pretrain, cfg.data.synth
-        rows = [copy_row(derived_rng(synth.seed, "pretrain-copy", pre.seed, index), synth, int(synth.max_crop_s))
-                for index in range(pre.copy_rows)]
+        rows = [copy_row(derived_rng(synth.seed, "pretrain-copy", pre.seed, index), synth, int(synth.max_crop_s),
+                         pre.copy_max_videos) for index in range(pre.copy_rows)]
         with atomic_dir(out) as tmp:
             pq.write_table(_table(rows), tmp / COPY_FILE)
         log_line(f"pretrain copy corpus: {len(rows)} rows in {out}")
@@ -217,10 +214,11 @@ def transcript_row(rng: random.Random, spec: VideoSpec, synth, topics: tuple[str
     return {"messages": [text_only, *turns], "videos": []}
 
 
-def copy_row(rng: random.Random, synth, segment_s: int) -> dict:
+def copy_row(rng: random.Random, synth, segment_s: int, max_videos: int) -> dict:
     """A text-only row that asks to write a list back: 8-16 of the world's words, capitalised as
     options are (half the lists lettered like options, "A. Purple B. Cyan ..."), among the
-    notes of 0 to `COPY_MAX_VIDEOS` random videos, then `COPY_REQUEST`; the answer is the list.
+    notes of 0 to `max_videos` random videos (~145 tokens each: 139-145, median 145 of 200
+    measured), then `COPY_REQUEST`; the answer is the list.
 
     Every answer token is found by looking back for where the token before it stood and
     taking what followed (an induction head), at a distance the notes vary: what reading an
@@ -240,7 +238,7 @@ def copy_row(rng: random.Random, synth, segment_s: int) -> dict:
     else:
         items = " ".join(words)
     notes = []
-    for _ in range(rng.randint(0, COPY_MAX_VIDEOS)):
+    for _ in range(rng.randint(0, max_videos)):
         spec = sample_video(rng, synth, youtube_like_id(rng))
         notes += [f"{clock(s)} to {clock(e)}: {summarize_window(spec, s, e)}" for s, e in segment_grid(spec, segment_s)]
     before = rng.randint(0, len(notes))
@@ -294,6 +292,7 @@ def reading_dir(cfg: PipelineConfig, clips: ArtifactRef) -> Path:
         settings["traces"] = cfg.data.synth.model_dump(mode="json", include=TRANSCRIPT_FIELDS)
     if pre.reading_copies:
         settings["copies"] = pre.reading_copies
+        settings["copy_max_videos"] = pre.copy_max_videos
     settings["rows_code"] = source_digest("paravt_core.model", only=("pretrain.py",))  # reading_row lives here
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return cfg.run.output_dir / "pretrain" / f"reading-{key}-{source_digest('paravt_core.data.synth')}"
@@ -321,7 +320,7 @@ def build_reading_corpus(cfg: PipelineConfig, clips: ArtifactRef, log_line: LogL
             rng = derived_rng(synth.seed, "pretrain-reading", pre.seed, index)
             layout = derived_rng(synth.seed, "pretrain-reading-layout", pre.seed, index).random()
             if layout >= pre.reading_transcripts and layout < pre.reading_transcripts + pre.reading_copies:
-                rows.append(copy_row(rng, synth, int(synth.max_crop_s)))  # videos of its own for the notes
+                rows.append(copy_row(rng, synth, int(synth.max_crop_s), pre.copy_max_videos))  # videos of its own
                 continue
             spec = sample_video(rng, synth, youtube_like_id(rng))
             if layout < pre.reading_transcripts:

@@ -142,7 +142,7 @@ def test_copy_rows_ask_for_a_list_written_back_from_a_varied_distance(tmp_path: 
     assert [m for m, p in zip(rows, others) if m not in copies] == [p for m, p in zip(rows, others) if m not in copies]
     # over many draws: lettered and plain lists, world words only, the list anywhere among 0-2 videos' notes
     rng = random.Random(0)
-    drawn = [pretrain.copy_row(rng, cfg.data.synth, 16)["messages"] for _ in range(200)]
+    drawn = [pretrain.copy_row(rng, cfg.data.synth, 16, 2)["messages"] for _ in range(200)]
     lists = [m[1]["content"][0]["text"].removeprefix("List: ") for m in drawn]
     lettered = [items for items in lists if items.startswith("A. ")]
     assert 60 <= len(lettered) <= 140
@@ -153,6 +153,13 @@ def test_copy_rows_ask_for_a_list_written_back_from_a_varied_distance(tmp_path: 
     notes = [len(u) - 2 for u in lines]
     assert min(notes) == 0 and max(notes) >= 3 * 2  # 36-46 s videos: 3 grid notes each
     assert len({next(i for i, line in enumerate(u) if line.startswith("List: ")) for u in lines}) > 5
+    # `copy_max_videos` sets the filler's reach, and keys the reading corpus it shapes
+    far = [pretrain.copy_row(rng, cfg.data.synth, 16, 5)["messages"][0]["content"][0]["text"] for _ in range(200)]
+    assert max(len(u.splitlines()) - 2 for u in far) > 3 * 4 >= max(notes)
+    longer = _cfg(tmp_path, "model.pretrain.reading_rows=40", "model.pretrain.reading_copies=0.5",
+                  "model.pretrain.copy_max_videos=5")
+    assert pretrain.reading_dir(longer, clips) != pretrain.reading_dir(cfg, clips)
+    assert pretrain.corpus_dir(longer) == pretrain.corpus_dir(cfg)
     # the shares of the reading rows cannot exceed the whole
     with pytest.raises(ConfigError, match="reading_copies"):
         _cfg(tmp_path, "model.pretrain.reading_copies=0.6", "model.pretrain.reading_transcripts=0.5")
@@ -221,6 +228,8 @@ def test_copy_phase_trains_first_from_the_random_weights(tmp_path: Path):
 
     cfg = _cfg(tmp_path, "model.pretrain.copy_rows=6", "model.pretrain.copy_steps=2", "model.pretrain.reading_rows=0")
     assert pretrain.corpus_dir(cfg) == pretrain.corpus_dir(_cfg(tmp_path, "model.pretrain.reading_rows=0"))
+    farther = _cfg(tmp_path, "model.pretrain.copy_rows=6", "model.pretrain.copy_max_videos=5")
+    assert pretrain.copy_dir(farther) != pretrain.copy_dir(cfg) and pretrain.corpus_dir(farther) == pretrain.corpus_dir(cfg)
     base = build_base(cfg)
     trained = pretrain.run(cfg, base, log_line=lambda line: None)
     (copy_run,) = (tmp_path / "pretrain-copy").iterdir()

@@ -33,7 +33,7 @@ def test_probe_rows_are_held_out_copy_rows():
     rows = probe_rows(cfg, 20)
     assert probe_rows(cfg, 20) == rows and probe_rows(cfg, 20, seed=1) != rows
     synth = cfg.data.synth
-    training = [copy_row(derived_rng(synth.seed, "pretrain-copy", 0, i), synth, 16) for i in range(200)]
+    training = [copy_row(derived_rng(synth.seed, "pretrain-copy", 0, i), synth, 16, 2) for i in range(200)]
     answers = {r["messages"][1]["content"][0]["text"] for r in training}
     assert not answers & {r["messages"][1]["content"][0]["text"] for r in rows}
     assert all(word_spans(r["messages"][1]["content"][0]["text"]) for r in rows)
