@@ -1,11 +1,11 @@
 """Has the tiny model learned to look a token up? A teacher-forced probe of copy rows (#15).
 
 A copy row (`pretrain.copy_row`) asks to write back a list that stands 0 to ~145 x
-`model.pretrain.copy_max_videos` tokens earlier among videos' notes. Each word of the answer is found only by looking back for where the
-tokens before it stood ("List:", "B.", the word before) and taking what followed (an
-induction head); a model without that lookup guesses a word of the world's vocabulary. This probe draws
-held-out copy rows from a stream of its own, feeds each row whole once (teacher forcing) and
-scores, with `reading_probe.score_row`:
+`model.pretrain.copy_max_videos` tokens earlier among videos' notes. Each word of the
+answer is found only by looking back for where the tokens before it stood ("List:", "B.",
+the word before) and taking what followed (an induction head); a model without that lookup
+guesses a word of the world's vocabulary. This probe draws held-out copy rows from a stream
+of its own, feeds each row whole once (teacher forcing) and scores, with `reading_probe.score_row`:
 
 - words: the share of the list's words whose every token is the argmax;
 - lettered / plain: the same over lettered lists ("A. Purple B. Cyan ...", the words after
