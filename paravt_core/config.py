@@ -60,8 +60,8 @@ class PretrainConfig(_Section):
     # the question, the teacher's crop calls, the notes as the tool's replies and the final turn,
     # so the options stand as far back as in an agent's own transcript (hundreds of tokens).
     reading_transcripts: float = Field(0.0, ge=0, le=1)
-    # The share of reading rows that ask to write a list back from 0-300 tokens earlier
-    # (`pretrain.copy_row`): they teach looking a token up by what preceded it, at any distance.
+    # The share of reading rows that ask to write a list back from among notes
+    # (`pretrain.copy_row`, reaching back as `copy_max_videos` says): they teach looking a token up by what preceded it, at any distance.
     reading_copies: float = Field(0.0, ge=0, le=1)
     # A first phase, from the random weights, on `copy_rows` copy rows alone for `copy_steps`
     # steps at `copy_micro_batch_size` (same learning rate), before captioning. Measured in a
@@ -71,7 +71,7 @@ class PretrainConfig(_Section):
     # 74.8 % of held-out list words after 3000 steps, from 2.3 % at 1000 (`paravt copy-probe`,
     # README "Miniature reproduction"). 0 rows: no copy phase.
     copy_rows: int = Field(0, ge=0)
-    copy_steps: int = Field(1000, ge=1)
+    copy_steps: int = Field(3000, ge=1)  # measured: no lookup at 1000 or 1200 (above)
     copy_micro_batch_size: int = Field(16, ge=1)
     # A copy row's filler, in both phases: the notes of 0 to this many random videos (~145
     # tokens each), so the list stands 0 to ~145 x this many tokens back. The lookup reaches

@@ -10,7 +10,9 @@ of its own, feeds each row whole once (teacher forcing) and scores, with `readin
 - words: the share of the list's words whose every token is the argmax;
 - lettered / plain: the same over lettered lists ("A. Purple B. Cyan ...", the words after
   "A." as an option is read) and over plain lists;
-- lists: the share of rows whose every word is right.
+- lists: the share of rows whose every word is right;
+- near / far: words over the rows whose list ends at most / more than `FAR_TOKENS` tokens
+  before the request (far is nan when no row is that far; `far_rows` counts them).
 
 Measured: 2.3 % of words (guesses among ~70 world words) after 1000 steps of the copy
 phase, 74.8 % after 3000, when the lookup had formed (README "Miniature reproduction").
@@ -18,6 +20,7 @@ phase, 74.8 % after 3000, when the lookup had formed (README "Miniature reproduc
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,19 +29,25 @@ from paravt_core.config import PipelineConfig
 from paravt_core.model.reading_probe import ProbeScores, score_row
 
 PROBE_STREAM = "probe-copy"  # derived_rng stream; training rows come from "pretrain-copy" and "pretrain-reading"
+# The lookup reaches about as far as it was trained; the default filler (2 videos of notes)
+# puts lists up to ~300 tokens back, an agent's options stand ~526 back (`agent_probe`).
+FAR_TOKENS = 300
 
 
 @dataclass(frozen=True)
 class CopyProbe(ProbeScores):
-    COUNTS = ("rows", "lettered_rows")
+    COUNTS = ("rows", "lettered_rows", "far_rows")
     PREFIX = "copy"
 
     rows: int
     lettered_rows: int
+    far_rows: int
     words: float
     lettered: float
     plain: float
     lists: float
+    near: float
+    far: float
 
 
 def word_spans(answer: str) -> list[tuple[int, int]]:
@@ -70,20 +79,25 @@ def score_rows(model, processor, rows: list[dict]) -> CopyProbe:
     """The probe's report of `model` on copy `rows` (module docstring)."""
     from paravt_core.model.caption_probe import text_row_forced
 
-    hits = {"lettered": [0, 0], "plain": [0, 0]}
-    whole = lettered_rows = 0
+    hits = {kind: [0, 0] for kind in ("lettered", "plain", "near", "far")}
+    whole = lettered_rows = far_rows = 0
     for row in rows:
-        text, offsets, correct = text_row_forced(model, processor, row["messages"])
+        _, offsets, correct = text_row_forced(model, processor, row["messages"])
         answer = row["messages"][1]["content"][0]["text"]
         right = [score_row(correct, offsets, {"word": [span]})["word"] for span in word_spans(answer)]
-        kind = "lettered" if text.startswith("List: A. ") else "plain"
-        lettered_rows += kind == "lettered"
-        hits[kind][0] += sum(right)
-        hits[kind][1] += len(right)
+        after = row["messages"][0]["content"][0]["text"].split(answer, 1)[1]
+        far = len(processor.tokenizer(after, add_special_tokens=False)["input_ids"]) > FAR_TOKENS
+        lettered = answer.startswith("List: A. ")
+        lettered_rows += lettered
+        far_rows += far
+        for kind in ("lettered" if lettered else "plain", "far" if far else "near"):
+            hits[kind][0] += sum(right)
+            hits[kind][1] += len(right)
         whole += all(right)
-    share = {kind: good / total if total else 0.0 for kind, (good, total) in hits.items()}
-    words = sum(good for good, _ in hits.values()) / max(1, sum(total for _, total in hits.values()))
-    return CopyProbe(rows=len(rows), lettered_rows=lettered_rows, words=words, lists=whole / len(rows), **share)
+    share = {kind: good / total if total else math.nan for kind, (good, total) in hits.items()}
+    words = (hits["near"][0] + hits["far"][0]) / max(1, hits["near"][1] + hits["far"][1])
+    return CopyProbe(rows=len(rows), lettered_rows=lettered_rows, far_rows=far_rows, words=words,
+                     lists=whole / len(rows), **share)
 
 
 def copy_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 100, seed: int = 0) -> CopyProbe:

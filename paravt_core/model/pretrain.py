@@ -319,7 +319,7 @@ def build_reading_corpus(cfg: PipelineConfig, clips: ArtifactRef, log_line: LogL
         for index in range(pre.reading_rows):
             rng = derived_rng(synth.seed, "pretrain-reading", pre.seed, index)
             layout = derived_rng(synth.seed, "pretrain-reading-layout", pre.seed, index).random()
-            if layout >= pre.reading_transcripts and layout < pre.reading_transcripts + pre.reading_copies:
+            if pre.reading_transcripts <= layout < pre.reading_transcripts + pre.reading_copies:
                 rows.append(copy_row(rng, synth, int(synth.max_crop_s), pre.copy_max_videos))  # videos of its own
                 continue
             spec = sample_video(rng, synth, youtube_like_id(rng))

@@ -42,7 +42,8 @@ def test_probe_rows_are_held_out_copy_rows():
 def test_copy_probe_scores_a_model_folder(tiny_model_dir):
     report = copy_probe(tiny_model_dir, load_config(REPRODUCE, []), rows=6)
     assert report.rows == 6 and 0 <= report.lettered_rows <= 6
-    assert set(report.as_metrics()) == {"copy_words", "copy_lettered", "copy_plain", "copy_lists"}
+    assert set(report.as_metrics()) == {"copy_words", "copy_lettered", "copy_plain", "copy_lists", "copy_near",
+                                        "copy_far"}
     # random weights look nothing up
     assert report.words < 0.2 and report.lists == 0.0
 
@@ -76,3 +77,29 @@ def test_score_rows_counts_the_words_a_model_writes_back(tiny_processor):
     missed = score_rows(_Oracle(vocab, purple[0]), tiny_processor, rows)
     holding = sum(" Purple" in r["messages"][1]["content"][0]["text"] for r in rows)
     assert 0 < holding < 8 and missed.lists == 1 - holding / 8 and missed.words < 1.0
+
+
+def test_score_rows_splits_near_and_far_lists(tiny_processor):
+    """Lists more than `FAR_TOKENS` tokens before the request count as far; with the default
+    filler (2 videos of notes) none is, with 5 some are."""
+    import math
+
+    vocab = len(tiny_processor.tokenizer)
+    near = score_rows(_Oracle(vocab), tiny_processor, probe_rows(load_config(REPRODUCE, []), 8))
+    assert near.far_rows == 0 and math.isnan(near.far) and near.near == 1.0
+    rows = probe_rows(load_config(REPRODUCE, ["model.pretrain.copy_max_videos=5"]), 12)
+    report = score_rows(_Oracle(vocab), tiny_processor, rows)
+    assert 0 < report.far_rows < 12 and report.near == report.far == report.words == 1.0
+    # by the notes after the list (~47 tokens a line): none -> near, 8 or more -> far
+    per_row = [_oracle_row(tiny_processor, row) for row in rows]
+    assert any(lines == 0 for lines, _ in per_row) and any(lines >= 8 for lines, _ in per_row)
+    assert all(far == 0 for lines, far in per_row if lines == 0)
+    assert all(far == 1 for lines, far in per_row if lines >= 8)
+
+
+def _oracle_row(processor, row: dict) -> tuple[int, int]:
+    """(note lines after the list, far rows the probe counts) for one row."""
+    answer = row["messages"][1]["content"][0]["text"]
+    after = row["messages"][0]["content"][0]["text"].split(answer, 1)[1]
+    far = score_rows(_Oracle(len(processor.tokenizer)), processor, [row]).far_rows
+    return after.count("\n") - 1, far
