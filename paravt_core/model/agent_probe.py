@@ -45,6 +45,7 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
     """The SFT-layout messages of held-out probe question `index` (its video rendered into
     `video_dir`): a multiple-choice question on the video's event and the teacher's tool trace."""
     from paravt_core.data.synth.paravt import TrainVideo, sft_messages
+    from paravt_core.data.synth.questions import OptionStyle
     from paravt_core.data.synth.render import encode_mp4
     from paravt_core.data.synth.traces import tool_trace
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
@@ -53,7 +54,8 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
     synth = cfg.data.synth
     rng = derived_rng(synth.seed, PROBE_STREAM, seed, index)
     spec = sample_video(rng, synth, youtube_like_id(rng))
-    question = mcq_event_question(rng, spec, tuple(synth.question_topics) if synth.question_topics else None)
+    topics = tuple(synth.question_topics) if synth.question_topics else None
+    question = mcq_event_question(rng, spec, topics, OptionStyle.of(synth))
     video_file = video_dir / f"{spec.video_id}.mp4"
     video_file.write_bytes(encode_mp4(spec, synth.codec))
     trace = tool_trace(rng, spec, question, video_file.name, synth.max_calls_per_trace, synth.max_crop_s,

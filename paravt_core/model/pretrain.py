@@ -61,7 +61,7 @@ READING_NOTES = "Notes on a video:"
 # The world settings a clip's pixels and caption depend on; trace and question settings
 # (sft_traces_per_video, prompts, ...) do not change the corpus, so they must not rebuild it.
 WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "height", "min_events", "max_events",
-                "min_event_s", "max_event_s", "overview_blind_frames", "event_kinds", "max_crop_s", "codec")
+                "min_event_s", "max_event_s", "overview_blind_frames", "event_kinds", "max_crop_s", "codec", "colours")
 # The trace settings a transcript reading row (`transcript_row`) depends on.
 TRANSCRIPT_FIELDS = {"max_calls_per_trace", "max_crop_s", "teacher_windows", "final_reasoning", "prompts"}
 READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "reading_copies", "sft_replay_rows")
@@ -141,9 +141,10 @@ def caption_row(video_file: Path, window: tuple[int, int], caption: str) -> dict
             "videos": [video_file.resolve().as_uri()]}
 
 
-def mcq_event_question(rng: random.Random, spec: VideoSpec, topics: tuple[str, ...] | None):
+def mcq_event_question(rng: random.Random, spec: VideoSpec, topics: tuple[str, ...] | None, style=None):
     """A 4-option multiple-choice question on a random (event, topic) pair of `spec` whose
-    topic is among `topics` (all when None) and allows multiple choice.
+    topic is among `topics` (all when None) and allows multiple choice; options drawn as
+    `style` (a `data.synth.questions.OptionStyle`; None: shuffled from every colour).
 
     `data.synth.questions.random_event_question` draws the type too; this lives here, not
     there, because an edit to the synth package renames the captioning corpus (`corpus_dir`).
@@ -151,17 +152,19 @@ def mcq_event_question(rng: random.Random, spec: VideoSpec, topics: tuple[str, .
     Raises:
         ValueError: no event of the video supports a multiple-choice question on `topics`.
     """
-    from paravt_core.data.synth.questions import EVENT_TOPICS, TOPIC_TYPES, event_question
+    from paravt_core.data.synth.questions import EVENT_TOPICS, SHUFFLED, TOPIC_TYPES, event_question
 
     pairs = [(i, t) for i, e in enumerate(spec.events) for t in EVENT_TOPICS[e.kind]
              if (topics is None or t in topics) and "mcq" in TOPIC_TYPES[t]]
     if not pairs:
         raise ValueError(f"video {spec.video_id}: no event supports a multiple-choice question on {list(topics or ())}")
     index, topic = rng.choice(pairs)
-    return event_question(rng, spec, index, "mcq", 4, topic=topic)
+    return event_question(rng, spec, index, "mcq", 4, topic=topic, style=style or SHUFFLED)
 
 
-def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tuple[str, ...] | None) -> dict:
+def reading_row(
+    rng: random.Random, spec: VideoSpec, segment_s: int, topics: tuple[str, ...] | None, style=None
+) -> dict:
     """A text-only row: the video's notes (one line per `segment_s` grid segment, in the
     sub-agent summary wording), a multiple-choice question on one event in the evaluation's layout (SPEC §7),
     and the answer: the note(s) of the segment(s) holding the event, then the conclusion the
@@ -175,7 +178,7 @@ def reading_row(rng: random.Random, spec: VideoSpec, segment_s: int, topics: tup
     # colour questions, half of them open-ended, 3000 steps left every check wrong (chains 0 %,
     # verdicts by position); colour and corner questions (by their draw, about three
     # multiple-choice rows in four) got 80.5 %, multiple-choice only 91.5 %.
-    question = mcq_event_question(rng, spec, topics)
+    question = mcq_event_question(rng, spec, topics, style)
     grid = segment_grid(spec, segment_s)
     notes = "\n".join(f"{clock(s)} to {clock(e)}: {summarize_window(spec, s, e)}" for s, e in grid)
     event = spec.events[question.event_index]
@@ -202,9 +205,10 @@ def transcript_row(rng: random.Random, spec: VideoSpec, synth, topics: tuple[str
     rows' chains fell to 6 %: the tiny model copies from a fixed distance back
     (`paravt reading-probe --pad`), and these rows do not teach it to look an option up."""
     from paravt_core.data.synth.paravt import TrainVideo, sft_messages
+    from paravt_core.data.synth.questions import OptionStyle
     from paravt_core.data.synth.traces import tool_trace
 
-    question = mcq_event_question(rng, spec, topics)
+    question = mcq_event_question(rng, spec, topics, OptionStyle.of(synth))
     video = TrainVideo(spec=spec, sentinel=f"{spec.video_id}.mp4")
     trace = tool_trace(rng, spec, question, video.name, synth.max_calls_per_trace, synth.max_crop_s,
                        cover=synth.teacher_windows == "cover", relevant_only=synth.final_reasoning == "relevant")
@@ -280,13 +284,13 @@ def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
 
 def reading_dir(cfg: PipelineConfig, clips: ArtifactRef) -> Path:
     """`<output_dir>/pretrain/reading-<hash>`: a pure function of the pretraining seed and
-    row count, the clips replayed, the world's geometry, events and question topics, and the
+    row count, the clips replayed, the world's geometry, events, question topics and option order, and the
     code that draws them."""
     from paravt_core.refs import source_digest
 
     pre = cfg.model.pretrain
     settings = {"seed": pre.seed, "rows": pre.reading_rows, "clips": clips.sha256,
-                "world": cfg.data.synth.model_dump(mode="json", include={*WORLD_FIELDS, "question_topics"})}
+                "world": cfg.data.synth.model_dump(mode="json", include={*WORLD_FIELDS, "question_topics", "option_order"})}
     if pre.reading_transcripts:  # their layout follows the trace settings too
         settings["transcripts"] = pre.reading_transcripts
         settings["traces"] = cfg.data.synth.model_dump(mode="json", include=TRANSCRIPT_FIELDS)
@@ -309,12 +313,14 @@ def build_reading_corpus(cfg: PipelineConfig, clips: ArtifactRef, log_line: LogL
 
     import pyarrow.parquet as pq
 
+    from paravt_core.data.synth.questions import OptionStyle
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
 
     out = reading_dir(cfg, clips)
     if not (out / READING_FILE).is_file():
         pre, synth = cfg.model.pretrain, cfg.data.synth
         topics = tuple(synth.question_topics) if synth.question_topics else None
+        style = OptionStyle.of(synth)
         rows = []
         for index in range(pre.reading_rows):
             rng = derived_rng(synth.seed, "pretrain-reading", pre.seed, index)
@@ -326,7 +332,7 @@ def build_reading_corpus(cfg: PipelineConfig, clips: ArtifactRef, log_line: LogL
             if layout < pre.reading_transcripts:
                 rows.append(transcript_row(rng, spec, synth, topics))
             else:
-                rows.append(reading_row(rng, spec, int(synth.max_crop_s), topics))
+                rows.append(reading_row(rng, spec, int(synth.max_crop_s), topics, style))
         with atomic_dir(out) as tmp:
             pq.write_table(_table(rows), tmp / READING_FILE)
             shutil.copyfile(Path(clips.path) / CORPUS_FILE, tmp / CORPUS_FILE)

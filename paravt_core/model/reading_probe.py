@@ -140,16 +140,17 @@ def padded(row: dict, pad: int) -> dict | None:
 def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0, pad: int = 0) -> list[dict]:
     """`count` multiple-choice reading rows of the config's world from the probe's own stream
     (`pad`: their quotes lengthened, `padded`)."""
+    from paravt_core.data.synth.questions import OptionStyle
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
     from paravt_core.model.pretrain import reading_row
 
     synth = cfg.data.synth
-    topics = tuple(synth.question_topics) if synth.question_topics else None
+    topics, style = (tuple(synth.question_topics) if synth.question_topics else None), OptionStyle.of(synth)
     rows, index = [], 0
     while len(rows) < count:
         rng = derived_rng(synth.seed, PROBE_STREAM, seed, index)
         index += 1
-        row = reading_row(rng, sample_video(rng, synth, youtube_like_id(rng)), int(synth.max_crop_s), topics)
+        row = reading_row(rng, sample_video(rng, synth, youtube_like_id(rng)), int(synth.max_crop_s), topics, style)
         if pad:
             row = padded(row, pad)
         if row is not None and "Checking the options" in row["messages"][1]["content"][0]["text"]:

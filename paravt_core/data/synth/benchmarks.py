@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from paravt_core.data.synth.config import SynthConfig
-from paravt_core.data.synth.questions import EVENT_TOPICS, Question, event_question
+from paravt_core.data.synth.questions import EVENT_TOPICS, SHUFFLED, OptionStyle, Question, event_question
 from paravt_core.data.synth.traces import background_phrase, describe_event, indefinite, place_phrase
 from paravt_core.data.synth.world import (
     DIGIT_WORDS,
@@ -418,12 +418,21 @@ def charades_split(cfg: SynthConfig, videos: list[EvalVideo]) -> EvalSplit:
 # ----- the splits ----------------------------------------------------------------
 
 
-def _split_question(rng: random.Random, split: str, spec: VideoSpec, event_index: int, topic: str) -> Question:
-    """MCQ everywhere (4 options; LongVideoBench 4 or 5; MMVU 5), MMVU also open-ended."""
+def _split_question(
+    rng: random.Random, split: str, spec: VideoSpec, event_index: int, topic: str, style: OptionStyle = SHUFFLED
+) -> Question:
+    """MCQ everywhere (4 options; LongVideoBench 4 or 5; MMVU 5), MMVU also open-ended.
+
+    A topic with fewer values than the split's options (a 4-colour palette, `SynthConfig.colours`)
+    gets 4 options on LongVideoBench and an open-ended question on MMVU, whose rows have five."""
     if split == "mmvu" and topic in ("colour", "shape", "digit") and rng.random() < 0.4:
-        return event_question(rng, spec, event_index, "oe", topic=topic)
+        return event_question(rng, spec, event_index, "oe", topic=topic, style=style)
     n_options = {"mmvu": 5, "longvideobench": rng.choice((4, 5))}.get(split, 4)
-    return event_question(rng, spec, event_index, "mcq", n_options=n_options, topic=topic)
+    if n_options > len(style.values(topic)):
+        if split == "mmvu":
+            return event_question(rng, spec, event_index, "oe", topic=topic, style=style)
+        n_options = len(style.values(topic))
+    return event_question(rng, spec, event_index, "mcq", n_options=n_options, topic=topic, style=style)
 
 
 def build_eval_split(cfg: SynthConfig, split: str) -> EvalSplit:
@@ -436,7 +445,7 @@ def build_eval_split(cfg: SynthConfig, split: str) -> EvalSplit:
     slots = question_slots(rng, [v.spec for v in videos], cfg.eval_rows_per_split, topics)
     rows, questions, per_video = [], [], [0] * len(videos)
     for number, (vi, ei, topic) in enumerate(slots):
-        question = _split_question(rng, split, videos[vi].spec, ei, topic)
+        question = _split_question(rng, split, videos[vi].spec, ei, topic, OptionStyle.of(cfg))
         per_video[vi] += 1
         rows.append(ROW_BUILDERS[split](videos[vi], question, number, per_video[vi]))
         questions.append(question)

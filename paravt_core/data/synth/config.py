@@ -80,6 +80,17 @@ class SynthConfig(BaseModel):
         description="event topics questions are drawn from (SFT, RL and evaluation; see questions.EVENT_TOPICS): "
         "a world a tiny vision tower can perceive asks only colour and position (#15). None: every topic",
     )
+    colours: tuple[str, ...] | None = Field(
+        None,
+        description="the palette events are drawn in and colour options come from (world.COLOURS names, at least "
+        "4: one per option). None: all seven",
+    )
+    option_order: Literal["shuffled", "canonical"] = Field(
+        "shuffled",
+        description="how multiple-choice options are listed: `shuffled` in random order (as benchmarks do); "
+        "`canonical` in their topic's fixed order (colours alphabetically), so with a 4-colour palette every colour "
+        "question lists the same options and the letter follows from the value (#15, questions.OptionStyle)",
+    )
     teacher_windows: Literal["target", "cover"] = Field(
         "target",
         description="what a teacher trace crops: `target` the grid segment(s) holding the event plus random "
@@ -127,6 +138,15 @@ class SynthConfig(BaseModel):
             unknown = sorted(set(self.question_topics) - set(known))
             if unknown or not self.question_topics:
                 raise ValueError(f"question_topics {list(self.question_topics)}: unknown {unknown}; known: {known}")
+        if self.colours is not None:
+            from paravt_core.data.synth.world import COLOURS
+
+            unknown = sorted(set(self.colours) - set(COLOURS))
+            if unknown or len(set(self.colours)) != len(self.colours) or len(self.colours) < 4:
+                raise ValueError(
+                    f"colours {list(self.colours)}: give at least 4 distinct names of {sorted(COLOURS)}"
+                    + (f" (unknown: {unknown})" if unknown else "")
+                )
         if self.direct_share > 0 and self.prompts != "eval":
             raise ValueError("direct_share needs prompts: eval (direct rows ask in the evaluation's direct mode)")
         if self.no_tool_share + self.direct_share > 1:

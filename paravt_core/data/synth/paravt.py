@@ -34,7 +34,7 @@ from paravt_core.data.synth.archives import zip_bytes
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.agent.prompts import subagent_instruction
 from paravt_core.data.synth.prompts import SYSTEM_PROMPT, eval_style_text, question_prompt
-from paravt_core.data.synth.questions import Question, background_question, random_event_question
+from paravt_core.data.synth.questions import OptionStyle, Question, background_question, random_event_question
 from paravt_core.data.synth.traces import (
     TeacherTrace,
     Window,
@@ -220,15 +220,15 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
     no_tool = set(derived_rng(cfg.seed, "no-tool").sample(range(len(slots)), round(cfg.no_tool_share * len(slots))))
     rest = [i for i in range(len(slots)) if i not in no_tool]
     direct = set(derived_rng(cfg.seed, "direct").sample(rest, round(cfg.direct_share * len(slots))))
-    traces, seen = [], set()
+    traces, seen, style = [], set(), OptionStyle.of(cfg)
     for index, (video, k) in enumerate(slots):
         rng = derived_rng(cfg.seed, "sft", video.spec.video_id, k)
         if index in no_tool:
-            question = _distinct(lambda: background_question(rng, video.spec, rng.choice(("mcq", "oe"))), seen)
+            question = _distinct(lambda: background_question(rng, video.spec, rng.choice(("mcq", "oe")), style=style), seen)
             if question is not None:
                 traces.append((video, no_tool_trace(video.spec, question)))
             continue
-        question = _distinct(lambda: random_event_question(rng, video.spec, topics=cfg.question_topics), seen)
+        question = _distinct(lambda: random_event_question(rng, video.spec, topics=cfg.question_topics, style=style), seen)
         if question is None:
             continue
         if index in direct:
@@ -257,13 +257,13 @@ def rl_rows(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[dict]:
     slots = [(video, k) for video in videos for k in range(cfg.rl_prompts_per_video)]
     overview = set(derived_rng(cfg.seed, "rl-overview").sample(range(len(slots)),
                                                               round(cfg.rl_overview_share * len(slots))))
-    rows, seen = [], set()
+    rows, seen, style = [], set(), OptionStyle.of(cfg)
     for index, (video, k) in enumerate(slots):
         rng = derived_rng(cfg.seed, "rl", video.spec.video_id, k)
         if index in overview:
-            question = _distinct(lambda: background_question(rng, video.spec, rng.choice(("mcq", "oe"))), seen)
+            question = _distinct(lambda: background_question(rng, video.spec, rng.choice(("mcq", "oe")), style=style), seen)
         else:
-            question = _distinct(lambda: random_event_question(rng, video.spec, topics=cfg.question_topics), seen)
+            question = _distinct(lambda: random_event_question(rng, video.spec, topics=cfg.question_topics, style=style), seen)
         if question is not None:
             rows.append(rl_row(question, video, cfg.prompts))
     return rows

@@ -61,6 +61,34 @@ TOPIC_TYPES: dict[str, tuple[QuestionType, ...]] = {
 
 
 @dataclass(frozen=True)
+class OptionStyle:
+    """How a world's multiple-choice options are drawn (`SynthConfig.colours`, `option_order`).
+
+    `colours`: the palette colour questions choose from (the world's events are drawn in it).
+    `canonical`: options listed in their topic's fixed order instead of shuffled; with as many
+    values as options (a 4-colour palette, 4 options) every question then lists the same
+    options in the same order, and the letter is a function of the value: no reading of the
+    options is needed to name it (#15: the tiny model never learnt to look an option up).
+    """
+
+    colours: tuple[str, ...] = tuple(sorted(COLOURS))
+    canonical: bool = False
+
+    @classmethod
+    def of(cls, cfg) -> OptionStyle:
+        """The style of a `SynthConfig`."""
+        palette = tuple(sorted(cfg.colours)) if cfg.colours else tuple(sorted(COLOURS))
+        return cls(colours=palette, canonical=cfg.option_order == "canonical")
+
+    def values(self, topic: str) -> tuple[str, ...]:
+        """The values `topic`'s answers and distractors are drawn from, in their fixed order."""
+        return self.colours if topic == "colour" else TOPIC_VALUES[topic]
+
+
+SHUFFLED = OptionStyle()
+
+
+@dataclass(frozen=True)
 class Question:
     """One question with its ground truth.
 
@@ -123,15 +151,22 @@ def _event_value(event: Event, topic: str) -> str:
     return values[topic]
 
 
-def _answer(rng: random.Random, topic: str, value: str, qtype: QuestionType, n_options: int) -> dict:
+def _answer(
+    rng: random.Random, topic: str, value: str, qtype: QuestionType, n_options: int, style: OptionStyle = SHUFFLED
+) -> dict:
     """The answer fields of a question: options and letter for MCQ, the phrase for oe."""
     if qtype == "oe":
         return {"answer": value, "answer_text": value}
-    pool = [v for v in TOPIC_VALUES[topic] if v != value]
+    order = style.values(topic)
+    if value not in order:
+        raise ValueError(f"{topic} {value!r} is not among the world's values {list(order)}")
+    pool = [v for v in order if v != value]
     if len(pool) + 1 < n_options:
         raise ValueError(f"topic {topic!r} has only {len(pool) + 1} values, cannot make {n_options} options")
     values = [value, *rng.sample(pool, n_options - 1)]
     rng.shuffle(values)
+    if style.canonical:
+        values.sort(key=order.index)
     letter = string.ascii_uppercase[values.index(value)]
     return {"answer": letter, "answer_text": value, "options": tuple(option_text(v) for v in values)}
 
@@ -143,6 +178,7 @@ def event_question(
     qtype: QuestionType,
     n_options: int = 4,
     topic: str | None = None,
+    style: OptionStyle = SHUFFLED,
 ) -> Question:
     """A question of type `qtype` about one event; the topic is drawn if not given."""
     event = spec.events[event_index]
@@ -156,22 +192,28 @@ def event_question(
         window = (event.start_s, event.end_s)
         answer = f"[{window[0]:.1f}, {window[1]:.1f}]"
         return Question(**common, text=text, answer=answer, answer_text=answer, window=window)
-    return Question(**common, text=text, **_answer(rng, topic, _event_value(event, topic), qtype, n_options))
+    return Question(**common, text=text, **_answer(rng, topic, _event_value(event, topic), qtype, n_options, style))
 
 
-def background_question(rng: random.Random, spec: VideoSpec, qtype: QuestionType, n_options: int = 4) -> Question:
+def background_question(
+    rng: random.Random, spec: VideoSpec, qtype: QuestionType, n_options: int = 4, style: OptionStyle = SHUFFLED
+) -> Question:
     """A question about the constant background: any overview frame answers it."""
     topic = rng.choice([t for t in BACKGROUND_TOPICS if qtype in TOPIC_TYPES[t]])
     if topic == "tint":
         text, value = "What colour tint does the background of this video have?", spec.background.tint
     else:
         text, value = "Which side of the background is brighter?", spec.background.bright_side
-    fields = _answer(rng, topic, value, qtype, n_options)
+    fields = _answer(rng, topic, value, qtype, n_options, style)
     return Question(video_id=spec.video_id, qtype=qtype, topic=topic, text=text, **fields)
 
 
 def random_event_question(
-    rng: random.Random, spec: VideoSpec, n_options: int = 4, topics: tuple[str, ...] | None = None
+    rng: random.Random,
+    spec: VideoSpec,
+    n_options: int = 4,
+    topics: tuple[str, ...] | None = None,
+    style: OptionStyle = SHUFFLED,
 ) -> Question:
     """A question on a random event, with the type drawn uniformly from mcq / tvg / oe.
 
@@ -179,9 +221,11 @@ def random_event_question(
     the allowed ones, then the type among that topic's types.
     """
     if topics is None:
-        return event_question(rng, spec, rng.randrange(len(spec.events)), rng.choice(QUESTION_TYPES), n_options)
+        return event_question(
+            rng, spec, rng.randrange(len(spec.events)), rng.choice(QUESTION_TYPES), n_options, style=style
+        )
     pairs = [(i, t) for i, e in enumerate(spec.events) for t in EVENT_TOPICS[e.kind] if t in topics]
     if not pairs:
         raise ValueError(f"video {spec.video_id}: no event supports a question on {list(topics)}")
     index, topic = rng.choice(pairs)
-    return event_question(rng, spec, index, rng.choice(TOPIC_TYPES[topic]), n_options, topic=topic)
+    return event_question(rng, spec, index, rng.choice(TOPIC_TYPES[topic]), n_options, topic=topic, style=style)

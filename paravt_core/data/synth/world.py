@@ -206,7 +206,7 @@ def sample_events(rng: random.Random, cfg: SynthConfig, n_frames: int) -> tuple[
         kinds = rng.sample(EVENT_KINDS, len(windows))
     else:
         kinds = [rng.choice(cfg.event_kinds) for _ in windows]
-    colours = rng.sample(sorted(COLOURS), len(windows))
+    colours = rng.sample(sorted(cfg.colours or COLOURS), len(windows))
     shapes = rng.sample(SHAPES, len(windows))
     events = []
     for (start, end), kind, colour, shape in zip(windows, kinds, colours, shapes, strict=True):
