@@ -11,7 +11,10 @@ all its tokens:
 
 - colour, shape and place of each event ("a red circle appears in the top left corner");
 - times: the "From MM:SS.s to MM:SS.s" of each event;
-- empty: the first word of a window where nothing happens ("Nothing" vs "From").
+- empty: the first word of a window where nothing happens ("Nothing" vs "From");
+- detected: the first word of a window where something happens ("From" vs "Nothing"): the
+  sub-agent's greedy summary turns on it, and a model that always says "Nothing" scores 1.0
+  on `empty` and 0 here.
 
 Teacher forcing scores the place given the true colour and shape before it, so a model that
 sees colours but not corners shows it directly. Scores are per event (per window for empty).
@@ -43,6 +46,7 @@ class CaptionProbe(ProbeScores):
     place: float
     times: float
     empty: float  # windows without events whose first word is right; nan when none
+    detected: float  # windows with events whose first word ("From") is right; nan when none
 
 
 def caption_spans(caption: str) -> tuple[list[dict[str, list[tuple[int, int]]]], tuple[int, int] | None]:
@@ -131,8 +135,8 @@ def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: 
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype="float32", device="cpu").eval()
     sampling = FrameSampling.from_config(cfg.video)  # as the SFT worker samples
-    totals = dict(colour=0, shape=0, place=0, times=0, empty=0)
-    windows = events = empty_windows = 0
+    totals = dict(colour=0, shape=0, place=0, times=0, empty=0, detected=0)
+    windows = events = empty_windows = event_windows = 0
     with tempfile.TemporaryDirectory(prefix="caption-probe-") as tmp:
         cache = FrameCache(Path(tmp) / "frames", sampling)
         for index in range(videos):
@@ -154,11 +158,16 @@ def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: 
                 if first_word is not None:
                     empty_windows += 1
                     totals["empty"] += score_row(correct, offsets, {"empty": [first_word]})["empty"]
+                else:
+                    event_windows += 1
+                    totals["detected"] += score_row(correct, offsets, {"detected": [(0, len("From"))]})["detected"]
                 for event in spans:
                     events += 1
                     for part, ok in score_row(correct, offsets, event).items():
                         totals[part] += ok
     if not events:
         raise ValueError(f"no events in the grid segments of {videos} probe videos")
-    return CaptionProbe(windows=windows, events=events, empty=totals["empty"] / empty_windows if empty_windows else float("nan"),
+    nan = float("nan")
+    return CaptionProbe(windows=windows, events=events, empty=totals["empty"] / empty_windows if empty_windows else nan,
+                        detected=totals["detected"] / event_windows if event_windows else nan,
                         **{p: totals[p] / events for p in ("colour", "shape", "place", "times")})

@@ -50,7 +50,7 @@ def test_caption_probe_scores_a_model_folder(tiny_model_dir):
     report = caption_probe(tiny_model_dir, load_config(REPRODUCE, []), videos=2)
     assert report.windows >= 2 * 3 and report.events >= 2  # 36-46 s videos: three 16 s segments each
     assert set(report.as_metrics()) == {"caption_colour", "caption_shape", "caption_place", "caption_times",
-                                        "caption_empty"}
+                                        "caption_empty", "caption_detected"}
     # a random-weight model writes no caption word whole
     assert report.times == 0.0 and report.place == 0.0
 
