@@ -45,6 +45,11 @@ class PretrainConfig(_Section):
     seed: int = 0  # the corpus's own video stream (never a training or evaluation video)
     videos: int = Field(300, ge=1)
     windows_per_video: int = Field(8, ge=1)
+    # The share of a video's random clip windows (those beyond its grid segments) drawn to hold
+    # an event whole (`pretrain.clip_windows`). 0: drawn anywhere, so with one short event per
+    # video about seven windows in ten show nothing and the first word of a caption is mostly
+    # "Nothing" (`paravt caption-probe`'s `detected`).
+    event_windows: float = Field(0.0, ge=0.0, le=1.0)
     max_steps: int = Field(1000, ge=1)
     micro_batch_size: int = Field(8, ge=1)
     learning_rate: float = Field(1e-3, gt=0)

@@ -114,9 +114,14 @@ def build_copy_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> Artifac
     return ArtifactRef(kind="pretrain_corpus", path=out.resolve(), sha256=content_hash(out / COPY_FILE))
 
 
-def clip_windows(rng: random.Random, spec: VideoSpec, segment_s: int, count: int) -> list[tuple[int, int]]:
+def clip_windows(
+    rng: random.Random, spec: VideoSpec, segment_s: int, count: int, event_share: float = 0.0
+) -> list[tuple[int, int]]:
     """`count` whole-second windows of a video: its `segment_s` grid first, then random 4 s to
-    `segment_s` windows anywhere (distinct)."""
+    `segment_s` windows (distinct), each drawn with probability `event_share` to hold one of
+    the video's events whole, else anywhere."""
+    import math
+
     from paravt_core.data.synth.traces import segment_grid
 
     last = int(spec.duration_s)
@@ -125,7 +130,14 @@ def clip_windows(rng: random.Random, spec: VideoSpec, segment_s: int, count: int
         if len(windows) >= count:
             break
         length = rng.randint(min(4, last), min(segment_s, last))
-        start = rng.randint(0, last - length)
+        if event_share and spec.events and rng.random() < event_share:
+            event = rng.choice(spec.events)
+            lo, hi = max(0, math.ceil(event.end_s) - length), min(math.floor(event.start_s), last - length)
+            if lo > hi:  # the event is longer than the window: draw again
+                continue
+            start = rng.randint(lo, hi)
+        else:
+            start = rng.randint(0, last - length)
         if (start, start + length) not in windows:
             windows.append((start, start + length))
     return windows
@@ -273,7 +285,8 @@ def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
                 video_file.parent.mkdir(exist_ok=True)
                 video_file.write_bytes(encode_mp4(spec, synth.codec))
                 final_file = out / "videos" / video_file.name
-                for window in clip_windows(rng, spec, int(synth.max_crop_s), pre.windows_per_video):
+                for window in clip_windows(rng, spec, int(synth.max_crop_s), pre.windows_per_video,
+                                           pre.event_windows):
                     rows.append(caption_row(final_file, window, summarize_window(spec, *window)))
                 if (index + 1) % 100 == 0:
                     log_line(f"pretrain corpus: {index + 1}/{pre.videos} videos")
