@@ -167,6 +167,8 @@ def test_unparsable_set_value_names_the_item():
     ("model.pretrain.max_steps=0", "model.pretrain.max_steps"),
     ("model.pretrain.reading_rows=-1", "model.pretrain.reading_rows"),
     ("model.pretrain.reading_steps=0", "model.pretrain.reading_steps"),
+    ("model.pretrain.event_windows=1.5", "model.pretrain.event_windows"),
+    ("data.synth.colours=[red, green, blue]", "at least 4"),
 ])
 def test_reproduce_and_pretrain_settings_are_checked_at_load(override: str, message: str):
     with pytest.raises(ConfigError, match=message):
@@ -175,6 +177,7 @@ def test_reproduce_and_pretrain_settings_are_checked_at_load(override: str, mess
 
 def test_reproduce_config_pretrains_the_tiny_base_and_runs_paper_rows_over_three_seeds():
     cfg = load_config("conf/pipeline/reproduce.yaml")
-    assert cfg.model.pretrain.enabled and cfg.model.is_tiny and cfg.model.pretrain.reading_rows > 0
+    assert cfg.model.pretrain.enabled and cfg.model.is_tiny and cfg.model.pretrain.event_windows > 0
+    assert cfg.data.synth.option_order == "canonical" and len(cfg.data.synth.colours) == 4
     assert set(cfg.reproduce.rows) >= {"vanilla_grpo", "paragrpo"} and len(cfg.reproduce.seeds) == 3
     assert max(cfg.rl.gating.choices) <= cfg.eval.nframes  # gating never shows more than the evaluation
