@@ -156,3 +156,29 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=60):
         yield
+
+
+class OracleModel:
+    """A stand-in model for the teacher-forced probes: predicts every next token right, except
+    tokens equal to `miss`."""
+
+    def __init__(self, vocab: int, miss: int | None = None):
+        self.vocab, self.miss = vocab, miss
+
+    def eval(self):
+        return self
+
+    def __call__(self, input_ids, **_):
+        import types
+
+        import torch
+
+        nxt = torch.roll(input_ids, -1, dims=1)
+        if self.miss is not None:
+            nxt = torch.where(nxt == self.miss, torch.zeros_like(nxt), nxt)
+        return types.SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float())
+
+
+@pytest.fixture()
+def oracle_model() -> type[OracleModel]:
+    return OracleModel

@@ -61,38 +61,19 @@ def test_caption_probe_refuses_worlds_of_other_event_kinds(tiny_model_dir):
         caption_probe(tiny_model_dir, cfg, videos=1)
 
 
-class _Oracle:
-    """Predicts every next token right, except tokens equal to `miss` (a stand-in model)."""
-
-    def __init__(self, vocab: int, miss: int | None = None):
-        self.vocab, self.miss = vocab, miss
-
-    def eval(self):
-        return self
-
-    def __call__(self, input_ids, **_):
-        import types
-
-        import torch
-
-        nxt = torch.roll(input_ids, -1, dims=1)
-        if self.miss is not None:
-            nxt = torch.where(nxt == self.miss, torch.zeros_like(nxt), nxt)
-        return types.SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float())
-
-
-def test_detected_scores_the_first_word_of_windows_with_an_event(tiny_model_dir, tiny_processor, monkeypatch):
+def test_detected_scores_the_first_word_of_windows_with_an_event(tiny_model_dir, tiny_processor, oracle_model,
+                                                                 monkeypatch):
     """A model that never writes "From" still scores every empty window and, teacher-forced,
     every colour, but detects no event: the sub-agent's greedy summary would say "Nothing"."""
     import paravt_core.model.loading as loading
 
     vocab = len(tiny_processor.tokenizer)
     cfg = load_config(REPRODUCE, [])
-    monkeypatch.setattr(loading, "load_model", lambda *a, **k: _Oracle(vocab))
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: oracle_model(vocab))
     right = caption_probe(tiny_model_dir, cfg, videos=3)
     assert (right.colour, right.empty, right.detected) == (1.0, 1.0, 1.0)
     start = tiny_processor.tokenizer("From 00:03.0", add_special_tokens=False)["input_ids"][0]
     assert "From".startswith(tiny_processor.tokenizer.decode([start]))  # "F": the word is two tokens here
-    monkeypatch.setattr(loading, "load_model", lambda *a, **k: _Oracle(vocab, miss=start))
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: oracle_model(vocab, miss=start))
     blind = caption_probe(tiny_model_dir, cfg, videos=3)
     assert (blind.colour, blind.empty, blind.detected) == (1.0, 1.0, 0.0)

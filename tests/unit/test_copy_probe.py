@@ -48,58 +48,41 @@ def test_copy_probe_scores_a_model_folder(tiny_model_dir):
     assert report.words < 0.2 and report.lists == 0.0
 
 
-class _Oracle:
-    """Predicts every next token right, except tokens equal to `miss` (a stand-in model)."""
-
-    def __init__(self, vocab: int, miss: int | None = None):
-        self.vocab, self.miss = vocab, miss
-
-    def __call__(self, input_ids, **_):
-        import types
-
-        import torch
-
-        nxt = torch.roll(input_ids, -1, dims=1)
-        if self.miss is not None:
-            nxt = torch.where(nxt == self.miss, torch.zeros_like(nxt), nxt)
-        return types.SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, self.vocab).float())
-
-
-def test_score_rows_counts_the_words_a_model_writes_back(tiny_processor):
+def test_score_rows_counts_the_words_a_model_writes_back(tiny_processor, oracle_model):
     rows = probe_rows(load_config(REPRODUCE, []), 8)
     vocab = len(tiny_processor.tokenizer)
-    report = score_rows(_Oracle(vocab), tiny_processor, rows)
+    report = score_rows(oracle_model(vocab), tiny_processor, rows)
     assert (report.words, report.lettered, report.plain, report.lists) == (1.0, 1.0, 1.0, 1.0)
     assert report.lettered_rows == sum(r["messages"][1]["content"][0]["text"].startswith("List: A. ") for r in rows)
     # a model that never writes " Purple": exactly the rows holding it are not whole
     purple = tiny_processor.tokenizer(" Purple", add_special_tokens=False)["input_ids"]
     assert len(purple) == 1
-    missed = score_rows(_Oracle(vocab, purple[0]), tiny_processor, rows)
+    missed = score_rows(oracle_model(vocab, purple[0]), tiny_processor, rows)
     holding = sum(" Purple" in r["messages"][1]["content"][0]["text"] for r in rows)
     assert 0 < holding < 8 and missed.lists == 1 - holding / 8 and missed.words < 1.0
 
 
-def test_score_rows_splits_near_and_far_lists(tiny_processor):
+def test_score_rows_splits_near_and_far_lists(tiny_processor, oracle_model):
     """Lists more than `FAR_TOKENS` tokens before the request count as far; with the default
     filler (2 videos of notes) none is, with 5 some are."""
     import math
 
     vocab = len(tiny_processor.tokenizer)
-    near = score_rows(_Oracle(vocab), tiny_processor, probe_rows(load_config(REPRODUCE, []), 8))
+    near = score_rows(oracle_model(vocab), tiny_processor, probe_rows(load_config(REPRODUCE, []), 8))
     assert near.far_rows == 0 and math.isnan(near.far) and near.near == 1.0
     rows = probe_rows(load_config(REPRODUCE, ["model.pretrain.copy_max_videos=5"]), 12)
-    report = score_rows(_Oracle(vocab), tiny_processor, rows)
+    report = score_rows(oracle_model(vocab), tiny_processor, rows)
     assert 0 < report.far_rows < 12 and report.near == report.far == report.words == 1.0
     # by the notes after the list (~47 tokens a line): none -> near, 8 or more -> far
-    per_row = [_oracle_row(tiny_processor, row) for row in rows]
+    per_row = [_oracle_row(tiny_processor, row, oracle_model) for row in rows]
     assert any(lines == 0 for lines, _ in per_row) and any(lines >= 8 for lines, _ in per_row)
     assert all(far == 0 for lines, far in per_row if lines == 0)
     assert all(far == 1 for lines, far in per_row if lines >= 8)
 
 
-def _oracle_row(processor, row: dict) -> tuple[int, int]:
+def _oracle_row(processor, row: dict, oracle_model) -> tuple[int, int]:
     """(note lines after the list, far rows the probe counts) for one row."""
     answer = row["messages"][1]["content"][0]["text"]
     after = row["messages"][0]["content"][0]["text"].split(answer, 1)[1]
-    far = score_rows(_Oracle(len(processor.tokenizer)), processor, [row]).far_rows
+    far = score_rows(oracle_model(len(processor.tokenizer)), processor, [row]).far_rows
     return after.count("\n") - 1, far
