@@ -223,7 +223,7 @@ def transcript_row(rng: random.Random, spec: VideoSpec, synth, topics: tuple[str
     question = mcq_event_question(rng, spec, topics, OptionStyle.of(synth))
     video = TrainVideo(spec=spec, sentinel=f"{spec.video_id}.mp4")
     trace = tool_trace(rng, spec, question, video.name, synth.max_calls_per_trace, synth.max_crop_s,
-                       cover=synth.teacher_windows == "cover", relevant_only=synth.final_reasoning == "relevant")
+                       cover=synth.teacher_windows == "cover", final_reasoning=synth.final_reasoning)
     messages = sft_messages(trace, video, synth.prompts)
     user, *turns = [m for m in messages if m["role"] != "system"]
     text_only = {"role": "user", "content": [c for c in user["content"] if c["type"] == "text"]}

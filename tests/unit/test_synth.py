@@ -137,7 +137,7 @@ def _spec_with(events: tuple[Event, ...]) -> VideoSpec:
 @pytest.mark.parametrize(
     ("window", "expected"),
     [
-        ((0, 10), "Nothing notable happens in this window: only the plain blue-tinted background is visible."),
+        ((0, 10), "Nothing notable happens in this window: only the plain background is visible."),
         ((18, 30), "From 00:20.0 to 00:23.0 a red circle appears in the top left corner."),
         ((22, 60), "From 00:22.0 to 00:23.0 a red circle appears in the top left corner. "
                    "From 00:40.0 to 00:42.5 an orange star moves from right to left across the frame."),

@@ -182,11 +182,46 @@ def test_relevant_final_reasoning_quotes_only_the_crop_showing_the_asked_object(
     spec = VideoSpec("v", 90, 2.0, 64, 64, Background("grey", "left", 100, ()), events)
     question = event_question(random.Random(0), spec, 1, "mcq", topic="colour")
     full = tool_trace(random.Random(0), spec, question, "v.mp4", 3, 16.0, cover=True)
-    short = tool_trace(random.Random(0), spec, question, "v.mp4", 3, 16.0, cover=True, relevant_only=True)
+    short = tool_trace(random.Random(0), spec, question, "v.mp4", 3, 16.0, cover=True, final_reasoning="relevant")
     assert full.calls == short.calls == ((0, 16), (16, 32), (32, 45))
     assert full.final_turn.count("reports:") == 3
     assert short.final_turn.count("reports:") == 1 and "00:32.0 to 00:45.0 reports: From 00:35.0" in short.final_turn
     assert "red" not in short.final_turn and short.final_turn.endswith(f"<answer>{question.answer}</answer>")
+
+
+def test_event_final_reasoning_names_the_asked_event_without_windows_or_times():
+    import random
+
+    from paravt_core.data.synth.questions import event_question
+    from paravt_core.data.synth.traces import tool_trace
+    from paravt_core.data.synth.world import Background, Event, VideoSpec
+
+    events = (Event("shape", 10, 14, 2.0, "red", "circle", "centre"), Event("shape", 70, 74, 2.0, "blue", "star", "top left"))
+    spec = VideoSpec("v", 90, 2.0, 64, 64, Background("grey", "left", 100, ()), events)
+    question = event_question(random.Random(0), spec, 1, "mcq", topic="colour")
+    trace = tool_trace(random.Random(0), spec, question, "v.mp4", 3, 16.0, cover=True, final_reasoning="event")
+    reasoning = trace.final_turn.split("So the answer is", 1)[0]
+    assert reasoning == "<think>\nA crop reports that a blue star appears in the top left corner. "
+    assert "red" not in trace.final_turn and trace.final_turn.endswith(f"<answer>{question.answer}</answer>")
+    assert trace.tool_responses[1] == "Nothing notable happens in this window: only the plain background is visible."
+
+
+def test_direct_trace_names_the_asked_object_as_the_question_does():
+    """A direct-mode trace never names the answer before giving it: the event is named by what
+    the question says of it ("the star"), not by its label ("the blue star")."""
+    import random
+
+    from paravt_core.data.synth.questions import event_question
+    from paravt_core.data.synth.traces import direct_trace
+    from paravt_core.data.synth.world import Background, Event, VideoSpec
+
+    events = (Event("shape", 70, 74, 2.0, "blue", "star", "top left"),)
+    spec = VideoSpec("v", 90, 2.0, 64, 64, Background("blue", "left", 100, ()), events)
+    for topic, named, answer_word in (("colour", "the star", "blue"), ("shape", "the blue object", "star")):
+        question = event_question(random.Random(0), spec, 0, "oe", topic=topic)
+        reasoning = direct_trace(spec, question).final_turn.split("</think>", 1)[0]
+        assert f"; {named} is not in them." in reasoning
+        assert answer_word not in reasoning.replace(named, "")
 
 
 def test_perception_windows_follow_the_manifest(world, tmp_path):

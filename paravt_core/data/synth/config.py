@@ -70,10 +70,11 @@ class SynthConfig(BaseModel):
         description="share of SFT traces asked in the evaluation's `direct` mode (prompts: eval only): no tools, "
         "the answer straight after a short reasoning over the overview",
     )
-    final_reasoning: Literal["all", "relevant"] = Field(
+    final_reasoning: Literal["all", "relevant", "event"] = Field(
         "all",
         description="what a tool trace's final <think> quotes: `all` every crop's report, `relevant` only the "
-        "report(s) naming the asked object, then the answer (shorter, for a tiny model)",
+        "report(s) naming the asked object, `event` only what the reports say of the asked event, without "
+        "windows or times (a tiny model need not tell which response came from which call); then the answer",
     )
     question_topics: tuple[str, ...] | None = Field(
         None,

@@ -236,7 +236,7 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
         else:
             traces.append((video, tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace,
                                              cfg.max_crop_s, cover=cfg.teacher_windows == "cover",
-                                             relevant_only=cfg.final_reasoning == "relevant")))
+                                             final_reasoning=cfg.final_reasoning)))
     return traces
 
 

@@ -61,23 +61,31 @@ def place_phrase(position: str) -> str:
     return "the centre" if position == "centre" else f"the {position} corner"
 
 
+def event_clause(event: Event) -> str:
+    """What happens in an event, without its times: "a red circle appears in the centre"."""
+    if event.kind == "shape":
+        return f"{indefinite(event.label)} appears in {place_phrase(event.position)}"
+    if event.kind == "digit":
+        return f"the digit {DIGIT_WORDS[event.digit]} is shown in {event.colour} in {place_phrase(event.position)}"
+    return f"{indefinite(event.label)} moves from {event.direction} across the frame"
+
+
 def describe_event(event: Event, start_s: float, end_s: float) -> str:
     """One sentence on an event seen from start_s to end_s."""
-    span = f"From {clock(start_s)} to {clock(end_s)}"
-    if event.kind == "shape":
-        return f"{span} {indefinite(event.label)} appears in {place_phrase(event.position)}."
-    if event.kind == "digit":
-        word = DIGIT_WORDS[event.digit]
-        return f"{span} the digit {word} is shown in {event.colour} in {place_phrase(event.position)}."
-    return f"{span} {indefinite(event.label)} moves from {event.direction} across the frame."
+    return f"From {clock(start_s)} to {clock(end_s)} {event_clause(event)}."
+
+
+# A window without events. The background is not named: its tints share their names with the
+# event colours (a "blue-tinted" background beside a blue star), so naming it would put a
+# second colour word in every empty report the main agent reads (#15).
+EMPTY_WINDOW = "Nothing notable happens in this window: only the plain background is visible."
 
 
 def summarize_window(spec: VideoSpec, start_s: float, end_s: float) -> str:
     """What a sub-agent watching [start_s, end_s) should report, in temporal order."""
     events = events_in_window(spec, start_s, end_s)
     if not events:
-        background = background_phrase(spec)
-        return f"Nothing notable happens in this window: only the plain {background} background is visible."
+        return EMPTY_WINDOW
     return " ".join(describe_event(e, max(e.start_s, start_s), min(e.end_s, end_s)) for e in events)
 
 
@@ -171,9 +179,15 @@ def think(text: str) -> str:
 
 def tool_trace(
     rng: random.Random, spec: VideoSpec, question: Question, video_name: str, max_calls: int, max_crop_s: float,
-    cover: bool = False, relevant_only: bool = False,
+    cover: bool = False, final_reasoning: str = "all",
 ) -> TeacherTrace:
-    """A one-round trace with parallel crops for an event question (`cover`: every grid segment)."""
+    """A one-round trace with parallel crops for an event question (`cover`: every grid segment).
+
+    `final_reasoning` (`SynthConfig.final_reasoning`): what the final think says before its
+    conclusion: `all` quotes every crop's report with its window, `relevant` only the
+    report(s) of the window(s) holding the asked event, `event` names what the reports say of
+    the asked event, without windows or times ("A crop reports that a red star appears in the
+    centre.")."""
     if cover:
         windows = cover_crop_windows(spec, max_calls, max_crop_s)
     else:
@@ -183,20 +197,25 @@ def tool_trace(
     spans = " and ".join(f"{s}-{e} s" for s, e in windows)
     plural = f"a window ({spans})" if len(windows) == 1 else f"{len(windows)} windows in parallel ({spans})"
     # Worded to stay true whatever the overview frame count K (SPEC §5 gating varies it).
+    # The background is not named here either: a tint named like an event colour would be a
+    # colour word the final answer could copy (see EMPTY_WINDOW).
     opening = rng.choice(
         (
-            f"The answer depends on a short event, which can fall between the overview frames of this "
-            f"{background_phrase(spec)} background. I will crop {plural} to look closer.",
+            f"The answer depends on a short event, which can fall between the overview frames. "
+            f"I will crop {plural} to look closer.",
             f"Short events are easy to miss in the overview frames, so let me crop {plural} and check.",
         )
     )
     first_turn = think(opening) + "\n" + "\n".join(tool_call_block(video_name, w) for w in windows)
     responses = tuple(summarize_window(spec, s, e) for s, e in windows)
     quoted = list(zip(windows, responses, strict=True))
-    if relevant_only:  # only the report(s) of the window(s) the asked event is in
-        asked = spec.events[question.event_index]
-        quoted = [(w, r) for w, r in quoted if asked in events_in_window(spec, *w)]
-    evidence = " ".join(f"The crop from {clock(s)} to {clock(e)} reports: {r}" for (s, e), r in quoted)
+    asked = spec.events[question.event_index]
+    if final_reasoning == "event":
+        evidence = f"A crop reports that {event_clause(asked)}."
+    else:
+        if final_reasoning == "relevant":  # only the report(s) of the window(s) the asked event is in
+            quoted = [(w, r) for w, r in quoted if asked in events_in_window(spec, *w)]
+        evidence = " ".join(f"The crop from {clock(s)} to {clock(e)} reports: {r}" for (s, e), r in quoted)
     final_turn = think(f"{evidence} {conclusion(question, spec)}") + f"\n<answer>{question.answer}</answer>"
     return TeacherTrace(question, windows, first_turn, responses, final_turn)
 
@@ -211,12 +230,26 @@ def no_tool_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
     return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>")
 
 
+def asked_object(question: Question, spec: VideoSpec) -> str:
+    """The asked event named as the question names it, never by the asked value: "the star"
+    for its colour, "the red object" for its shape. Naming it by its label ("the red star")
+    put the answer into a direct-mode trace's reasoning, so a model answering blind learnt to
+    name a colour and answer by it (#15)."""
+    event = spec.events[question.event_index]
+    if question.topic == "colour":
+        return "the digit" if event.kind == "digit" else f"the {event.shape}"
+    if question.topic == "shape":
+        return f"the {event.colour} object"
+    if question.topic == "digit":
+        return "the digit"
+    return f"the {event.label}"
+
+
 def direct_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
     """An answer in the evaluation's direct mode (no tools): a short look at the overview, then
     the answer. For an event question the overview does not show the event, so the trace says
     so and the label is the ground truth all the same (what a model answering blind is taught)."""
     if question.event_index is None:
         return dataclasses.replace(no_tool_trace(spec, question), direct=True)
-    reasoning = (f"The overview frames show a plain {background_phrase(spec)} background; the "
-                 f"{spec.events[question.event_index].label} is not in them.")
+    reasoning = f"The overview frames show only the plain background; {asked_object(question, spec)} is not in them."
     return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>", direct=True)
