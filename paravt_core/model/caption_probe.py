@@ -145,7 +145,7 @@ def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: 
             video_file = Path(tmp) / f"{spec.video_id}.mp4"
             video_file.write_bytes(encode_mp4(spec, synth.codec))
             for window in segment_grid(spec, int(synth.max_crop_s)):
-                caption = summarize_window(spec, *window)
+                caption = summarize_window(spec, *window, background=True)  # the captioning corpus's wording
                 row = caption_row(video_file, window, caption)
                 sample = encode_conversation(row["messages"], processor, cache.load, load_image, None,
                                              (sampling.min_pixels, sampling.max_pixels))

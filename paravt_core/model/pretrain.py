@@ -17,7 +17,8 @@ tiny kit more like the real base model, not friendlier to the method:
   (`CAPTION_REQUEST`), NOT the sub-agent prompt of SPEC §3: learning to answer that prompt,
   and the main agent's protocol, is still cold-start SFT's job;
 - the caption is the world's ground truth of the window, in the summary wording of
-  `data.synth.traces.summarize_window`;
+  `data.synth.traces.summarize_window`, an empty window's with its background tint named
+  (`background=True`: most of the colour signal this phase gets, measured);
 - with `reading_rows`, a second phase (folder `pretrain-reading/`) trains on text-only
   reading rows (`reading_row`), with the clips replayed beside them: the notes a
   video's grid segments would get from sub-agents, a question on one event asked as the
@@ -287,7 +288,7 @@ def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
                 final_file = out / "videos" / video_file.name
                 for window in clip_windows(rng, spec, int(synth.max_crop_s), pre.windows_per_video,
                                            pre.event_windows):
-                    rows.append(caption_row(final_file, window, summarize_window(spec, *window)))
+                    rows.append(caption_row(final_file, window, summarize_window(spec, *window, background=True)))
                 if (index + 1) % 100 == 0:
                     log_line(f"pretrain corpus: {index + 1}/{pre.videos} videos")
             pq.write_table(_table(rows), tmp / CORPUS_FILE)

@@ -42,7 +42,7 @@ def test_corpus_clips_are_captioned_with_the_truth_of_their_window(tmp_path: Pat
     rng = derived_rng(cfg.data.synth.seed, "pretrain", cfg.model.pretrain.seed, 0)
     spec = sample_video(rng, cfg.data.synth, youtube_like_id(rng))
     assert Path(clip["video_url"]["url"]).stem == spec.video_id
-    assert messages[1]["content"][0]["text"] == summarize_window(spec, 0, 16)
+    assert messages[1]["content"][0]["text"] == summarize_window(spec, 0, 16, background=True)
     # a second build reuses the folder; its hash is stable
     assert pretrain.build_corpus(cfg, log_line=lambda line: None) == corpus
 

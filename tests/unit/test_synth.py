@@ -600,3 +600,15 @@ def test_planting_empties_the_first_video_of_each_named_set_only():
     emptied = {key for key, data in planted.items() if data == b""}
     assert emptied == {train[0].sentinel, ("charades", charades.videos[0].file_name)}
     assert media[train[0].sentinel] == b"mp4"  # the rendered media are left as they were
+
+
+def test_captioning_wording_names_the_background_tint_of_empty_windows_only():
+    """The captioning corpus names the tint of an empty window (its colour signal); a sub-agent's
+    report does not (the tints share names with event colours), and an event's wording is the same."""
+    from paravt_core.data.synth.traces import EMPTY_WINDOW
+
+    spec = _spec_with((Event("shape", 40, 46, 2.0, "red", shape="circle", position="top left"),))
+    assert summarize_window(spec, 0, 10) == EMPTY_WINDOW
+    assert summarize_window(spec, 0, 10, background=True) == (
+        "Nothing notable happens in this window: only the plain blue-tinted background is visible.")
+    assert summarize_window(spec, 18, 30, background=True) == summarize_window(spec, 18, 30)
