@@ -46,4 +46,4 @@ def test_event_windows_hold_an_event_whole():
 
 def test_event_windows_key_the_captioning_corpus():
     cfg = load_config(REPRODUCE, [])
-    assert corpus_dir(cfg) != corpus_dir(load_config(REPRODUCE, ["model.pretrain.event_windows=0.5"]))
+    assert corpus_dir(cfg) != corpus_dir(load_config(REPRODUCE, ["model.pretrain.event_windows=0.25"]))
