@@ -284,7 +284,7 @@ def test_pretraining_is_refused_for_a_real_checkpoint(tmp_path: Path):
 def test_corpus_depends_on_the_world_geometry_not_on_trace_settings(tmp_path: Path):
     same = _cfg(tmp_path, "data.synth.sft_traces_per_video=2", "data.synth.subagent_traces_per_video=1")
     assert pretrain.corpus_dir(same) == pretrain.corpus_dir(_cfg(tmp_path))
-    assert pretrain.corpus_dir(_cfg(tmp_path, "data.synth.max_event_s=4")) != pretrain.corpus_dir(_cfg(tmp_path))
+    assert pretrain.corpus_dir(_cfg(tmp_path, "data.synth.max_event_s=3.5")) != pretrain.corpus_dir(_cfg(tmp_path))
     assert pretrain.corpus_dir(_cfg(tmp_path, "model.pretrain.videos=4")) != pretrain.corpus_dir(_cfg(tmp_path))
 
 
