@@ -150,6 +150,11 @@ class VideoConfig(_Section):
     crop_max_frames: int = Field(16, ge=1)
     sft_fps: float = Field(1.0, gt=0)
     sft_max_frames: int = Field(64, ge=1)
+    # SFT overview frame budgets: each main-agent row gets at most K overview frames, K drawn
+    # from these by a stable hash of the row (`sft.dataset.overview_budget`), so that a model that
+    # cannot generalize across frame counts (the tiny one) has seen every budget RL's nFrames
+    # gating (rl.gating.choices, SPEC §5) asks for. None: every row gets sft_max_frames.
+    sft_frame_choices: tuple[Annotated[int, Field(ge=1)], ...] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _bounds(self) -> VideoConfig:
@@ -157,6 +162,9 @@ class VideoConfig(_Section):
             raise ValueError(f"video.min_pixels ({self.min_pixels}) exceeds video.max_pixels ({self.max_pixels})")
         if self.crop_min_frames > self.crop_max_frames:
             raise ValueError("video.crop_min_frames exceeds video.crop_max_frames")
+        if self.sft_frame_choices and max(self.sft_frame_choices) > self.sft_max_frames:
+            raise ValueError(f"video.sft_frame_choices {list(self.sft_frame_choices)} go past video.sft_max_frames "
+                             f"({self.sft_max_frames}), which caps every SFT overview")
         return self
 
 
@@ -361,6 +369,9 @@ class RLConfig(_Section):
     prompts_per_step: int = Field(7, ge=1)
     group_size: int = Field(8, ge=2)
     temperature: float = Field(0.7, gt=0)
+    # Which RL rows are trained on, by extra_info.question_type (SPEC §4.2); the default is all
+    # of them, as the release does. A miniature world may train on what its evaluation asks.
+    question_types: tuple[Literal["mcq", "tvg", "oe"], ...] = Field(("mcq", "tvg", "oe"), min_length=1)
     # The release's advantage pipeline (SPEC §5 steps 1-5), each step a switch; the
     # defaults are the paper's. `paravt_core/rl/grpo.py` documents each step.
     reward_shift: float = 0.2
@@ -458,6 +469,10 @@ class MLflowConfig(_Section):
     experiment: str = "paravt"
 
 
+# (section, field) of optional knobs added after stages were cached: hashed only when set.
+HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (("video", "sft_frame_choices"),)
+
+
 class PipelineConfig(_Section):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
@@ -483,8 +498,14 @@ class PipelineConfig(_Section):
         return self
 
     def section_hash(self, *names: str) -> str:
-        """Stable hash of some sections (all when none given): a cache key for stages."""
+        """Stable hash of some sections (all when none given): a cache key for stages.
+
+        A knob added to a section after stages were cached under it is left out while unset
+        (`HASHED_ONLY_WHEN_SET`), so configs that do not use it keep their cache keys."""
         dumped = self.model_dump(mode="json")
+        for section, field in HASHED_ONLY_WHEN_SET:
+            if section in dumped and dumped[section].get(field) is None:
+                del dumped[section][field]
         chosen = {n: dumped[n] for n in (names or tuple(dumped))}
         return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -404,7 +404,9 @@ def training_config(cfg: PipelineConfig, steps: int | None = None,
         micro_batch_size=pre.micro_batch_size if micro_batch_size is None else micro_batch_size,
         grad_accum_steps=1, warmup_ratio=pre.warmup_ratio, lr_schedule="cosine", weight_decay=0.0,
         checkpoint_every=pre.checkpoint_every, max_seq_len=cfg.sft.max_seq_len))
-    return cfg.model_copy(update={"sft": sft})
+    # Clips are crops and reading rows are text: the SFT overview budgets do not apply.
+    video = cfg.video.model_copy(update={"sft_frame_choices": None})
+    return cfg.model_copy(update={"sft": sft, "video": video})
 
 
 def run(cfg: PipelineConfig, base: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:

@@ -53,15 +53,27 @@ def rl_prompt_from_row(row: dict[str, Any], where: str) -> RLPrompt:
     return RLPrompt(prompt, str(extra.get("answer", "")), extra["question_type"], str(extra.get("question", "")))
 
 
-def read_rl_prompts(files: Sequence[Path]) -> list[RLPrompt]:
+def read_rl_prompts(files: Sequence[Path], question_types: Sequence[str] = QUESTION_TYPES) -> list[RLPrompt]:
+    """Every row of `files` whose question type is in `question_types` (`rl.question_types`),
+    in file and row order. Every row is parsed, so a malformed one fails the run even when its
+    type is not trained on.
+
+    Raises:
+        RLRowError: a malformed row (naming file and row), or no row of the asked types.
+    """
     import pyarrow.parquet as pq
 
-    prompts = []
+    prompts, seen = [], {t: 0 for t in QUESTION_TYPES}
     for f in files:
         for i, row in enumerate(pq.read_table(f).to_pylist()):
-            prompts.append(rl_prompt_from_row(row, f"{Path(f).name}: row {i}"))
+            prompt = rl_prompt_from_row(row, f"{Path(f).name}: row {i}")
+            seen[prompt.question_type] += 1
+            if prompt.question_type in question_types:
+                prompts.append(prompt)
     if not prompts:
-        raise RLRowError(f"no RL rows in {[str(f) for f in files]}")
+        counts = ", ".join(f"{t} {n}" for t, n in seen.items())
+        raise RLRowError(f"no RL rows of types {list(question_types)} in {[str(f) for f in files]} (rows by type: "
+                         f"{counts}); widen rl.question_types or check the RL shards")
     return prompts
 
 

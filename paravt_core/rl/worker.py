@@ -83,7 +83,7 @@ class Trainer:
         self.ref_model = None
         if self.rl.kl_mode != "none":
             self.ref_model = self._reference(job, attention, zero3)
-        self.prompts = read_rl_prompts(job.data_files)
+        self.prompts = read_rl_prompts(job.data_files, self.rl.question_types)
         self.undecodable: set[str] = set()  # videos whose prompts are dropped (`rollout_dropping_undecodable`)
         self.reward_fn = reward_fn or paravt_reward(self.rl)
         tok = self.processor.tokenizer

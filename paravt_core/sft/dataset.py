@@ -10,6 +10,8 @@ but a file can still break after them) is skipped, counted and named in
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -73,23 +75,27 @@ class FrameCache:
             self._video_hashes[memo] = video_sha256(path)
         return self._video_hashes[memo]
 
-    def _entry(self, path: Path, window: tuple[float, float] | None) -> Path:
-        key = hashlib.sha256(f"{self._video_hash(path)}|{self.sampling.key()}|{window}".encode()).hexdigest()
+    def _entry(self, path: Path, window: tuple[float, float] | None, sampling: FrameSampling) -> Path:
+        key = hashlib.sha256(f"{self._video_hash(path)}|{sampling.key()}|{window}".encode()).hexdigest()
         return self.root / key[:2] / f"{key}.npz"
 
-    def load(self, path: Path, window: tuple[float, float] | None = None):
+    def load(self, path: Path, window: tuple[float, float] | None = None, max_frames: int | None = None):
         """(frames uint8 [T, H, W, 3], transformers VideoMetadata) for one video, or for the
-        window (start, end) seconds of it sampled as a crop."""
+        window (start, end) seconds of it sampled as a crop. `max_frames` caps a whole video's
+        frames below the sampling's own `max_frames` (an overview budget); crops ignore it."""
         from transformers.video_utils import VideoMetadata
 
-        entry = self._entry(path, window)
+        sampling = self.sampling
+        if max_frames is not None and window is None:
+            sampling = dataclasses.replace(sampling, max_frames=min(max_frames, sampling.max_frames))
+        entry = self._entry(path, window, sampling)
         if entry.is_file():
             self.hits += 1
             with np.load(entry) as z:
                 frames, meta = z["frames"], json.loads(str(z["meta"]))
             return frames, VideoMetadata(**meta)
         self.misses += 1
-        frames, meta = decode_video(path, self.sampling, window)
+        frames, meta = decode_video(path, sampling, window)
         buf = io.BytesIO()
         np.savez(buf, frames=frames, meta=np.array(json.dumps(meta)))
         atomic_write_bytes(entry, buf.getvalue())
@@ -152,12 +158,23 @@ class OverlongPolicy:
     skipped_sources: list[str] = field(default_factory=list)
 
 
+def overview_budget(source: str, choices: Sequence[int]) -> int:
+    """The overview frame budget of the SFT row `source` ("<shard>:<row>"), one of `choices`
+    (`video.sft_frame_choices`): a stable hash of the row, so every epoch, rank and resumed run
+    gives the row the same frames (and the frame cache keeps hitting)."""
+    digest = hashlib.sha256(f"sft-overview|{source}".encode()).digest()
+    return choices[int.from_bytes(digest[:8], "big") % len(choices)]
+
+
 class SFTDataset:
-    """Index -> EncodedSample, encoding lazily (frames through the cache)."""
+    """Index -> EncodedSample, encoding lazily (frames through the cache).
+
+    With `frame_choices`, each row's whole-video frames are capped at its `overview_budget`."""
 
     def __init__(self, rows: list[dict[str, Any]], processor, cache: FrameCache, overlong: OverlongPolicy,
-                 tools: Sequence[dict[str, Any]] | None = None):
+                 tools: Sequence[dict[str, Any]] | None = None, frame_choices: Sequence[int] | None = None):
         self.rows = rows
+        self.frame_choices = tuple(frame_choices) if frame_choices else None
         self.processor = processor
         self.cache = cache
         self.overlong = overlong
@@ -176,7 +193,11 @@ class SFTDataset:
             return None
         try:
             sampling = self.cache.sampling
-            sample = encode_conversation(row["messages"], self.processor, self.cache.load, load_image, self.tools,
+            load_video = self.cache.load
+            if self.frame_choices:
+                budget = overview_budget(row["source"], self.frame_choices)
+                load_video = functools.partial(self.cache.load, max_frames=budget)
+            sample = encode_conversation(row["messages"], self.processor, load_video, load_image, self.tools,
                                          (sampling.min_pixels, sampling.max_pixels))
         except ConversationError as err:
             raise ConversationError(f"{row['source']}: {err}") from err

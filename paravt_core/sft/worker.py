@@ -118,7 +118,7 @@ def train(job: SFTJob) -> None:
     model.train()
     sampling = FrameSampling.from_config(cfg.video)
     dataset = SFTDataset(read_sft_rows(job.data_files), processor, FrameCache(job.frame_cache_dir, sampling),
-                         OverlongPolicy(sft.max_seq_len, sft.overlong))
+                         OverlongPolicy(sft.max_seq_len, sft.overlong), frame_choices=cfg.video.sft_frame_choices)
 
     optimizer = pdist.zero_optimizer(model.parameters(), lr=sft.learning_rate, weight_decay=sft.weight_decay,
                                      zero=sft.deepspeed)
