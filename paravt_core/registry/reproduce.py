@@ -188,7 +188,17 @@ def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_t
         fv, fp = f_tau["vanilla_grpo"], f_tau["paragrpo"]
         out.append(f"Training κ at the end: vanilla_grpo {v.mean:.2f}, paragrpo {p.mean:.2f} (paper: 0.02 vs 0.21); "
                    f"fτ_fixed: vanilla_grpo {fv.mean:.2f}, paragrpo {fp.mean:.2f} (paper: 0.13 vs 0.41).")
+    single = [row for row in ("anchoring_only", "gating_only") if kappa.get(row) and f_tau.get(row)]
+    if single:
+        parts = [f"{row} κ {kappa[row].mean:.2f}, fτ_fixed {f_tau[row].mean:.2f} (paper: {PAPER_TABLE2[row][1]:.2f}, "
+                 f"{PAPER_TABLE2[row][0]:.2f})" for row in single]
+        out.append("Single mechanisms at the end: " + "; ".join(parts) + ".")
     return out
+
+
+# SPEC §6, Table 2: (fτ, κ) of the paper's rows after training.
+PAPER_TABLE2 = {"vanilla_grpo": (0.13, 0.02), "paragrpo": (0.41, 0.21), "anchoring_only": (0.35, 0.19),
+                "gating_only": (0.10, 1.36)}
 
 
 def plot_steps(runs: Sequence[ModelRun], out: Path) -> Path:

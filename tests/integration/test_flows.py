@@ -162,7 +162,7 @@ def reproduce_overrides(out: Path) -> list[str]:
     return [
         f"run.output_dir={out}", "data.synth.train_videos=4", "data.synth.eval_videos_per_split=1",
         "data.synth.eval_rows_per_split=2", "data.synth.sft_traces_per_video=2",
-        "data.synth.subagent_traces_per_video=1", "data.synth.rl_prompts_per_video=1",
+        "data.synth.subagent_traces_per_video=1", "data.synth.rl_prompts_per_video=2",  # 4 of them multiple choice
         "model.pretrain.videos=2", "model.pretrain.windows_per_video=2", "model.pretrain.max_steps=2",
         "model.pretrain.micro_batch_size=2", "model.pretrain.reading_rows=8", "model.pretrain.reading_steps=2",
         "model.pretrain.sft_replay_rows=4", "sft.max_steps=2",

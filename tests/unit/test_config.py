@@ -181,3 +181,7 @@ def test_reproduce_config_pretrains_the_tiny_base_and_runs_paper_rows_over_three
     assert cfg.data.synth.option_order == "canonical" and len(cfg.data.synth.colours) == 4
     assert set(cfg.reproduce.rows) >= {"vanilla_grpo", "paragrpo"} and len(cfg.reproduce.seeds) == 3
     assert max(cfg.rl.gating.choices) <= cfg.eval.nframes  # gating never shows more than the evaluation
+    # SFT has shown the tiny policy every overview budget gating draws, and RL trains on the
+    # evaluation's question type
+    assert set(cfg.rl.gating.choices) <= set(cfg.video.sft_frame_choices)
+    assert cfg.rl.question_types == ("mcq",) and cfg.eval.splits == ("videomme",)

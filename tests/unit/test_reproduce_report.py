@@ -85,6 +85,17 @@ def test_findings_state_whether_the_targets_are_met():
     assert "interval above 0: NOT met" in lines[1]
 
 
+def test_findings_set_the_single_mechanism_rows_beside_the_paper_when_run():
+    assert not any("Single mechanisms" in line for line in findings(_runs()))
+    runs = [*_runs(),
+            ModelRun("gating_only", 0, 0.5, 0.2, 2.0, _steps([3.0, 3.0, 2.0, 2.0], [0.1, 0.2, 0.3, 0.4])),
+            ModelRun("anchoring_only", 0, 0.5, 0.2, 2.0, _steps([1.0, 0.5, 0.5, 0.5], [0.9, 0.9, 0.9, 0.9]))]
+    (line,) = [line for line in findings(runs) if line.startswith("Single mechanisms")]
+    # the paper's order; κ and fτ_fixed the means of each run's last 3 steps
+    assert line == ("Single mechanisms at the end: anchoring_only κ 0.50, fτ_fixed 0.90 (paper: 0.19, 0.35); "
+                    "gating_only κ 2.33, fτ_fixed 0.30 (paper: 1.36, 0.10).")
+
+
 def test_read_steps_keeps_the_last_record_of_a_repeated_step(tmp_path):
     run = tmp_path / "run"
     (run / "model").mkdir(parents=True)
