@@ -59,6 +59,7 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
     return ModelRun(row=row, seed=seed, accuracy=tools.primary(HELD_OUT_SPLIT),
                     accuracy_direct=direct.primary(HELD_OUT_SPLIT),
                     eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),
+                    answer_tag_rate=summary.get("answer_tag_rate"),
                     steps=read_steps(model.path) if row != "sft" else [])
 
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from paravt_core.atomic import atomic_write_text
 from paravt_core.eval.samples import EvalSample
 from paravt_core.eval.scoring import accuracy, grounding_summary, score_grounding, score_mcq
-from paravt_core.rl.rewards import extract_answer, token_f1
+from paravt_core.rl.rewards import extract_answer, has_answer, token_f1
 
 logger = logging.getLogger(__name__)
 
@@ -269,6 +269,9 @@ def summarize(split: str, results: Sequence[SampleResult]) -> dict[str, Any]:
         "primary": {"name": name, "value": value},
         **_scores(results),
         **_tool_use(results),
+        # answers in the format asked for: some closed <answer> block with a body (SPEC §4.3's
+        # has_answer) in the final turn; what the paper's format claims are about, on held-out data
+        "answer_tag_rate": _mean([1.0 if has_answer(result.response) else 0.0 for result in results]),
         "parse_failures": sum(result.parse_failures for result in results),
         "rejected_calls": sum(result.rejected_calls for result in results),
         "unanswered_calls": sum(result.unanswered_calls for result in results),

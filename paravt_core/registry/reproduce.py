@@ -12,7 +12,9 @@ This module turns those measurements into
   prefixes included, which runs before that metric existed leave "–": see
   `rl.policy.fixed_format_reward`). Each cell is the mean over seeds with its
   95 % t-interval. The SFT row's training fτ / κ are those of the first RL step's rollouts
-  (the SFT policy before any update);
+  (the SFT policy before any update). The last column is the share of held-out answers in the
+  format asked for (a closed `<answer>` block with a body, SPEC §4.3), where the paper's
+  format claims show on the evaluation rather than on sampled training text;
 - `findings`: the issue's checks, computed (tools necessary, RL learns, the κ / fτ contrast);
 - `plot_steps`: fτ_fixed, κ and the rollouts' accuracy per RL step for all rows in one figure
   (mean over seeds, min-max band).
@@ -46,6 +48,8 @@ class ModelRun:
         accuracy_direct: the same questions in `direct` mode (no tools).
         eval_tool_calls: mean executed crop calls per held-out question (subagent mode).
         steps: the RL run's per-step metrics (its metrics.jsonl rows); empty for SFT.
+        answer_tag_rate: held-out answers (subagent mode) with a closed, non-blank `<answer>`
+            block (the evaluation summary's `answer_tag_rate`); None where not measured.
     """
 
     row: str
@@ -54,6 +58,7 @@ class ModelRun:
     accuracy_direct: float
     eval_tool_calls: float
     steps: list[dict[str, float]] = field(default_factory=list)
+    answer_tag_rate: float | None = None
 
     def final(self, metric: str) -> float | None:
         values = [s[metric] for s in sorted(self.steps, key=lambda s: s["step"]) if metric in s][-LAST_STEPS:]
@@ -128,8 +133,9 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
     sft = _by_row(runs, "sft")
     sft_accuracy = sft[0].accuracy if sft else None
     head = ("| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) | "
-            "gain over SFT (points) | held-out κ | training fτ_fixed | training κ | training fτ_fixed, transcript |")
-    lines = [head, "|" + "---|" * 10]
+            "gain over SFT (points) | held-out κ | training fτ_fixed | training κ | training fτ_fixed, transcript | "
+            "held-out answers in format (%) |")
+    lines = [head, "|" + "---|" * 11]
     for row in rows_in_order(runs):
         mine = _by_row(runs, row)
         if row == "sft":
@@ -152,6 +158,7 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
             _cell(f_tau, 1, 2),
             _cell(kappa, 1, 2),
             _cell(f_tau_t, 1, 2),
+            _cell(interval95([r.answer_tag_rate for r in mine if r.answer_tag_rate is not None]), 100),
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -240,7 +247,8 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str) -> str:
         f"# {title}",
         "Held-out questions asked as the SPEC §7 evaluation asks (greedy). Cells: mean over seeds ± the half "
         f"width of the 95 % t-interval. Training fτ_fixed / κ: mean of the last {LAST_STEPS} RL steps (SFT: the "
-        "first RL step's rollouts, i.e. the SFT policy before any update).",
+        "first RL step's rollouts, i.e. the SFT policy before any update). Answers in format: held-out answers "
+        "(subagent mode) with a closed, non-blank `<answer>` block.",
         table_markdown(runs),
         "## Findings",
         "\n".join(f"- {line}" for line in findings(runs)),

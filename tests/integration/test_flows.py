@@ -203,6 +203,7 @@ def test_reproduce_flow_reports_rows_over_seeds_and_resumes_finished_rows(prefec
     assert [(m["row"], m["seed"]) for m in measured] == [
         ("sft", None), ("vanilla_grpo", 0), ("vanilla_grpo", 1), ("paragrpo", 0), ("paragrpo", 1)]
     assert all(len(m["steps"]) == 2 for m in measured[1:])
+    assert all(0.0 <= m["answer_tag_rate"] <= 1.0 for m in measured)  # the held-out answer format, every model
     assert (report.parent / "steps.png").stat().st_size > 1000
 
 

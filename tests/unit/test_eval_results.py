@@ -83,6 +83,17 @@ def test_mcq_summary_accuracy_tool_use_and_breakdowns():
     assert summary["end_reasons"] == {"answer": 4}
 
 
+def test_the_summary_counts_answers_in_the_format_asked_for():
+    from dataclasses import replace
+
+    responses = ["Checking the options. So the answer is option D.\n</think>\n<answer>D</answer>",
+                 "So the answer is option D.\n</think>\n<answer_path</answer>",  # a broken tag (seen after RL)
+                 "<answer> </answer>",  # blank
+                 "no tags at all"]
+    results = [replace(result("mcq", 1.0, sample_id=str(i)), response=text) for i, text in enumerate(responses)]
+    assert summarize("videomme", results)["answer_tag_rate"] == 0.25
+
+
 def test_grounding_summary_miou_and_recall_at_k():
     ious = [0.9, 0.6, 0.4, 0.1]
     summary = summarize("charades", [result("grounding", iou, sample_id=str(i)) for i, iou in enumerate(ious)])

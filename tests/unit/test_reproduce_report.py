@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 
 import pytest
 
@@ -13,6 +14,7 @@ from paravt_core.registry.reproduce import (
     interval95,
     plot_steps,
     read_steps,
+    runs_from_json,
     table_markdown,
     write_report,
 )
@@ -58,8 +60,22 @@ def test_table_has_one_line_per_row_with_gains_and_last_step_means():
     sft = lines[0].split(" | ")
     assert sft[5] == "–"  # no gain of SFT over itself
     assert sft[8].startswith("2.45")  # SFT training κ = paragrpo's first steps (2.5, 2.4)
-    # runs from before the transcript-scope fτ was logged leave that column empty
-    assert all(line.split(" | ")[9] == "– |" for line in lines)
+    # runs from before the transcript-scope fτ (and the answer format) were logged leave those columns empty
+    assert all(line.split(" | ")[9] == "–" and line.split(" | ")[10] == "– |" for line in lines)
+
+
+def test_table_shows_the_held_out_answer_format_where_measured():
+    runs = [ModelRun("sft", None, 0.5, 0.2, 2.8, answer_tag_rate=0.99),
+            ModelRun("gating_only", 0, 0.5, 0.2, 2.0, _steps([2, 2], [0.5, 0.5]), answer_tag_rate=0.5),
+            ModelRun("gating_only", 1, 0.5, 0.2, 2.0, _steps([2, 2], [0.5, 0.5]), answer_tag_rate=1.0),
+            ModelRun("gating_only", 2, 0.5, 0.2, 2.0, _steps([2, 2], [0.5, 0.5]))]  # an older run: not measured
+    lines = [line for line in table_markdown(runs).splitlines() if line.startswith("| ") and not line.startswith("| row")]
+    assert lines[0].split(" | ")[10] == "99.0 |"
+    assert lines[1].split(" | ")[10].startswith("75.0 ± ")  # mean of the two seeds that measured it
+    assert runs_from_json(json.dumps([asdict(r) for r in runs])) == runs
+    legacy = asdict(runs[0])
+    del legacy["answer_tag_rate"]  # runs.json written before the field existed
+    assert runs_from_json(json.dumps([legacy]))[0].answer_tag_rate is None
 
 
 def test_table_shows_the_transcript_scope_format_where_logged():
