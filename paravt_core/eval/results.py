@@ -93,6 +93,10 @@ class SampleResult:
     category: str | None
     response: str
     error: str | None = None
+    # the final turn holds a closed, non-blank <answer> block (SPEC §4.3's has_answer), judged on
+    # the whole text: `response` is cut at RESPONSE_MAX_CHARS, which a long reasoning's answer
+    # lies past. None in records written before it was kept.
+    answer_tag: bool | None = None
 
     def to_record(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,7 +135,8 @@ def score_sample(sample: EvalSample, outcome: EpisodeOutcome) -> SampleResult:
         tool_calls=outcome.tool_calls, turns=outcome.turns, parse_failures=outcome.parse_failures,
         rejected_calls=outcome.rejected_calls, unanswered_calls=outcome.unanswered_calls,
         end_reason=outcome.end_reason, duration_group=sample.duration_group, category=sample.category,
-        response=truncate_response(outcome.final_text), error=outcome.error)
+        response=truncate_response(outcome.final_text), error=outcome.error,
+        answer_tag=not outcome.error and has_answer(outcome.final_text))
 
 
 # --- the durable log ------------------------------------------------------------------
@@ -243,6 +248,11 @@ def _tool_use(results: Sequence[SampleResult]) -> dict[str, float]:
     }
 
 
+def _answer_tag_rate(results: Sequence[SampleResult]) -> float | None:
+    kept = [1.0 if result.answer_tag else 0.0 for result in results if result.answer_tag is not None]
+    return _mean(kept) if kept else None
+
+
 def _breakdown(results: Sequence[SampleResult], key: Callable[[SampleResult], str | None]) -> dict[str, dict]:
     groups: dict[str, list[SampleResult]] = {}
     for result in results:
@@ -269,9 +279,9 @@ def summarize(split: str, results: Sequence[SampleResult]) -> dict[str, Any]:
         "primary": {"name": name, "value": value},
         **_scores(results),
         **_tool_use(results),
-        # answers in the format asked for: some closed <answer> block with a body (SPEC §4.3's
-        # has_answer) in the final turn; what the paper's format claims are about, on held-out data
-        "answer_tag_rate": _mean([1.0 if has_answer(result.response) else 0.0 for result in results]),
+        # answers in the format asked for (SampleResult.answer_tag): what the paper's format claims
+        # are about, on held-out data; None when no record kept it
+        "answer_tag_rate": _answer_tag_rate(results),
         "parse_failures": sum(result.parse_failures for result in results),
         "rejected_calls": sum(result.rejected_calls for result in results),
         "unanswered_calls": sum(result.unanswered_calls for result in results),

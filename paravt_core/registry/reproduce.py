@@ -193,8 +193,10 @@ def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_t
     if kappa.get("vanilla_grpo") and kappa.get("paragrpo"):
         v, p = kappa["vanilla_grpo"], kappa["paragrpo"]
         fv, fp = f_tau["vanilla_grpo"], f_tau["paragrpo"]
-        out.append(f"Training κ at the end: vanilla_grpo {v.mean:.2f}, paragrpo {p.mean:.2f} (paper: 0.02 vs 0.21); "
-                   f"fτ_fixed: vanilla_grpo {fv.mean:.2f}, paragrpo {fp.mean:.2f} (paper: 0.13 vs 0.41).")
+        (pfv, pkv), (pfp, pkp) = PAPER_TABLE2["vanilla_grpo"], PAPER_TABLE2["paragrpo"]
+        out.append(f"Training κ at the end: vanilla_grpo {v.mean:.2f}, paragrpo {p.mean:.2f} (paper: {pkv:.2f} vs "
+                   f"{pkp:.2f}); fτ_fixed: vanilla_grpo {fv.mean:.2f}, paragrpo {fp.mean:.2f} (paper: {pfv:.2f} vs "
+                   f"{pfp:.2f}).")
     single = [row for row in ("anchoring_only", "gating_only") if kappa.get(row) and f_tau.get(row)]
     if single:
         parts = [f"{row} κ {kappa[row].mean:.2f}, fτ_fixed {f_tau[row].mean:.2f} (paper: {PAPER_TABLE2[row][1]:.2f}, "

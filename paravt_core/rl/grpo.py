@@ -32,7 +32,6 @@ Departures from the release and points the SPEC leaves open, decided here:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,8 +42,9 @@ ADV_EPS = 1e-6
 
 def frame_budget(seed: int, prompt_id: str, epoch: int, choices: Sequence[int]) -> int:
     """K ~ Uniform(choices) for one prompt, the same in every process (not Python's hash())."""
-    digest = hashlib.sha256(f"{seed}|{prompt_id}|{epoch}".encode()).digest()
-    return int(choices[int.from_bytes(digest[:8], "big") % len(choices)])
+    from paravt_core.video.sampling import frame_budget_of
+
+    return frame_budget_of(f"{seed}|{prompt_id}|{epoch}", choices)
 
 
 def shaped_reward(reward: torch.Tensor, shift: float = 0.2, scale: float = 10.0,

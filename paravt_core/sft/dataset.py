@@ -162,8 +162,9 @@ def overview_budget(source: str, choices: Sequence[int]) -> int:
     """The overview frame budget of the SFT row `source` ("<shard>:<row>"), one of `choices`
     (`video.sft_frame_choices`): a stable hash of the row, so every epoch, rank and resumed run
     gives the row the same frames (and the frame cache keeps hitting)."""
-    digest = hashlib.sha256(f"sft-overview|{source}".encode()).digest()
-    return choices[int.from_bytes(digest[:8], "big") % len(choices)]
+    from paravt_core.video.sampling import frame_budget_of
+
+    return frame_budget_of(f"sft-overview|{source}", choices)
 
 
 class SFTDataset:

@@ -1,4 +1,5 @@
-"""Which frame indices to decode: K uniform overview frames, or fps sampling in a window.
+"""Which frame indices to decode: K uniform overview frames, or fps sampling in a window;
+and `frame_budget_of`, the stable draw of a frame budget K from a list.
 
 Pure functions of the frame count and fps, so the choice of frames is testable without
 a video and identical for every rollout of a group (SPEC §3).
@@ -6,7 +7,9 @@ a video and identical for every rollout of a group (SPEC §3).
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
 
 # Times are floats computed from user text (SPEC §2); this absorbs 10.0 * 3 == 30.000000000000004.
 _TIME_EPS = 1e-6
@@ -22,6 +25,14 @@ def _spread(first: int, last: int, count: int) -> list[int]:
         return [(first + last) // 2]
     step = (last - first) / (count - 1)
     return [first + math.floor(k * step + 0.5) for k in range(count)]
+
+
+def frame_budget_of(key: str, choices: Sequence[int]) -> int:
+    """One of `choices`, uniformly, by the sha256 of `key`: the same in every process, rank and
+    run (not Python's `hash()`). RL's nFrames gating (`rl.grpo.frame_budget`, SPEC §5) and SFT's
+    overview budgets (`sft.dataset.overview_budget`) draw with it, each from its own key."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return int(choices[int.from_bytes(digest[:8], "big") % len(choices)])
 
 
 def overview_frame_indices(num_frames: int, nframes: int) -> list[int]:

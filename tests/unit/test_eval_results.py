@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from paravt_core.eval.results import (
+    TRUNCATED_MARK,
     EpisodeOutcome,
     ResultsLog,
     SampleResult,
@@ -84,14 +86,21 @@ def test_mcq_summary_accuracy_tool_use_and_breakdowns():
 
 
 def test_the_summary_counts_answers_in_the_format_asked_for():
-    from dataclasses import replace
-
-    responses = ["Checking the options. So the answer is option D.\n</think>\n<answer>D</answer>",
-                 "So the answer is option D.\n</think>\n<answer_path</answer>",  # a broken tag (seen after RL)
-                 "<answer> </answer>",  # blank
-                 "no tags at all"]
-    results = [replace(result("mcq", 1.0, sample_id=str(i)), response=text) for i, text in enumerate(responses)]
+    sample = EvalSample(id="q", split="videomme", video_path=VIDEO, question="Q", answer="D", kind="mcq",
+                        options=("w", "x", "y", "z"))
+    long_reasoning = "Checking the options. " * 200  # past RESPONSE_MAX_CHARS, as an 8B model's can be
+    texts = [long_reasoning + "So the answer is option D.\n</think>\n<answer>D</answer>",
+             "So the answer is option D.\n</think>\n<answer_path</answer>",  # a broken tag (seen after RL)
+             "<answer> </answer>",  # blank
+             "no tags at all"]
+    results = [score_sample(replace(sample, id=str(i)), outcome(text)) for i, text in enumerate(texts)]
+    assert results[0].response.endswith(TRUNCATED_MARK) and "<answer>" not in results[0].response
+    assert [r.answer_tag for r in results] == [True, False, False, False]  # judged on the whole text
     assert summarize("videomme", results)["answer_tag_rate"] == 0.25
+    # records written before the flag was kept load, and are not counted
+    old = {k: v for k, v in results[0].to_record().items() if k != "answer_tag"}
+    assert SampleResult.from_record(old).answer_tag is None
+    assert summarize("videomme", [SampleResult.from_record(old)])["answer_tag_rate"] is None
 
 
 def test_grounding_summary_miou_and_recall_at_k():

@@ -8,6 +8,7 @@ import pytest
 
 from paravt_core.config import VideoConfig
 from paravt_core.sft.dataset import FrameCache, FrameSampling, overview_budget
+from paravt_core.video.sampling import overview_frame_indices
 from tests.conftest import write_test_video
 
 
@@ -20,14 +21,20 @@ def test_a_row_keeps_its_budget_and_rows_spread_over_every_choice():
     assert set(counts) == set(choices)
     assert all(380 <= n <= 620 for n in counts.values()), counts  # about a quarter each
     assert overview_budget("a.parquet:0", (5,)) == 5
+    # the draw the measured reproduce SFT model was trained with (README): a change here retrains it silently
+    assert [overview_budget(f"paravt_sft_selftrace.parquet:{i}", choices) for i in range(12)] == [
+        3, 6, 6, 6, 4, 4, 3, 3, 6, 2, 6, 4]
 
 
 def test_the_budget_caps_the_overview_and_leaves_crops_alone(tmp_path):
     video = write_test_video(tmp_path / "v.mp4", seconds=12.0, fps=2.0)
     cache = FrameCache(tmp_path / "cache", FrameSampling(fps=1.0, max_frames=6, min_pixels=784, max_pixels=6144))
-    full, _ = cache.load(video)
+    full, full_meta = cache.load(video)
     capped, meta = cache.load(video, None, max_frames=2)
-    assert len(full) == 6 and len(capped) == 2 and len(meta.frames_indices) == 2
+    assert len(full) == 6 and len(capped) == 2
+    # the very frames a rollout's overview shows at that budget (SPEC §3): first and last included
+    assert list(meta.frames_indices) == overview_frame_indices(24, 2) == [0, 23]
+    assert list(full_meta.frames_indices) == overview_frame_indices(24, 6)
     above, _ = cache.load(video, None, max_frames=10)  # never above the sampling's own cap
     assert len(above) == 6
     crop, _ = cache.load(video, (0.0, 8.0))
