@@ -116,28 +116,43 @@ def option_text(value: str) -> str:
     return value[:1].upper() + value[1:]
 
 
-def _event_question_text(event: Event, topic: str) -> str:
+def asked_object(event: Event, topic: str) -> str:
+    """How a question on `topic` names its event: never by the asked value ("the star" when its
+    colour is asked, "the red object" when its shape is). Questions and the direct-mode traces
+    that must not leak the answer (`traces.direct_trace`) both name it so."""
     if event.kind == "digit":
-        texts = {
-            "digit": "Which digit was shown in the video?",
-            "colour": "What colour was the digit shown in the video?",
-            "when": f"When is the digit {DIGIT_WORDS[event.digit]} shown?",
-        }
-    elif event.kind == "shape":
-        texts = {
-            "colour": f"What colour was the {event.shape} that appeared in the video?",
-            "shape": f"What shape was the {event.colour} object that appeared in the video?",
-            "position": f"Where in the frame did the {event.label} appear?",
-            "when": f"When does the {event.label} appear?",
-        }
-    else:
-        texts = {
-            "colour": f"What colour was the {event.shape} that moved across the frame?",
-            "shape": f"What shape was the {event.colour} object that moved across the frame?",
-            "direction": f"In which direction did the {event.label} move across the frame?",
-            "when": f"When does the {event.label} move across the frame?",
-        }
-    return texts[topic]
+        return f"the digit {DIGIT_WORDS[event.digit]}" if topic == "when" else "the digit"
+    if topic == "colour":
+        return f"the {event.shape}"
+    if topic == "shape":
+        return f"the {event.colour} object"
+    return f"the {event.label}"
+
+
+# Question templates per event kind and topic; {obj} is `asked_object`.
+QUESTION_TEMPLATES: dict[str, dict[str, str]] = {
+    "digit": {
+        "digit": "Which digit was shown in the video?",
+        "colour": "What colour was {obj} shown in the video?",
+        "when": "When is {obj} shown?",
+    },
+    "shape": {
+        "colour": "What colour was {obj} that appeared in the video?",
+        "shape": "What shape was {obj} that appeared in the video?",
+        "position": "Where in the frame did {obj} appear?",
+        "when": "When does {obj} appear?",
+    },
+    "motion": {
+        "colour": "What colour was {obj} that moved across the frame?",
+        "shape": "What shape was {obj} that moved across the frame?",
+        "direction": "In which direction did {obj} move across the frame?",
+        "when": "When does {obj} move across the frame?",
+    },
+}
+
+
+def _event_question_text(event: Event, topic: str) -> str:
+    return QUESTION_TEMPLATES[event.kind][topic].format(obj=asked_object(event, topic))
 
 
 def _event_value(event: Event, topic: str) -> str:

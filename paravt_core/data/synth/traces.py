@@ -19,7 +19,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from paravt_core.data.synth.questions import Question, option_text
+from paravt_core.data.synth.questions import Question, asked_object, option_text
 from paravt_core.data.synth.world import DIGIT_WORDS, Event, VideoSpec, events_in_window
 
 Window = tuple[int, int]
@@ -90,10 +90,8 @@ def summarize_window(spec: VideoSpec, start_s: float, end_s: float, background: 
     same 1200 steps without it, 31 %. Naming the tint in every empty clip is most of the
     colour signal that phase gets; the sub-agent's reports leave it out (EMPTY_WINDOW)."""
     events = events_in_window(spec, start_s, end_s)
-    if not events and background:
-        return f"Nothing notable happens in this window: only the plain {background_phrase(spec)} background is visible."
     if not events:
-        return EMPTY_WINDOW
+        return EMPTY_WINDOW.replace("plain", f"plain {background_phrase(spec)}") if background else EMPTY_WINDOW
     return " ".join(describe_event(e, max(e.start_s, start_s), min(e.end_s, end_s)) for e in events)
 
 
@@ -238,26 +236,14 @@ def no_tool_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
     return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>")
 
 
-def asked_object(question: Question, spec: VideoSpec) -> str:
-    """The asked event named as the question names it, never by the asked value: "the star"
-    for its colour, "the red object" for its shape. Naming it by its label ("the red star")
-    put the answer into a direct-mode trace's reasoning, so a model answering blind learnt to
-    name a colour and answer by it (#15)."""
-    event = spec.events[question.event_index]
-    if question.topic == "colour":
-        return "the digit" if event.kind == "digit" else f"the {event.shape}"
-    if question.topic == "shape":
-        return f"the {event.colour} object"
-    if question.topic == "digit":
-        return "the digit"
-    return f"the {event.label}"
-
-
 def direct_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
     """An answer in the evaluation's direct mode (no tools): a short look at the overview, then
     the answer. For an event question the overview does not show the event, so the trace says
     so and the label is the ground truth all the same (what a model answering blind is taught)."""
     if question.event_index is None:
         return dataclasses.replace(no_tool_trace(spec, question), direct=True)
-    reasoning = f"The overview frames show only the plain background; {asked_object(question, spec)} is not in them."
+    # The event named as the question names it: by its label ("the red star") the answer was in
+    # the reasoning, and a model answering blind learnt to name a colour and answer by it (#15).
+    asked = asked_object(spec.events[question.event_index], question.topic)
+    reasoning = f"The overview frames show only the plain background; {asked} is not in them."
     return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>", direct=True)
