@@ -8,7 +8,9 @@ prompts as the trainer's first step samples them (the row's rollout knobs and re
 gating's frame budget of epoch 0, the given temperatures) and reports, overall and per
 ground-truth answer: accuracy, the share of groups with mixed R_acc (what the accuracy term
 learns from), tool calls per rollout, and which answers were given. Rows are prompts of the
-run's materialized RL shards, filtered by `rl.question_types`.
+run's materialized RL shards, filtered by `rl.question_types`, drawn by a seeded shuffle (not
+the trainer's step order). The model runs on the CPU in float32, as the other probes of the
+miniature do: on an 8B checkpoint this is slow, and there is no GPU path yet.
 
 Summaries are pure functions of the scored outcomes (`summarize`, `render_table`).
 """
@@ -141,7 +143,7 @@ def run_probe(model_dir: Path, cfg: PipelineConfig, prompts: Sequence, temperatu
     from paravt_core.rl.policy import paravt_reward
 
     processor = load_processor(model_dir)
-    engine = HFEngine(load_model(model_dir).eval(), processor)
+    engine = HFEngine(load_model(model_dir, dtype="float32", device="cpu").eval(), processor)
     reward = paravt_reward(cfg.rl)
     results: dict[float, dict[str, GroupStats]] = {}
     for tau in temperatures:
