@@ -109,6 +109,17 @@ class SynthConfig(BaseModel):
         description="share of RL prompts asking about the background, which the overview alone answers "
         "(not calling a tool is then right)",
     )
+    second_wording: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of event questions (SFT, RL, evaluation) asked in their second wording "
+        "(`questions.second_wording_text`: \"What is the colour of the star in this video?\"); 0: none",
+    )
+    second_wording_look: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="share of the agentic SFT traces of second-wording event questions in which the cold-start "
+        "teacher crops; in the rest it answers from the overview without looking and is right by luck, as a "
+        "rejection-sampled cold start keeps a lucky guess (`traces.unlooked_trace`). 1: it always looks",
+    )
     codec: Literal["libx264", "mpeg4"] = "libx264"
     empty_videos: tuple[VideoSet, ...] = Field(
         (),
@@ -152,6 +163,11 @@ class SynthConfig(BaseModel):
             raise ValueError("direct_share needs prompts: eval (direct rows ask in the evaluation's direct mode)")
         if self.no_tool_share + self.direct_share > 1:
             raise ValueError(f"no_tool_share {self.no_tool_share} + direct_share {self.direct_share} exceed 1")
+        if self.second_wording_look < 1 and self.second_wording == 0:
+            raise ValueError(
+                f"second_wording_look {self.second_wording_look} applies to second-wording questions: "
+                "set second_wording > 0 or leave second_wording_look at 1"
+            )
         if len(set(self.empty_videos)) != len(self.empty_videos):
             raise ValueError(f"empty_videos {list(self.empty_videos)} names a set twice")
         return self

@@ -43,6 +43,7 @@ from paravt_core.data.synth.traces import (
     segment_grid,
     summarize_window,
     tool_trace,
+    unlooked_trace,
 )
 from paravt_core.data.synth.world import VideoSpec, derived_rng
 
@@ -215,7 +216,9 @@ def _distinct(draw, seen: set[tuple]) -> Question | None:
 
 def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple[TrainVideo, TeacherTrace]]:
     """Up to `sft_traces_per_video` distinct traces per video; the no-tool slots are
-    round(no_tool_share * n). A slot whose video has no question left is dropped."""
+    round(no_tool_share * n). A slot whose video has no question left is dropped. An agentic
+    event question in the second wording is answered without a crop unless a stable draw per
+    slot falls under `second_wording_look` (`traces.unlooked_trace`)."""
     slots = [(video, k) for video in videos for k in range(cfg.sft_traces_per_video)]
     no_tool = set(derived_rng(cfg.seed, "no-tool").sample(range(len(slots)), round(cfg.no_tool_share * len(slots))))
     rest = [i for i in range(len(slots)) if i not in no_tool]
@@ -233,6 +236,8 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
             continue
         if index in direct:
             traces.append((video, direct_trace(video.spec, question)))
+        elif question.wording and derived_rng(cfg.seed, "look", video.spec.video_id, k).random() >= cfg.second_wording_look:
+            traces.append((video, unlooked_trace(video.spec, question)))
         else:
             traces.append((video, tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace,
                                              cfg.max_crop_s, cover=cfg.teacher_windows == "cover",

@@ -69,16 +69,21 @@ class OptionStyle:
     values as options (a 4-colour palette, 4 options) every question then lists the same
     options in the same order, and the letter is a function of the value: no reading of the
     options is needed to name it (#15: the tiny model never learnt to look an option up).
+    `second_wording`: the share of event questions asked in their second wording
+    (`second_wording_text`, `SynthConfig.second_wording`); 0 draws nothing, so a world without
+    it keeps its draws.
     """
 
     colours: tuple[str, ...] = tuple(sorted(COLOURS))
     canonical: bool = False
+    second_wording: float = 0.0
 
     @classmethod
     def of(cls, cfg) -> OptionStyle:
         """The style of a `SynthConfig`."""
         palette = tuple(sorted(cfg.colours)) if cfg.colours else tuple(sorted(COLOURS))
-        return cls(colours=palette, canonical=cfg.option_order == "canonical")
+        return cls(colours=palette, canonical=cfg.option_order == "canonical",
+                   second_wording=cfg.second_wording)
 
     def values(self, topic: str) -> tuple[str, ...]:
         """The values `topic`'s answers and distractors are drawn from, in their fixed order."""
@@ -105,6 +110,7 @@ class Question:
     options: tuple[str, ...] = ()
     event_index: int | None = None
     window: tuple[float, float] | None = None
+    wording: int = 0  # 1: asked in the second wording (SECOND_WORDING)
 
     @property
     def letters(self) -> tuple[str, ...]:
@@ -151,7 +157,26 @@ QUESTION_TEMPLATES: dict[str, dict[str, str]] = {
 }
 
 
-def _event_question_text(event: Event, topic: str) -> str:
+# The second wording of every event question (`SynthConfig.second_wording`): the same
+# question, asked as a benchmark with several annotators would, so that a world can hold a
+# wording its cold-start teacher seldom looked for (`SynthConfig.second_wording_look`).
+SECOND_NOUNS = {"colour": "colour", "shape": "shape", "position": "position in the frame", "direction": "direction"}
+
+
+def second_wording_text(event: Event, topic: str) -> str:
+    """"What is the colour of the star in this video?" (topic `when`: "At what time is ... in
+    this video?"; topic `digit`: "What is the digit in this video?")."""
+    obj = asked_object(event, topic)
+    if topic == "when":
+        return f"At what time is {obj} in this video?"
+    if topic == "digit":
+        return "What is the digit in this video?"
+    return f"What is the {SECOND_NOUNS[topic]} of {obj} in this video?"
+
+
+def _event_question_text(event: Event, topic: str, wording: int = 0) -> str:
+    if wording:
+        return second_wording_text(event, topic)
     return QUESTION_TEMPLATES[event.kind][topic].format(obj=asked_object(event, topic))
 
 
@@ -201,8 +226,9 @@ def event_question(
         topic = rng.choice([t for t in EVENT_TOPICS[event.kind] if qtype in TOPIC_TYPES[t]])
     if qtype not in TOPIC_TYPES[topic] or topic not in EVENT_TOPICS[event.kind]:
         raise ValueError(f"no {qtype} question on topic {topic!r} for a {event.kind} event")
-    common = dict(video_id=spec.video_id, qtype=qtype, topic=topic, event_index=event_index)
-    text = _event_question_text(event, topic)
+    wording = int(rng.random() < style.second_wording) if style.second_wording > 0 else 0
+    common = dict(video_id=spec.video_id, qtype=qtype, topic=topic, event_index=event_index, wording=wording)
+    text = _event_question_text(event, topic, wording)
     if qtype == "tvg":
         window = (event.start_s, event.end_s)
         answer = f"[{window[0]:.1f}, {window[1]:.1f}]"

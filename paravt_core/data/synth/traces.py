@@ -236,6 +236,17 @@ def no_tool_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
     return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>")
 
 
+def unlooked_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
+    """An agentic answer to an event question without a crop (`SynthConfig.second_wording_look`):
+    a cold-start teacher that trusted the overview, which never shows the event, and was right
+    by luck; rejection sampling keeps such a trace because its answer is right. The conclusion
+    is the tool traces' own, so only the decision to look differs."""
+    if question.event_index is None:
+        raise ValueError("unlooked_trace answers an event question; background questions take no_tool_trace")
+    reasoning = f"The overview frames should be enough to answer this. No crop is needed. {conclusion(question, spec)}"
+    return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>")
+
+
 def direct_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
     """An answer in the evaluation's direct mode (no tools): a short look at the overview, then
     the answer. For an event question the overview does not show the event, so the trace says
