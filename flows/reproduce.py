@@ -21,7 +21,8 @@ from flows.eval import eval_stage
 from flows.params import PipelineParams
 from paravt_core.config import PipelineConfig, load_config
 from paravt_core.refs import ArtifactRef
-from paravt_core.registry.reproduce import ModelRun, read_steps
+from paravt_core.eval.results import ResultsLog
+from paravt_core.registry.reproduce import ModelRun, group_breakdown, held_out_groups, read_steps
 from paravt_core.run_lock import hold_output_dir
 from tasks.model import base_stage
 from tasks.registry import reproduce_report
@@ -56,11 +57,13 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
     tools = eval_stage(tools_cfg, model, eval_data, label)
     direct = eval_stage(direct_cfg, model, eval_data, f"{label}-direct")
     summary = tools.summaries[HELD_OUT_SPLIT]
+    records = ResultsLog(tools.results_dir / f"{HELD_OUT_SPLIT}.jsonl").load().values()
     return ModelRun(row=row, seed=seed, accuracy=tools.primary(HELD_OUT_SPLIT),
                     accuracy_direct=direct.primary(HELD_OUT_SPLIT),
                     eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),
                     answer_tag_rate=summary.get("answer_tag_rate"),
-                    steps=read_steps(model.path) if row != "sft" else [])
+                    steps=read_steps(model.path) if row != "sft" else [],
+                    by_group=group_breakdown(records, held_out_groups(eval_data.path / HELD_OUT_SPLIT)))
 
 
 @flow(name="paravt", log_prints=True)

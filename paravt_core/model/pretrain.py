@@ -63,6 +63,8 @@ READING_NOTES = "Notes on a video:"
 # (sft_traces_per_video, prompts, ...) do not change the corpus, so they must not rebuild it.
 WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "height", "min_events", "max_events",
                 "min_event_s", "max_event_s", "overview_blind_frames", "event_kinds", "max_crop_s", "codec", "colours")
+# The question settings of `questions.OptionStyle.of`, which draws the reading rows' questions.
+STYLE_FIELDS = ("question_topics", "option_order", "colours", "second_wording")
 # The trace settings a transcript reading row (`transcript_row`) depends on.
 TRANSCRIPT_FIELDS = {"max_calls_per_trace", "max_crop_s", "teacher_windows", "final_reasoning", "prompts"}
 READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "reading_copies", "sft_replay_rows")
@@ -298,13 +300,13 @@ def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
 
 def reading_dir(cfg: PipelineConfig, clips: ArtifactRef) -> Path:
     """`<output_dir>/pretrain/reading-<hash>`: a pure function of the pretraining seed and
-    row count, the clips replayed, the world's geometry, events, question topics and option order, and the
-    code that draws them."""
+    row count, the clips replayed, the world's geometry, events, question topics, option order and
+    question wordings (`OptionStyle.of` draws the rows' questions), and the code that draws them."""
     from paravt_core.refs import source_digest
 
     pre = cfg.model.pretrain
     settings = {"seed": pre.seed, "rows": pre.reading_rows, "clips": clips.sha256,
-                "world": cfg.data.synth.model_dump(mode="json", include={*WORLD_FIELDS, "question_topics", "option_order"})}
+                "world": cfg.data.synth.model_dump(mode="json", include={*WORLD_FIELDS, *STYLE_FIELDS})}
     if pre.reading_transcripts:  # their layout follows the trace settings too
         settings["transcripts"] = pre.reading_transcripts
         settings["traces"] = cfg.data.synth.model_dump(mode="json", include=TRANSCRIPT_FIELDS)

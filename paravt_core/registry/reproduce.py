@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,6 +50,9 @@ class ModelRun:
         steps: the RL run's per-step metrics (its metrics.jsonl rows); empty for SFT.
         answer_tag_rate: held-out answers (subagent mode) with a closed, non-blank `<answer>`
             block (the evaluation summary's `answer_tag_rate`); None where not measured.
+        by_group: held-out accuracy and crop calls (subagent mode) per question group
+            (`group_breakdown`: e.g. the generated world's first and second wordings); empty
+            where the held-out questions form one group.
     """
 
     row: str
@@ -59,6 +62,7 @@ class ModelRun:
     eval_tool_calls: float
     steps: list[dict[str, float]] = field(default_factory=list)
     answer_tag_rate: float | None = None
+    by_group: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def final(self, metric: str) -> float | None:
         values = [s[metric] for s in sorted(self.steps, key=lambda s: s["step"]) if metric in s][-LAST_STEPS:]
@@ -107,6 +111,70 @@ def read_steps(rl_model_dir: Path) -> list[dict[str, float]]:
             row = json.loads(line)
             by_step[int(row["step"])] = row  # a resumed run may repeat a step: keep the last
     return [by_step[k] for k in sorted(by_step)]
+
+
+def group_breakdown(records: Iterable[Mapping], group_of: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """`{group: {"n", "accuracy", "tool_calls"}}` over evaluation records (`<split>.jsonl` rows:
+    "id", "correct", "tool_calls"), each put in `group_of[id]`. Empty when the questions form
+    fewer than two groups. A record whose id has no group is an error: the records and the
+    questions must come from the same split."""
+    totals: dict[str, list[float]] = {}
+    for record in records:
+        if record["id"] not in group_of:
+            raise KeyError(f"evaluation record {record['id']!r} is not among the split's questions")
+        n, correct, calls = totals.setdefault(group_of[record["id"]], [0, 0.0, 0.0])
+        totals[group_of[record["id"]]] = [n + 1, correct + bool(record["correct"]), calls + record["tool_calls"]]
+    if len(totals) < 2:
+        return {}
+    return {group: {"n": n, "accuracy": correct / n, "tool_calls": calls / n}
+            for group, (n, correct, calls) in sorted(totals.items())}
+
+
+# How every second-wording question of the generated world ends (`data.synth.questions.
+# second_wording_text`); no first-wording template does (tests/unit/test_synth_second_wording.py).
+SECOND_WORDING_TAIL = " in this video?"
+
+
+def wording_of(text: str) -> int:
+    """1 when a generated question is in the second wording (`SynthConfig.second_wording`), else 0."""
+    return int(text.endswith(SECOND_WORDING_TAIL))
+
+
+def held_out_groups(split_dir: Path) -> dict[str, str]:
+    """`question_id -> "first wording" | "second wording"` for the Video-MME-format rows of
+    `split_dir` (its parquet files; `wording_of` tells the wording)."""
+    import pyarrow.parquet as pq
+
+    files = sorted(split_dir.glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no parquet rows in {split_dir}; materialize the evaluation data first")
+    groups = {}
+    for path in files:
+        for row in pq.read_table(path, columns=["question_id", "question"]).to_pylist():
+            groups[row["question_id"]] = ("second" if wording_of(row["question"]) else "first") + " wording"
+    return groups
+
+
+def group_table_markdown(runs: Sequence[ModelRun]) -> str:
+    """Held-out accuracy (%) and crop calls per question per group, one line per row (mean over
+    seeds ± the 95 % half width); "" when no run has groups."""
+    groups = sorted({g for r in runs for g in r.by_group})
+    if not groups:
+        return ""
+    head = "| row | seeds | " + " | ".join(f"{g}: accuracy (%) | {g}: κ" for g in groups) + " |"
+    lines = [head, "|" + "---|" * (2 + 2 * len(groups))]
+    for row in rows_in_order(runs):
+        mine = [r for r in _by_row(runs, row) if r.by_group]
+        if not mine:
+            continue
+        cells = [str(len(mine))]
+        for g in groups:
+            cells.append(_cell(interval95([r.by_group[g]["accuracy"] for r in mine if g in r.by_group]), 100))
+            cells.append(_cell(interval95([r.by_group[g]["tool_calls"] for r in mine if g in r.by_group]), 1, 2))
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    n = {g: sorted({int(r.by_group[g]["n"]) for r in runs if g in r.by_group}) for g in groups}
+    sizes = ", ".join(f"{g} {'/'.join(map(str, n[g]))}" for g in groups)
+    return "\n".join(lines) + f"\n\nQuestions per group: {sizes}."
 
 
 def rows_in_order(runs: Sequence[ModelRun]) -> list[str]:
@@ -252,6 +320,7 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str) -> str:
         "first RL step's rollouts, i.e. the SFT policy before any update). Answers in format: held-out answers "
         "(subagent mode) with a closed, non-blank `<answer>` block.",
         table_markdown(runs),
+        *(["## By question group (held-out, subagent mode)", groups] if (groups := group_table_markdown(runs)) else []),
         "## Findings",
         "\n".join(f"- {line}" for line in findings(runs)),
         f"![per-step curves]({figure})",

@@ -80,6 +80,10 @@ def test_reading_rows_quote_the_note_of_the_asked_event_and_name_its_option(tmp_
     # the reading settings key the reading corpus, not the clips (the perception phase stays cached)
     assert pretrain.corpus_dir(cfg) == pretrain.corpus_dir(_cfg(tmp_path))
     assert pretrain.reading_dir(cfg, clips) != pretrain.reading_dir(_cfg(tmp_path, "model.pretrain.reading_rows=41"), clips)
+    # the questions' wording draws key it too (OptionStyle.of draws the rows' questions), the clips not
+    worded = _cfg(tmp_path, "data.synth.second_wording=0.5")
+    assert pretrain.corpus_dir(worded) == pretrain.corpus_dir(cfg)
+    assert pretrain.reading_dir(worded, clips) != pretrain.reading_dir(cfg, clips)
 
 
 def test_transcript_reading_rows_are_text_only_agent_transcripts_of_the_sft_layout(tmp_path: Path):

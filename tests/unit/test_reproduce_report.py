@@ -11,9 +11,13 @@ import pytest
 from paravt_core.registry.reproduce import (
     ModelRun,
     findings,
+    group_breakdown,
+    group_table_markdown,
+    held_out_groups,
     interval95,
     plot_steps,
     read_steps,
+    report_markdown,
     runs_from_json,
     table_markdown,
     write_report,
@@ -147,3 +151,53 @@ def test_report_from_mlflow_rebuilds_the_logged_measurements(tmp_path):
 
         start_stage_run(uri, "other", "x", {"stage": "eval"}, {})
         latest_logged_runs(uri, "other")
+
+
+def _record(sample_id: str, correct: bool, calls: int) -> dict:
+    return {"id": sample_id, "correct": correct, "tool_calls": calls}
+
+
+def test_group_breakdown_counts_accuracy_and_calls_per_group():
+    groups = {"1": "first wording", "2": "first wording", "3": "second wording", "4": "second wording"}
+    records = [_record("1", True, 3), _record("2", False, 3), _record("3", False, 0), _record("4", True, 2)]
+    assert group_breakdown(records, groups) == {
+        "first wording": {"n": 2, "accuracy": 0.5, "tool_calls": 3.0},
+        "second wording": {"n": 2, "accuracy": 0.5, "tool_calls": 1.0},
+    }
+    # one group is no breakdown; a record outside the split's questions is an error
+    assert group_breakdown(records[:2], groups) == {}
+    with pytest.raises(KeyError, match="'9' is not among the split's questions"):
+        group_breakdown([_record("9", True, 0)], groups)
+
+
+def test_held_out_groups_read_the_wording_from_the_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from paravt_core.data.synth.questions import QUESTION_TEMPLATES
+
+    with pytest.raises(FileNotFoundError, match="materialize the evaluation data"):
+        held_out_groups(tmp_path)
+    first = [t.format(obj="the star") for kind in QUESTION_TEMPLATES.values() for t in kind.values()]
+    second = ["What is the colour of the star in this video?", "At what time is the star in this video?"]
+    ids = [f"{i:03d}-1" for i in range(len(first) + len(second))]
+    pq.write_table(pa.table({"question_id": ids, "question": first + second}), tmp_path / "test.parquet")
+    groups = held_out_groups(tmp_path)
+    assert [groups[i] for i in ids] == ["first wording"] * len(first) + ["second wording"] * len(second)
+
+
+def test_group_table_and_report_section_only_where_measured():
+    by = {"first wording": {"n": 68, "accuracy": 1.0, "tool_calls": 3.0},
+          "second wording": {"n": 60, "accuracy": 0.25, "tool_calls": 0.0}}
+    later = {"first wording": {"n": 68, "accuracy": 0.9, "tool_calls": 3.0},
+             "second wording": {"n": 60, "accuracy": 0.75, "tool_calls": 2.0}}
+    runs = [ModelRun("sft", None, 0.64, 0.25, 1.6, by_group=by),
+            ModelRun("paragrpo", 0, 0.8, 0.25, 2.5, by_group=later),
+            ModelRun("paragrpo", 1, 0.8, 0.25, 2.5, by_group=later)]
+    table = group_table_markdown(runs)
+    assert "| sft | 1 | 100.0 | 3.00 | 25.0 | 0.00 |" in table
+    assert "| paragrpo | 2 | 90.0 ± 0.0 | 3.00 ± 0.00 | 75.0 ± 0.0 | 2.00 ± 0.00 |" in table
+    assert table.endswith("Questions per group: first wording 68, second wording 60.")
+    assert "## By question group" in report_markdown(runs, "steps.png", "t")
+    assert group_table_markdown(_runs()) == "" and "## By question group" not in report_markdown(_runs(), "s.png", "t")
+    assert runs_from_json(json.dumps([asdict(r) for r in runs])) == runs

@@ -105,3 +105,16 @@ def test_unlooked_trace_answers_without_a_call_and_with_the_tool_traces_conclusi
 def test_a_look_share_without_second_wording_is_a_clear_error():
     with pytest.raises(ValidationError, match="set second_wording > 0"):
         _config(second_wording_look=0.5)
+
+
+def test_wording_of_tells_every_template_of_either_wording():
+    from paravt_core.data.synth.questions import EVENT_TOPICS
+    from paravt_core.registry.reproduce import wording_of
+    from paravt_core.data.synth.world import Event
+
+    for kind, templates in QUESTION_TEMPLATES.items():
+        assert all(wording_of(t.format(obj="the star")) == 0 for t in templates.values())
+        event = Event(kind=kind, start_frame=10, end_frame=30, fps=10.0, colour="red", shape="star",
+                      position="centre", digit=3 if kind == "digit" else None,
+                      direction="left to right" if kind == "motion" else None)
+        assert all(wording_of(second_wording_text(event, topic)) == 1 for topic in EVENT_TOPICS[kind])
