@@ -122,8 +122,10 @@ def group_breakdown(records: Iterable[Mapping], group_of: Mapping[str, str]) -> 
     for record in records:
         if record["id"] not in group_of:
             raise KeyError(f"evaluation record {record['id']!r} is not among the split's questions")
-        n, correct, calls = totals.setdefault(group_of[record["id"]], [0, 0.0, 0.0])
-        totals[group_of[record["id"]]] = [n + 1, correct + bool(record["correct"]), calls + record["tool_calls"]]
+        total = totals.setdefault(group_of[record["id"]], [0, 0.0, 0.0])
+        total[0] += 1
+        total[1] += bool(record["correct"])
+        total[2] += record["tool_calls"]
     if len(totals) < 2:
         return {}
     return {group: {"n": n, "accuracy": correct / n, "tool_calls": calls / n}

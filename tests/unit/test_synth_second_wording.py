@@ -60,10 +60,13 @@ def test_the_share_is_drawn_in_sft_rl_and_evaluation_questions():
 
 def test_second_wording_never_names_the_asked_value():
     cfg = _config(second_wording=1.0)
-    for trace in _event_traces(cfg):
+    traces = _event_traces(cfg)
+    assert traces
+    for trace in traces:
         question = trace.question
         assert question.wording == 1 and question.answer_text not in question.text
-        event = train_videos(cfg)[0].spec.events[0]
+    for video in train_videos(cfg):
+        event = video.spec.events[0]
         assert event.colour not in second_wording_text(event, "colour")
 
 
