@@ -382,7 +382,16 @@ class RLConfig(_Section):
     # sequence_reward (summed k3 subtracted from R before them), loss (k3 in the loss), none.
     kl_mode: Literal["token_reward", "sequence_reward", "loss", "none"] = "token_reward"
     kl_coef: float = Field(0.01, ge=0)
+    # The reference's log-prob temperature. The release scores it at 1.0 while the policy's
+    # log-probs are at the rollout temperature, so k1 is biased upward (an implicit length
+    # penalty); every paper row keeps that. None: the rollout temperature (our fix, its own row).
+    ref_temperature: float | None = Field(1.0, gt=0)
+    kl_clamp: float | None = Field(10.0, gt=0)  # step 3: k1 clamped to [-kl_clamp, kl_clamp]; None: no clamp
+    adv_eps: float = Field(1e-5, gt=0)  # the eps of steps 2 and 4 (the release's 1e-5)
     batch_norm_advantages: bool = True  # step 4
+    # Step 4's mean and std over main-agent tokens only (sub-agent tokens are normalized with
+    # them), so episodes with many calls do not set the main agent's statistics; off: all tokens.
+    moments_main_agent_only: bool = True
     decoupled_ppo: bool = True  # step 5: ratio to recomputed log-probs, behaviour weight
     behaviour_weight_cap: float = Field(5.0, gt=1)
     learning_rate: float = Field(2e-6, gt=0)
@@ -391,6 +400,9 @@ class RLConfig(_Section):
     anchoring_mode: Literal["sequence", "token"] = "sequence"
     train_subagents: bool = True
     micro_batch_size: int = Field(4, ge=1)  # trajectories per forward/backward within a step
+    # Positions per chunk of the selected-token log-prob computation (rl/logprobs.py): the
+    # [chunk, vocab] logits are the largest tensor of a log-prob pass, never [B, L, vocab].
+    logprob_chunk: int = Field(1024, ge=1)
     zero_stage: int = Field(3, ge=0, le=3)
     num_ranks: int = Field(1, ge=1)
     hostfile: str | None = None

@@ -19,13 +19,16 @@ corrupted file) is skipped on resume for the newest intact older one (`resume`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,11 +53,16 @@ def free_port() -> int:
 
 
 def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: str | None = None,
-                   log_line: LogLine = print, env: dict[str, str] | None = None) -> None:
+                   log_line: LogLine = print, env: dict[str, str] | None = None,
+                   timeout_s: float | None = None) -> None:
     """Run `script` under the DeepSpeed launcher and stream its output line by line.
 
+    Args:
+        timeout_s: kill the launcher and every worker (their own process group) after this
+            long, e.g. ranks blocked in a collective that the others never join; None waits.
     Raises:
         RuntimeError: naming the exit code and the last lines of output.
+        TimeoutError: `timeout_s` passed; the message holds the last lines of output.
     """
     port = free_port()
     cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(port)]
@@ -70,21 +78,41 @@ def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: 
     else:
         child_env.pop(RENDEZVOUS_FILE_ENV, None)
     tail: list[str] = []
+    expired = threading.Event()
     try:
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=child_env) as proc:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                log_line(line)
-                tail = (tail + [line])[-30:]
-            code = proc.wait()
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
+                              start_new_session=timeout_s is not None) as proc:
+            watchdog = None
+            if timeout_s is not None:
+                def kill_all() -> None:
+                    expired.set()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+
+                watchdog = threading.Timer(timeout_s, kill_all)
+                watchdog.start()
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    line = line.rstrip("\n")
+                    log_line(line)
+                    tail = (tail + [line])[-30:]
+                code = proc.wait()
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
+                    if proc.poll() is None:  # interrupted here: take the workers down too
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, signal.SIGKILL)
     finally:
         if rendezvous_dir is not None:
             shutil.rmtree(rendezvous_dir, ignore_errors=True)
         # Whatever the workers did (a crash or a SIGKILL skips their own cleanup): this
         # host's segments of this launch, found by its port.
         release_shm_buffers(port)
+    if expired.is_set():
+        raise TimeoutError(f"{script.name} ran past {timeout_s:.0f} s and was killed with its workers; last "
+                           f"output:\n" + "\n".join(tail))
     if code != 0:
         raise RuntimeError(f"{script.name} exited with code {code}; last output:\n" + "\n".join(tail))
 
@@ -407,6 +435,19 @@ def full_state_dict(engine, checkpoint_dir: Path, zero_stage: int) -> dict[str, 
     if dist.get_rank() != 0:
         return None
     return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
+
+
+def checkpoint_state_dict(checkpoint_dir: Path, tag: str, zero_stage: int) -> dict[str, Any]:
+    """The fp32 model weights of one saved tag, read offline (no engine, no process group)."""
+    import torch
+
+    if zero_stage == 0:
+        states = torch.load(Path(checkpoint_dir) / tag / "mp_rank_00_model_states.pt", map_location="cpu",
+                            weights_only=False)
+        return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag=tag)
 
 
 def gathered_state_dict(engine, zero_stage: int) -> dict[str, Any]:

@@ -193,7 +193,7 @@ class TokenContext:
         self.logprobs.extend([0.0] * len(delta.token_ids))
         if delta.vision.as_kwargs():  # keep the group-shared overview object when nothing is added
             self.vision = self.vision.merged_with(delta.vision)
-        self.transcript.append(TranscriptSegment(text, generated=False, scored=scored))
+        self.transcript.append(TranscriptSegment(text, generated=False, scored=scored, tokens=len(delta.token_ids)))
 
     def append_generated(self, token_ids: Sequence[int], logprobs: Sequence[float], text: str) -> None:
         if len(token_ids) != len(logprobs):
@@ -201,7 +201,7 @@ class TokenContext:
         self.token_ids.extend(token_ids)
         self.loss_mask.extend([1] * len(token_ids))
         self.logprobs.extend(logprobs)
-        self.transcript.append(TranscriptSegment(text, generated=True))
+        self.transcript.append(TranscriptSegment(text, generated=True, tokens=len(token_ids)))
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(token ids [L] int64, loss mask [L] int64, old logprobs [L] float32)."""

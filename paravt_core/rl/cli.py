@@ -75,6 +75,41 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     probe.add_argument("--seed", type=int, default=1, help="which prompts are drawn")
     probe.set_defaults(func=run_probe_command)
 
+    replay = subparsers.add_parser(
+        "rl-replay",
+        help="roll out one logged RL step again from its draws log and say whether the rollouts are identical",
+        description="Each RL step logs its draws (prompts, frame budgets K, sampler seed, weight version) in "
+                    "<run>/draws/. This rebuilds the step's rollout on this rank from that log with the weights "
+                    "it used (the SFT model for step 1, else the checkpoint written after the step before) and "
+                    "compares the rollouts' digest with the logged one. Exit 0: identical; 1: they differ.",
+    )
+    replay.add_argument("--run-dir", required=True, help="the RL run folder (<output_dir>/rl/<row>-<key>)")
+    replay.add_argument("--step", type=int, required=True, help="the step to replay (1-based, as metrics.jsonl)")
+    replay.add_argument("--rank", type=int, default=0, help="which rank's share of the step")
+    replay.set_defaults(func=run_replay_command)
+
+
+def run_replay_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from paravt_core.rl.replay import ReplayError, replay_step
+
+    if not (Path(args.run_dir) / "job.json").is_file():
+        print(f"paravt rl-replay: {args.run_dir} is not an RL run folder (no job.json)", file=sys.stderr)
+        return 2
+    try:
+        replay = replay_step(Path(args.run_dir), args.step, args.rank)
+    except ReplayError as exc:
+        print(f"paravt rl-replay: {exc}", file=sys.stderr)
+        return 2
+    d = replay.draws
+    budgets = ", ".join(f"{p.prompt_id}:K={p.nframes}" for p in d.prompts)
+    print(f"step {d.step} rank {d.rank}: {len(replay.episodes)} episodes of {len(d.prompts)} prompts ({budgets}), "
+          f"sampler seed {d.sampler_seed}, weights after {d.weight_version} steps")
+    print(f"logged   {d.rollout_sha256}\nreplayed {replay.digest}\n"
+          f"{'identical' if replay.identical else 'DIFFERENT'}")
+    return 0 if replay.identical else 1
+
 
 def run_probe_command(args: argparse.Namespace) -> int:
     from pathlib import Path

@@ -8,6 +8,10 @@ already lists the tool schema, so prompts are built with no extra `tools=`.
 `rollout_dropping_undecodable` runs a step's rollout without the prompts whose video does
 not decode: such a prompt is dropped for the step with a warning naming its video, and
 remembered so later steps skip it up front. One bad file never ends an RL run.
+
+A prompt's id seeds its draws (gating's K, SPEC §5), so it is computed from the row's
+content and the video's path relative to the media root (`video_key`), never from the
+absolute path the materialize step wrote: moving the output folder must not change a run.
 """
 
 from __future__ import annotations
@@ -38,7 +42,26 @@ class RLPrompt:
     question: str
 
 
-def rl_prompt_from_row(row: dict[str, Any], where: str) -> RLPrompt:
+def video_key(video: Path, media_root: Path | None) -> str:
+    """What a prompt's id knows of its video: the path relative to `media_root` (the data
+    stage's media folder, where every materialized RL video lies), else the sha256 of the
+    file's bytes (read once per prompt, so keep RL videos under the media root). A file that
+    cannot be read is keyed by its path as written: its prompt is dropped at its first
+    rollout (`rollout_dropping_undecodable`), so no draw of it ever counts."""
+    if media_root is not None:
+        try:
+            return Path(video).resolve().relative_to(Path(media_root).resolve()).as_posix()
+        except ValueError:
+            pass
+    from paravt_core.video.hashing import video_sha256
+
+    try:
+        return "sha256:" + video_sha256(video)
+    except OSError:
+        return f"unreadable:{video}"
+
+
+def rl_prompt_from_row(row: dict[str, Any], where: str, media_root: Path | None = None) -> RLPrompt:
     try:
         turns = row["prompt"]
         video = media_path({"url": row["videos"][0]["video"]})
@@ -48,15 +71,17 @@ def rl_prompt_from_row(row: dict[str, Any], where: str) -> RLPrompt:
     if extra.get("question_type") not in QUESTION_TYPES:
         raise RLRowError(f"{where}: extra_info.question_type {extra.get('question_type')!r} not in {QUESTION_TYPES}")
     messages = messages_from_rl_prompt(turns)
-    digest = hashlib.sha256(json.dumps([turns, str(video), extra], sort_keys=True).encode()).hexdigest()[:16]
+    key = video_key(video, media_root)
+    digest = hashlib.sha256(json.dumps([turns, key, extra], sort_keys=True).encode()).hexdigest()[:16]
     prompt = EpisodePrompt(prompt_id=digest, video_path=video, messages=messages, tools=())
     return RLPrompt(prompt, str(extra.get("answer", "")), extra["question_type"], str(extra.get("question", "")))
 
 
-def read_rl_prompts(files: Sequence[Path], question_types: Sequence[str] = QUESTION_TYPES) -> list[RLPrompt]:
+def read_rl_prompts(files: Sequence[Path], question_types: Sequence[str] = QUESTION_TYPES,
+                    media_root: Path | None = None) -> list[RLPrompt]:
     """Every row of `files` whose question type is in `question_types` (`rl.question_types`),
     in file and row order. Every row is parsed, so a malformed one fails the run even when its
-    type is not trained on.
+    type is not trained on. `media_root`: what video paths are keyed relative to (`video_key`).
 
     Raises:
         RLRowError: a malformed row (naming file and row), or no row of the asked types.
@@ -66,7 +91,7 @@ def read_rl_prompts(files: Sequence[Path], question_types: Sequence[str] = QUEST
     prompts, seen = [], {t: 0 for t in QUESTION_TYPES}
     for f in files:
         for i, row in enumerate(pq.read_table(f).to_pylist()):
-            prompt = rl_prompt_from_row(row, f"{Path(f).name}: row {i}")
+            prompt = rl_prompt_from_row(row, f"{Path(f).name}: row {i}", media_root)
             seen[prompt.question_type] += 1
             if prompt.question_type in question_types:
                 prompts.append(prompt)

@@ -23,7 +23,14 @@ Departures from the release and points the SPEC leaves open, decided here:
 - `anchoring_mode: token` implements the paper's wording: the format term is shaped,
   clipped and group-normalized on its own and added to the advantage of structural
   tokens only (after step 3, before step 4); every other token carries R_acc + R_tool;
-- group and batch std are the unbiased sample std (as torch.std), plus eps = 1e-6;
+- group and batch std are the unbiased sample std (as torch.std), plus eps (`rl.adv_eps`,
+  the release's 1e-5);
+- the reference is scored at `rl.ref_temperature` (1.0 as the release, while the policy's
+  log-probs are at the rollout temperature; None scores both at the rollout temperature,
+  our fix as its own row) and k1 is clamped to [-10, 10] (`rl.kl_clamp`), as the release;
+- with sub-agents trained, step 4's moments are over main-agent tokens only
+  (`rl.moments_main_agent_only`), and token anchoring's format advantage goes to main-agent
+  trajectories only, so the main agent trains as in the release whatever the call count;
 - the older variants stay as switches: `kl_mode: sequence_reward` subtracts kl_coef times
   the summed k3 = exp(ref - logp) - (ref - logp) - 1 from R before shaping (KL inside the
   group statistics: the issue the release's order avoids), `kl_mode: loss` adds kl_coef
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-ADV_EPS = 1e-6
+ADV_EPS = 1e-5  # the release's eps of steps 2 and 4 (SPEC §5); `rl.adv_eps`
 
 
 def frame_budget(seed: int, prompt_id: str, epoch: int, choices: Sequence[int]) -> int:
@@ -68,9 +75,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = ADV_EP
     return ((grouped - mean) / (std + eps)).reshape(-1)
 
 
-def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k1 = logp - ref_logp per token (the release's per-token KL reward estimator, step 3)."""
-    return logp - ref_logp
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor, clamp: float | None = None) -> torch.Tensor:
+    """k1 = logp - ref_logp per token (the release's per-token KL reward estimator, step 3),
+    clamped to [-clamp, clamp] as the release does when `clamp` is set."""
+    k1 = logp - ref_logp
+    return k1 if clamp is None else k1.clamp(-clamp, clamp)
 
 
 def token_advantages(

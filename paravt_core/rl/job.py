@@ -16,6 +16,7 @@ class RLJob(BaseModel):
     init_model: Path  # the SFT checkpoint (policy init and frozen reference)
     init_model_sha256: str
     data_files: list[Path]
+    media_root: Path | None = None  # what RL video paths are keyed relative to (rl.data.video_key)
     data_sha256: str
     out_dir: Path
     tracking_uri: str | None

@@ -43,6 +43,7 @@ from paravt_core.rl.grpo import (
     shaped_reward,
     token_advantages,
 )
+from paravt_core.rl.logprobs import LOGPROB_CHUNK, teacher_forced_logprobs
 from paravt_core.rl.rewards import RewardBreakdown, RewardScope, compute_reward, format_reward
 
 RewardFn = Callable[[Episode, RLPrompt], RewardBreakdown]
@@ -61,6 +62,7 @@ class Trajectory:
     structural: torch.Tensor | None = None  # [L] bool, token anchoring only
     ref_logprobs: torch.Tensor | None = None  # [L], filled by the reference pass
     advantages: torch.Tensor | None = None  # [L], filled by assign_token_advantages
+    prompt_length: int = 0  # tokens before the agent's first turn (its prompt, frames expanded)
 
 
 def paravt_reward(cfg: RLConfig) -> RewardFn:
@@ -95,10 +97,12 @@ def fixed_format_reward(episode: Episode, scope: RewardScope = "generated") -> f
 def trajectories(episodes: Sequence[Episode], train_subagents: bool,
                  locator: TagLocator | None = None) -> list[Trajectory]:
     """The step's trained sequences; `locator` (token anchoring) marks their structural tokens."""
-    out = [Trajectory(e.token_ids, e.loss_mask, e.old_logprobs, e.vision, i, False) for i, e in enumerate(episodes)]
+    out = [Trajectory(e.token_ids, e.loss_mask, e.old_logprobs, e.vision, i, False, prompt_length=e.prompt_length)
+           for i, e in enumerate(episodes)]
     if train_subagents:
         for i, e in enumerate(episodes):
-            out += [Trajectory(s.token_ids, s.loss_mask, s.old_logprobs, s.vision, i, True) for s in e.subagents]
+            out += [Trajectory(s.token_ids, s.loss_mask, s.old_logprobs, s.vision, i, True,
+                               prompt_length=s.prompt_ids.numel()) for s in e.subagents]
     if locator is not None:
         for t in out:
             t.structural = locator.mask(t.token_ids)
@@ -106,18 +110,25 @@ def trajectories(episodes: Sequence[Episode], train_subagents: bool,
 
 
 def sequence_logprobs(model, batch_trajs: Sequence[Trajectory], pad_id: int, image_id: int, video_id: int,
-                      temperature: float, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+                      temperature: float, device: str, needed: torch.Tensor | None = None,
+                      chunk: int = LOGPROB_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each trajectory's own tokens under `model` (logits / temperature).
 
+    Only the `needed` positions are projected to the vocabulary, in chunks (`rl/logprobs.py`):
+    no [B, L, V] logits tensor is built.
+
+    Args:
+        needed: [B, L] bool or 0/1, left-padded like the batch: the positions t whose
+            logp[:, t] is wanted; None = every position.
+        chunk: positions per [chunk, V] block of logits.
     Returns:
-        (logp [B, L], left-padded; valid [B, L] 1 where a real token has a prediction)
+        (logp [B, L], left-padded, 0 at position 0 and off `needed`; valid [B, L] 1 where a
+        real token has a prediction)
     """
     requests = [GenerationRequest(t.token_ids.tolist(), t.vision) for t in batch_trajs]
     padded = pad_requests(requests, pad_id, image_id, video_id)
     inputs = padded.model_inputs(torch.device(device))
-    logits = model(**inputs).logits.float() / temperature  # [B, L, V]
-    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, inputs["input_ids"][:, 1:, None]).squeeze(-1)
-    logp = torch.nn.functional.pad(logp, (1, 0))  # align: logp[:, t] predicts token t
+    logp = teacher_forced_logprobs(model, inputs, temperature, needed, chunk)  # [B, L]; logp[:, t] predicts token t
     return logp, padded.attention_mask.to(device)
 
 
@@ -128,21 +139,58 @@ def left_pad(rows: Sequence[torch.Tensor], length: int, dtype=torch.float32) -> 
     return out
 
 
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward (and backward) of a pass; a filler only keeps the ranks' collectives in step."""
+
+    trajs: list[Trajectory]
+    filler: bool = False
+
+
+def micro_batches(trajs: Sequence[Trajectory], micro: int, count: int | None = None) -> list[MicroBatch]:
+    """This rank's micro-batches of `micro` trajectories, then fillers up to `count`.
+
+    Under ZeRO-3 every forward and backward gathers and scatters parameters with the other
+    ranks, and the ranks hold different numbers of trajectories (sub-agent calls differ per
+    episode): a rank that ran out of micro-batches would leave the others blocked. The ranks
+    agree on `count` (the largest rank's) and a rank with fewer runs fillers: its first
+    trajectory again, whose output is discarded and whose loss is weighed 0 (SPEC §5).
+
+    Raises:
+        ValueError: `count` below this rank's own count, or fillers asked for with no trajectory.
+    """
+    batches = [MicroBatch(list(trajs[i : i + micro])) for i in range(0, len(trajs), micro)]
+    count = len(batches) if count is None else count
+    if count < len(batches):
+        raise ValueError(f"the ranks agreed on {count} micro-batches, but this rank has {len(batches)}")
+    if count > len(batches) and not trajs:
+        raise ValueError("this rank has no trajectory to run the agreed filler micro-batches with")
+    return batches + [MicroBatch(list(trajs[:1]), filler=True)] * (count - len(batches))
+
+
+def _needed(batch: Sequence[Trajectory]) -> torch.Tensor:
+    """[B, L] bool, left-padded as the batch is: the positions whose log-prob a pass uses (the
+    trained tokens); no other position is projected to the vocabulary."""
+    return left_pad([t.loss_mask for t in batch], max(t.token_ids.numel() for t in batch), torch.bool)
+
+
 def _logprob_pass(model, trajs: Sequence[Trajectory], micro: int, ids: dict[str, int], temperature: float,
-                  device: str) -> list[torch.Tensor]:
+                  device: str, count: int | None = None, chunk: int = LOGPROB_CHUNK) -> list[torch.Tensor]:
     rows: list[torch.Tensor] = []
     with torch.no_grad():
-        for i in range(0, len(trajs), micro):
-            chunk = trajs[i : i + micro]
-            logp, _ = sequence_logprobs(model, chunk, ids["pad"], ids["image"], ids["video"], temperature, device)
-            rows += [row[row.numel() - t.token_ids.numel():] for row, t in zip(logp.cpu(), chunk)]
+        for batch in micro_batches(trajs, micro, count):
+            logp, _ = sequence_logprobs(model, batch.trajs, ids["pad"], ids["image"], ids["video"], temperature,
+                                        device, needed=_needed(batch.trajs), chunk=chunk)
+            if not batch.filler:
+                rows += [row[row.numel() - t.token_ids.numel():] for row, t in zip(logp.cpu(), batch.trajs)]
     return rows
 
 
 def reference_pass(ref_model, trajs: Sequence[Trajectory], micro: int, ids: dict[str, int], temperature: float,
-                   device: str) -> None:
-    """Fill each trajectory's `ref_logprobs` from the frozen reference (SPEC §5 KL)."""
-    for t, row in zip(trajs, _logprob_pass(ref_model, trajs, micro, ids, temperature, device)):
+                   device: str, count: int | None = None, chunk: int = LOGPROB_CHUNK) -> None:
+    """Fill each trajectory's `ref_logprobs` (on its trained tokens; 0 elsewhere) from the frozen
+    reference (SPEC §5 KL). `count`: the micro-batches the ranks agreed on (`micro_batches`)."""
+    for t, row in zip(trajs, _logprob_pass(ref_model, trajs, micro, ids, temperature, device, count, chunk)):
         t.ref_logprobs = row
 
 
@@ -168,7 +216,7 @@ def step_advantages(episodes: Sequence[Episode], prompts: Sequence[RLPrompt], cf
 
     def normalized(values: torch.Tensor) -> torch.Tensor:
         return group_advantages(shaped_reward(values, cfg.reward_shift, cfg.reward_scale, cfg.reward_clip),
-                                cfg.group_size)
+                                cfg.group_size, cfg.adv_eps)
 
     if cfg.anchoring_mode == "token":
         main = torch.tensor([r.total - fmt_w * r.format for r in rewards])
@@ -181,65 +229,88 @@ def step_advantages(episodes: Sequence[Episode], prompts: Sequence[RLPrompt], cf
 
 
 def assign_token_advantages(trajs: Sequence[Trajectory], adv: StepAdvantages, cfg: RLConfig) -> None:
-    """Each trajectory's per-token advantages before batch normalization (SPEC §5 step 3)."""
+    """Each trajectory's per-token advantages before batch normalization (SPEC §5 step 3).
+
+    Token anchoring's format advantage goes to main-agent trajectories only: a sub-agent's
+    end-of-turn token is structural too, but the format term scores the main agent's text.
+    """
     for t in trajs:
         kl_reward = None
         if cfg.kl_mode == "token_reward" and t.ref_logprobs is not None:
-            kl_reward = -cfg.kl_coef * kl_k1(t.old_logprobs, t.ref_logprobs)
-        fmt = adv.format_per_episode[t.episode] if adv.format_per_episode is not None else None
+            kl_reward = -cfg.kl_coef * kl_k1(t.old_logprobs, t.ref_logprobs, cfg.kl_clamp)
+        fmt = None
+        if adv.format_per_episode is not None and not t.is_subagent:
+            fmt = adv.format_per_episode[t.episode]
         t.advantages = token_advantages(adv.per_episode[t.episode], t.loss_mask, kl_reward, fmt, t.structural)
 
 
-def local_advantage_moments(trajs: Sequence[Trajectory]) -> Moments:
-    """This rank's share of the batch statistics of step 4."""
-    return masked_moments([t.advantages for t in trajs], [t.loss_mask for t in trajs])
+def local_advantage_moments(trajs: Sequence[Trajectory], main_agent_only: bool = False) -> Moments:
+    """This rank's share of the batch statistics of step 4 (`rl.moments_main_agent_only`:
+    over the main agent's trained tokens only)."""
+    counted = [t for t in trajs if not (main_agent_only and t.is_subagent)]
+    return masked_moments([t.advantages for t in counted], [t.loss_mask for t in counted])
 
 
-def normalize_token_advantages(trajs: Sequence[Trajectory], moments: Moments) -> None:
-    """Step 4: batch-normalize the token advantages with the (all-rank) moments."""
-    normalized = batch_normalize([t.advantages for t in trajs], [t.loss_mask for t in trajs], moments)
+def normalize_token_advantages(trajs: Sequence[Trajectory], moments: Moments, eps: float) -> None:
+    """Step 4: batch-normalize every trajectory's token advantages with the (all-rank) moments."""
+    normalized = batch_normalize([t.advantages for t in trajs], [t.loss_mask for t in trajs], moments, eps)
     for t, values in zip(trajs, normalized):
         t.advantages = values
 
 
-def episode_kl(episodes: Sequence[Episode], trajs: Sequence[Trajectory], kl_mode: str) -> torch.Tensor:
-    """Summed KL estimate over each episode's generated tokens [E]: k1 for the release's
-    per-token reward, k3 for the other modes (both under the rollout's log-probs)."""
+def episode_kl(episodes: Sequence[Episode], trajs: Sequence[Trajectory], kl_mode: str,
+               kl_clamp: float | None = None) -> torch.Tensor:
+    """Summed KL estimate over each episode's generated tokens [E]: k1 (clamped as the token
+    reward is) for the release's per-token reward, k3 for the other modes (both under the
+    rollout's log-probs)."""
     kl = torch.zeros(len(episodes))
     for t in trajs:
         if t.is_subagent or t.ref_logprobs is None:
             continue
         mask = t.loss_mask.float()
         if kl_mode == "token_reward":
-            kl[t.episode] = float((kl_k1(t.old_logprobs, t.ref_logprobs) * mask).sum())
+            kl[t.episode] = float((kl_k1(t.old_logprobs, t.ref_logprobs, kl_clamp) * mask).sum())
         else:
             kl[t.episode] = sequence_kl(t.old_logprobs[None], t.ref_logprobs[None], mask[None])[0]
     return kl
 
 
 def micro_batch_loss(model, batch_trajs: Sequence[Trajectory], cfg: RLConfig, ids: dict[str, int],
-                     total_tokens: int, device: str) -> tuple[torch.Tensor, dict[str, float]]:
-    """This micro-batch's share of the step's token-mean loss (sums to the token mean over the step).
+                     total_tokens: float, device: str, world: int = 1,
+                     weight: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the step's token-mean loss (SPEC §5: ONE mean over every
+    trained token of the step on every rank).
 
+    Args:
+        total_tokens: trained tokens of the whole step, summed over the ranks.
+        world: data-parallel ranks. DeepSpeed averages the ranks' gradients, so each rank's
+            share is scaled by `world`: the sum over ranks of the returned losses, divided by
+            `world`, is the token mean over the step's batch.
+        weight: 0 for a filler micro-batch (`micro_batches`): it runs forward and backward so
+            the ranks' collectives stay in step, and adds nothing to the gradient.
     Needs `advantages` on every trajectory. With `decoupled_ppo` the proximal log-probs are
     this forward's, detached (module docstring: one optimizer step per rollout batch).
     """
-    logp, _ = sequence_logprobs(model, batch_trajs, ids["pad"], ids["image"], ids["video"], cfg.temperature, device)
+    logp, _ = sequence_logprobs(model, batch_trajs, ids["pad"], ids["image"], ids["video"], cfg.temperature, device,
+                                needed=_needed(batch_trajs), chunk=cfg.logprob_chunk)
     length = logp.shape[1]
     mask = left_pad([t.loss_mask for t in batch_trajs], length).to(device)  # [B, L]
     rollout = left_pad([t.old_logprobs for t in batch_trajs], length).to(device)  # [B, L]
     token_adv = left_pad([t.advantages for t in batch_trajs], length).to(device)  # [B, L]
-    weight = None
+    behaviour = None
     if cfg.decoupled_ppo:
         prox = logp.detach()  # [B, L] the policy before this step's update
-        weight = behaviour_weight(prox, rollout, cfg.behaviour_weight_cap)
-        loss, clip_frac = policy_loss(logp, prox, token_adv, mask, cfg.clip_eps, weight)
+        behaviour = behaviour_weight(prox, rollout, cfg.behaviour_weight_cap)
+        loss, clip_frac = policy_loss(logp, prox, token_adv, mask, cfg.clip_eps, behaviour)
     else:
         loss, clip_frac = policy_loss(logp, rollout, token_adv, mask, cfg.clip_eps)
     n = mask.sum()
-    loss = loss * n / total_tokens
+    scale = weight * world / max(float(total_tokens), 1.0)
+    loss = loss * n * scale
     if cfg.kl_mode == "loss":
         ref = left_pad([t.ref_logprobs for t in batch_trajs], length).to(device)
-        loss = loss + cfg.kl_coef * (kl_per_token(logp, ref) * mask).sum() / total_tokens
-    dropped = float(((weight == 0).float() * mask).sum()) if weight is not None else 0.0
-    return loss, {"clip_frac": float(clip_frac) * float(n), "tokens": float(n), "dropped_tokens": dropped}
+        loss = loss + cfg.kl_coef * (kl_per_token(logp, ref) * mask).sum() * scale
+    dropped = float(((behaviour == 0).float() * mask).sum()) if behaviour is not None else 0.0
+    counted = float(weight > 0)
+    return loss, {"clip_frac": float(clip_frac) * float(n) * counted, "tokens": float(n) * counted,
+                  "dropped_tokens": dropped * counted}

@@ -112,7 +112,7 @@ def render_table(results: dict[float, dict[str, GroupStats]]) -> str:
 def probe_prompts(cfg: PipelineConfig, count: int, seed: int) -> list:
     """`count` RL prompts of the run's materialized shards (`rl.question_types`), drawn with
     `seed`, each with the frame budget nFrames gating gives it at epoch 0 (none if off)."""
-    from paravt_core.data.stage import materialized_dir
+    from paravt_core.data.stage import materialized_dir, media_dir
     from paravt_core.rl.data import read_rl_prompts
     from paravt_core.rl.grpo import frame_budget
 
@@ -120,7 +120,7 @@ def probe_prompts(cfg: PipelineConfig, count: int, seed: int) -> list:
     files = sorted(shard_dir.glob("*.parquet"))
     if not files:
         raise FileNotFoundError(f"no RL parquet shards in {shard_dir}; run the data stage of this config first")
-    prompts = read_rl_prompts(files, cfg.rl.question_types)
+    prompts = read_rl_prompts(files, cfg.rl.question_types, media_dir(cfg))
     random.Random(seed).shuffle(prompts)
     picked = prompts[:count]
     gating = cfg.rl.gating

@@ -107,11 +107,14 @@ class TranscriptSegment:
         scored: what `reward.scope: transcript` scores in place of `text`; None scores
             `text`. A tool turn sets it to one empty `<tool_response></tool_response>`
             marker per call (then its think prefix), so no sub-agent text is ever scored.
+        tokens: how many context tokens the segment holds (None where unknown); the RL
+            trajectory contract rebuilds the loss mask from it (`rl/contracts.py`).
     """
 
     text: str
     generated: bool
     scored: str | None = None
+    tokens: int | None = None
 
 
 def compute_reward(

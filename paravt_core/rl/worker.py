@@ -7,6 +7,12 @@ turn rewards into token advantages by the release's five steps (SPEC §5; batch 
 summed over all ranks), and take one PPO-clip step over the episodes and (with
 `train_subagents`) their sub-agent runs. The rollout engine is then given the new weights.
 
+On several ranks (SPEC §5): the ranks agree on the number of micro-batches of every pass
+that runs collectives (the ZeRO-3 reference, the policy) and a rank with fewer runs
+fillers, so no rank is left blocked in a gather; the loss is ONE token mean over every
+trained token of the step on every rank (the count is all-reduced). Before the loss every
+trajectory passes `rl/contracts.py`, and each rank logs its step's draws (`rl/replay.py`).
+
 Departures from the release (SPEC §5): sub-agent trajectories are trained (each with its
 episode's advantage); K really sets the overview frame count; token-level anchoring is
 available; `reward.scope: transcript` is a row of its own (SPEC §4.5).
@@ -26,6 +32,7 @@ import numpy as np
 import torch
 
 from paravt_core.dist import StepLog
+from paravt_core.rl.grpo import Moments
 from paravt_core.rl.job import RLJob
 
 
@@ -61,7 +68,8 @@ class Trainer:
         from paravt_core.agent.tags import TagLocator
         from paravt_core.memory import record_memory
         from paravt_core.model.loading import load_model, load_processor
-        from paravt_core.rl.data import read_rl_prompts
+        from paravt_core.rl.contracts import TokenLayout
+        from paravt_core.rl.data import read_rl_prompts, video_key
         from paravt_core.rl.policy import paravt_reward
         from paravt_core.rl.rollout_engine import build_rollout_engine
 
@@ -83,13 +91,17 @@ class Trainer:
         self.ref_model = None
         if self.rl.kl_mode != "none":
             self.ref_model = self._reference(job, attention, zero3)
-        self.prompts = read_rl_prompts(job.data_files, self.rl.question_types)
+        self.prompts = read_rl_prompts(job.data_files, self.rl.question_types, job.media_root)
+        self.video_keys = {p.prompt.prompt_id: video_key(p.prompt.video_path, job.media_root) for p in self.prompts}
         self.undecodable: set[str] = set()  # videos whose prompts are dropped (`rollout_dropping_undecodable`)
         self.reward_fn = reward_fn or paravt_reward(self.rl)
         tok = self.processor.tokenizer
         self.ids = {"pad": tok.pad_token_id, "image": policy.config.image_token_id, "video": policy.config.video_token_id}
         # Tags are matched as token sequences (SPEC §2): in Qwen3-VL's tokenizer `<answer>` is several tokens.
         self.locator = TagLocator(tok) if self.rl.anchoring_mode == "token" else None
+        self.layout = TokenLayout.of(policy.config, tok, self.processor.image_processor.merge_size)
+        # Only a ZeRO-3 reference runs collectives in its forward; a whole local copy does not.
+        self.ref_collectives = zero3 is not None
         optimizer = pdist.zero_optimizer(policy.parameters(), lr=self.rl.learning_rate,
                                          weight_decay=self.rl.weight_decay, zero=self.rl.deepspeed)
         self.policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config)
@@ -123,9 +135,11 @@ class Trainer:
         self.policy.module.train()
 
     def rollout(self, step: int):
+        """(prompts kept, their episodes) of this rank's step; its draws are logged (`rl/replay.py`)."""
         from paravt_core.agent.rollout import run_episodes
         from paravt_core.rl.data import rollout_dropping_undecodable
         from paravt_core.rl.grpo import frame_budget
+        from paravt_core.rl.replay import PromptDraw, StepDraws, rollout_digest, sampler_seed, write_draws
 
         picked, epoch = step_prompts(self.prompts, step, self.rl.prompts_per_step, self.rank, self.world,
                                      self.cfg.run.seed)
@@ -134,37 +148,56 @@ class Trainer:
         for p in picked:
             k = frame_budget(self.cfg.run.seed, p.prompt.prompt_id, epoch, gating.choices) if gating.enabled else None
             prompts.append(dataclasses.replace(p, prompt=dataclasses.replace(p.prompt, nframes=k)))
+        seed = sampler_seed(self.cfg.run.seed, step, self.rank)
+
         def run(batch: list) -> list:
             return run_episodes(self.engine, self.processor, [p.prompt for p in batch], self.rl.rollout,
                                 self.cfg.video, group_size=self.rl.group_size, temperature=self.rl.temperature,
-                                seed=self.cfg.run.seed * 100_003 + step * 997 + self.rank)
+                                seed=seed)
 
-        return rollout_dropping_undecodable(prompts, run, self.undecodable)
+        kept, episodes = rollout_dropping_undecodable(prompts, run, self.undecodable)
+        write_draws(self.job.out_dir, StepDraws(
+            step=step + 1, rank=self.rank, world=self.world, epoch=epoch, sampler_seed=seed, weight_version=step,
+            torch_threads=torch.get_num_threads(), rollout_sha256=rollout_digest(episodes),
+            prompts=[PromptDraw(prompt_id=p.prompt.prompt_id, video=self.video_keys[p.prompt.prompt_id],
+                                nframes=p.prompt.nframes) for p in kept]))
+        return kept, episodes
 
     def train_step(self, step: int) -> dict[str, float]:
         from paravt_core.rl import policy as P
+        from paravt_core.rl.contracts import check_trajectories
 
         t0 = time.perf_counter()
         prompts, episodes = self.rollout(step)
         self.rollout_backend.after_rollout()
         t1 = time.perf_counter()
         trajs = P.trajectories(episodes, self.rl.train_subagents, self.locator)
+        check_trajectories(trajs, episodes, prompts, self.layout,
+                           self.rl.gating.choices if self.rl.gating.enabled else None,
+                           f"RL step {step + 1}, rank {self.rank}")
         micro = max(1, self.rl.micro_batch_size)
+        # Every rank runs as many micro-batches as the rank with the most (SPEC §5).
+        count = int(self._all_ranks(float(-(-len(trajs) // micro)), op="max")[0])
         if self.ref_model is not None:
-            P.reference_pass(self.ref_model, trajs, micro, self.ids, self.rl.temperature, self.device)
-        kl = P.episode_kl(episodes, trajs, self.rl.kl_mode) if self.ref_model is not None else torch.zeros(len(episodes))
+            P.reference_pass(self.ref_model, trajs, micro, self.ids, self.rl.ref_temperature or self.rl.temperature,
+                             self.device, count if self.ref_collectives else None, self.rl.logprob_chunk)
+        kl = (P.episode_kl(episodes, trajs, self.rl.kl_mode, self.rl.kl_clamp) if self.ref_model is not None
+              else torch.zeros(len(episodes)))
         t2 = time.perf_counter()
         adv = P.step_advantages(episodes, prompts, self.rl, self.reward_fn, kl)
         P.assign_token_advantages(trajs, adv, self.rl)
         raw_stats = _advantage_stats(trajs, "adv_raw")
         if self.rl.batch_norm_advantages:
-            P.normalize_token_advantages(trajs, self._all_rank_moments(P.local_advantage_moments(trajs)))
-        total = float(sum(t.loss_mask.sum() for t in trajs)) or 1.0
+            local = P.local_advantage_moments(trajs, self.rl.moments_main_agent_only)
+            P.normalize_token_advantages(trajs, Moments(*self._all_ranks(local.total, local.total_sq, local.count)),
+                                         self.rl.adv_eps)
+        local_tokens = float(sum(t.loss_mask.sum() for t in trajs))
+        total = self._all_ranks(local_tokens)[0]  # ONE token mean over the step on every rank (SPEC §5)
         loss_sum, clip_sum, dropped = 0.0, 0.0, 0.0
-        chunks = [trajs[i : i + micro] for i in range(0, len(trajs), micro)]
-        for i, chunk in enumerate(chunks):
-            self.policy.set_gradient_accumulation_boundary(i == len(chunks) - 1)
-            loss, stats = P.micro_batch_loss(self.policy, chunk, self.rl, self.ids, total, self.device)
+        for i, batch in enumerate(P.micro_batches(trajs, micro, count)):
+            self.policy.set_gradient_accumulation_boundary(i == count - 1)
+            loss, stats = P.micro_batch_loss(self.policy, batch.trajs, self.rl, self.ids, total, self.device,
+                                             world=self.world, weight=0.0 if batch.filler else 1.0)
             self.policy.backward(loss)
             loss_sum += loss.item()
             clip_sum += stats["clip_frac"]
@@ -172,23 +205,25 @@ class Trainer:
         self.policy.step()
         self.push_weights()
         t3 = time.perf_counter()
-        row = self.metrics(episodes, adv, loss_sum, clip_sum / total, (t1 - t0, t2 - t1, t3 - t2))
-        row.update(raw_stats, **_advantage_stats(trajs, "adv"), dropped_frac=dropped / total,
-                   saturated_groups=_saturated_share(adv.rewards, self.rl.group_size))
+        local_tokens = local_tokens or 1.0
+        row = self.metrics(episodes, adv, loss_sum, clip_sum / local_tokens, (t1 - t0, t2 - t1, t3 - t2))
+        row.update(raw_stats, **_advantage_stats(trajs, "adv"), dropped_frac=dropped / local_tokens,
+                   saturated_groups=_saturated_share(adv.rewards, self.rl.group_size), trajectories=float(len(trajs)),
+                   micro_batches=float(count), filler_micro_batches=float(count - -(-len(trajs) // micro)))
         return row
 
-    def _all_rank_moments(self, local):
-        """Step 4's batch statistics over the whole step: every rank's sums added up."""
+    def _all_ranks(self, *values: float, op: str = "sum") -> list[float]:
+        """`values` summed (or their max) over every rank; as they are on one rank."""
         import torch.distributed as dist
 
         from paravt_core.collectives import CheckedCollectives
-        from paravt_core.rl.grpo import Moments
 
         if not dist.is_initialized() or self.world == 1:
-            return local
-        sums = torch.tensor([local.total, local.total_sq, local.count], dtype=torch.float64, device=self.device)
-        CheckedCollectives(self.device).all_reduce(sums)
-        return Moments(*(float(x) for x in sums.cpu()))
+            return list(values)
+        reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        CheckedCollectives(self.device).all_reduce(t, op=reduce_op)
+        return [float(x) for x in t.cpu()]
 
     def metrics(self, episodes, adv, loss: float, clip_frac: float, times) -> dict[str, float]:
         """SPEC §5 per-step metrics of this rank (averaged over ranks by the caller)."""

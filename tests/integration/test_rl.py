@@ -148,8 +148,10 @@ def test_no_gradient_through_tool_response_tokens(rl_setup, tiny_processor, tiny
     (episode,) = run_episodes(main, tiny_processor, [prompt], cfg.rl.rollout, cfg.video, subagent_engine=sub)
     assert episode.tool_calls == 1 and "<tool_response>" in episode.text("transcript")
 
-    captured = {}
-    handle = tiny_model.lm_head.register_forward_hook(lambda m, i, out: captured.setdefault("logits", out))
+    # Gradients at the final hidden states: the vocabulary projection runs in chunks of
+    # positions (rl/logprobs.py), so no [B, L, V] logits tensor exists to hook.
+    captured = []
+    handle = tiny_model.model.language_model.norm.register_forward_hook(lambda m, i, out: captured.append(out))
     rl_cfg = RLConfig(kl_mode="none", temperature=1.0, decoupled_ppo=False)
     adv = StepAdvantages(torch.tensor([1.0]), None, [], torch.zeros(1))
     (traj,) = trajectories([episode], train_subagents=False)
@@ -157,11 +159,11 @@ def test_no_gradient_through_tool_response_tokens(rl_setup, tiny_processor, tiny
     ids = {"pad": tiny_processor.tokenizer.pad_token_id, "image": tiny_model.config.image_token_id,
            "video": tiny_model.config.video_token_id}
     loss, _ = micro_batch_loss(tiny_model, [traj], rl_cfg, ids, float(traj.loss_mask.sum()), "cpu")
-    logits = captured["logits"]
-    logits.retain_grad()
+    (hidden,) = captured
+    hidden.retain_grad()
     loss.backward()
     handle.remove()
-    grad = logits.grad[0].abs().sum(-1)  # [L]; position t-1 predicts token t
+    grad = hidden.grad[0].abs().sum(-1)  # [L]; position t-1 predicts token t
     predicts = torch.nn.functional.pad(grad[:-1], (1, 0))
     response_text = tiny_processor.tokenizer.decode(episode.token_ids[episode.loss_mask == 0][-40:])
     assert "</tool_response>" in response_text or "<tool_response>" in tiny_processor.tokenizer.decode(episode.token_ids)

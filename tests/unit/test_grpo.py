@@ -49,8 +49,10 @@ def test_shaped_reward():
 def test_group_advantages_normalize_within_groups():
     rewards = torch.tensor([1.0, 0.0, 1.0, 0.0, 5.0, 5.0, 5.0, 5.0])
     adv = group_advantages(rewards, group_size=4)
-    # group 1: mean 0.5, unbiased std sqrt(1/3)=0.57735 -> +-0.866025
-    assert adv[:4].tolist() == pytest.approx([0.866025, -0.866025, 0.866025, -0.866025], abs=1e-5)
+    # group 1: mean 0.5, unbiased std sqrt(1/3)=0.57735 -> 0.5 / (0.57735 + 1e-5) (the release's eps, SPEC §5)
+    expected = 0.5 / (0.5773503 + 1e-5)
+    assert adv[:4].tolist() == pytest.approx([expected, -expected, expected, -expected], abs=1e-6)
+    assert group_advantages(rewards, group_size=4, eps=1e-6)[0].item() == pytest.approx(0.866025, abs=1e-5)
     # group 2: all equal -> zero advantage, no division blow-up
     assert adv[4:].tolist() == pytest.approx([0.0] * 4)
 

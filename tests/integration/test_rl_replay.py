@@ -1,0 +1,159 @@
+"""An RL run does not depend on where it writes, each step's draws are logged and replay to the
+same rollouts, and a trajectory that breaks the contract never reaches the loss (SPEC §3, §5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from paravt_core.config import load_config
+from paravt_core.dist import free_port
+from paravt_core.refs import ArtifactRef, content_hash
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+GATING = "[2,3,4]"
+
+
+def _run_folder(root: Path, video: Path) -> ArtifactRef:
+    """A run folder laid out as the data stage leaves it: the video under data/media, the RL
+    shard with its file:// URL under data/validated/rl."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    media_video = root / "data" / "media" / "paravt" / "selfqa" / video.name
+    media_video.parent.mkdir(parents=True)
+    shutil.copy(video, media_video)
+    shard_dir = root / "data" / "validated" / "rl"
+    shard_dir.mkdir(parents=True)
+    rows = []
+    for i in range(4):
+        question = f"<video>\nQuestion {i}: what colour was the square?\nA. red\nB. blue\nAnswer with the letter."
+        rows.append({"prompt": [{"role": "user", "content": question}],
+                     "videos": [{"video": media_video.as_uri()}],
+                     "extra_info": json.dumps({"answer": "A", "question_type": "mcq", "question": question})})
+    pq.write_table(pa.Table.from_pylist(rows), shard_dir / "rl.parquet")
+    return ArtifactRef(kind="rl_data", path=shard_dir, sha256=content_hash(shard_dir))
+
+
+def _config(root: Path, *extra: str):
+    return load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={root}", "rl.prompts_per_step=2", "rl.group_size=2", "rl.rollout.max_turns=1",
+        "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8", f"rl.gating.choices={GATING}",
+        "video.nframes=4", "video.max_pixels=3072", "video.crop_max_frames=2", "rl.zero_stage=0",
+        "rl.learning_rate=1e-3", *extra,
+    ], rl_row=REPO / "conf/rl/paragrpo.yaml")
+
+
+def _train(monkeypatch, cfg, init, rl_data):
+    from paravt_core.rl import stage
+    from paravt_core.rl.worker import train
+
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+                       "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+    job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+    (job.out_dir / "job.json").write_text(job.model_dump_json())
+    train(job)
+    return job
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:  # wall-clock times are the only fields two identical runs may differ in
+        for key in [k for k in row if k.startswith("time_")]:
+            del row[key]
+    return rows
+
+
+def test_two_output_folders_give_identical_gated_runs_and_steps_replay(tmp_path, monkeypatch, tiny_model_dir,
+                                                                       short_video):
+    from paravt_core.rl.replay import read_draws, replay_step
+
+    init = ArtifactRef(kind="sft_model", path=tiny_model_dir, sha256=content_hash(tiny_model_dir))
+    a_root, b_root = tmp_path / "outputs" / "reproduce", tmp_path / "elsewhere" / "reproduce-final"
+    data_a, data_b = _run_folder(a_root, short_video), _run_folder(b_root, short_video)
+    assert data_a.sha256 != data_b.sha256  # the shards differ: they hold each folder's absolute URLs
+    job_a = _train(monkeypatch, _config(a_root, "rl.max_steps=2", "rl.checkpoint_every=1"), init, data_a)
+    job_b = _train(monkeypatch, _config(b_root, "rl.max_steps=2", "rl.checkpoint_every=1"), init, data_b)
+
+    draws = [[read_draws(job.out_dir, step) for step in (1, 2)] for job in (job_a, job_b)]
+    for da, db in zip(*draws):
+        assert da.prompts == db.prompts and da.rollout_sha256 == db.rollout_sha256
+        assert all(p.nframes in (2, 3, 4) for p in da.prompts)
+    assert draws[0][0].weight_version == 0 and draws[0][1].weight_version == 1
+    assert _metrics(job_a.out_dir) == _metrics(job_b.out_dir)
+
+    first = replay_step(job_a.out_dir, 1)
+    assert first.identical, "step 1 (the SFT weights) did not replay to the logged rollouts"
+    second = replay_step(job_b.out_dir, 2)  # weights from the checkpoint after step 1
+    assert second.identical, "step 2 (weights of checkpoint step0000001) did not replay to the logged rollouts"
+    assert first.digest != second.digest
+
+    # A replay that rolls out with other weights (the SFT model for step 2) differs: the check can fail.
+    from paravt_core.rl import replay as R
+
+    monkeypatch.setattr(R, "replay_weights", lambda run_dir, version, zero_stage: None)
+    assert not replay_step(job_b.out_dir, 2).identical
+
+
+def test_a_broken_loss_mask_fails_the_trajectory_contract(tmp_path, tiny_model_dir, tiny_processor, tiny_model,
+                                                          short_video):
+    from paravt_core.agent.rollout import run_episodes
+    from paravt_core.rl import stage
+    from paravt_core.rl.contracts import TokenLayout, TrajectoryContractError, check_trajectories
+    from paravt_core.rl.data import read_rl_prompts
+    from paravt_core.rl.policy import trajectories
+    from rl_rank_worker import ScriptedEngine
+
+    rl_data = _run_folder(tmp_path / "out", short_video)
+    cfg = _config(tmp_path / "out")
+    prompts = read_rl_prompts(stage.rl_shards(rl_data))[:1]
+    prompts = [dataclasses.replace(p, prompt=dataclasses.replace(p.prompt, nframes=3)) for p in prompts]
+    engine = ScriptedEngine(tiny_processor.tokenizer, calls_crops=True)
+    episodes = run_episodes(engine, tiny_processor, [p.prompt for p in prompts], cfg.rl.rollout, cfg.video)
+    layout = TokenLayout.of(tiny_model.config, tiny_processor.tokenizer, tiny_processor.image_processor.merge_size)
+    choices = cfg.rl.gating.choices
+
+    def check(trajs):
+        check_trajectories(trajs, episodes, prompts, layout, choices, "RL step 3, rank 1")
+
+    good = trajectories(episodes, train_subagents=True)
+    assert len(good) == 4 and episodes[0].tool_calls == 3
+    check(good)  # the real assembly passes
+
+    main = good[0]
+    on_prompt = main.loss_mask.clone()
+    on_prompt[main.prompt_length - 1] = 1
+    with pytest.raises(TrajectoryContractError, match=r"RL step 3, rank 1: trajectory 0 \(the main agent of episode "
+                                                      r"0 of prompt .*video .*selfqa.*loss mask is 1 at token"):
+        check([dataclasses.replace(main, loss_mask=on_prompt), *good[1:]])
+    response = [i for i, s in enumerate(main.token_ids.tolist()) if s == tiny_processor.tokenizer.convert_tokens_to_ids(
+        "<tool_response>")]
+    on_tool_response = main.loss_mask.clone()
+    on_tool_response[response[0]] = 1
+    with pytest.raises(TrajectoryContractError, match="loss mask is 1 at token"):
+        check([dataclasses.replace(main, loss_mask=on_tool_response), *good[1:]])
+    sub = good[2]
+    sub_on_prompt = sub.loss_mask.clone()
+    sub_on_prompt[0] = 1
+    with pytest.raises(TrajectoryContractError, match="trajectory 2 \\(a sub-agent"):
+        check([*good[:2], dataclasses.replace(sub, loss_mask=sub_on_prompt), good[3]])
+    with pytest.raises(TrajectoryContractError, match="outside the vocabulary"):
+        check([dataclasses.replace(main, token_ids=main.token_ids + layout.vocab_size), *good[1:]])
+    image = int((main.token_ids == layout.image_id).nonzero()[0])
+    fewer_pads = main.token_ids.clone()
+    fewer_pads[image] = 0
+    with pytest.raises(TrajectoryContractError, match="image placeholder tokens, but its frames' grid needs"):
+        check([dataclasses.replace(main, token_ids=fewer_pads), *good[1:]])
+    with pytest.raises(TrajectoryContractError, match="K=5 outside rl.gating.choices"):
+        check_trajectories(good, [dataclasses.replace(episodes[0], nframes=5)], prompts, layout, choices, "step")
+    nan_logp = main.old_logprobs.clone()
+    nan_logp[main.loss_mask.bool().nonzero()[0]] = torch.nan
+    with pytest.raises(TrajectoryContractError, match="log-probs"):
+        check([dataclasses.replace(main, old_logprobs=nan_logp), *good[1:]])
