@@ -71,7 +71,7 @@ def _metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
-def test_two_output_folders_give_identical_gated_runs_and_steps_replay(tmp_path, monkeypatch, tiny_model_dir,
+def test_two_output_folders_give_identical_gated_runs_and_steps_replay(tmp_path, monkeypatch, capsys, tiny_model_dir,
                                                                        short_video):
     from paravt_core.rl.replay import read_draws, replay_step
 
@@ -94,6 +94,13 @@ def test_two_output_folders_give_identical_gated_runs_and_steps_replay(tmp_path,
     second = replay_step(job_b.out_dir, 2)  # weights from the checkpoint after step 1
     assert second.identical, "step 2 (weights of checkpoint step0000001) did not replay to the logged rollouts"
     assert first.digest != second.digest
+
+    from paravt_core.cli import main
+
+    assert main(["rl-replay", "--run-dir", str(job_a.out_dir), "--step", "1"]) == 0
+    assert "identical" in capsys.readouterr().out
+    assert main(["rl-replay", "--run-dir", str(job_a.out_dir), "--step", "7"]) == 2
+    assert "no draws log" in capsys.readouterr().err
 
     # A replay that rolls out with other weights (the SFT model for step 2) differs: the check can fail.
     from paravt_core.rl import replay as R
