@@ -40,6 +40,7 @@ class RLPrompt:
     answer: str
     question_type: str
     question: str
+    video_key: str = ""  # what the prompt id knows of its video (`video_key`), logged with each draw
 
 
 def video_key(video: Path, media_root: Path | None) -> str:
@@ -74,7 +75,7 @@ def rl_prompt_from_row(row: dict[str, Any], where: str, media_root: Path | None 
     key = video_key(video, media_root)
     digest = hashlib.sha256(json.dumps([turns, key, extra], sort_keys=True).encode()).hexdigest()[:16]
     prompt = EpisodePrompt(prompt_id=digest, video_path=video, messages=messages, tools=())
-    return RLPrompt(prompt, str(extra.get("answer", "")), extra["question_type"], str(extra.get("question", "")))
+    return RLPrompt(prompt, str(extra.get("answer", "")), extra["question_type"], str(extra.get("question", "")), key)
 
 
 def read_rl_prompts(files: Sequence[Path], question_types: Sequence[str] = QUESTION_TYPES,

@@ -69,7 +69,7 @@ class Trainer:
         from paravt_core.memory import record_memory
         from paravt_core.model.loading import load_model, load_processor
         from paravt_core.rl.contracts import TokenLayout
-        from paravt_core.rl.data import read_rl_prompts, video_key
+        from paravt_core.rl.data import read_rl_prompts
         from paravt_core.rl.policy import paravt_reward
         from paravt_core.rl.rollout_engine import build_rollout_engine
 
@@ -92,7 +92,6 @@ class Trainer:
         if self.rl.kl_mode != "none":
             self.ref_model = self._reference(job, attention, zero3)
         self.prompts = read_rl_prompts(job.data_files, self.rl.question_types, job.media_root)
-        self.video_keys = {p.prompt.prompt_id: video_key(p.prompt.video_path, job.media_root) for p in self.prompts}
         self.undecodable: set[str] = set()  # videos whose prompts are dropped (`rollout_dropping_undecodable`)
         self.reward_fn = reward_fn or paravt_reward(self.rl)
         tok = self.processor.tokenizer
@@ -159,8 +158,8 @@ class Trainer:
         write_draws(self.job.out_dir, StepDraws(
             step=step + 1, rank=self.rank, world=self.world, epoch=epoch, sampler_seed=seed, weight_version=step,
             torch_threads=torch.get_num_threads(), rollout_sha256=rollout_digest(episodes),
-            prompts=[PromptDraw(prompt_id=p.prompt.prompt_id, video=self.video_keys[p.prompt.prompt_id],
-                                nframes=p.prompt.nframes) for p in kept]))
+            prompts=[PromptDraw(prompt_id=p.prompt.prompt_id, video=p.video_key, nframes=p.prompt.nframes)
+                     for p in kept]))
         return kept, episodes
 
     def train_step(self, step: int) -> dict[str, float]:

@@ -152,7 +152,7 @@ def test_moving_the_output_folder_keeps_every_prompt_id_and_frame_budget(tmp_pat
     (a,), (b,) = read_rl_prompts([shard_a], media_root=media_a), read_rl_prompts([shard_b], media_root=media_b)
     assert a.prompt.video_path != b.prompt.video_path
     assert a.prompt.prompt_id == b.prompt.prompt_id
-    assert video_key(a.prompt.video_path, media_a) == "paravt/selfqa/clip.mp4"
+    assert video_key(a.prompt.video_path, media_a) == "paravt/selfqa/clip.mp4" == a.video_key == b.video_key
     choices = (2, 3, 4, 6)
     assert [frame_budget(s, a.prompt.prompt_id, e, choices) for s in range(3) for e in range(4)] == \
         [frame_budget(s, b.prompt.prompt_id, e, choices) for s in range(3) for e in range(4)]
