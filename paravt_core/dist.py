@@ -85,9 +85,10 @@ def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: 
             watchdog = None
             if timeout_s is not None:
                 def kill_all() -> None:
-                    expired.set()
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
+                    if proc.poll() is None:  # a launch that just finished is not a timeout
+                        expired.set()
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, signal.SIGKILL)
 
                 watchdog = threading.Timer(timeout_s, kill_all)
                 watchdog.start()

@@ -9,7 +9,8 @@ model for step 1, else the DeepSpeed checkpoint written after step N-1), and com
 digests. On CPU in float32 a replay is bit-identical; on a GPU in bf16 kernels may not be.
 
 A file per step and rank, written atomically, so a resumed run rewrites a step it repeats
-instead of logging it twice.
+instead of logging it twice. What is replayed is the rollout (the data of the step); the
+advantages and the update follow from it, the weights and the config.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class StepDraws(BaseModel):
     sampler_seed: int
     weight_version: int  # optimizer steps applied to the weights that rolled out
     torch_threads: int
+    engine: str = "hf"  # rl.rollout.engine; only `hf` rollouts are replayed here
     prompts: list[PromptDraw]
     rollout_sha256: str
 
@@ -57,14 +59,16 @@ def sampler_seed(run_seed: int, step_index: int, rank: int) -> int:
 
 
 def rollout_digest(episodes: Sequence[Episode]) -> str:
-    """sha256 over every episode's ids and loss mask and its sub-agents' ids, in order."""
+    """sha256 over every episode's ids, loss mask and the engine's log-probs (the loss reads
+    them), and its sub-agents' ids and log-probs, in order."""
     h = hashlib.sha256()
     for e in episodes:
         h.update(f"{e.prompt_id}|{e.sample_index}|{e.nframes}|".encode())
-        h.update(e.token_ids.to(torch.int64).numpy().tobytes())
-        h.update(e.loss_mask.to(torch.int64).numpy().tobytes())
+        for tensor in (e.token_ids.to(torch.int64), e.loss_mask.to(torch.int64), e.old_logprobs.to(torch.float32)):
+            h.update(tensor.numpy().tobytes())
         for s in e.subagents:
             h.update(s.token_ids.to(torch.int64).numpy().tobytes())
+            h.update(s.logprobs.to(torch.float32).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -131,6 +135,9 @@ def replay_step(run_dir: Path, step: int, rank: int = 0) -> Replay:
     run_dir = Path(run_dir)
     job = RLJob.model_validate_json((run_dir / "job.json").read_text())
     cfg, draws = job.config, read_draws(run_dir, step, rank)
+    if draws.engine != "hf":
+        raise ReplayError(f"step {step} rolled out on the {draws.engine} engine; replay rebuilds rollouts with the "
+                          f"embedded hf engine only, whose numerics differ from a server's")
     state = replay_weights(run_dir, draws.weight_version, cfg.rl.zero_stage)
     torch.set_num_threads(draws.torch_threads)
     processor = load_processor(job.init_model)

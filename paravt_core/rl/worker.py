@@ -157,7 +157,8 @@ class Trainer:
         kept, episodes = rollout_dropping_undecodable(prompts, run, self.undecodable)
         write_draws(self.job.out_dir, StepDraws(
             step=step + 1, rank=self.rank, world=self.world, epoch=epoch, sampler_seed=seed, weight_version=step,
-            torch_threads=torch.get_num_threads(), rollout_sha256=rollout_digest(episodes),
+            torch_threads=torch.get_num_threads(), engine=self.rl.rollout.engine,
+            rollout_sha256=rollout_digest(episodes),
             prompts=[PromptDraw(prompt_id=p.prompt.prompt_id, video=p.video_key, nframes=p.prompt.nframes)
                      for p in kept]))
         return kept, episodes
@@ -171,12 +172,13 @@ class Trainer:
         self.rollout_backend.after_rollout()
         t1 = time.perf_counter()
         trajs = P.trajectories(episodes, self.rl.train_subagents, self.locator)
-        check_trajectories(trajs, episodes, prompts, self.layout,
-                           self.rl.gating.choices if self.rl.gating.enabled else None,
-                           f"RL step {step + 1}, rank {self.rank}")
+        self._check_on_every_rank(lambda: check_trajectories(
+            trajs, episodes, prompts, self.layout, self.rl.gating.choices if self.rl.gating.enabled else None,
+            f"RL step {step + 1}, rank {self.rank}"))
         micro = max(1, self.rl.micro_batch_size)
+        own = -(-len(trajs) // micro)
         # Every rank runs as many micro-batches as the rank with the most (SPEC §5).
-        count = int(self._all_ranks(float(-(-len(trajs) // micro)), op="max")[0])
+        count = int(self._all_ranks(float(own), op="max")[0])
         if self.ref_model is not None:
             P.reference_pass(self.ref_model, trajs, micro, self.ids, self.rl.ref_temperature or self.rl.temperature,
                              self.device, count if self.ref_collectives else None, self.rl.logprob_chunk)
@@ -190,8 +192,7 @@ class Trainer:
             local = P.local_advantage_moments(trajs, self.rl.moments_main_agent_only)
             P.normalize_token_advantages(trajs, Moments(*self._all_ranks(local.total, local.total_sq, local.count)),
                                          self.rl.adv_eps)
-        local_tokens = float(sum(t.loss_mask.sum() for t in trajs))
-        total = self._all_ranks(local_tokens)[0]  # ONE token mean over the step on every rank (SPEC §5)
+        total = self._all_ranks(float(sum(t.loss_mask.sum() for t in trajs)))[0]  # ONE token mean (SPEC §5)
         loss_sum, clip_sum, dropped = 0.0, 0.0, 0.0
         for i, batch in enumerate(P.micro_batches(trajs, micro, count)):
             self.policy.set_gradient_accumulation_boundary(i == count - 1)
@@ -204,12 +205,28 @@ class Trainer:
         self.policy.step()
         self.push_weights()
         t3 = time.perf_counter()
-        local_tokens = local_tokens or 1.0
-        row = self.metrics(episodes, adv, loss_sum, clip_sum / local_tokens, (t1 - t0, t2 - t1, t3 - t2))
-        row.update(raw_stats, **_advantage_stats(trajs, "adv"), dropped_frac=dropped / local_tokens,
+        clipped, dropped = self._all_ranks(clip_sum, dropped)  # shares of the step's trained tokens
+        row = self.metrics(episodes, adv, loss_sum, clipped / max(total, 1.0), (t1 - t0, t2 - t1, t3 - t2))
+        row.update(raw_stats, **_advantage_stats(trajs, "adv"), dropped_frac=dropped / max(total, 1.0),
                    saturated_groups=_saturated_share(adv.rewards, self.rl.group_size), trajectories=float(len(trajs)),
-                   micro_batches=float(count), filler_micro_batches=float(count - -(-len(trajs) // micro)))
+                   micro_batches=float(count), filler_micro_batches=float(count - own))
         return row
+
+    def _check_on_every_rank(self, check) -> None:
+        """Run `check` (it raises on a bad trajectory); every rank raises when any rank's check
+        failed, so no rank is left waiting in the step's next collective for one that stopped."""
+        from paravt_core.rl.contracts import TrajectoryContractError
+
+        problem = None
+        try:
+            check()
+        except TrajectoryContractError as error:
+            problem = error
+        if self._all_ranks(float(problem is not None), op="max")[0] and problem is None:
+            raise TrajectoryContractError(f"a trajectory of another rank broke the contract in this step (rank "
+                                          f"{self.rank} stops with it); that rank's log names it")
+        if problem is not None:
+            raise problem
 
     def _all_ranks(self, *values: float, op: str = "sum") -> list[float]:
         """`values` summed (or their max) over every rank; as they are on one rank."""

@@ -50,6 +50,9 @@ def test_two_ranks_with_uneven_trajectories_stay_in_step_under_zero3(tmp_path, t
         "rl.prompts_per_step=2", "rl.group_size=2", "rl.micro_batch_size=1", "rl.kl_mode=token_reward",
         "rl.rollout.max_turns=1", "rl.checkpoint_every=100", "rl.learning_rate=1e-3", "rl.gating.enabled=false",
         "video.nframes=2", "video.max_pixels=3072", "video.crop_max_frames=2",
+        # Every parameter partitioned and gathered per call, as at 8B: with the default threshold
+        # (100k) the tiny model's small layers would stay whole and their calls run no collective.
+        "rl.deepspeed.stage3_param_persistence_threshold=0",
     ])
     job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
     job_file = job.out_dir / "job.json"
@@ -72,7 +75,8 @@ def test_two_ranks_with_uneven_trajectories_stay_in_step_under_zero3(tmp_path, t
         assert row["trajectories"] == pytest.approx((8 + 2) / 2)  # the ranks' mean
         assert row["micro_batches"] == 8 and row["filler_micro_batches"] == pytest.approx(6 / 2)
         assert torch.isfinite(torch.tensor(row["loss"]))
-    # Both ranks rolled out with the same weights after every step, and the weights moved.
+    # Every step's weights reached both ranks' rollout engines (under ZeRO-3 both gather the same
+    # shards, so equal digests show the push ran on every rank), and the weights moved.
     assert ranks[0]["pushed"] == ranks[1]["pushed"] and len(ranks[0]["pushed"]) == 2
     assert ranks[0]["pushed"][0] != ranks[0]["pushed"][1]
     assert (job.out_dir / "model" / "config.json").is_file()

@@ -91,7 +91,7 @@ def test_the_loss_share_of_a_rank_is_scaled_by_world_over_the_global_token_count
         share, _ = micro_batch_loss(None, [t], cfg, {"pad": 0, "image": 1, "video": 2}, 10.0, "cpu", world=2)
     finally:
         P.sequence_logprobs = original
-    # ratio 1 everywhere (old log-probs -0.5 vs logp 0: exp(0.5)) -> per-token loss -exp(0.5)*2, clipped at 1.2*2
+    # ratio exp(0 - (-0.5)) = 1.65 on every token, clipped to 1.2 at advantage 2 -> per-token loss -2.4
     per_token = -min(torch.exp(torch.tensor(0.5)).item(), 1.2) * 2.0
     assert one.item() == pytest.approx(per_token)  # 4 tokens / 4 tokens
     assert share.item() == pytest.approx(per_token * 4 / 10 * 2)
