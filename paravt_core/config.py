@@ -385,6 +385,7 @@ class RLConfig(_Section):
     # The reference's log-prob temperature. The release scores it at 1.0 while the policy's
     # log-probs are at the rollout temperature, so k1 is biased upward (an implicit length
     # penalty); every paper row keeps that. None: the rollout temperature (our fix, its own row).
+    # The reference log-probs feed every kl_mode, so the k3 variants see the same temperatures.
     ref_temperature: float | None = Field(1.0, gt=0)
     kl_clamp: float | None = Field(10.0, gt=0)  # step 3: k1 clamped to [-kl_clamp, kl_clamp]; None: no clamp
     adv_eps: float = Field(1e-5, gt=0)  # the eps of steps 2 and 4 (the release's 1e-5)
