@@ -62,7 +62,10 @@ def video_key(video: Path, media_root: Path | None) -> str:
         return f"unreadable:{video}"
 
 
-def rl_prompt_from_row(row: dict[str, Any], where: str, media_root: Path | None = None) -> RLPrompt:
+def rl_prompt_from_row(row: dict[str, Any], where: str, media_root: Path | None = None,
+                       keys: dict[Path, str] | None = None) -> RLPrompt:
+    """One RL prompt; `keys` caches `video_key` per video across rows (a video outside the
+    media root is hashed whole, and several rows share a video)."""
     try:
         turns = row["prompt"]
         video = media_path({"url": row["videos"][0]["video"]})
@@ -72,7 +75,10 @@ def rl_prompt_from_row(row: dict[str, Any], where: str, media_root: Path | None 
     if extra.get("question_type") not in QUESTION_TYPES:
         raise RLRowError(f"{where}: extra_info.question_type {extra.get('question_type')!r} not in {QUESTION_TYPES}")
     messages = messages_from_rl_prompt(turns)
-    key = video_key(video, media_root)
+    keys = {} if keys is None else keys
+    if video not in keys:
+        keys[video] = video_key(video, media_root)
+    key = keys[video]
     digest = hashlib.sha256(json.dumps([turns, key, extra], sort_keys=True).encode()).hexdigest()[:16]
     prompt = EpisodePrompt(prompt_id=digest, video_path=video, messages=messages, tools=())
     return RLPrompt(prompt, str(extra.get("answer", "")), extra["question_type"], str(extra.get("question", "")), key)
@@ -89,10 +95,10 @@ def read_rl_prompts(files: Sequence[Path], question_types: Sequence[str] = QUEST
     """
     import pyarrow.parquet as pq
 
-    prompts, seen = [], {t: 0 for t in QUESTION_TYPES}
+    prompts, seen, keys = [], {t: 0 for t in QUESTION_TYPES}, {}
     for f in files:
         for i, row in enumerate(pq.read_table(f).to_pylist()):
-            prompt = rl_prompt_from_row(row, f"{Path(f).name}: row {i}", media_root)
+            prompt = rl_prompt_from_row(row, f"{Path(f).name}: row {i}", media_root, keys)
             seen[prompt.question_type] += 1
             if prompt.question_type in question_types:
                 prompts.append(prompt)

@@ -168,3 +168,24 @@ def test_moving_the_output_folder_keeps_every_prompt_id_and_frame_budget(tmp_pat
     pq.write_table(pa.Table.from_pylist(other), tmp_path / "other.parquet")
     (e,) = read_rl_prompts([tmp_path / "other.parquet"], media_root=media_a)
     assert e.prompt.prompt_id != a.prompt.prompt_id
+
+
+def test_a_video_outside_the_media_root_is_hashed_once_for_all_its_rows(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import paravt_core.video.hashing as hashing
+    from paravt_core.rl.data import read_rl_prompts
+
+    video = tmp_path / "clip.mp4"
+    video.write_bytes(b"bytes")
+    rows = [dict(_rows(video.as_uri())[0]) for _ in range(3)]
+    for i, row in enumerate(rows):
+        row["prompt"] = [{"role": "user", "content": f"<video>\nQuestion {i}?\nA. red\nB. blue"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rl.parquet")
+    calls = []
+    real = hashing.video_sha256
+    monkeypatch.setattr(hashing, "video_sha256", lambda path: calls.append(path) or real(path))
+    prompts = read_rl_prompts([tmp_path / "rl.parquet"])
+    assert len(prompts) == 3 and len({p.prompt.prompt_id for p in prompts}) == 3
+    assert len(calls) == 1 and {p.video_key for p in prompts} == {"sha256:" + real(video)}
