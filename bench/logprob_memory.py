@@ -4,7 +4,7 @@ One micro-batch of --tokens positions at the Qwen3-VL-2B hidden size (2048) and 
 vocabulary (151,936), a random head and random hidden states, float32 on the CPU:
   before  the path `sequence_logprobs` used to take: logits = head(hidden).float() / T for
           every position ([N, V]), log_softmax over them, gather the targets;
-  after   `paravt_core.rl.logprobs.selected_token_logprobs` with its default chunk
+  after   `paravt_core.model.logprobs.selected_token_logprobs` with its default chunk
           (LOGPROB_CHUNK rows of [chunk, V] at a time, checkpointed under autograd).
 Two modes: forward only under no_grad (the reference pass) and forward + backward of a
 weighted sum of the log-probs into the hidden states and the head weight (the policy pass;
@@ -64,7 +64,7 @@ def full_vocabulary_logprobs(head: torch.nn.Module, hidden: torch.Tensor, target
 
 def measure(path: str, mode: str, tokens: int) -> dict[str, float]:
     """One variant, in this process: the step's peak memory above the allocated inputs, and its time."""
-    from paravt_core.rl.logprobs import selected_token_logprobs
+    from paravt_core.model.logprobs import selected_token_logprobs
 
     torch.manual_seed(0)
     head = torch.nn.Linear(HIDDEN, VOCAB, bias=False, dtype=DTYPE)
@@ -112,7 +112,7 @@ def main() -> None:
         print(json.dumps(measure(path, mode, int(tokens))))
         return
 
-    from paravt_core.rl.logprobs import LOGPROB_CHUNK
+    from paravt_core.model.logprobs import LOGPROB_CHUNK
 
     print(f"hidden {HIDDEN}, vocab {VOCAB:,}, {DTYPE}, CPU, {torch.get_num_threads()} threads, "
           f"chunk {LOGPROB_CHUNK}; one [N, V] float32 copy = {args.tokens * VOCAB * 4 / 2**30:.2f} GiB at "

@@ -265,12 +265,25 @@ class SFTConfig(_Section):
     # plain forward+backward from 12.7 % to 8.1 % MFU but lets micro-batches of 2-8 long video
     # samples fit (batch 4 runs out of 80 GB without it). Off for the tiny model.
     gradient_checkpointing: bool = False
+    # How the token loss is computed (sft/loss.py): "logits" = the model's own loss over
+    # [tokens, 151,936] logits; "chunked" = only trained positions projected, 1024 rows at a
+    # time (same values, no full logits); "liger" = Liger's fused linear cross-entropy (Triton,
+    # CUDA only; not under ZeRO-3, whose partitioned head it cannot gather).
+    loss_impl: Literal["logits", "chunked", "liger"] = "logits"
+    # Liger's Triton RMSNorm and RoPE in the text model (CUDA only).
+    liger_kernels: bool = False
+    # Concatenate a micro-batch's samples into one row (per-sample 3-D positions, attention kept
+    # inside each sample) instead of right-padding them; same loss, no padded positions.
+    packing: bool = False
     checkpoint_every: int = Field(100, ge=1)
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
 
     @model_validator(mode="after")
     def _offload_fits_stage(self) -> SFTConfig:
         self.deepspeed.check_stage(self.zero_stage, "sft")
+        if self.loss_impl == "liger" and self.zero_stage == 3:
+            raise ValueError("sft.loss_impl=liger reads the output head's weight directly, which ZeRO-3 partitions; "
+                             "use sft.loss_impl=chunked with sft.zero_stage=3, or a zero_stage of 0-2")
         return self
 
 
@@ -401,7 +414,7 @@ class RLConfig(_Section):
     anchoring_mode: Literal["sequence", "token"] = "sequence"
     train_subagents: bool = True
     micro_batch_size: int = Field(4, ge=1)  # trajectories per forward/backward within a step
-    # Positions per chunk of the selected-token log-prob computation (rl/logprobs.py): the
+    # Positions per chunk of the selected-token log-prob computation (model/logprobs.py): the
     # [chunk, vocab] logits are the largest tensor of a log-prob pass, never [B, L, vocab].
     logprob_chunk: int = Field(1024, ge=1)
     zero_stage: int = Field(3, ge=0, le=3)

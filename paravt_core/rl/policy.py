@@ -43,7 +43,7 @@ from paravt_core.rl.grpo import (
     shaped_reward,
     token_advantages,
 )
-from paravt_core.rl.logprobs import LOGPROB_CHUNK, teacher_forced_logprobs
+from paravt_core.model.logprobs import LOGPROB_CHUNK, teacher_forced_logprobs
 from paravt_core.rl.rewards import RewardBreakdown, RewardScope, compute_reward, format_reward
 
 RewardFn = Callable[[Episode, RLPrompt], RewardBreakdown]
@@ -114,7 +114,7 @@ def sequence_logprobs(model, batch_trajs: Sequence[Trajectory], pad_id: int, ima
                       chunk: int = LOGPROB_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each trajectory's own tokens under `model` (logits / temperature).
 
-    Only the `needed` positions are projected to the vocabulary, in chunks (`rl/logprobs.py`):
+    Only the `needed` positions are projected to the vocabulary, in chunks (`model/logprobs.py`):
     no [B, L, V] logits tensor is built.
 
     Args:

@@ -218,3 +218,45 @@ def collate(samples: Sequence[EncodedSample], pad_id: int) -> dict[str, torch.Te
         if parts:
             batch[key] = torch.cat(parts)
     return batch
+
+
+# (input_ids [1, L], mm_token_type_ids [1, L], image_grid_thw, video_grid_thw, attention_mask) ->
+# (3-D rope positions [3, 1, L], deltas): the model's `get_rope_index`.
+RopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def pack(samples: Sequence[EncodedSample], rope_index: RopeIndex) -> dict[str, torch.Tensor]:
+    """A micro-batch as one row: the samples concatenated, no padding (`sft.packing`).
+
+    Each sample keeps the positions it has alone: its 3-D M-RoPE positions (`rope_index`
+    on the sample by itself) and a text position running from 0, as the 4-row `position_ids`
+    Qwen3-VL's text model reads (row 0 text, rows 1-3 temporal/height/width). With no
+    `attention_mask` and no KV cache (run the model with `use_cache=False`; with a cache
+    transformers skips this), it reads a packed row from the text positions restarting at 0
+    and keeps each token's attention inside its own sample. The first label of every sample
+    is masked, so no sample is trained to predict the next one's first token (alone, that
+    label is never predicted either). Vision patches are concatenated in sample order, as
+    `collate` does.
+    """
+    if not samples:
+        raise ValueError("pack needs at least one sample")
+    positions, labels = [], []
+    for s in samples:
+        rope, _ = rope_index(s.input_ids[None], s.mm_token_type_ids[None], image_grid_thw=s.image_grid_thw,
+                             video_grid_thw=s.video_grid_thw, attention_mask=None)  # [3, 1, L]
+        text = torch.arange(s.num_tokens, dtype=rope.dtype).view(1, 1, -1)
+        positions.append(torch.cat([text, rope.to(text.device)]))  # [4, 1, L]
+        sample_labels = s.labels.clone()
+        sample_labels[0] = IGNORE_INDEX
+        labels.append(sample_labels)
+    batch = {
+        "input_ids": torch.cat([s.input_ids for s in samples])[None],  # [1, sum L]
+        "labels": torch.cat(labels)[None],  # [1, sum L]
+        "mm_token_type_ids": torch.cat([s.mm_token_type_ids for s in samples])[None],  # [1, sum L]
+        "position_ids": torch.cat(positions, dim=2),  # [4, 1, sum L]
+    }
+    for key in ("pixel_values_videos", "video_grid_thw", "pixel_values", "image_grid_thw"):
+        parts = [getattr(s, key) for s in samples if getattr(s, key) is not None]
+        if parts:
+            batch[key] = torch.cat(parts)
+    return batch

@@ -4,7 +4,9 @@ Departures from the release's SFT (SPEC §1), point by point:
 - one trainer from 1 CPU rank to N GPUs (DeepSpeed ZeRO 0-3 from config, fp32 on CPU);
 - data order is a pure function of (seed, step), so a run resumed from a checkpoint sees
   the same samples, and so the same losses, as an uninterrupted one;
-- no sequence packing: micro-batches are right-padded.
+- sequence packing is a switch (`sft.packing`, `encode.pack`): a micro-batch's samples in
+  one row with per-sample positions and attention; off, micro-batches are right-padded;
+- the token loss may skip the full-vocabulary logits (`sft.loss_impl`, `sft/loss.py`).
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ def train(job: SFTJob) -> None:
     from paravt_core.memory import record_memory
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
-    from paravt_core.sft.encode import collate
+    from paravt_core.sft.encode import collate, pack
+    from paravt_core.sft.loss import micro_batch_loss
     from paravt_core.tracking import MetricLogger
 
     cfg = job.config
@@ -115,7 +118,10 @@ def train(job: SFTJob) -> None:
     record_memory(job.out_dir, job.stage, "constructed", rank, world, device, model)
     if sft.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    if sft.liger_kernels:
+        apply_liger_kernels(model, on_gpu)
     model.train()
+    rope_index = model.model.get_rope_index
     sampling = FrameSampling.from_config(cfg.video)
     dataset = SFTDataset(read_sft_rows(job.data_files), processor, FrameCache(job.frame_cache_dir, sampling),
                          OverlongPolicy(sft.max_seq_len, sft.overlong), frame_choices=cfg.video.sft_frame_choices)
@@ -143,14 +149,15 @@ def train(job: SFTJob) -> None:
         for a in range(sft.grad_accum_steps):
             batch_samples = micro_batch(dataset, step, sft.micro_batch_size, rank, world, a,
                                         sft.grad_accum_steps, cfg.run.seed, orders)
-            batch = {k: v.to(device) for k, v in collate(batch_samples, pad_id).items()}
-            loss = engine(**batch).loss
+            packed = pack(batch_samples, rope_index) if sft.packing else collate(batch_samples, pad_id)
+            batch = {k: v.to(device) for k, v in packed.items()}
+            loss = micro_batch_loss(engine, batch, sft.loss_impl)
             engine.backward(loss)
             if a == sft.grad_accum_steps - 1:
                 stage0_norm = pdist.local_grad_norm(engine) if sft.zero_stage == 0 else None
             engine.step()
             step_loss += loss.item() / sft.grad_accum_steps
-            tokens += int(batch["attention_mask"].sum())
+            tokens += sum(sample.num_tokens for sample in batch_samples)
             samples += len(batch_samples)
         loss_sum, tokens_all, samples_all = reduce_step_statistics(collectives, step_loss, tokens, samples)
         loss_mean = loss_sum / world
@@ -175,6 +182,18 @@ def train(job: SFTJob) -> None:
     metrics.finish()
     dist.barrier()
     pdist.shutdown_distributed()
+
+
+def apply_liger_kernels(model, on_gpu: bool) -> None:
+    """Liger's Triton RMSNorm and RoPE in the text model (`sft.liger_kernels`); the loss is `sft.loss_impl`'s."""
+    if not on_gpu:
+        raise RuntimeError("sft.liger_kernels runs Triton kernels, which need a CUDA GPU; turn it off on CPU")
+    try:
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_vl
+    except ImportError as err:
+        raise RuntimeError("sft.liger_kernels needs the liger-kernel package (the gpu extra: make install-gpu)") from err
+    apply_liger_kernel_to_qwen3_vl(rope=True, rms_norm=True, swiglu=False, cross_entropy=False,
+                                   fused_linear_cross_entropy=False, model=model)
 
 
 def _export(job: SFTJob, engine, rank: int, dataset, ckpt_dir: Path) -> None:

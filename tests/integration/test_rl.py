@@ -149,7 +149,7 @@ def test_no_gradient_through_tool_response_tokens(rl_setup, tiny_processor, tiny
     assert episode.tool_calls == 1 and "<tool_response>" in episode.text("transcript")
 
     # Gradients at the final hidden states: the vocabulary projection runs in chunks of
-    # positions (rl/logprobs.py), so no [B, L, V] logits tensor exists to hook.
+    # positions (model/logprobs.py), so no [B, L, V] logits tensor exists to hook.
     captured = []
     handle = tiny_model.model.language_model.norm.register_forward_hook(lambda m, i, out: captured.append(out))
     rl_cfg = RLConfig(kl_mode="none", temperature=1.0, decoupled_ppo=False)

@@ -10,7 +10,7 @@ import torch
 from paravt_core.agent.engine import Generation, GenerationRequest
 from paravt_core.agent.hf_engine import pad_requests
 from paravt_core.config import load_config
-from paravt_core.rl.logprobs import LOGPROB_CHUNK
+from paravt_core.model.logprobs import LOGPROB_CHUNK
 from paravt_core.rl.policy import left_pad, sequence_logprobs, trajectories
 
 pytestmark = pytest.mark.integration
@@ -147,7 +147,7 @@ def _zero3_rank(rank: int, model_dir: str, folder: str) -> None:
 
     from paravt_core.dist import rl_deepspeed_config, zero_optimizer
     from paravt_core.model.loading import load_model
-    from paravt_core.rl.logprobs import teacher_forced_logprobs
+    from paravt_core.model.logprobs import teacher_forced_logprobs
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paravt_core.rl.logprobs import output_layers, selected_token_logprobs
+from paravt_core.model.logprobs import output_layers, selected_token_logprobs
 
 HIDDEN, VOCAB, TEMPERATURE = 16, 50, 0.7
 
