@@ -1,22 +1,29 @@
-"""SFT on one GPU at the Qwen3-VL-2B shape: tokens/s and MFU of the project's job vs a plain forward+backward.
+"""SFT on one GPU at the Qwen3-VL-2B shape: tokens/s, MFU, GPU busy % and peak memory of switch sets vs the stock ceiling.
 
-Both sides train the same samples on the same random-weight 2B-shaped model (../shared/GPU.md:
+All sides train the same samples on the same random-weight 2B-shaped model (../shared/GPU.md:
 2.13 B parameters, the tiny kit's tokenizer and processor): a 64 s 640x360 video sampled at
-1 fps with at most 50,176 pixels per frame (64 frames of 160x288: 5,760 patches, 1,440
-merged video tokens) and a multi-turn text: 3,487 tokens per sample in all with the tiny
-tokenizer (measured on CPU; GPU.md's sample had 3,363).
-- ours: `paravt_core.sft` through the DeepSpeed launcher, one rank, ZeRO `--zero-stage`,
-  micro-batch 1 x `--accum`, the whole step (forward, backward, optimizer);
-- ceiling: a plain PyTorch forward+backward of the same encoded samples, no optimizer.
+1 fps with at most 50,176 pixels per frame (64 frames) and a multi-turn text: 3,487 tokens per
+sample with the tiny tokenizer (measured on CPU; GPU.md's sample had 3,363).
+- variants (`--variants`, table VARIANTS): the project's SFT worker through the DeepSpeed
+  launcher, one rank, the whole step (forward, backward, optimizer), each a set of switches:
+  ZeRO stage, activation checkpointing, `sft.loss_impl`, `sft.liger_kernels`, `sft.packing`
+  with micro-batch x accumulation at the same samples per step. A timing run (`steps_only`):
+  no checkpoint, no export.
+- ceiling: stock transformers forward+backward of one encoded sample (batch 1, no
+  checkpointing, no KV cache, the model's own loss), no optimizer: GPU.md's "stock ceiling".
 
 MFU = 6 x trainable parameters x tokens per step / step time / 989e12 (H100 dense bf16 peak).
-Tokens are the language model's sequence positions (text tokens plus the merged video
+Tokens are the language model's sequence positions (text tokens plus the merged visual
 tokens); the vision patches are not counted as tokens, while the vision tower's parameters
 are in the parameter count: the convention of the GPU.md figures, not an exact FLOP count.
-The first step of each side is warm-up and left out.
+The first step of each side is warm-up and left out. GPU busy % is NVML's utilization,
+sampled every 0.2 s while a variant runs (model loading included).
 
-Run: make bench-gpu, or .venv-gpu/bin/python bench/sft_gpu.py [--zero-stage 2] [--steps 6]
-Without a CUDA GPU it exits at once with status 2 saying so.
+--smoke runs the same code on the tiny model (CPU allowed, fp32, the variants that need no
+CUDA): it checks the script, not speed.
+
+Run: make bench-gpu, or python bench/sft_gpu.py [--variants z2,z2-fast] [--steps 4] [--out result.json]
+Without a CUDA GPU (and no --smoke) it exits at once with status 2 saying so.
 """
 
 from __future__ import annotations
@@ -26,11 +33,38 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 H100_BF16_PEAK = 989e12
 REPO = Path(__file__).resolve().parents[1]
+
+# name -> (description, config overrides). Every variant trains micro x accum = 8 samples per step.
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "z2": ("ZeRO-2, checkpointing, full-logits loss (the GPU.md baseline)",
+           ["sft.zero_stage=2", "sft.gradient_checkpointing=true", "sft.loss_impl=logits"]),
+    "z3": ("ZeRO-3, checkpointing, full-logits loss",
+           ["sft.zero_stage=3", "sft.gradient_checkpointing=true", "sft.loss_impl=logits"]),
+    "z2-fast": ("ZeRO-2, no checkpointing, Liger fused loss + RMSNorm/RoPE",
+                ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger",
+                 "sft.liger_kernels=true"]),
+    "z2-fast-pack2": ("ZeRO-2, no checkpointing, Liger, 2 samples packed per micro-batch",
+                      ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger",
+                       "sft.liger_kernels=true", "sft.packing=true", "sft.micro_batch_size=2",
+                       "sft.grad_accum_steps=4"]),
+    "z3-fast": ("ZeRO-3, no checkpointing, chunked loss + Liger RMSNorm/RoPE",
+                ["sft.zero_stage=3", "sft.gradient_checkpointing=false", "sft.loss_impl=chunked",
+                 "sft.liger_kernels=true"]),
+    "z2-chunked": ("ZeRO-2, no checkpointing, chunked loss, no Liger",
+                   ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=chunked"]),
+    # --smoke (CPU): the switches that need no CUDA.
+    "cpu-z0": ("ZeRO-0, full-logits loss", ["sft.zero_stage=0", "sft.loss_impl=logits"]),
+    "cpu-z0-pack2": ("ZeRO-0, chunked loss, 2 samples packed",
+                     ["sft.zero_stage=0", "sft.loss_impl=chunked", "sft.packing=true", "sft.micro_batch_size=2",
+                      "sft.grad_accum_steps=1"]),
+}
+DEFAULT_VARIANTS = "z2,z2-fast,z3-fast,z2-fast-pack2"
 
 
 def write_video(path: Path, seconds: int = 64, fps: int = 2, size: tuple[int, int] = (360, 640)) -> Path:
@@ -77,6 +111,7 @@ def conversation(video: Path, tokenizer, text_tokens: int) -> list[dict]:
 
 
 def prepare(tmp: Path, rows: int, args) -> tuple:
+    """(config builder, base model ref, SFT data ref) for the 2B shape, or the tiny model under --smoke."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -87,36 +122,94 @@ def prepare(tmp: Path, rows: int, args) -> tuple:
     from paravt_core.refs import ArtifactRef, content_hash
 
     tiny = build_tiny_model(TinyModelSpec(seed=0), tmp / "tiny")
-    model_dir = build_shaped_model("2b", tiny, tmp / "model-2b")
-    video = write_video(tmp / "clip.mp4")
+    if args.smoke:
+        model_dir = tiny
+    else:
+        import torch
+
+        model_dir = build_shaped_model("2b", tiny, tmp / "model-2b")
+        torch.cuda.empty_cache()  # the launched worker needs the memory this process cached building it
+    video = write_video(tmp / "clip.mp4", seconds=8 if args.smoke else 64)
     # The message texts; the template's role tags and per-frame timestamps bring the sample to 3,487 tokens.
-    messages = conversation(video, load_processor(tiny).tokenizer, text_tokens=1435)
+    messages = conversation(video, load_processor(tiny).tokenizer, text_tokens=200 if args.smoke else 1435)
     data = tmp / "sft"
     data.mkdir()
     pq.write_table(pa.Table.from_pylist([{"messages": json.dumps(messages), "videos": [str(video)]}] * rows),
                    data / "bench.parquet")
-    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
-        f"run.output_dir={tmp / 'out'}", "model.dtype=bfloat16", f"model.attn_implementation={args.attention}",
-        "video.sft_fps=1", "video.sft_max_frames=64", "video.max_pixels=50176", "sft.max_seq_len=8192",
-        f"sft.zero_stage={args.zero_stage}", "sft.micro_batch_size=1", f"sft.grad_accum_steps={args.accum}",
-        f"sft.max_steps={args.steps}", f"sft.checkpoint_every={10 * args.steps}", "sft.warmup_ratio=0.0",
-        "sft.learning_rate=2e-5", f"sft.gradient_checkpointing={str(args.checkpointing).lower()}",
-    ])
+    shape = (["model.dtype=float32", "video.sft_max_frames=4", "video.max_pixels=6144"] if args.smoke else
+             ["model.dtype=bfloat16", "video.sft_max_frames=64", "video.max_pixels=50176"])
+
+    def config(name: str, overrides: list[str]):
+        return load_config(REPO / "conf/pipeline/tiny.yaml", [
+            f"run.output_dir={tmp / 'out'}", f"run.name={name}", f"model.attn_implementation={args.attention}",
+            "video.sft_fps=1", *shape, "sft.max_seq_len=16384", "sft.micro_batch_size=1",
+            f"sft.grad_accum_steps={args.accum}", f"sft.max_steps={args.steps}",
+            f"sft.checkpoint_every={10 * args.steps}", "sft.warmup_ratio=0.0", "sft.learning_rate=2e-5", *overrides,
+        ])
+
     base = ArtifactRef(kind="base_model", path=model_dir, sha256=content_hash(model_dir))
     sft_data = ArtifactRef(kind="sft_data", path=data, sha256=content_hash(data))
-    return cfg, base, sft_data
+    return config, base, sft_data
 
 
-def ours(cfg, base, sft_data) -> list[dict]:
+class BusySampler:
+    """NVML GPU utilization every 0.2 s in a thread; `mean()` over the samples taken."""
+
+    def __init__(self):
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._pynvml = pynvml
+        except Exception:  # no NVML (CPU smoke run): nothing to sample
+            self._handle = None
+
+    def __enter__(self) -> BusySampler:
+        if self._handle is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.samples.append(self._pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def mean(self) -> float | None:
+        return statistics.mean(self.samples) if self.samples else None
+
+
+def ours(cfg, base, sft_data, name: str) -> tuple[list[dict], dict]:
+    """(losses.jsonl rows, last memory record) of a timing run of the project's SFT worker."""
+    from paravt_core.atomic import atomic_write_text
+    from paravt_core.dist import launch_workers
     from paravt_core.sft import stage
+    from paravt_core.sft.job import SFTJob
 
-    stage.run(cfg, base, sft_data, log_line=print)
-    run_dir = stage.run_dir(cfg, base, sft_data)
-    return [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
+    out = (cfg.run.output_dir / "bench" / name).resolve()
+    out.mkdir(parents=True)
+    job = SFTJob(config=cfg, base_model=base.path, base_model_sha256=base.sha256,
+                 data_files=stage.sft_shards(sft_data), data_sha256=sft_data.sha256, out_dir=out,
+                 frame_cache_dir=(cfg.run.output_dir / "cache" / "frames").resolve(), tracking_uri=None,
+                 mlflow_run_id=None, git_revision="bench", steps_only=True)
+    job_file = atomic_write_text(out / "job.json", job.model_dump_json(indent=2))
+    launch_workers(stage.WORKER, ["--job", str(job_file)], 1, None, lambda line: print(f"  [{name}] {line}"))
+    rows = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
+    memory = json.loads((out / "memory" / "rank0.json").read_text())
+    return rows, max(memory, key=lambda row: row.get("peak_device_bytes") or 0)
 
 
-def ceiling(cfg, base, sft_data, steps: int) -> tuple[list[float], int, int]:
-    """Tokens/s of forward+backward per step (first left out), trainable parameters, tokens per sample."""
+def ceiling(cfg, base, sft_data, steps: int, device: str) -> tuple[list[float], int, int, float]:
+    """Tokens/s of stock forward+backward per step (first left out), trainable parameters, tokens per
+    sample, peak GiB."""
     import torch
 
     from paravt_core.model.loading import load_model, load_processor
@@ -125,71 +218,119 @@ def ceiling(cfg, base, sft_data, steps: int) -> tuple[list[float], int, int]:
     from paravt_core.sft.encode import collate
 
     processor = load_processor(base.path)
-    model = load_model(base.path, dtype="bfloat16", device="cuda", attn_implementation=cfg.model.attn_implementation)
-    if cfg.sft.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    model = load_model(base.path, dtype=cfg.model.dtype, device=device,
+                       attn_implementation=cfg.model.attn_implementation)
     model.train()
-    sampling = FrameSampling(fps=cfg.video.sft_fps, max_frames=cfg.video.sft_max_frames,
-                             crop_fps=cfg.video.crop_fps, crop_min_frames=cfg.video.crop_min_frames,
-                             crop_max_frames=cfg.video.crop_max_frames,
-                             min_pixels=cfg.video.min_pixels, max_pixels=cfg.video.max_pixels)
     dataset = SFTDataset(read_sft_rows(stage.sft_shards(sft_data)), processor,
-                         FrameCache(cfg.run.output_dir / "cache" / "frames", sampling),
+                         FrameCache(cfg.run.output_dir / "cache" / "frames", FrameSampling.from_config(cfg.video)),
                          OverlongPolicy(cfg.sft.max_seq_len, cfg.sft.overlong))
-    batch = {k: v.to("cuda") for k, v in collate([dataset.encode(0)], processor.tokenizer.pad_token_id).items()}
+    batch = {k: v.to(device) for k, v in collate([dataset.encode(0)], processor.tokenizer.pad_token_id).items()}
     tokens = int(batch["attention_mask"].sum())
+    on_gpu = device == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
     rates = []
     for _ in range(steps):
-        torch.cuda.synchronize()
+        if on_gpu:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(cfg.sft.grad_accum_steps):
-            model(**batch).loss.backward()
-        torch.cuda.synchronize()
+            model(**batch, use_cache=False).loss.backward()
+        if on_gpu:
+            torch.cuda.synchronize()
         rates.append(tokens * cfg.sft.grad_accum_steps / (time.perf_counter() - t0))
         model.zero_grad(set_to_none=True)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return rates[1:], trainable, tokens
+    peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan")
+    del model
+    if on_gpu:
+        torch.cuda.empty_cache()
+    return rates[1:], trainable, tokens, peak
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--zero-stage", type=int, default=2, choices=(0, 1, 2, 3))
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, of {sorted(VARIANTS)}")
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--accum", type=int, default=8)
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--attention", default="sdpa", choices=("sdpa", "flash_attention_2", "eager"))
-    parser.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--smoke", action="store_true", help="the tiny model, CPU allowed: checks the script only")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args()
+    names = [n for n in args.variants.split(",") if n]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; known: {sorted(VARIANTS)}")
 
     import torch
 
-    if not torch.cuda.is_available():
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu and not args.smoke:
         print("bench/sft_gpu.py: no CUDA GPU is visible; this benchmark measures GPU training only "
-              "(run it on a CUDA machine: make install-gpu && make bench-gpu)", file=sys.stderr)
+              "(run it on a CUDA machine: make install-gpu && make bench-gpu; --smoke checks the script on CPU)",
+              file=sys.stderr)
         return 2
+    result: dict = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "smoke": args.smoke,
+                    "accum": args.accum, "steps": args.steps, "attention": args.attention, "variants": {}}
     with tempfile.TemporaryDirectory(prefix="paravt-bench-gpu-") as tmp_name:
-        cfg, base, sft_data = prepare(Path(tmp_name), args.rows, args)
-        rows = ours(cfg, base, sft_data)[1:]
-        plain, trainable, tokens_per_sample = ceiling(cfg, base, sft_data, args.steps)
+        config, base, sft_data = prepare(Path(tmp_name), args.rows, args)
+        plain, trainable, tokens_per_sample, plain_peak = ceiling(
+            config("ceiling", []), base, sft_data, args.steps, "cuda" if on_gpu else "cpu")
 
-    def mfu(tokens_per_s: float) -> float:
-        return 6 * trainable * tokens_per_s / H100_BF16_PEAK
+        def mfu(tokens_per_s: float) -> float:
+            return 6 * trainable * tokens_per_s / H100_BF16_PEAK
 
-    ours_rate = statistics.median(r["tokens_per_s"] for r in rows)
-    plain_rate = statistics.median(plain)
-    result = {
-        "device": torch.cuda.get_device_name(0), "zero_stage": args.zero_stage, "accum": args.accum,
-        "attention": args.attention, "gradient_checkpointing": args.checkpointing,
-        "trainable_params": trainable, "tokens_per_sample": tokens_per_sample,
-        "ours": {"tokens_per_s": ours_rate, "s_per_step": tokens_per_sample * args.accum / ours_rate,
-                 "mfu": mfu(ours_rate)},
-        "plain_forward_backward": {"tokens_per_s": plain_rate, "mfu": mfu(plain_rate)},
-    }
+        plain_rate = statistics.median(plain)
+        result.update(trainable_params=trainable, tokens_per_sample=tokens_per_sample,
+                      stock_ceiling={"tokens_per_s": plain_rate, "mfu": mfu(plain_rate), "peak_gib": plain_peak})
+        print(f"stock ceiling: {plain_rate:.0f} tokens/s, MFU {100 * mfu(plain_rate):.1f} %, "
+              f"peak {plain_peak:.1f} GiB", flush=True)
+        for name in names:
+            description, overrides = VARIANTS[name]
+            print(f"variant {name}: {description}", flush=True)
+            started = time.perf_counter()
+            with BusySampler() as busy:
+                try:
+                    cfg = config(name, overrides)
+                    rows, memory = ours(cfg, base, sft_data, name)
+                except Exception as exc:  # an OOM or a kernel failure ends this variant, not the benchmark
+                    result["variants"][name] = {"description": description, "error": str(exc)[-2000:]}
+                    print(f"  {name} failed: {str(exc)[-400:]}", flush=True)
+                    continue
+            rate = statistics.median(r["tokens_per_s"] for r in rows[1:] or rows)
+            row = {"description": description, "overrides": overrides, "tokens_per_s": rate,
+                   "s_per_step": tokens_per_sample * cfg.sft.micro_batch_size * cfg.sft.grad_accum_steps / rate,
+                   "mfu": mfu(rate),
+                   "vs_stock_ceiling": rate / plain_rate, "gpu_busy_pct": busy.mean(),
+                   "peak_gib": (memory.get("peak_device_bytes") or 0) / 2**30,
+                   "wall_s": time.perf_counter() - started, "losses": [r["loss"] for r in rows]}
+            result["variants"][name] = row
+            print(f"  {name}: {rate:.0f} tokens/s, MFU {100 * row['mfu']:.1f} %, {row['vs_stock_ceiling']:.2f}x the "
+                  f"stock ceiling, GPU busy {row['gpu_busy_pct'] or float('nan'):.0f} %, peak {row['peak_gib']:.1f} "
+                  f"GiB, {row['wall_s']:.0f} s", flush=True)
+    print(table(result))
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return 0
+
+
+def table(result: dict) -> str:
+    lines = [f"SFT at the {'tiny (smoke)' if result['smoke'] else '2B'} shape on {result['device']}, "
+             f"{result['tokens_per_sample']} tokens per sample, {result['accum']} samples per step",
+             f"{'variant':<15} | {'tokens/s':>9} | {'MFU %':>6} | {'x ceiling':>9} | {'busy %':>6} | {'peak GiB':>8}",
+             f"{'stock ceiling':<15} | {result['stock_ceiling']['tokens_per_s']:>9.0f} | "
+             f"{100 * result['stock_ceiling']['mfu']:>6.1f} | {1.0:>9.2f} | {'':>6} | "
+             f"{result['stock_ceiling']['peak_gib']:>8.1f}"]
+    for name, row in result["variants"].items():
+        if "error" in row:
+            lines.append(f"{name:<15} | failed: {row['error'].splitlines()[-1][:80] if row['error'] else ''}")
+            continue
+        busy = f"{row['gpu_busy_pct']:.0f}" if row["gpu_busy_pct"] is not None else "-"
+        lines.append(f"{name:<15} | {row['tokens_per_s']:>9.0f} | {100 * row['mfu']:>6.1f} | "
+                     f"{row['vs_stock_ceiling']:>9.2f} | {busy:>6} | {row['peak_gib']:>8.1f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -23,3 +23,6 @@ class SFTJob(BaseModel):
     mlflow_run_id: str | None
     git_revision: str
     stage: str = "sft"  # "pretrain": the tiny base's perception pretraining (paravt_core.model.pretrain)
+    # A timing run (bench/sft_gpu.py): the steps and their losses.jsonl only, no checkpoint
+    # and no exported model (at the 2B shape a checkpoint is 34 GB of optimizer state).
+    steps_only: bool = False

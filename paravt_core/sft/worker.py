@@ -173,12 +173,13 @@ def train(job: SFTJob) -> None:
             bar.set_postfix(loss=f"{loss_mean:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
             progress.step(step + 1, loss=loss_mean, lr=row["lr"], tok_s=row["tokens_per_s"])
         done = step + 1
-        if done % sft.checkpoint_every == 0 or done == sft.max_steps:
+        if not job.steps_only and (done % sft.checkpoint_every == 0 or done == sft.max_steps):
             pdist.save(engine, ckpt_dir, done, {"step": done})
         pdist.maybe_kill_for_test(done)
 
     record_memory(job.out_dir, job.stage, "trained", rank, world, device, engine.module)
-    _export(job, engine, rank, dataset, ckpt_dir)
+    if not job.steps_only:
+        _export(job, engine, rank, dataset, ckpt_dir)
     metrics.finish()
     dist.barrier()
     pdist.shutdown_distributed()
