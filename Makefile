@@ -18,7 +18,7 @@ GPU_STAMP := $(GPU_VENV)/.installed
 # The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
 GPU_PY ?= $(GPU_VENV)/bin/python
 
-.PHONY: install install-gpu demo test test-unit test-gpu serve serve-stop ui bench bench-gpu clean
+.PHONY: install install-gpu demo test test-unit test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,7 +53,16 @@ test-unit: $(STAMP)
 test-gpu:
 	@test -x $(GPU_PY) || command -v $(GPU_PY) >/dev/null || { echo "no $(GPU_PY): run make install-gpu, or GPU_PY=python3 on a prepared image"; exit 1; }
 	$(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: no CUDA GPU is visible')"
-	PYTHONUNBUFFERED=1 $(GPU_PY) -m pytest tests -m gpu -rs
+	PYTHONUNBUFFERED=1 $(GPU_PY) -m pytest $$(grep -rl "pytest.mark.gpu" tests --include='test_*.py') -m gpu -rs
+
+# The GPU proof in one command (scripts/gpu_check.py): wheels from .whl, the 2B-shape SFT and RL
+# benchmarks, the gpu tier; logs and summary.json under OUT. gpu-check-dry checks it on CPU.
+OUT ?= outputs/gpu-check
+gpu-check:
+	python3 scripts/gpu_check.py --out $(OUT)
+
+gpu-check-dry:
+	python3 scripts/gpu_check.py --out $(OUT) --dry-run
 
 # Loopback Prefect server + process work pool + deployments + worker, then
 # `prefect deployment run paravt/full-pipeline` runs the pipeline.
@@ -75,6 +84,7 @@ bench: $(STAMP)
 bench-gpu:
 	@test -x $(GPU_PY) || command -v $(GPU_PY) >/dev/null || { echo "no $(GPU_PY): run make install-gpu, or GPU_PY=python3 on a prepared image"; exit 1; }
 	PYTHONUNBUFFERED=1 $(GPU_PY) bench/sft_gpu.py
+	PYTHONUNBUFFERED=1 $(GPU_PY) bench/rl_gpu.py
 
 clean:
 	rm -rf outputs .prefect mlruns

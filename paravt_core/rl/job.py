@@ -22,3 +22,6 @@ class RLJob(BaseModel):
     tracking_uri: str | None
     mlflow_run_id: str | None
     git_revision: str
+    # A timing run (bench/rl_gpu.py): the steps and metrics.jsonl only, no checkpoint and no
+    # exported model (at the 2B shape a checkpoint is 34 GB of optimizer state).
+    steps_only: bool = False

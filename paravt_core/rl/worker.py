@@ -334,9 +334,12 @@ def _train_loop(trainer: Trainer, job: RLJob) -> None:
             progress.step(step + 1, reward=row["reward"], f_tau=row["f_tau"], kappa=row["kappa"],
                           rollout_s=row["time_rollout_s"])
         done = step + 1
-        if done % rl.checkpoint_every == 0 or done == rl.max_steps:
+        if not job.steps_only and (done % rl.checkpoint_every == 0 or done == rl.max_steps):
             pdist.save(trainer.policy, trainer.ckpt_dir, done, {"step": done})
         pdist.maybe_kill_for_test(done)
+    if job.steps_only:
+        metrics.finish()
+        return
     state = pdist.full_state_dict(trainer.policy, trainer.ckpt_dir, rl.zero_stage)
     if trainer.rank == 0:
         meta = {"stage": "rl", "row": rl.row, "resolved_config": job.config.model_dump(mode="json"),

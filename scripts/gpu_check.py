@@ -1,0 +1,205 @@
+"""The GPU proof in one command: every GPU-side path of the project, timed, logs under one folder.
+
+On an offline GPU machine prepared as ../shared/GPU.md says (Python 3.12, CUDA torch and
+transformers present; the project's other packages brought as wheels in `--wheels`), run from
+the repository root:
+
+    python3 scripts/gpu_check.py --out $OUT            # make gpu-check OUT=...
+    python3 scripts/gpu_check.py --out /tmp/x --dry-run   # on CPU: checks this script's own logic
+
+Steps, each with its own time limit so that one stall cannot eat the others' time, each
+logged to OUT/<step>.log, with GPU utilization and memory sampled beside them into
+OUT/smi.csv (`nvidia-smi -lms 500`):
+1. install: the wheels into a private target folder (`--site`), put on PYTHONPATH;
+2. probe: versions (torch, CUDA, cuDNN, transformers, deepspeed, liger-kernel) and the card;
+3. sft: `bench/sft_gpu.py` at the 2B shape, the switch sets of `--sft-variants` beside the
+   stock transformers ceiling (tokens/s, MFU, GPU busy %, peak memory);
+4. rl: `bench/rl_gpu.py`, two PARA-GRPO steps at the 2B shape in bf16 on the `hf` engine;
+5. test-gpu: the `gpu` test tier (`make test-gpu`'s files), the `hf` evaluator on a generated
+   split among them.
+OUT/summary.json gathers each step's status, seconds and the benchmarks' JSON; OUT/summary.md
+is the same as a table. The exit status is 0 only when every step passed.
+
+--dry-run runs nothing heavy: it checks that the wheels are there and named for the
+target (cp312 / abi3 / py3, manylinux x86_64), that every file a step names exists, that
+the commands are formed, and that the time limits fit the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# What the GPU image lacks that the GPU paths import (../shared/GPU.md), by wheel name prefix.
+REQUIRED_WHEELS = ("deepspeed", "hjson", "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "av",
+                   "liger_kernel")
+# python-abi-platform tags that install on CPython 3.12, x86_64 Linux.
+WHEEL_TAG = re.compile(r"-(cp312-cp312|cp3\d+-abi3|py3-none|py2\.py3-none)-(any|manylinux\S*x86_64)\.whl$")
+DEFAULT_SFT_VARIANTS = "z2,z2-fast,z3-fast,z2-fast-pack2"
+PROBE = """
+import json, torch
+info = {"python": __import__("sys").version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "gpu_memory_gib": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None}
+for name in ("transformers", "deepspeed", "liger_kernel", "triton", "av", "pydantic", "tokenizers", "huggingface_hub"):
+    try:
+        module = __import__(name)
+        info[name] = getattr(module, "__version__", "?")
+    except Exception as exc:
+        info[name] = f"missing: {exc}"
+print(json.dumps(info, indent=2))
+"""
+
+
+@dataclass
+class Step:
+    name: str
+    argv: list[str]
+    timeout_s: int
+    needs: list[Path] = field(default_factory=list)  # files the step reads (checked by --dry-run)
+    result: Path | None = None  # JSON the step writes
+
+
+def gpu_test_files() -> list[Path]:
+    """The test files holding `gpu`-marked tests (others may import packages the GPU image lacks)."""
+    return sorted(p for p in (REPO / "tests").rglob("test_*.py") if "pytest.mark.gpu" in p.read_text())
+
+
+def plan(out: Path, python: str, sft_variants: str, limits: dict[str, int]) -> list[Step]:
+    tests = gpu_test_files()
+    return [
+        Step("probe", [python, "-c", PROBE], limits["probe"]),
+        Step("sft", [python, "bench/sft_gpu.py", "--variants", sft_variants, "--steps", "3",
+                     "--out", str(out / "sft_gpu.json")], limits["sft"], [REPO / "bench/sft_gpu.py"],
+             out / "sft_gpu.json"),
+        Step("rl", [python, "bench/rl_gpu.py", "--steps", "2", "--out", str(out / "rl_gpu.json")], limits["rl"],
+             [REPO / "bench/rl_gpu.py"], out / "rl_gpu.json"),
+        Step("test-gpu", [python, "-m", "pytest", *[str(t.relative_to(REPO)) for t in tests], "-m", "gpu", "-rs",
+                          "-p", "no:cacheprovider", "--durations=15", f"--junitxml={out / 'test_gpu.xml'}"],
+             limits["test-gpu"], tests),
+    ]
+
+
+def wheel_problems(wheels: Path) -> list[str]:
+    if not wheels.is_dir():
+        return [f"no wheel folder {wheels} (build it as ../shared/GPU.md says)"]
+    files = sorted(wheels.glob("*.whl"))
+    problems = [f"{f.name}: not a wheel for CPython 3.12 on manylinux x86_64" for f in files
+                if not WHEEL_TAG.search(f.name)]
+    names = {f.name.split("-")[0].lower() for f in files}
+    problems += [f"no {name} wheel in {wheels}" for name in REQUIRED_WHEELS if name not in names]
+    size = sum(f.stat().st_size for f in files)
+    if size > 60 * 2**20:
+        problems.append(f"wheels total {size / 2**20:.0f} MiB; the device tool carries 64 MiB per call in all")
+    return problems
+
+
+def run_step(step: Step, out: Path, env: dict[str, str]) -> dict:
+    log = out / f"{step.name}.log"
+    started = time.perf_counter()
+    print(f"== {step.name} (limit {step.timeout_s} s): {shlex.join(step.argv)[:200]}", flush=True)
+    with open(log, "w") as f:
+        proc = subprocess.Popen(step.argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            status = "passed" if proc.wait(timeout=step.timeout_s) == 0 else f"failed (exit {proc.returncode})"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            status = f"timed out after {step.timeout_s} s"
+    seconds = time.perf_counter() - started
+    tail = log.read_text(errors="replace").splitlines()[-25:]
+    print(f"   {step.name}: {status} in {seconds:.0f} s", flush=True)
+    print("\n".join(f"   | {line}" for line in tail), flush=True)
+    row = {"status": status, "seconds": round(seconds, 1), "log": log.name}
+    if step.result is not None and step.result.is_file():
+        row["result"] = json.loads(step.result.read_text())
+    return row
+
+
+def summary_table(summary: dict) -> str:
+    lines = ["| step | status | seconds |", "|---|---|---|"]
+    lines += [f"| {name} | {row['status']} | {row['seconds']} |" for name, row in summary["steps"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="every log and result goes here")
+    parser.add_argument("--wheels", type=Path, default=REPO / ".whl")
+    parser.add_argument("--site", type=Path, default=Path("/tmp/site"), help="where the wheels are installed")
+    parser.add_argument("--python", default="python3")
+    parser.add_argument("--sft-variants", default=DEFAULT_SFT_VARIANTS)
+    parser.add_argument("--budget-s", type=int, default=540, help="the whole check must fit in this")
+    parser.add_argument("--limits", default="install=40,probe=20,sft=220,rl=100,test-gpu=150",
+                        help="seconds per step, name=seconds,...")
+    parser.add_argument("--skip", default="", help="comma-separated steps to leave out")
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    limits = {k: int(v) for k, v in (item.split("=") for item in args.limits.split(","))}
+    skip = {s for s in args.skip.split(",") if s}
+    args.out.mkdir(parents=True, exist_ok=True)
+    steps = [s for s in plan(args.out, args.python, args.sft_variants, limits) if s.name not in skip]
+    install = [args.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target",
+               str(args.site), *map(str, sorted(args.wheels.glob("*.whl")))]
+
+    problems = wheel_problems(args.wheels)
+    problems += [f"step {s.name}: {p} is missing" for s in steps for p in s.needs if not p.exists()]
+    total = limits["install"] + sum(s.timeout_s for s in steps)
+    if total > args.budget_s:
+        problems.append(f"the steps' limits add up to {total} s, over the {args.budget_s} s budget")
+    from importlib.util import find_spec
+
+    sys.path.insert(0, str(REPO / "bench"))
+    if find_spec("sft_gpu") is not None:
+        import sft_gpu
+
+        unknown = sorted(set(args.sft_variants.split(",")) - set(sft_gpu.VARIANTS))
+        if unknown:
+            problems.append(f"unknown SFT variant(s) {unknown}; bench/sft_gpu.py has {sorted(sft_gpu.VARIANTS)}")
+    if args.dry_run:
+        print(f"dry run: {len(steps) + 1} steps, limits {total} s of a {args.budget_s} s budget")
+        for s in [Step("install", install, limits["install"]), *steps]:
+            shown = [a if a != PROBE else "<version probe>" for a in s.argv]
+            print(f"  {s.name:>8} ({s.timeout_s:>3} s): {shlex.join(shown)}")
+        for p in problems:
+            print(f"problem: {p}")
+        return 1 if problems else 0
+    for p in problems:
+        print(f"warning: {p}", flush=True)
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(args.site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    smi = None
+    try:
+        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,utilization.gpu,memory.used",
+                                "--format=csv", "-lms", "500"], stdout=open(args.out / "smi.csv", "w"),
+                               stderr=subprocess.DEVNULL)
+    except FileNotFoundError:
+        print("warning: no nvidia-smi; no utilization trace", flush=True)
+    summary = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "steps": {}}
+    try:
+        for step in [Step("install", install, limits["install"]), *steps]:
+            summary["steps"][step.name] = run_step(step, args.out, env)
+            (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
+            if step.name == "install" and summary["steps"]["install"]["status"] != "passed":
+                break
+    finally:
+        if smi is not None:
+            smi.terminate()
+    (args.out / "summary.md").write_text(summary_table(summary))
+    print(summary_table(summary))
+    return 0 if all(row["status"] == "passed" for row in summary["steps"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
