@@ -10,8 +10,10 @@ Reported per step: wall time split into rollout / reference pass / policy update
 sub-agent's summary is not counted) and rollout tokens/s. The random model rarely writes a valid tool call, so most episodes are one
 generation of up to --max-new-tokens tokens: this measures the engine, not the agent.
 
+--smoke runs the same code on the tiny model in fp32 (CPU allowed): it checks the script, not speed.
+
 Run: python bench/rl_gpu.py [--steps 2] [--zero-stage 3] [--out result.json]
-Without a CUDA GPU it exits at once with status 2 saying so.
+Without a CUDA GPU (and no --smoke) it exits at once with status 2 saying so.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ def rl_rows(video: Path, n: int) -> list[dict]:
 
 
 def overrides(tmp: Path, args) -> list[str]:
-    return [f"run.output_dir={tmp / 'out'}", "model.dtype=bfloat16", f"rl.max_steps={args.steps}",
+    dtype = "float32" if args.smoke else "bfloat16"
+    return [f"run.output_dir={tmp / 'out'}", f"model.dtype={dtype}", f"rl.max_steps={args.steps}",
             f"rl.prompts_per_step={args.prompts}", f"rl.group_size={args.group}", f"rl.zero_stage={args.zero_stage}",
             "rl.checkpoint_every=1000", f"rl.rollout.max_new_tokens={args.max_new_tokens}",
-            f"rl.rollout.subagent_max_new_tokens={args.max_new_tokens}", "video.nframes=16", "video.max_pixels=50176"]
+            f"rl.rollout.subagent_max_new_tokens={args.max_new_tokens}", f"video.nframes={4 if args.smoke else 16}",
+            f"video.max_pixels={6144 if args.smoke else 50176}"]
 
 
 def main() -> int:
@@ -55,12 +59,14 @@ def main() -> int:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--zero-stage", type=int, default=3, choices=(0, 1, 2, 3))
+    parser.add_argument("--smoke", action="store_true", help="the tiny model, CPU allowed: checks the script only")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args()
 
     import torch
 
-    if not torch.cuda.is_available():
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu and not args.smoke:
         print("bench/rl_gpu.py: no CUDA GPU is visible; this benchmark measures GPU RL steps only",
               file=sys.stderr)
         return 2
@@ -83,8 +89,10 @@ def main() -> int:
         tmp = Path(tmp_name)
         started = time.perf_counter()
         tiny = build_tiny_model(TinyModelSpec(seed=0), tmp / "tiny")
-        model_dir = build_shaped_model("2b", tiny, tmp / "model-2b")
-        video = write_video(tmp / "clip.mp4")
+        model_dir = tiny if args.smoke else build_shaped_model("2b", tiny, tmp / "model-2b")
+        if on_gpu:
+            torch.cuda.empty_cache()
+        video = write_video(tmp / "clip.mp4", seconds=8 if args.smoke else 64)
         data = tmp / "rl"
         data.mkdir()
         pq.write_table(pa.Table.from_pylist(rl_rows(video, args.prompts * args.steps)), data / "rl.parquet")
@@ -105,9 +113,9 @@ def main() -> int:
                       "trajectories": row.get("trajectories"), "generated_tokens": generated,
                       "rollout_tokens_per_s": generated / row["time_rollout_s"] if row["time_rollout_s"] else None,
                       "kappa": row["kappa"], "loss": row["loss"]})
-    result = {"device": torch.cuda.get_device_name(0), "zero_stage": args.zero_stage, "prompts": args.prompts,
+    result = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "smoke": args.smoke, "zero_stage": args.zero_stage, "prompts": args.prompts,
               "group": args.group, "max_new_tokens": args.max_new_tokens, "wall_s_load_and_steps": wall,
-              "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30, "steps": steps}
+              "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None, "steps": steps}
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
