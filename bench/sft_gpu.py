@@ -284,6 +284,8 @@ def main() -> int:
         plain_rate = statistics.median(plain)
         result.update(trainable_params=trainable, tokens_per_sample=tokens_per_sample,
                       stock_ceiling={"tokens_per_s": plain_rate, "mfu": mfu(plain_rate), "peak_gib": plain_peak})
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=2))
         print(f"stock ceiling: {plain_rate:.0f} tokens/s, MFU {100 * mfu(plain_rate):.1f} %, "
               f"peak {plain_peak:.1f} GiB", flush=True)
         for name in names:
@@ -306,6 +308,8 @@ def main() -> int:
                    "peak_gib": (memory.get("peak_device_bytes") or 0) / 2**30,
                    "wall_s": time.perf_counter() - started, "losses": [r["loss"] for r in rows]}
             result["variants"][name] = row
+            if args.out:  # after every variant: a run stopped at a time limit keeps what it measured
+                args.out.write_text(json.dumps(result, indent=2))
             print(f"  {name}: {rate:.0f} tokens/s, MFU {100 * row['mfu']:.1f} %, {row['vs_stock_ceiling']:.2f}x the "
                   f"stock ceiling, GPU busy {row['gpu_busy_pct'] or float('nan'):.0f} %, peak {row['peak_gib']:.1f} "
                   f"GiB, {row['wall_s']:.0f} s", flush=True)

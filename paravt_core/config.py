@@ -493,10 +493,16 @@ class ReproduceConfig(_Section):
 class MLflowConfig(_Section):
     tracking_uri: str | None = None  # None: sqlite database inside run.output_dir
     experiment: str = "paravt"
+    # false: training stages open no MLflow run (their per-step metrics stay in the run folder's
+    # jsonl); for a machine without mlflow, e.g. the GPU image of ../shared/GPU.md.
+    enabled: bool = True
 
 
 # (section, field) of optional knobs added after stages were cached: hashed only when set.
-HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (("video", "sft_frame_choices"),)
+HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
+    ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
+    ("mlflow", "enabled"),
+)
 
 
 class PipelineConfig(_Section):
@@ -526,11 +532,12 @@ class PipelineConfig(_Section):
     def section_hash(self, *names: str) -> str:
         """Stable hash of some sections (all when none given): a cache key for stages.
 
-        A knob added to a section after stages were cached under it is left out while unset
-        (`HASHED_ONLY_WHEN_SET`), so configs that do not use it keep their cache keys."""
+        A knob added to a section after stages were cached under it is left out while at its
+        default (`HASHED_ONLY_WHEN_SET`), so configs that do not use it keep their cache keys."""
         dumped = self.model_dump(mode="json")
         for section, field in HASHED_ONLY_WHEN_SET:
-            if section in dumped and dumped[section].get(field) is None:
+            default = type(getattr(self, section)).model_fields[field].default
+            if section in dumped and dumped[section].get(field) == default:
                 del dumped[section][field]
         chosen = {n: dumped[n] for n in (names or tuple(dumped))}
         return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]

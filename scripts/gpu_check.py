@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", type=Path, default=Path("/tmp/site"), help="where the wheels are installed")
     parser.add_argument("--python", default="python3")
     parser.add_argument("--sft-variants", default=DEFAULT_SFT_VARIANTS)
-    parser.add_argument("--budget-s", type=int, default=540, help="the whole check must fit in this")
-    parser.add_argument("--limits", default="install=40,probe=20,sft=220,rl=100,test-gpu=150",
+    parser.add_argument("--budget-s", type=int, default=560, help="the whole check must fit in this")
+    parser.add_argument("--limits", default="install=30,probe=15,sft=250,rl=100,test-gpu=150",
                         help="seconds per step, name=seconds,...")
     parser.add_argument("--skip", default="", help="comma-separated steps to leave out")
     parser.add_argument("--dry-run", action="store_true")

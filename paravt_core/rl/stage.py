@@ -46,7 +46,7 @@ def make_job(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, with_
     return RLJob(config=cfg, init_model=init.path, init_model_sha256=init.sha256, data_files=rl_shards(rl_data),
                  media_root=media_dir(cfg).resolve(),
                  data_sha256=rl_data.sha256, out_dir=out.resolve(), tracking_uri=cfg.mlflow_uri(),
-                 mlflow_run_id=_mlflow_run(cfg, out, init, rl_data) if with_mlflow else None,
+                 mlflow_run_id=_mlflow_run(cfg, out, init, rl_data) if with_mlflow and cfg.mlflow.enabled else None,
                  git_revision=git_revision())
 
 

@@ -64,7 +64,7 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
             out_dir=out.resolve(),
             frame_cache_dir=(cfg.run.output_dir / "cache" / "frames").resolve(),
             tracking_uri=cfg.mlflow_uri(),
-            mlflow_run_id=_mlflow_run(cfg, out, base, sft_data, stage),
+            mlflow_run_id=_mlflow_run(cfg, out, base, sft_data, stage) if cfg.mlflow.enabled else None,
             git_revision=git_revision(),
             stage=stage,
         )

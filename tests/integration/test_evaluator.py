@@ -218,6 +218,7 @@ def world_config(output_dir: Path, **eval_fields) -> PipelineConfig:
 
 @pytest.fixture(scope="module")
 def eval_data(tmp_path_factory) -> ArtifactRef:
+    pytest.importorskip("great_expectations", reason="the data stage's contracts need great_expectations")
     from paravt_core.data import stage as data_stage
 
     return data_stage.run(world_config(tmp_path_factory.mktemp("eval-world")), progress=False).eval
@@ -410,6 +411,20 @@ def test_eval_flow_resolves_the_champion_caches_splits_and_logs_to_mlflow(prefec
     assert {"eval_table.md", "eval_report.json", "results"} <= artifacts
     table = Path(client.download_artifacts(run.info.run_id, "eval_table.md", str(tmp_path))).read_text()
     assert table.splitlines()[2].startswith("| champion | ")
+
+
+@pytest.mark.gpu
+def test_hf_evaluator_runs_a_generated_split_on_the_gpu_in_bf16(tmp_path, short_video, tiny_ref):
+    """The `hf` evaluator in bf16 on CUDA, subagent tool mode, on samples of the generated clip
+    (no data stage: the GPU image has no great_expectations for its contracts)."""
+    engine, processor = eval_stage.hf_engine(tiny_ref, "bfloat16")
+    assert engine.model.device.type == "cuda" and engine.model.dtype == torch.bfloat16
+    runner = HFSampleRunner(engine, processor, settings(tool_mode="subagent", concurrency=4, max_new_tokens=48))
+    samples = [mcq_sample(short_video, f"q{i}") for i in range(6)]
+    run = evaluate_split("videomme", samples, runner, tmp_path / "results", progress=False)
+    records = json.loads(run.results_json.read_text())["samples"]
+    assert run.summary["n"] == 6 and len(records) == 6
+    assert all(r["end_reason"] != "video_error" for r in records)
 
 
 @pytest.mark.gpu

@@ -162,7 +162,7 @@ def test_bf16_sft_on_one_gpu_resumes_after_a_kill(sft_setup, monkeypatch, zero_s
 
     config, base, sft_data = sft_setup
     cfg = config("model.dtype=bfloat16", f"sft.zero_stage={zero_stage}", "sft.max_steps=6", "sft.checkpoint_every=2",
-                 f"run.name=gpu-zero{zero_stage}")
+                 f"run.name=gpu-zero{zero_stage}", "mlflow.enabled=false")  # the GPU image has no mlflow
     monkeypatch.setenv("PARAVT_TEST_KILL_AT_STEP", "3")
     with pytest.raises(RuntimeError, match="exited with code"):
         stage.run(cfg, base, sft_data, log_line=lambda line: None)
@@ -186,7 +186,7 @@ def test_one_sft_step_of_the_2b_shape(sft_setup, tmp_path: Path):
     model_dir = build_shaped_model("2b", base.path, tmp_path / "2b")
     shaped = ArtifactRef(kind="base_model", path=model_dir, sha256=content_hash(model_dir))
     cfg = config("model.dtype=bfloat16", "sft.zero_stage=2", "sft.max_steps=1", "sft.gradient_checkpointing=true",
-                 "sft.learning_rate=2e-5", "run.name=gpu-2b")
+                 "sft.learning_rate=2e-5", "run.name=gpu-2b", "mlflow.enabled=false")
     stage.run(cfg, shaped, sft_data, log_line=print)
     run_dir = stage.run_dir(cfg, shaped, sft_data)
     assert torch.isfinite(torch.tensor(_losses(run_dir)[1]))
