@@ -234,15 +234,26 @@ class HFEngine:
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         """Copy the policy's new weights into the engine's model.
 
-        Every key of the model's `state_dict()` must be present. Extra keys are allowed
-        only for the model's non-persistent buffers (rotary `inv_freq`, which a gather of
-        `named_buffers()` includes): they are derived constants and are left as they are.
+        Every key of the model's `state_dict()` must be present, except a tied weight whose
+        twin is (Qwen3-VL-2B ties `lm_head.weight` to the embeddings, and a ZeRO-3 gather
+        names the shared tensor once). Extra keys are allowed only for the model's
+        non-persistent buffers (rotary `inv_freq`, which a gather of `named_buffers()`
+        includes): they are derived constants and are left as they are.
 
         Raises:
             KeyError: a weight is missing, or a key names nothing in the model.
         """
         expected = set(self.model.state_dict())
         buffers = {name for name, _ in self.model.named_buffers()}
+        state_dict = dict(state_dict)
+        tied: dict[int, list[str]] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            tied.setdefault(id(param), []).append(name)
+        for names in tied.values():
+            present = [n for n in names if n in state_dict]
+            for name in names:
+                if name not in state_dict and present:
+                    state_dict[name] = state_dict[present[0]]
         missing = sorted(expected - set(state_dict))
         unknown = sorted(set(state_dict) - expected - buffers)
         if missing or unknown:
