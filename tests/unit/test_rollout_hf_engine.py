@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from paravt_core.agent.engine import GenerationRequest, VisionInputs
@@ -67,3 +68,34 @@ def test_step_recorder_masks_tokens_after_recording_them():
     assert scores[0, 1] == 5.0  # the caller's tensor is untouched
     got = recorder.finish(torch.tensor([2]))
     torch.testing.assert_close(got, torch.log_softmax(scores, -1)[:, 2:])
+
+
+class _TiedLM(torch.nn.Module):
+    """An embedding and an output head sharing one weight, as Qwen3-VL-2B ties them."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 3)
+        self.lm_head = torch.nn.Linear(3, 5, bias=False)
+        self.lm_head.weight = self.embed.weight
+
+
+def test_update_weights_accepts_a_tied_weight_named_once_and_still_refuses_a_missing_one():
+    """A ZeRO-3 gather names a tied tensor once (found on the GPU at the 2B shape)."""
+    from paravt_core.agent.hf_engine import HFEngine
+
+    engine = HFEngine.__new__(HFEngine)
+    engine.model = _TiedLM()
+    new = torch.arange(15, dtype=torch.float32).view(5, 3)
+    engine.update_weights({"embed.weight": new})
+    assert torch.equal(engine.model.lm_head.weight, new) and torch.equal(engine.model.embed.weight, new)
+
+    class Untied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(5, 3)
+            self.lm_head = torch.nn.Linear(3, 5, bias=False)
+
+    engine.model = Untied()
+    with pytest.raises(KeyError, match="lm_head.weight"):
+        engine.update_weights({"embed.weight": new})
