@@ -102,9 +102,14 @@ def main() -> int:
         cfg = load_config(REPO / "conf/pipeline/tiny.yaml", overrides(tmp, args))
         job = stage.make_job(cfg, init, rl_data, with_mlflow=False).model_copy(update={"steps_only": True})
         started = time.perf_counter()
-        train(job)
+        error = None
+        try:
+            train(job)
+        except Exception as exc:  # e.g. out of memory in a later step: report the steps that finished
+            error = f"{type(exc).__name__}: {str(exc)[-1500:]}"
         wall = time.perf_counter() - started  # model loading and the steps; a timing run exports nothing
-        rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+        metrics = job.out_dir / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
     steps = []
     for row in rows:
         generated = args.prompts * args.group * row["response_length"]  # main agents' generated tokens
@@ -113,13 +118,15 @@ def main() -> int:
                       "trajectories": row.get("trajectories"), "generated_tokens": generated,
                       "rollout_tokens_per_s": generated / row["time_rollout_s"] if row["time_rollout_s"] else None,
                       "kappa": row["kappa"], "loss": row["loss"]})
-    result = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "smoke": args.smoke, "zero_stage": args.zero_stage, "prompts": args.prompts,
-              "group": args.group, "max_new_tokens": args.max_new_tokens, "wall_s_load_and_steps": wall,
-              "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None, "steps": steps}
+    result = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "smoke": args.smoke,
+              "zero_stage": args.zero_stage, "prompts": args.prompts, "group": args.group,
+              "max_new_tokens": args.max_new_tokens, "wall_s_load_and_steps": wall,
+              "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None, "steps": steps,
+              "error": error}
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
-    return 0
+    return 0 if error is None else 1
 
 
 if __name__ == "__main__":

@@ -468,7 +468,7 @@ def _lvbench_answer(row: Mapping[str, Any]) -> Problem:
 
 
 def _mlvu_answer(row: Mapping[str, Any]) -> Problem:
-    """The loader's own reading (blank candidates dropped, letters remapped), so the
+    """The loader's own reading (blank candidates dropped, letters kept), so the
     contract and the loader agree on what the answer names."""
     try:
         samples.mlvu_choices(samples.Row(Path("-"), 0, row))

@@ -595,11 +595,36 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return where + (getattr(err, "problem", None) or str(err).splitlines()[0])
 
 
-def _read_mapping(path: Path, what: str) -> dict[str, Any]:
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error.
+
+    Plain YAML keeps the last value: a second `sft:` section appended to a config would
+    silently replace the whole first one, resetting every knob it does not repeat.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                first = seen[key].start_mark.line + 1
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {first}); merge the two into one",
+                    key_node.start_mark)
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{what} file {path} does not exist (see conf/ for the shipped ones)")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x}); "
+                          "save the file as UTF-8") from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)}); fix the file") from None
     if not isinstance(raw, dict):
@@ -610,7 +635,7 @@ def _read_mapping(path: Path, what: str) -> dict[str, Any]:
 def load_rl_row(path: str | Path) -> dict[str, Any]:
     """An RL ablation row (`conf/rl/*.yaml`): a partial `rl` section, validated on its own."""
     path = Path(path)
-    raw = _read_mapping(path, "RL row")
+    raw = read_yaml_mapping(path, "RL row")
     try:
         RLConfig.model_validate(raw)
     except ValidationError as err:
@@ -623,7 +648,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
                 rl_row: str | Path | None = None) -> PipelineConfig:
     """Read a pipeline YAML, lay an RL row over its `rl` section, apply `key=value` overrides, validate."""
     path = Path(path)
-    raw = _read_mapping(path, "config")
+    raw = read_yaml_mapping(path, "config")
     if rl_row is not None:
         raw = _merge(raw, {"rl": load_rl_row(rl_row)})
     raw = _merge(raw, parse_overrides(overrides or []))

@@ -25,6 +25,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_BENCHMARKS = REPO_ROOT.parent / "shared" / "benchmarks"
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With PARAVT_FAILURES_AT_ONCE=1 (scripts/gpu_check.py), a failure's traceback is written
+    when it happens: a run stopped by a time limit still shows why its tests failed."""
+    if report.failed and os.environ.get("PARAVT_FAILURES_AT_ONCE") == "1":
+        import sys
+
+        print(f"\n--- {report.nodeid} failed ({report.when}) ---\n{report.longreprtext[-6000:]}\n", file=sys.stderr,
+              flush=True)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 

@@ -28,13 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_synth_config(path: Path | None, seed: int | None):
     """SynthConfig from an optional YAML file, with the seed overridden when given."""
-    import yaml
-
+    from paravt_core.config import read_yaml_mapping
     from paravt_core.data.synth import SynthConfig
 
     fields = {}
     if path is not None:
-        fields = yaml.safe_load(path.read_text()) or {}
+        fields = read_yaml_mapping(Path(path), "synth config")
         if set(fields) == {"synth"}:
             fields = fields["synth"]
     if seed is not None:

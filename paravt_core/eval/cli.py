@@ -77,6 +77,8 @@ def sample_record(sample: EvalSample) -> dict[str, Any]:
         "kind": sample.kind,
         "options": list(sample.options),
     }
+    if sample.letters:  # options with their own letters (a benchmark's gaps), not A, B, C, ...
+        record["option_letters"] = list(sample.letters)
     if sample.kind == "grounding":
         record["gt_start"], record["gt_end"] = sample.gt_start, sample.gt_end
     if sample.video_missing:

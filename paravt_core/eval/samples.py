@@ -19,12 +19,12 @@ loaders) as follows:
   MLVU question, listing the options twice; we do not.
 - MLVU answers are letters; a row whose answer is a candidate's text (the original MLVU
   json layout) is mapped to that candidate's letter. Anything else is an error. Real
-  MLVU rows carry empty strings among `candidates`: those are dropped and the letters
-  close up (a letter answer counts over the stored candidates, blanks included, and is
-  moved to its option's new letter; an answer naming a blank is an error). When blanks
-  were dropped and the question's "(A) ..." lines are not exactly the kept options, those
-  lines are replaced by the standard block of the kept options, so question, options and
-  answer agree.
+  MLVU rows carry empty strings among `candidates`: those are dropped and the others keep
+  their original letters (SPEC §7: the benchmark's letters are its ground truth; a row
+  with candidates ["", X, Y, ""] and answer B is asked with options B and C, answer B; an
+  answer naming a blank is an error). When blanks were dropped, the question's "(A) ..."
+  lines, if any, are replaced by the standard block of the kept options under their own
+  letters, so question, options and answer agree.
 - LVBench rows with a null `uid` (seen in real rows) get the stable id
   "lvbench-<12 hex>", the sha256 of the row's video name and question.
 - LongVideoBench: "N/A" options are dropped and `correct_choice` (0-based, counted over
@@ -104,7 +104,8 @@ class EvalSample:
 
     `answer` is an option letter (mcq), the reference text (open) or (start, end)
     seconds equal to (gt_start, gt_end) (grounding). `options` are option texts without
-    letter prefixes; option i has letter MCQ_LETTERS[i]. `extra` keeps per-dataset
+    letter prefixes; option i has letter MCQ_LETTERS[i], unless `letters` gives the options'
+    own letters (a benchmark's options with gaps, e.g. MLVU's blanks). `extra` keeps per-dataset
     fields a summary may break down by (a dict, so samples compare but do not hash).
     """
 
@@ -115,6 +116,7 @@ class EvalSample:
     answer: str | tuple[float, float]
     kind: Kind
     options: tuple[str, ...] = ()
+    letters: tuple[str, ...] = ()  # empty: A, B, C, ... in order
     gt_start: float | None = None
     gt_end: float | None = None
     duration_group: str | None = None
@@ -124,8 +126,15 @@ class EvalSample:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind == "mcq" and self.answer not in option_letters(len(self.options)):
+        if self.letters and len(self.letters) != len(self.options):
+            raise ValueError(f"sample {self.id}: {len(self.letters)} letters for {len(self.options)} options")
+        if self.kind == "mcq" and self.answer not in self.option_letters:
             raise ValueError(f"sample {self.id}: answer {self.answer!r} names no option")
+
+    @property
+    def option_letters(self) -> tuple[str, ...]:
+        """The letter of each option, in order."""
+        return self.letters or option_letters(len(self.options))
         if self.kind == "grounding" and self.answer != (self.gt_start, self.gt_end):
             raise ValueError(f"sample {self.id}: grounding answer must equal (gt_start, gt_end)")
 
@@ -300,9 +309,10 @@ def srt_to_text(srt: str) -> str:
 # --- question text --------------------------------------------------------------------
 
 
-def mcq_question(question: str, options: Sequence[str]) -> str:
-    """SPEC §7 MCQ text with a lettered "Options:" block."""
-    lettered = [f"{MCQ_LETTERS[i]}. {text}" for i, text in enumerate(options)]
+def mcq_question(question: str, options: Sequence[str], letters: Sequence[str] = ()) -> str:
+    """SPEC §7 MCQ text with a lettered "Options:" block (`letters`: the options' own, default A, B, ...)."""
+    letters = letters or MCQ_LETTERS[: len(options)]
+    lettered = [f"{letter}. {text}" for letter, text in zip(letters, options, strict=True)]
     return "\n".join([f"Question: {question}", "Options:", *lettered, MCQ_INSTRUCTION])
 
 
@@ -467,39 +477,41 @@ def _mlvu_kept_candidates(row: Row) -> tuple[list[str], list[int]]:
     return [text for _, text in kept], [index for index, _ in kept]
 
 
-def _mlvu_answer(row: Row, candidates: Sequence[str], positions: Sequence[int]) -> str:
-    """The answer's letter among the kept candidates (module docstring)."""
+def _mlvu_answer(row: Row, candidates: Sequence[str], letters: Sequence[str]) -> str:
+    """The answer's own letter (module docstring); never re-lettered."""
     answer = row.text("answer")
-    stored_letters = MCQ_LETTERS[: positions[-1] + 1] if positions else ""
+    stored_letters = MCQ_LETTERS[: len(row.sequence("candidates"))]
     if len(answer) == 1 and answer in stored_letters:
-        stored_index = stored_letters.index(answer)
-        if stored_index not in positions:
+        if answer not in letters:
             raise row.error("answer", f"{answer!r} names a blank candidate")
-        return MCQ_LETTERS[positions.index(stored_index)]
+        return answer
     if answer in candidates:
-        return MCQ_LETTERS[candidates.index(answer)]
+        return letters[candidates.index(answer)]
     raise row.error("answer", f"{answer!r} is neither an option letter nor a candidate")
 
 
-def _mlvu_question(row: Row, candidates: Sequence[str], dropped: bool) -> str:
+def _mlvu_question(row: Row, candidates: Sequence[str], letters: Sequence[str], dropped: bool) -> str:
     question = row.text("question")
     listed = inline_options(row, "question", question)
     if not listed:
-        return mcq_question(question, candidates)
-    if dropped and [text.strip() for text in listed] != list(candidates):
+        return mcq_question(question, candidates, letters)
+    if dropped and ([text.strip() for text in listed] != list(candidates)
+                    or tuple(letters) != option_letters(len(candidates))):
         stem = _INLINE_OPTION.sub("", question).strip()
-        return mcq_question(stem, candidates)
+        return mcq_question(stem, candidates, letters)
     if len(listed) != len(candidates):
         raise row.error("question", f"lists {len(listed)} options but there are "
                                     f"{len(candidates)} candidates")
     return inline_options_question(question)
 
 
-def mlvu_choices(row: Row) -> tuple[list[str], str, str]:
-    """(options, answer letter, question text) of an MLVU row, blanks dropped."""
+def mlvu_choices(row: Row) -> tuple[list[str], tuple[str, ...], str, str]:
+    """(options, their letters, answer letter, question text) of an MLVU row, blanks dropped."""
     candidates, positions = _mlvu_kept_candidates(row)
+    letters = tuple(MCQ_LETTERS[i] for i in positions)
     dropped = len(candidates) != len(row.sequence("candidates"))
-    return candidates, _mlvu_answer(row, candidates, positions), _mlvu_question(row, candidates, dropped)
+    return (candidates, letters, _mlvu_answer(row, candidates, letters),
+            _mlvu_question(row, candidates, letters, dropped))
 
 
 def mlvu_sample(row: Row, video_dir: Path) -> EvalSample:
@@ -508,7 +520,7 @@ def mlvu_sample(row: Row, video_dir: Path) -> EvalSample:
     The video is `<video_name>` directly under video_dir, or under MLVU's task folder
     (e.g. `1_plotQA/<video_name>`).
     """
-    options, answer, question = mlvu_choices(row)
+    options, letters, answer, question = mlvu_choices(row)
     task = row.text("task_type")
     name = row.text("video_name")
     places = [name] + ([f"{MLVU_TASK_DIRS[task]}/{name}"] if task in MLVU_TASK_DIRS else [])
@@ -521,6 +533,7 @@ def mlvu_sample(row: Row, video_dir: Path) -> EvalSample:
         answer=answer,
         kind="mcq",
         options=tuple(options),
+        letters=letters if letters != option_letters(len(options)) else (),
         category=task,
         video_missing=missing,
         extra={"duration": row.real("duration")},

@@ -185,3 +185,25 @@ def test_reproduce_config_pretrains_the_tiny_base_and_runs_paper_rows_over_three
     # evaluation's question type
     assert set(cfg.rl.gating.choices) <= set(cfg.video.sft_frame_choices)
     assert cfg.rl.question_types == ("mcq",) and cfg.eval.splits == ("videomme",)
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path):
+    """Issue #33 item 3: a second `sft:` section silently replaced the first (rc 0, SFT defaults back)."""
+    shipped = (Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml").read_text()
+    path = tmp_path / "tiny.yaml"
+    path.write_text(shipped + "sft:\n  learning_rate: 5.0\n")
+    first = 1 + next(i for i, line in enumerate(shipped.splitlines()) if line.startswith("sft:"))
+    with pytest.raises(ConfigError, match=rf"tiny.yaml.*line {len(shipped.splitlines()) + 1}.*duplicate key 'sft' "
+                                          rf"\(first given on line {first}\)"):
+        load_config(path)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("sft:\n  max_steps: 3\n  max_steps: 4\n")
+    with pytest.raises(ConfigError, match="line 3.*duplicate key 'max_steps'"):
+        load_config(nested)
+
+
+def test_a_config_that_is_not_utf8_names_the_byte(tmp_path: Path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("run:\n  name: café\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 16 is 0xe9\)"):
+        load_config(path)

@@ -476,13 +476,14 @@ def test_cli_eval_score_bad_line_exit_2(monkeypatch, capsys, bad_line: str) -> N
 # --- real quirks and quarantine (issue: one bad row never sinks a split) -----------------
 
 
-def test_mlvu_real_rows_with_blank_candidates_drop_them_and_remap_letters(
+def test_mlvu_real_rows_with_blank_candidates_drop_them_and_keep_their_letters(
     benchmarks: Path, tmp_path: Path
 ) -> None:
-    rows = raw_rows(benchmarks, "mlvu")[:3]
-    # a blank at the end, as real MLVU rows store it: the question still lists the others
+    """SPEC §7: a benchmark's letters are its ground truth; blanks go, letters stay (issue #33 item 9)."""
+    rows = raw_rows(benchmarks, "mlvu")[:4]
+    # a blank at the end, as real MLVU rows store it: the question lists the others, letters unchanged
     trailing = {**rows[0], "candidates": [*rows[0]["candidates"], ""]}
-    # a blank in the middle (listed as an empty "(B)" line): letters after it close up
+    # a blank in the middle (listed as an empty "(B)" line): the options after it keep their letters
     middle = dict(rows[1])
     texts = list(middle["candidates"])
     answer_text = texts[ord(middle["answer"]) - ord("A")]
@@ -491,21 +492,30 @@ def test_mlvu_real_rows_with_blank_candidates_drop_them_and_remap_letters(
     listed = "".join(f"\n({'ABCDEFGHIJ'[i]}) {t}" for i, t in enumerate(stored))
     middle.update(candidates=stored, question=stem + listed + "\n",
                   answer="ABCDEFGHIJ"[stored.index(answer_text)])
-    # an answer naming the blank cannot be remapped: that row is quarantined
+    # the real row of the probe: ["", X, Y, ""], answer B, no options in the question
+    archery = {**rows[3], "candidates": ["", "There is an archery scene", "There is no archery scene", ""],
+               "answer": "B", "question": "Is there an archery scene in the video?"}
+    # an answer naming the blank is an error: that row is quarantined
     names_blank = {**rows[2], "candidates": [rows[2]["candidates"][0], "", *rows[2]["candidates"][1:]],
                    "answer": "B"}
-    path = write_jsonl(tmp_path / "mlvu.jsonl", [trailing, middle, names_blank])
+    path = write_jsonl(tmp_path / "mlvu.jsonl", [trailing, middle, archery, names_blank])
     make_videos(tmp_path, {row["video_name"] for row in rows})
 
     loaded = read_split("mlvu", path, tmp_path)
 
-    first, second = loaded.samples
+    first, second, third = loaded.samples
     assert first.options == tuple(rows[0]["candidates"]) and first.answer == rows[0]["answer"]
+    assert first.option_letters == tuple("ABCDEFGHIJ"[: len(first.options)])
     assert first.question == inline_options_question(rows[0]["question"].strip())
-    assert second.options == tuple(texts)
-    assert second.options["ABCDEFGHIJ".index(second.answer)] == answer_text
-    assert second.question == mcq_question(stem, texts)
-    assert [(q.row, q.field) for q in loaded.quarantined] == [(3, "answer")]
+    assert second.options == tuple(texts) and second.answer == middle["answer"]
+    assert second.option_letters == ("A", *"CDEFGHIJ"[: len(texts) - 1])
+    assert second.options[second.option_letters.index(second.answer)] == answer_text
+    assert second.question == mcq_question(stem, texts, second.option_letters)
+    assert third.answer == "B" and third.option_letters == ("B", "C")
+    assert third.options == ("There is an archery scene", "There is no archery scene")
+    assert "\nB. There is an archery scene\nC. There is no archery scene\n" in third.question
+    assert "A. " not in third.question
+    assert [(q.row, q.field) for q in loaded.quarantined] == [(4, "answer")]
     assert "names a blank candidate" in loaded.quarantined[0].reason
 
 

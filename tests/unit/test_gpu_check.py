@@ -33,7 +33,7 @@ def test_dry_run_passes_with_the_wheels_and_prints_every_step(tmp_path: Path, ca
     printed = capsys.readouterr().out
     for step in ("install", "probe", "sft", "rl", "test-gpu"):
         assert f" {step} (" in printed
-    assert "bench/sft_gpu.py --variants z2,z2-fast,z3-fast,z2-fast-pack2" in printed
+    assert "bench/sft_gpu.py --variants z2,z2-fast,z3-fast " in printed
     assert "tests/integration/test_sft_packing.py" in printed  # the gpu tier's files, found by their marker
 
 
