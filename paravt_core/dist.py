@@ -372,12 +372,31 @@ def checkpoint_damage(tag_dir: Path) -> str | None:
     return None
 
 
+def _latest_tag(checkpoint_dir: Path) -> str | None:
+    """The tag `latest` names, or None when the file is missing, empty, unreadable or names
+    no step folder (a run killed while DeepSpeed rewrote it)."""
+    try:
+        latest = (checkpoint_dir / "latest").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return latest if latest.startswith("step") and (checkpoint_dir / latest).is_dir() else None
+
+
 def resume_candidates(checkpoint_dir: Path) -> list[str]:
     """The tags to try, newest first: the one `latest` names, then older `step*` tags
-    (never a newer one: DeepSpeed writes `latest` only after a tag is complete)."""
-    latest = (checkpoint_dir / "latest").read_text().strip()
-    older = sorted((p.name for p in checkpoint_dir.glob("step*") if p.is_dir() and p.name < latest), reverse=True)
-    return [latest, *older]
+    (never a newer one: DeepSpeed writes `latest` only after a tag is complete). When
+    `latest` is damaged, every `step*` tag, newest first (each is checked before use)."""
+    steps = sorted((p.name for p in checkpoint_dir.glob("step*") if p.is_dir()), reverse=True)
+    latest = _latest_tag(checkpoint_dir)
+    if latest is None:
+        return steps
+    return [latest, *(tag for tag in steps if tag < latest)]
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _intact_on_every_rank(intact: bool) -> bool:
@@ -401,8 +420,10 @@ def resume(engine, checkpoint_dir: Path, warn: LogLine = print) -> dict[str, Any
         CheckpointError: checkpoints exist but none is intact.
     """
     if not (checkpoint_dir / "latest").is_file():
-        return {}
+        return {}  # no save ever finished (DeepSpeed writes `latest` last)
     damaged = []
+    if _latest_tag(checkpoint_dir) is None:
+        damaged.append(f"{checkpoint_dir / 'latest'} (empty, unreadable or naming no step folder)")
     for tag in resume_candidates(checkpoint_dir):
         problem = checkpoint_damage(checkpoint_dir / tag)
         if _intact_on_every_rank(problem is None):
@@ -410,6 +431,11 @@ def resume(engine, checkpoint_dir: Path, warn: LogLine = print) -> dict[str, Any
                 warn(f"warning: resuming from {checkpoint_dir / tag}, the newest intact checkpoint; skipped the "
                      f"damaged {'; '.join(damaged)}")
             _, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
+            if damaged and _rank() == 0:
+                # `latest` names what later reads (ZeRO-3 consolidation, replay) use: the tag resumed from
+                from paravt_core.atomic import atomic_write_text
+
+                atomic_write_text(checkpoint_dir / "latest", tag)
             return client_state or {}
         damaged.append(problem or f"{checkpoint_dir / tag} (damaged on another rank)")
     raise CheckpointError(

@@ -74,3 +74,17 @@ def test_no_intact_checkpoint_names_the_folder_and_the_fix(tmp_path):
 def test_checkpoint_damage_needs_model_states(tmp_path):
     (tmp_path / "step0000001").mkdir()
     assert "no *model_states.pt" in checkpoint_damage(tmp_path / "step0000001")
+
+
+@pytest.mark.parametrize("latest", [b"", b"step00", b"\xff\xfe", b"step0000099"])
+def test_a_damaged_latest_file_falls_back_to_the_newest_intact_step(tmp_path, latest: bytes):
+    """Issue #33 item 4: an empty or half-written `latest` stopped the stage though intact steps exist."""
+    write_checkpoints(tmp_path, [10, 20])
+    (tmp_path / "latest").write_bytes(latest)
+    warnings: list[str] = []
+    engine = RecordingEngine()
+    assert resume(engine, tmp_path, warn=warnings.append) == {"step": 20}
+    assert engine.loaded == ["step0000020"]
+    (warning,) = warnings
+    assert f"{tmp_path / 'latest'} (empty, unreadable or naming no step folder)" in warning
+    assert (tmp_path / "latest").read_text() == "step0000020"  # repaired for later readers
