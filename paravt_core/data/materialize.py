@@ -158,7 +158,13 @@ def rewrite_video_entry(entry: Any, rewrite: Callable[[str], str]) -> Any:
 
 def _rewrite_messages_cell(cell: Any, rewrite: Callable[[str], str]) -> Any:
     if isinstance(cell, str):  # messages kept as a JSON string: rewrite inside, stay a string
-        return json.dumps(rewrite_messages(json.loads(cell), rewrite), ensure_ascii=False)
+        try:
+            messages = json.loads(cell)
+        except ValueError:
+            # Left as it is: the SFT contract (validate step) names the file and row, and sets
+            # the row aside under `data.on_bad_rows: quarantine` or stops the stage under `fail`.
+            return cell
+        return json.dumps(rewrite_messages(messages, rewrite), ensure_ascii=False)
     return rewrite_messages(cell, rewrite)
 
 
@@ -197,11 +203,24 @@ def materialize_table(table: pa.Table, kind: TableKind, rewrite: Callable[[str],
     return table
 
 
+class UnreadableShardError(ValueError):
+    """A release parquet file that pyarrow cannot read (truncated or damaged download)."""
+
+
+def _read_parquet(path: Path, schema_only: bool = False) -> Any:
+    try:
+        return pq.read_schema(path) if schema_only else pq.read_table(path)
+    except (OSError, pa.ArrowException) as error:
+        raise UnreadableShardError(
+            f"{path}: not a readable parquet file ({error}); the download is likely truncated or damaged: "
+            f"delete this file and run the data stage again to fetch it anew") from None
+
+
 def classify_shards(snapshot: Path) -> dict[TableKind, list[Path]]:
     """The parquet files of a ParaVT-Parquet snapshot, by layout; refuses clashing names."""
     shards: dict[TableKind, list[Path]] = {"sft": [], "rl": []}
     for path in sorted(Path(snapshot).rglob("*.parquet")):
-        kind = table_kind(pq.read_schema(path))
+        kind = table_kind(_read_parquet(path, schema_only=True))
         if kind is None:
             log.warning("%s has neither `messages` (SFT) nor `prompt` (RL) rows; skipped", path)
             continue
@@ -221,7 +240,7 @@ def _write_shards(
 ) -> int:
     rows = 0
     for path in tqdm(list(paths), desc=f"materializing {kind} shards", unit="shard", disable=not progress):
-        table = materialize_table(pq.read_table(path), kind, rewrite)
+        table = materialize_table(_read_parquet(path), kind, rewrite)
         pq.write_table(table, out / path.name, compression="zstd")
         rows += table.num_rows
     return rows

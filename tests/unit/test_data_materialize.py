@@ -205,3 +205,25 @@ def test_sentinels_that_escape_the_media_root_are_refused_and_reported(media_roo
     assert report["selfqa"].escaping == 2 and report["selfqa"].referenced == 1
     assert set(report["selfqa"].escaping_examples) == {climbing, through_link}
     assert "refused, outside the media root (2): " in missing_table(report)
+
+
+def test_a_malformed_json_messages_cell_is_left_for_the_contract_to_name(media_root):
+    """Issue #33 item 6: a bare JSONDecodeError stopped the stage even under quarantine."""
+    schema = pa.schema([("messages", pa.string()), ("videos", pa.list_(pa.string()))])
+    good = sft_row(PRESENT[2])
+    table = pa.Table.from_pylist([{"messages": '[{"role": "user", "content": ', "videos": good["videos"]},
+                                  {"messages": json.dumps(good["messages"]), "videos": good["videos"]}],
+                                 schema=schema)
+    out = materialize_table(table, "sft", SentinelRewriter(media_root))
+    assert out.column("messages")[0].as_py() == '[{"role": "user", "content": '
+    assert json.loads(out.column("messages")[1].as_py())[1]["content"][0]["video_url"]["url"] == \
+        uri(media_root, PRESENT[2])
+
+
+def test_a_truncated_release_shard_is_named_with_what_to_do(tmp_path, media_root):
+    snapshot = write_snapshot(tmp_path / "snapshot")
+    shard = next(snapshot.rglob("paravt_sft_selftrace.parquet"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(ValueError, match=rf"{shard}: not a readable parquet file .* delete this file and run the "
+                                         r"data stage again"):
+        materialize_release(snapshot, media_root, tmp_path / "materialized", progress=False)
