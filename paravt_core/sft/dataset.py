@@ -79,6 +79,20 @@ class FrameCache:
         key = hashlib.sha256(f"{self._video_hash(path)}|{sampling.key()}|{window}".encode()).hexdigest()
         return self.root / key[:2] / f"{key}.npz"
 
+    @staticmethod
+    def _read_entry(entry: Path) -> tuple[np.ndarray, dict[str, Any]] | None:
+        """(frames, metadata fields) of a cache file, or None (and the file removed) when it is
+        damaged, e.g. truncated by a full disk or a killed copy: the caller decodes again."""
+        import zipfile
+
+        try:
+            with np.load(entry) as z:
+                return z["frames"], json.loads(str(z["meta"]))
+        except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError) as error:
+            _damaged_entry_warning(entry, error)
+            entry.unlink(missing_ok=True)
+            return None
+
     def load(self, path: Path, window: tuple[float, float] | None = None, max_frames: int | None = None):
         """(frames uint8 [T, H, W, 3], transformers VideoMetadata) for one video, or for the
         window (start, end) seconds of it sampled as a crop. `max_frames` caps a whole video's
@@ -90,16 +104,21 @@ class FrameCache:
             sampling = dataclasses.replace(sampling, max_frames=min(max_frames, sampling.max_frames))
         entry = self._entry(path, window, sampling)
         if entry.is_file():
-            self.hits += 1
-            with np.load(entry) as z:
-                frames, meta = z["frames"], json.loads(str(z["meta"]))
-            return frames, VideoMetadata(**meta)
+            cached = self._read_entry(entry)
+            if cached is not None:
+                self.hits += 1
+                return cached[0], VideoMetadata(**cached[1])
         self.misses += 1
         frames, meta = decode_video(path, sampling, window)
         buf = io.BytesIO()
         np.savez(buf, frames=frames, meta=np.array(json.dumps(meta)))
         atomic_write_bytes(entry, buf.getvalue())
         return frames, VideoMetadata(**meta)
+
+
+def _damaged_entry_warning(entry: Path, error: Exception) -> None:
+    log.warning("frame cache entry %s is damaged (%s: %s); decoding the video again",
+                                        entry, type(error).__name__, error)
 
 
 def decode_video(path: Path, s: FrameSampling, window: tuple[float, float] | None = None

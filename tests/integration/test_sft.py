@@ -288,3 +288,16 @@ def test_perception_check_asks_the_subagent_of_every_window(tiny_model_dir: Path
     report = perception_report(tiny_model_dir, cfg, truths)
     assert report.windows == 2
     assert all(0.0 <= value <= 1.0 for value in report.as_metrics().values())
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "not_npz"])
+def test_a_damaged_frame_cache_entry_is_decoded_again(short_video: Path, tmp_path: Path, damage: str):
+    """Issue #33 item 8: a truncated cache .npz raised BadZipFile past SFT's skip logic."""
+    cache = _frames_of(tmp_path)
+    frames, meta = cache.load(short_video)
+    (entry,) = list(tmp_path.rglob("*.npz"))
+    data = entry.read_bytes()
+    entry.write_bytes({"truncated": data[: len(data) // 2], "empty": b"", "not_npz": b"PK\x03\x04junk"}[damage])
+    again, meta_again = _frames_of(tmp_path).load(short_video)
+    assert (again == frames).all() and meta_again.frames_indices == meta.frames_indices
+    assert entry.read_bytes() == data  # rewritten whole
