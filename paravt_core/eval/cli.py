@@ -7,7 +7,8 @@
         a sample is named on stderr (file, row, field, reason) and the others still print.
     paravt eval score
         reads JSON lines {"kind": "mcq"|"grounding", "response", "answer"} on stdin
-        (answer: a letter, or [start, end] seconds) and prints {"pred", "score"} per line.
+        (answer: a letter, or [start, end] seconds) and prints {"pred", "score"} per line; a
+        bad line prints {"pred": null, "score": null, "error"} and scoring goes on.
 
     paravt eval run --config FILE [--set K=V] --model REF [--split S ...] [--label L]
         evaluate a model on the prepared splits and print the table
@@ -18,7 +19,7 @@
         `eval run --set eval.engine=openai` (`paravt_core.eval.serve`).
 
 Open-ended answers (MMVU) have no SPEC §7 scoring rule, so `score` refuses kind "open".
-Exit status 2 on an unreadable rows file, one with no readable row, or a bad `score` input
+Exit status 2 on an unreadable rows file, one with no readable row, or any bad `score` input
 line, with the file / line named.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import numbers
 import sys
 from pathlib import Path
@@ -125,7 +127,10 @@ def _grounding_answer(value: Any) -> tuple[float, float]:
         or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
     ):
         raise ValueError(f'grounding "answer" must be [start, end] numbers, got {value!r}')
-    return float(value[0]), float(value[1])
+    start, end = float(value[0]), float(value[1])
+    if not (math.isfinite(start) and math.isfinite(end)) or start < 0 or start >= end:
+        raise ValueError(f'grounding "answer" must be finite seconds with 0 <= start < end, got {value!r}')
+    return start, end
 
 
 def score_record(record: Any) -> Scored:
@@ -151,6 +156,9 @@ def run_evaluation(args: argparse.Namespace) -> int:
 
 
 def score_stdin(args: argparse.Namespace) -> int:
+    """One output line per non-blank input line; a bad line gets {"pred": null, "score": null,
+    "error": ...} (and its reason on stderr) and scoring goes on; exit 2 if any line was bad."""
+    bad = 0
     for number, line in enumerate(sys.stdin, start=1):
         if not line.strip():
             continue
@@ -158,7 +166,12 @@ def score_stdin(args: argparse.Namespace) -> int:
             scored = score_record(json.loads(line))
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             print(f"paravt eval score: stdin line {number}: {exc}", file=sys.stderr)
-            return INPUT_ERROR
+            print(json.dumps({"pred": None, "score": None, "error": f"line {number}: {exc}"}))
+            bad += 1
+            continue
         pred = list(scored.pred) if isinstance(scored.pred, tuple) else scored.pred
         print(json.dumps({"pred": pred, "score": scored.score}))
+    if bad:
+        print(f"paravt eval score: {bad} bad line(s) not scored (score null)", file=sys.stderr)
+        return INPUT_ERROR
     return 0

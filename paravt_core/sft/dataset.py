@@ -117,8 +117,8 @@ class FrameCache:
 
 
 def _damaged_entry_warning(entry: Path, error: Exception) -> None:
-    log.warning("frame cache entry %s is damaged (%s: %s); decoding the video again",
-                                        entry, type(error).__name__, error)
+    log.warning("frame cache entry %s is damaged (%s: %s); decoding the video again", entry,
+                type(error).__name__, error)
 
 
 def decode_video(path: Path, s: FrameSampling, window: tuple[float, float] | None = None

@@ -462,15 +462,21 @@ def test_cli_eval_score(monkeypatch, capsys) -> None:
         json.dumps({"kind": "open", "response": "x", "answer": "y"}),
         json.dumps({"kind": "grounding", "response": "1 - 2", "answer": [1]}),
         json.dumps({"kind": "mcq", "response": None, "answer": "A"}),
+        json.dumps({"kind": "grounding", "response": "1 - 2", "answer": [5, 3]}),
+        '{"kind": "grounding", "response": "1 - 2", "answer": [NaN, Infinity]}',
     ],
 )
-def test_cli_eval_score_bad_line_exit_2(monkeypatch, capsys, bad_line: str) -> None:
+def test_cli_eval_score_reports_each_bad_line_and_goes_on(monkeypatch, capsys, bad_line: str) -> None:
+    """Issue #33 item 8: scoring stopped at the first bad line and accepted [5, 3] or [NaN, Inf]."""
     good = json.dumps({"kind": "mcq", "response": "A", "answer": "A"})
-    monkeypatch.setattr("sys.stdin", io.StringIO(f"{good}\n{bad_line}\n"))
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{good}\n{bad_line}\n{good}\n{bad_line}\n"))
     assert run_cli(["eval", "score"]) == 2
     out, err = capsys.readouterr()
-    assert json.loads(out) == {"pred": "A", "score": 1.0}
-    assert "stdin line 2" in err
+    results = [json.loads(line) for line in out.splitlines()]
+    assert results[0] == results[2] == {"pred": "A", "score": 1.0}
+    assert results[1]["score"] is None and results[1]["error"].startswith("line 2: ")
+    assert results[3]["error"].startswith("line 4: ")
+    assert "stdin line 2" in err and "stdin line 4" in err and "2 bad line(s)" in err
 
 
 # --- real quirks and quarantine (issue: one bad row never sinks a split) -----------------
