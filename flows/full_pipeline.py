@@ -22,6 +22,7 @@ from paravt_core.set_aside import (
     format_set_aside,
     from_data_contracts,
     from_eval_reports,
+    from_grammar_check,
     from_sft_model,
     write_set_aside,
 )
@@ -54,7 +55,7 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
         log.info("seven-split evaluation:\n%s", table)
         print(table)
         set_aside = [*from_data_contracts(data.quarantined), *from_sft_model(sft_model.path),
-                     *from_eval_reports(reports)]
+                     *from_grammar_check(grammar), *from_eval_reports(reports)]
         set_aside_file = write_set_aside(cfg.run.output_dir / "set_aside.json", set_aside)
         if set_aside:
             log.warning("set aside instead of stopping the run (%s):\n%s", set_aside_file, format_set_aside(set_aside))

@@ -7,6 +7,7 @@ names every file that was left out, with the stage that left it out.
   (`paravt_core.data.stage.SetAside`, one entry per table and reason);
 - SFT: samples skipped at run time because their video did not decode (the model's
   `paravt_meta.json` "media_skipped", row source -> error);
+- SFT grammar check: held-out samples left out because their video did not decode;
 - eval: samples whose video did not decode, scored 0 (each split summary's "errors").
 
 Each entry's `why` is the message of the check that caught it, which names the file.
@@ -51,6 +52,12 @@ def from_sft_model(model_dir: Path) -> list[SetAsideEntry]:
     meta = json.loads((Path(model_dir) / MODEL_META).read_text())
     skipped: Mapping[str, str] = meta.get("media_skipped") or {}
     return [SetAsideEntry("SFT (sample skipped)", source, problem) for source, problem in skipped.items()]
+
+
+def from_grammar_check(result: Mapping[str, object]) -> list[SetAsideEntry]:
+    """Held-out samples the SFT grammar check left out (their video did not decode)."""
+    return [SetAsideEntry("SFT grammar check (sample left out)", f"sample {sample_id}", why)
+            for sample_id, why in result.get("set_aside", [])]
 
 
 def from_eval_reports(reports: Mapping[str, EvalReport]) -> list[SetAsideEntry]:

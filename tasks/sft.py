@@ -37,8 +37,9 @@ def _grammar_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 
 
 @task(name="sft-grammar", persist_result=True, cache_key_fn=_grammar_key)
-def sft_grammar(cfg: PipelineConfig, base: ArtifactRef, sft_model: ArtifactRef, data) -> dict[str, float]:
-    """Share of held-out greedy episodes that follow the response grammar, before and after SFT."""
+def sft_grammar(cfg: PipelineConfig, base: ArtifactRef, sft_model: ArtifactRef, data) -> dict[str, Any]:
+    """Share of held-out greedy episodes that follow the response grammar, before and after SFT;
+    "set_aside": [prompt id, why] of held-out samples whose video did not decode."""
     from paravt_core.sft import grammar
     from paravt_core.tracking import MetricLogger
 
@@ -49,4 +50,4 @@ def sft_grammar(cfg: PipelineConfig, base: ArtifactRef, sft_model: ArtifactRef, 
     if run_id_file.is_file():
         MetricLogger(cfg.mlflow_uri(), run_id_file.read_text().strip()).log(cfg.sft.max_steps, out)
     get_run_logger().info("grammar on %d held-out prompts: %s", reports["sft"].episodes, out)
-    return out
+    return {**out, "set_aside": [list(entry) for entry in reports["sft"].set_aside]}

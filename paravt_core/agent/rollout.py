@@ -51,10 +51,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -77,6 +77,7 @@ from paravt_core.agent.tool_calls import parse_tool_calls
 from paravt_core.config import RolloutConfig, VideoConfig
 from paravt_core.rl.rewards import EMPTY_TOOL_RESPONSE, RewardScope, TranscriptSegment, scored_text
 from paravt_core.video import VideoFile, sample_overview_frames
+from paravt_core.video.errors import VideoDecodeError
 
 logger = logging.getLogger(__name__)
 
@@ -389,3 +390,38 @@ def run_episodes(
     logger.info("rolled out %d episodes of %d prompts in %.2f s", len(states), len(prompts),
                 time.perf_counter() - started)
     return [state.to_episode() for state in states]
+
+
+PromptT = TypeVar("PromptT")
+
+
+def run_dropping_undecodable(prompts: Sequence[PromptT], run: Callable[[list[PromptT]], list],
+                             video_of: Callable[[PromptT], Any], undecodable: set[str],
+                             warn: Callable[[str], None] = print, who: str = "rollout") -> tuple[list[PromptT], list]:
+    """(prompts kept, `run(kept)`) without the prompts whose video does not decode.
+
+    The one mechanism every model-consuming stage uses for a video that fails mid-stream
+    (RL steps, the SFT grammar check): `run` raises `VideoDecodeError` naming the file, the
+    prompts of that video are set aside and the rest run again. `undecodable` (video paths)
+    is read and extended, so a caller that runs again (the next RL step, the next checkpoint
+    of a grammar check) skips those videos at once.
+
+    Raises:
+        VideoDecodeError: no prompt is left, or the failing video is not one of the prompts'.
+    """
+    kept = [p for p in prompts if str(video_of(p)) not in undecodable]
+    while True:
+        if not kept:
+            raise VideoDecodeError(video_of(prompts[0]) if prompts else "-",
+                                   f"no prompt of this {who} has a video that decodes",
+                                   f"Check the videos; undecodable so far: {sorted(undecodable)}")
+        try:
+            return kept, run(kept)
+        except VideoDecodeError as error:
+            if error.path in undecodable or not any(str(video_of(p)) == error.path for p in kept):
+                raise
+            undecodable.add(error.path)
+            dropped = [p for p in kept if str(video_of(p)) == error.path]
+            kept = [p for p in kept if str(video_of(p)) != error.path]
+            warn(f"warning: {who} sets aside {len(dropped)} prompt(s) whose video does not decode "
+                 f"(and skips it from now on): {error}")

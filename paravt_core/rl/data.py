@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.agent.prompts import EpisodePrompt, messages_from_rl_prompt
+from paravt_core.agent.rollout import run_dropping_undecodable
 from paravt_core.sft.encode import media_path
-from paravt_core.video.errors import VideoDecodeError
 
 QUESTION_TYPES = ("mcq", "tvg", "oe")
 
@@ -112,23 +112,11 @@ def read_rl_prompts(files: Sequence[Path], question_types: Sequence[str] = QUEST
 def rollout_dropping_undecodable(prompts: Sequence[RLPrompt], run: Callable[[list[RLPrompt]], list],
                                  undecodable: set[str], warn: Callable[[str], None] = print) -> tuple[list, list]:
     """(prompts kept, their episodes) of `run(prompts)` without the prompts whose video does
-    not decode; `undecodable` (video paths) is read and extended across steps.
+    not decode; `undecodable` (video paths) is read and extended across steps
+    (`agent.rollout.run_dropping_undecodable`, shared with the SFT grammar check).
 
     Raises:
         VideoDecodeError: every prompt of the step has an undecodable video.
     """
-    kept = [p for p in prompts if str(p.prompt.video_path) not in undecodable]
-    while True:
-        if not kept:
-            raise VideoDecodeError(prompts[0].prompt.video_path if prompts else "-",
-                                   "no prompt of this RL step has a video that decodes",
-                                   f"Check the RL videos; undecodable so far: {sorted(undecodable)}")
-        try:
-            return kept, run(kept)
-        except VideoDecodeError as error:
-            if error.path in undecodable or not any(str(p.prompt.video_path) == error.path for p in kept):
-                raise
-            undecodable.add(error.path)
-            dropped = [p for p in kept if str(p.prompt.video_path) == error.path]
-            kept = [p for p in kept if str(p.prompt.video_path) != error.path]
-            warn(f"warning: RL drops {len(dropped)} prompt(s) of this step and later ones: {error}")
+    return run_dropping_undecodable(prompts, run, lambda p: p.prompt.video_path, undecodable, warn,
+                                    who="RL step")

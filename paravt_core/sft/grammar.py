@@ -29,6 +29,7 @@ class GrammarReport:
     follows_grammar: int
     used_tools: int
     mean_tool_calls: float
+    set_aside: tuple[tuple[str, str], ...] = ()  # (prompt id, why) of prompts whose video did not decode
 
     @property
     def rate(self) -> float:
@@ -69,25 +70,37 @@ def held_out_prompts(sft_rows: Sequence[dict], samples: Sequence) -> list[Episod
     return prompts
 
 
-def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: PipelineConfig) -> GrammarReport:
+def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: PipelineConfig,
+                   undecodable: set[str] | None = None) -> GrammarReport:
+    """Greedy episodes of `model_dir` on `prompts`; a prompt whose video does not decode is set
+    aside (named in the report) as evaluation and RL do, and `undecodable` is extended."""
+    import logging
+
     import torch
 
     from paravt_core.agent.hf_engine import HFEngine
-    from paravt_core.agent.rollout import run_episodes
+    from paravt_core.agent.rollout import run_dropping_undecodable, run_episodes
     from paravt_core.dist import training_dtype
     from paravt_core.model.loading import load_model, load_processor
 
+    undecodable = set() if undecodable is None else undecodable
     on_gpu = torch.cuda.is_available()
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype=training_dtype(cfg.model.dtype, on_gpu), device="cuda" if on_gpu else "cpu",
                        attn_implementation=cfg.model.attn_implementation)
     engine = HFEngine(model.eval(), processor)
-    episodes = run_episodes(engine, processor, prompts, cfg.rl.rollout, cfg.video, group_size=1, temperature=0.0)
+    kept, episodes = run_dropping_undecodable(
+        prompts, lambda batch: run_episodes(engine, processor, batch, cfg.rl.rollout, cfg.video, group_size=1,
+                                            temperature=0.0),
+        lambda p: p.video_path, undecodable, logging.getLogger(__name__).warning, who="SFT grammar check")
+    kept_ids = {p.prompt_id for p in kept}
     return GrammarReport(
         episodes=len(episodes),
         follows_grammar=sum(follows_grammar(e) for e in episodes),
         used_tools=sum(e.tool_calls > 0 for e in episodes),
         mean_tool_calls=sum(e.tool_calls for e in episodes) / max(1, len(episodes)),
+        set_aside=tuple((p.prompt_id, f"cannot read video {p.video_path}: it does not decode (sample left out of "
+                         "the grammar check)") for p in prompts if p.prompt_id not in kept_ids),
     )
 
 
@@ -109,4 +122,6 @@ def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, 
         if split_json.is_file():
             samples += [s for s in load_split_file(split_json) if not s.video_missing][:per_split]
     prompts = held_out_prompts(rows, samples)
-    return {"base": grammar_report(base_dir, prompts, cfg), "sft": grammar_report(sft_dir, prompts, cfg)}
+    undecodable: set[str] = set()  # a video that fails for the base model is skipped for the SFT one
+    base = grammar_report(base_dir, prompts, cfg, undecodable)
+    return {"base": base, "sft": grammar_report(sft_dir, prompts, cfg, undecodable)}

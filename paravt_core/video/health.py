@@ -1,9 +1,14 @@
 """Media health: is a video file one the pipeline can train or evaluate on?
 
-`check_video` opens the file, indexes its frames (`VideoFile`), and decodes its first and
-last frame at a small size, so a zero-byte file, a text file named `.mp4`, a container
-without a video stream, a video with no frames or no duration, and a truncated tail are
-all caught before a stage depends on them. The verdict is cached by the file's content
+`check_video` opens the file, indexes its frames (`VideoFile`), and decodes at a small size
+its first and last frame, every keyframe (the first frame of each GOP) and 64 frames spread
+evenly (the overview budget of SPEC §7), so a zero-byte file, a text file named `.mp4`, a
+container without a video stream, a video with no frames or no duration, a truncated tail
+and a damaged GOP in the middle are all caught before a stage depends on them. A damaged
+frame inside a GOP that none of those frames needs can still pass; the stages that decode
+at run time set such a sample aside (`agent.rollout.run_dropping_undecodable`, the SFT
+dataset, the evaluator). Cost: `bench/frames.py`'s probe line (about 1 s per 100 keyframes;
+a one-hour video with a 2 s GOP has 1,800). The verdict is cached by the file's content
 hash (`MediaHealthCache`, one JSON file per hash), so a video shared by many rows, or
 seen again by a later run, is probed once; within a process the content hash itself is
 remembered per (path, size, mtime).
@@ -25,8 +30,9 @@ from paravt_core.video.errors import VideoDecodeError
 from paravt_core.video.hashing import video_sha256
 
 # Bumped when what `check_video` checks changes, so older cached verdicts are not reused.
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: every keyframe and 64 spread frames, not only the first and last
 _PROBE_SIZE = 16  # pixels per side of the decoded probe frames: decoding, not looking
+_PROBE_SPREAD = 64  # frames spread evenly over the video, as an overview samples them
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,12 @@ class VideoHealth:
         return self.problem is None
 
 
+def probe_indices(num_frames: int, keyframes: list[int]) -> list[int]:
+    """The frames the probe decodes: first, last, every keyframe and `_PROBE_SPREAD` spread evenly."""
+    spread = {round(i * (num_frames - 1) / (_PROBE_SPREAD - 1)) for i in range(_PROBE_SPREAD)} if num_frames > 1 else set()
+    return sorted({0, num_frames - 1, *keyframes, *spread})
+
+
 def _probe(path: Path) -> tuple[int, float, str | None]:
     """(frames, duration, problem) of one video file."""
     import av
@@ -56,7 +68,7 @@ def _probe(path: Path) -> tuple[int, float, str | None]:
             info = video.info
             if info.num_frames < 1 or not info.duration > 0:
                 return info.num_frames, info.duration, f"it has {info.num_frames} frames over {info.duration} s"
-            video.read(sorted({0, info.num_frames - 1}), height=_PROBE_SIZE, width=_PROBE_SIZE)
+            video.read(probe_indices(info.num_frames, video.keyframes), height=_PROBE_SIZE, width=_PROBE_SIZE)
     except VideoDecodeError as error:
         return 0, 0.0, error.problem
     except (av.FFmpegError, OSError, ValueError, IndexError) as error:

@@ -125,6 +125,11 @@ class VideoFile:
         num_frames = len(self._index.pts)
         self.info = VideoInfo(num_frames, fps, num_frames / fps, self._stream.width, self._stream.height)
 
+    @property
+    def keyframes(self) -> list[int]:
+        """Indices of the keyframes (the first frame of each GOP), in order."""
+        return list(self._index.keyframes)
+
     def _open_container(self) -> av.container.InputContainer:
         try:
             container = av.open(str(self.path))

@@ -301,3 +301,25 @@ def test_a_damaged_frame_cache_entry_is_decoded_again(short_video: Path, tmp_pat
     again, meta_again = _frames_of(tmp_path).load(short_video)
     assert (again == frames).all() and meta_again.frames_indices == meta.frames_indices
     assert entry.read_bytes() == data  # rewritten whole
+
+
+def test_the_grammar_check_sets_aside_a_held_out_video_that_does_not_decode(tiny_model_dir: Path, short_video: Path,
+                                                                           tmp_path: Path):
+    """Issue #33 item 1: one undecodable held-out video stopped `paravt run` in the sft-grammar task."""
+    from paravt_core.eval.samples import EvalSample
+    from paravt_core.sft.grammar import grammar_report, held_out_prompts
+
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(short_video.read_bytes()[:300])
+    question = "Question: What colour?\nOptions:\nA. red\nB. blue\nAnswer with the option letter only."
+    samples = [EvalSample(id=f"q{i}", split="videomme", video_path=video, question=question, answer="A", kind="mcq",
+                          options=("red", "blue")) for i, video in enumerate([short_video, broken, short_video])]
+    prompts = held_out_prompts([{"messages": conversation(short_video)}], samples)
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp_path / 'out'}", "video.nframes=2", "video.max_pixels=3072",
+        "rl.rollout.max_new_tokens=8", "rl.rollout.max_turns=1"])
+    undecodable: set[str] = set()
+    report = grammar_report(tiny_model_dir, prompts, cfg, undecodable)
+    assert report.episodes == 2 and undecodable == {str(broken)}
+    ((sample_id, why),) = report.set_aside
+    assert sample_id == "q1" and str(broken) in why

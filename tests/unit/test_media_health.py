@@ -49,3 +49,39 @@ def test_verdicts_are_cached_by_content_hash(videos, tmp_path, monkeypatch):
     (tmp_path / "cache" / f"{verdict.sha256}.json").write_text("")  # a torn entry is probed again, not an error
     monkeypatch.setattr(health_module, "_probe", lambda path: (0, 0.0, "probed"))
     assert MediaHealthCache(tmp_path / "cache").check(copy).problem == "probed"
+
+
+def _with_a_damaged_middle_keyframe(source: Path, out: Path) -> tuple[Path, int]:
+    """A copy of `source` whose keyframe in the middle has its payload inverted; (path, its frame)."""
+    import av
+
+    with av.open(str(source)) as container:
+        stream = container.streams.video[0]
+        packets = [(packet.pos, packet.size) for packet in container.demux(stream) if packet.size and packet.is_keyframe]
+    pos, size = packets[len(packets) // 2]
+    data = bytearray(source.read_bytes())
+    data[pos + 4 : pos + size] = bytes(b ^ 0xFF for b in data[pos + 4 : pos + size])
+    out.write_bytes(bytes(data))
+    return out, len(packets) // 2
+
+
+def test_a_damaged_gop_in_the_middle_fails_the_probe(tmp_path):
+    """Issue #33 item 1: the probe decoded only the first and last frame, so a broken middle passed."""
+    from paravt_core.video import VideoFile
+
+    good = write_test_video(tmp_path / "long.mp4", seconds=60.0, size=(128, 160))
+    broken, _ = _with_a_damaged_middle_keyframe(good, tmp_path / "broken.mp4")
+    with VideoFile(broken) as video:  # what the old probe did: first and last frame decode
+        n = video.info.num_frames
+        video.read([0, n - 1], height=16, width=16)
+    cache = MediaHealthCache(tmp_path / "cache")
+    assert cache.check(good).ok
+    verdict = cache.check(broken)
+    assert not verdict.ok and "decoding failed near frame" in verdict.problem
+
+
+def test_probe_indices_cover_every_keyframe_and_spread_frames():
+    indices = health_module.probe_indices(1000, [0, 250, 500, 750])
+    assert {0, 250, 500, 750, 999} <= set(indices) and len(indices) == len(set(indices))
+    assert len(indices) >= 64 and indices == sorted(indices)
+    assert health_module.probe_indices(1, [0]) == [0]

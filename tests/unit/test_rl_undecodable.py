@@ -41,7 +41,7 @@ def test_a_prompt_with_an_undecodable_video_is_dropped_with_a_warning(tmp_path):
     assert kept == [prompts[0], prompts[2]] and episodes == ["episode of good", "episode of good"]
     assert undecodable == {str(empty)}
     (warning,) = warnings
-    assert warning.startswith("warning: RL drops 1 prompt(s)") and str(empty) in warning
+    assert warning.startswith("warning: RL step sets aside 1 prompt(s)") and str(empty) in warning
     # a later step skips it up front: one rollout call, no new warning
     calls.clear()
     kept, _ = rollout_dropping_undecodable(prompts, opening_rollout(calls), undecodable, warnings.append)
