@@ -500,6 +500,7 @@ def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: P
                     metadata: dict[str, Any]) -> Path:
     """Write a Hugging Face model directory (weights, processor, provenance) atomically."""
     from paravt_core.atomic import atomic_dir
+    from paravt_core.model.integrity import write_manifest
     from paravt_core.model.loading import load_model, load_processor
 
     # Built in the export dtype: load_state_dict casts the fp32 weights in, so rank 0 never holds
@@ -511,5 +512,6 @@ def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: P
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         load_processor(base_model_dir).save_pretrained(tmp)
+        write_manifest(tmp)  # sizes and sha256 of the weights, checked at registration and load
         (tmp / "paravt_meta.json").write_text(json.dumps(metadata, indent=2, default=str))
     return out_dir

@@ -104,14 +104,20 @@ def write_test_video(path: Path, seconds: float = 12.0, fps: float = 2.0, size: 
 
 @pytest.fixture()
 def fake_checkpoint():
-    """`make(folder, payload) -> ArtifactRef`: a two-file model folder whose hash follows payload
-    (for registry and model-reference tests that never load weights)."""
+    """`make(folder, payload) -> ArtifactRef`: a model folder (config, a one-tensor safetensors
+    holding payload's bytes, its weights manifest) whose hash follows payload, for registry and
+    model-reference tests that never load weights; whole by `model.integrity`'s checks."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from paravt_core.model.integrity import write_manifest
     from paravt_core.refs import ArtifactRef, content_hash
 
     def make(folder: Path, payload: str) -> ArtifactRef:
         folder.mkdir(parents=True)
         (folder / "config.json").write_text('{"model": "tiny"}')
-        (folder / "model.safetensors").write_text(payload)
+        save_file({"payload": np.frombuffer(payload.encode(), dtype=np.uint8).copy()}, str(folder / "model.safetensors"))
+        write_manifest(folder)
         return ArtifactRef(kind="model", path=folder, sha256=content_hash(folder))
 
     return make

@@ -42,6 +42,9 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
     import torch
     from transformers import AutoModelForImageTextToText
 
+    from paravt_core.model.integrity import verify_model_dir
+
+    verify_model_dir(model_dir)  # whole weights before anything is built (ModelFolderError names the file)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     if attn_implementation not in ATTENTION_IMPLEMENTATIONS:

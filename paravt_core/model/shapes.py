@@ -67,6 +67,7 @@ def build_shaped_model(shape: str, tiny_model_dir: str | Path, out_dir: str | Pa
     from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
 
     from paravt_core.atomic import atomic_dir
+    from paravt_core.model.integrity import write_manifest
 
     config = shaped_config(shape, tiny_model_dir)
     torch.manual_seed(0)
@@ -76,4 +77,5 @@ def build_shaped_model(shape: str, tiny_model_dir: str | Path, out_dir: str | Pa
     with atomic_dir(Path(out_dir)) as tmp:
         model.save_pretrained(tmp)
         AutoProcessor.from_pretrained(str(tiny_model_dir)).save_pretrained(tmp)
+        write_manifest(tmp)
     return Path(out_dir)

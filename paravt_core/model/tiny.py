@@ -277,6 +277,7 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: str | Path) -> Path:
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
     from paravt_core.atomic import atomic_dir
+    from paravt_core.model.integrity import write_manifest
 
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer(spec)
@@ -292,5 +293,6 @@ def build_tiny_model(spec: TinyModelSpec, out_dir: str | Path) -> Path:
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
+        write_manifest(tmp)
         (tmp / "paravt_tiny_spec.json").write_text(spec.model_dump_json(indent=2))
     return out_dir

@@ -58,9 +58,21 @@ def register_checkpoint(
     git_revision: str,
     alias: str | None = None,
 ) -> ModelVersion:
-    """Register `checkpoint` (a HF model folder) as a version of `name`; idempotent on its hash."""
+    """Register `checkpoint` (a HF model folder) as a version of `name`; idempotent on its hash.
+
+    Raises:
+        ModelFolderError: the folder is not whole (`model.integrity`), or its content is no
+            longer the one hashed when the stage wrote it; nothing is registered or aliased.
+    """
     from mlflow.exceptions import MlflowException
 
+    from paravt_core.model.integrity import ModelFolderError, verify_model_dir
+    from paravt_core.refs import content_hash
+
+    verify_model_dir(checkpoint.path)
+    if content_hash(checkpoint.path) != checkpoint.sha256:
+        raise ModelFolderError(f"{checkpoint.path}: its files changed since the stage wrote it (content sha256 "
+                               f"differs from {checkpoint.sha256[:12]}); run that stage again to rebuild it")
     client = _client(tracking_uri)
     existing = find_version(tracking_uri, name, checkpoint.sha256)
     if existing is None:
