@@ -444,6 +444,25 @@ def resume(engine, checkpoint_dir: Path, warn: LogLine = print) -> dict[str, Any
     )
 
 
+def trim_step_log(path: Path, resumed_step: int) -> None:
+    """Keep only the rows of a per-step JSON-lines log (`{"step": N, ...}`) up to the step a
+    run resumes from, so the steps it runs again are not logged twice; a torn last line (a
+    kill mid-write) goes too. Rank 0 calls it, before its first new row."""
+    from paravt_core.atomic import atomic_write_text
+
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= resumed_step:
+            kept.append(line)
+    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+
+
 def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any]) -> None:
     engine.save_checkpoint(str(checkpoint_dir), tag=f"step{step:07d}", client_state=client_state)
 

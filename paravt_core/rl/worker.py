@@ -107,6 +107,8 @@ class Trainer:
         record_memory(job.out_dir, "rl", "engine", self.rank, self.world, self.device, self.policy.module)
         self.ckpt_dir = job.out_dir / "checkpoints"
         self.start = int(pdist.resume(self.policy, self.ckpt_dir).get("step", 0))
+        if self.rank == 0:
+            pdist.trim_step_log(job.out_dir / "metrics.jsonl", self.start)  # re-run steps are logged once
         if self.start:
             self.push_weights()
 

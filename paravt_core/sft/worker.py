@@ -137,6 +137,8 @@ def train(job: SFTJob) -> None:
     start = int(pdist.resume(engine, ckpt_dir).get("step", 0))
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
     losses_path = job.out_dir / "losses.jsonl"
+    if rank == 0:
+        pdist.trim_step_log(losses_path, start)  # steps after the checkpoint run again: log them once
     pad_id = processor.tokenizer.pad_token_id
     orders: dict[int, np.ndarray] = {}
 

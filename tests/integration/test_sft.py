@@ -90,7 +90,7 @@ def sft_setup(tmp_path: Path, tiny_model_dir: Path, short_video: Path):
 
 def _losses(run_dir: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows}  # a resumed run re-logs steps after its checkpoint: last wins
+    return {r["step"]: r["loss"] for r in rows}
 
 
 def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_video: Path, tmp_path: Path):
@@ -148,9 +148,14 @@ def test_kill_then_resume_matches_uninterrupted(sft_setup, monkeypatch):
     assert not (run_dir / "model").exists()
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step0000002"
     monkeypatch.delenv("PARAVT_TEST_KILL_AT_STEP")
+    logged = [json.loads(line)["step"] for line in (run_dir / "losses.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3]  # step 3 ran and was logged before the kill
     stage.run(killed, base, sft_data, log_line=lambda line: None)
     resumed = _losses(run_dir)
     assert sorted(resumed) == [1, 2, 3, 4, 5]
+    # Issue #33 item 7: each step once, though step 3 ran twice (the checkpoint was step 2).
+    logged = [json.loads(line)["step"] for line in (run_dir / "losses.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3, 4, 5]
     for step in expected:
         assert resumed[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
 

@@ -88,3 +88,14 @@ def test_a_damaged_latest_file_falls_back_to_the_newest_intact_step(tmp_path, la
     (warning,) = warnings
     assert f"{tmp_path / 'latest'} (empty, unreadable or naming no step folder)" in warning
     assert (tmp_path / "latest").read_text() == "step0000020"  # repaired for later readers
+
+
+def test_a_resumed_step_log_keeps_steps_up_to_the_checkpoint_and_drops_a_torn_line(tmp_path):
+    from paravt_core.dist import trim_step_log
+
+    log = tmp_path / "losses.jsonl"
+    log.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "loss": 1.2}\n{"step": 4, "lo')
+    trim_step_log(log, 2)
+    assert log.read_text() == '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'
+    trim_step_log(tmp_path / "absent.jsonl", 5)  # nothing to trim
+    assert not (tmp_path / "absent.jsonl").exists()
