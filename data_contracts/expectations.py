@@ -400,21 +400,23 @@ class ExpectRowsToNameExistingVideos(ContractRule, MulticolumnMapExpectation):
 
 class ColumnValuesHealthyVideos(ColumnMapMetricProvider):
     condition_metric_name = "column_values.paravt_healthy_videos"
-    condition_value_keys = ("health_cache",)
+    condition_value_keys = ("health_cache", "media_root")
 
     @column_condition_partial(engine=PandasExecutionEngine)
-    def _pandas(cls, column, health_cache, **kwargs):
-        return cells_pass(column, rules.video_health_problem, health_cache=health_cache)
+    def _pandas(cls, column, health_cache, media_root=None, **kwargs):
+        return cells_pass(column, rules.video_health_problem, health_cache=health_cache, media_root=media_root)
 
 
 class ExpectColumnValuesToReferenceHealthyVideos(ContractRule, ColumnMapExpectation):
-    """Every video a value references decodes, has frames and a duration (media health)."""
+    """Every video a value references decodes, has frames and a duration (media health);
+    a file outside `media_root` is never read (the existing-files rule names it)."""
 
     map_metric: ClassVar[str] = "column_values.paravt_healthy_videos"
-    success_keys: ClassVar[tuple[str, ...]] = ("mostly", "health_cache")
+    success_keys: ClassVar[tuple[str, ...]] = ("mostly", "health_cache", "media_root")
     problem: ClassVar[Rule] = staticmethod(rules.video_health_problem)
-    rule_params: ClassVar[tuple[str, ...]] = ("health_cache",)
+    rule_params: ClassVar[tuple[str, ...]] = ("health_cache", "media_root")
     health_cache: str
+    media_root: Optional[str] = None
     description: Optional[str] = "referenced videos decode, with frames and a duration"
 
 

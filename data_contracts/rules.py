@@ -281,12 +281,16 @@ def _health_problem(path: Path, health_cache: str) -> Problem:
     return None if verdict.ok else f"video {path} cannot be used: {verdict.problem}"
 
 
-def video_health_problem(value: Any, health_cache: str) -> Problem:
+def video_health_problem(value: Any, health_cache: str, media_root: str | None = None) -> Problem:
     """Every existing local video the cell names decodes, with frames and a duration.
-    References that are not local existing files are left to `media_files_problem`."""
+    References that are not local existing files, or (with `media_root`) lie outside the
+    media root, are left to `media_files_problem`: containment is checked before a file is
+    read, so a row pointing at a huge or hostile file elsewhere is never hashed or decoded."""
     for reference in media_references(value):
         path = local_path(reference)
-        if path is not None and path.is_file() and (problem := _health_problem(path, health_cache)):
+        if path is None or (media_root is not None and outside_root_problem(path, media_root)):
+            continue
+        if path.is_file() and (problem := _health_problem(path, health_cache)):
             return problem
     return None
 

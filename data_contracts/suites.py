@@ -172,14 +172,16 @@ def sft_rules(media_root: Path | None = None, media_health: Path | None = None) 
         px.ExpectColumnValuesToBeVideoLists(column="videos", entry="path"),
         *_existing_files("messages", media_root),
         *_existing_files("videos", media_root),
-        *_healthy_videos("videos", media_health),
+        *_healthy_videos("videos", media_health, media_root),
     ]
 
 
-def _healthy_videos(column: str, media_health: Path | None) -> list[Expectation]:
+def _healthy_videos(column: str, media_health: Path | None, media_root: Path | None) -> list[Expectation]:
     if media_health is None:
         return []
-    return [px.ExpectColumnValuesToReferenceHealthyVideos(column=column, health_cache=str(media_health))]
+    root = str(media_root) if media_root is not None else None
+    return [px.ExpectColumnValuesToReferenceHealthyVideos(column=column, health_cache=str(media_health),
+                                                          media_root=root)]
 
 
 def _existing_files(column: str, media_root: Path | None) -> list[Expectation]:
@@ -197,7 +199,7 @@ def rl_rules(media_root: Path | None = None, media_health: Path | None = None) -
         ),
         px.ExpectColumnValuesToBeVideoLists(column="videos", entry="mapping"),
         *_existing_files("videos", media_root),
-        *_healthy_videos("videos", media_health),
+        *_healthy_videos("videos", media_health, media_root),
         px.ExpectPromptsToMarkTheirVideo(column_list=["prompt", "videos"]),
         px.ExpectColumnValuesToBeRewardGroundTruth(column="extra_info"),
         px.ExpectColumnValuesToHaveScorableAnswers(column="extra_info"),

@@ -573,3 +573,26 @@ def test_a_video_item_window_must_be_ordered_seconds(window, problem):
     ]
     found = rules.chat_turns_problem(turns)
     assert found is None if problem is None else problem in found
+
+
+def test_a_video_outside_the_media_root_is_never_read_by_the_health_probe(good_rows, media_root, tmp_path,
+                                                                          monkeypatch):
+    """Issue #33 item 8: a 30 GB file outside the data root was hashed and decoded (78 s) before it was
+    quarantined; containment now comes first."""
+    from paravt_core.video import health as health_module
+
+    outside = tmp_path / "elsewhere" / "huge.mp4"
+    outside.parent.mkdir()
+    outside.write_bytes(b"\0" * 1024)
+    probed: list[str] = []
+    real = health_module.MediaHealthCache.check
+    monkeypatch.setattr(health_module.MediaHealthCache, "check",
+                        lambda self, path: probed.append(str(path)) or real(self, path))
+    rows = copy.deepcopy(good_rows["sft"][:3])
+    rows[1]["videos"] = [f"file://{outside}"]
+    table = _sft_table(rows, tmp_path / "shard.parquet")
+    result = validate("sft", table, report_dir=tmp_path / "report", on_bad_rows="quarantine", media_root=media_root,
+                      media_health=tmp_path / "health")
+    assert {f.row for f in result.failures} == {2}
+    assert all("outside the media root" in f.value for f in result.failures)
+    assert str(outside) not in probed and probed  # the others were probed, the outside file never
