@@ -319,8 +319,9 @@ def check_part_sizes(label: Path, parts: Sequence[Path], expected: Mapping[str, 
     if len(parts) < 2:
         return
     leading = [sizes[part] for part in parts[:-1]]
-    # The common size; on a tie the larger one, as a damaged part is the shorter.
-    full = max(set(leading), key=lambda size: (leading.count(size), size))
+    # The cut's size is the largest: a damaged part is a shorter one, and several parts can be
+    # truncated alike (the most common size would then blame the intact part).
+    full = max(leading)
     odd = [part for part in parts[:-1] if sizes[part] != full]
     if not odd and sizes[parts[-1]] > full:
         odd = list(parts[:-1])

@@ -293,6 +293,20 @@ def test_a_truncated_or_empty_middle_part_is_named(tmp_path, damage):
     assert _nothing_extracted(tmp_path / "root")
 
 
+def test_two_parts_truncated_alike_are_both_blamed_not_the_intact_one(tmp_path):
+    """Issue #33 item 8: with two equally truncated parts the most common size blamed the intact one."""
+    parts = write_parts(tmp_path / "snap", make_tar(MANY), 4)
+    assert len(parts) >= 4
+    for part in parts[1:3]:
+        part.write_bytes(part.read_bytes()[:500])
+    with pytest.raises(ArchiveError) as caught:
+        extract_all(parts, tmp_path / "root", progress=False)
+    message = str(caught.value)
+    assert "videos.tar.part.ab (500 bytes)" in message and "videos.tar.part.ac (500 bytes)" in message
+    assert "part.aa (" not in message
+    assert _nothing_extracted(tmp_path / "root")
+
+
 def test_a_middle_part_cut_to_the_same_size_as_the_others_is_caught_by_its_header(tmp_path):
     """Equal sizes but a header overwritten in the second part: tarfile alone would stop there
     and call the archive complete, with the later members missing."""
