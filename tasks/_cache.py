@@ -28,9 +28,12 @@ def output_epoch(output: Path) -> str:
 
 
 def stage_key(stage: str, *parts: Any, output: Path | None = None) -> str:
-    """`stage-<hash of parts>`, tied to the current epoch of `output` when one is given."""
+    """`stage-<hash of parts>`, tied to the current epoch of `output` and to where it lies when
+    one is given: cached results hold absolute paths, so an output folder moved elsewhere (its
+    epoch stamp moves with it) must be a new key, and the stage finds its finished work at the
+    new place (each stage returns at once when its output is complete)."""
     items = [stage, *[str(p) for p in parts]]
     if output is not None:
-        items.append(output_epoch(output.resolve()))
+        items += [output_epoch(output.resolve()), str(output.resolve())]
     digest = hashlib.sha256(json.dumps(items).encode()).hexdigest()[:24]
     return f"{stage}-{digest}"
