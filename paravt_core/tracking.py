@@ -2,10 +2,63 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# How long an MLflow call waits for a busy (locked) database before giving up, seconds.
+BUSY_WAIT_ENV = "PARAVT_MLFLOW_BUSY_WAIT_S"
+BUSY_WAIT_S = 120.0
 
 
+class MlflowBusyError(RuntimeError):
+    """The MLflow database stayed locked past the wait; the message says what to do."""
+
+
+def _is_busy(error: BaseException) -> bool:
+    text = f"{type(error).__name__}: {error}".lower()
+    return "database is locked" in text or "database is busy" in text or "database table is locked" in text
+
+
+def retry_when_busy(what: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Retry an MLflow call while its SQLite database is locked by another process (a
+    `make ui` server mid-write, a second run), backing off up to `PARAVT_MLFLOW_BUSY_WAIT_S`
+    seconds (120 by default), then raise `MlflowBusyError` saying what to do. Other errors
+    pass through at once. The wrapped calls are idempotent or create one run each."""
+
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> T:
+            budget = float(os.environ.get(BUSY_WAIT_ENV, BUSY_WAIT_S))
+            started, delay = time.monotonic(), 0.5
+            while True:
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as error:
+                    if not _is_busy(error):
+                        raise
+                    waited = time.monotonic() - started
+                    if waited + delay > budget:
+                        raise MlflowBusyError(
+                            f"{what}: the MLflow database stayed locked for {waited:.0f} s ({error}). Another "
+                            "process holds it: stop the other run or the MLflow UI writing to it, or point "
+                            "mlflow.tracking_uri at an MLflow server, then run again (finished stages are cached)"
+                        ) from None
+                    log.warning("%s: the MLflow database is locked; retrying in %.1f s", what, delay)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 8.0)
+
+        return call
+
+    return wrap
+
+
+@retry_when_busy("opening an MLflow run")
 def start_stage_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
                     params: Mapping[str, Any]) -> str:
     """Create an MLflow run with its params and tags; returns the run id."""
@@ -60,6 +113,7 @@ class MetricLogger:
             self.client = MlflowClient(tracking_uri)
             self.run_id = run_id
 
+    @retry_when_busy("logging metrics to MLflow")
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled:
             return
@@ -70,6 +124,7 @@ class MetricLogger:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
+    @retry_when_busy("closing an MLflow run")
     def finish(self, status: str = "FINISHED") -> None:
         if self.enabled:
             self.client.set_terminated(self.run_id, status)

@@ -20,6 +20,7 @@ from paravt_core import registry
 from paravt_core.atomic import atomic_dir
 from paravt_core.config import PipelineConfig
 from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.tracking import retry_when_busy
 
 
 class ModelReferenceError(ValueError):
@@ -36,6 +37,7 @@ class ResolvedModel(BaseModel):
     version: str | None = None
 
 
+@retry_when_busy("reading the model registry")
 def _registry_version(cfg: PipelineConfig, number: str) -> registry.ModelVersion:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -48,6 +50,7 @@ def _registry_version(cfg: PipelineConfig, number: str) -> registry.ModelVersion
     return registry.ModelVersion(name, str(mv.version), mv.source, mv.run_id, mv.tags.get("checkpoint_sha256", ""))
 
 
+@retry_when_busy("reading the model registry")
 def _aliased_version(cfg: PipelineConfig, alias: str) -> registry.ModelVersion:
     version = registry.version_by_alias(cfg.mlflow_uri(), cfg.model.registered_name, alias)
     if version is None:

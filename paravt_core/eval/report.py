@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from paravt_core.tracking import retry_when_busy
+
 TABLE1_SPLITS = ("videomme", "videomme_wsub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades")
 TABLE1_HEADERS = ("VideoMME w/o sub", "VideoMME w/ sub", "LongVideoBench", "LVBench", "MLVU", "MMVU",
                   "Charades-STA mIoU")
@@ -121,6 +123,7 @@ def report_metrics(report: EvalReport) -> dict[str, float]:
     return metrics
 
 
+@retry_when_busy("logging an evaluation to MLflow")
 def log_report(tracking_uri: str, experiment: str, run_name: str, report: EvalReport, table: str,
                tags: Mapping[str, str], params: Mapping[str, Any]) -> str:
     """An MLflow run for one evaluated model: metrics, the table and the per-split JSONs.

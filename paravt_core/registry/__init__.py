@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.refs import ArtifactRef
+from paravt_core.tracking import retry_when_busy
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ def find_version(tracking_uri: str, name: str, checkpoint_sha256: str) -> ModelV
     return None
 
 
+@retry_when_busy("registering a model version")
 def register_checkpoint(
     tracking_uri: str,
     experiment: str,
@@ -103,6 +105,7 @@ def register_checkpoint(
     return existing
 
 
+@retry_when_busy("reading the model registry")
 def version_by_alias(tracking_uri: str, name: str, alias: str) -> ModelVersion | None:
     from mlflow.exceptions import MlflowException
 
@@ -122,6 +125,7 @@ def download_version(tracking_uri: str, version: ModelVersion, dst: Path) -> Pat
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(dst)))
 
 
+@retry_when_busy("moving the champion alias")
 def promote(tracking_uri: str, name: str, candidate: ModelVersion, candidate_score: float,
             eval_key: str, metric_tag: str = "eval_average") -> bool:
     """Move `champion` to the candidate when its score beats the champion's (or there is none).

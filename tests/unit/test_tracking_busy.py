@@ -1,0 +1,61 @@
+"""A locked MLflow database is waited for, within a bound, then named with what to do (issue #33 item 7)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from paravt_core.tracking import MlflowBusyError, retry_when_busy, start_stage_run
+
+
+def _hold_lock(db: Path, seconds: float, ready: threading.Event) -> None:
+    connection = sqlite3.connect(db, timeout=1)
+    connection.execute("BEGIN EXCLUSIVE")
+    ready.set()
+    time.sleep(seconds)
+    connection.rollback()
+    connection.close()
+
+
+def test_a_briefly_locked_database_is_waited_for(tmp_path: Path, caplog):
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    start_stage_run(uri, "exp", "first", {}, {})  # creates the schema
+    ready = threading.Event()
+    # MLflow's SQLite engine itself waits about 20 s on a lock (measured): hold it past that.
+    holder = threading.Thread(target=_hold_lock, args=(db, 24.0, ready))
+    holder.start()
+    ready.wait()
+    run_id = start_stage_run(uri, "exp", "second", {}, {"a": 1})
+    holder.join()
+    assert run_id
+    assert "the MLflow database is locked; retrying" in caplog.text  # the lock outlasted SQLite's own wait
+
+
+def test_a_database_locked_past_the_wait_names_the_fix(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("PARAVT_MLFLOW_BUSY_WAIT_S", "1")
+    calls = []
+
+    @retry_when_busy("logging metrics to MLflow")
+    def always_locked():
+        calls.append(time.monotonic())
+        raise RuntimeError("(sqlite3.OperationalError) database is locked")
+
+    with pytest.raises(MlflowBusyError, match=r"logging metrics to MLflow: the MLflow database stayed locked .*"
+                                              r"stop the other run or the MLflow UI"):
+        always_locked()
+    assert len(calls) >= 2  # retried before giving up
+
+    @retry_when_busy("anything")
+    def other_error():
+        calls.append(0)
+        raise ValueError("not a lock")
+
+    before = len(calls)
+    with pytest.raises(ValueError, match="not a lock"):
+        other_error()
+    assert len(calls) == before + 1
