@@ -13,14 +13,19 @@ def _flow_in_process(command: str, flow, params, cfg):
 
     The lock is taken here too (the flow takes it again, re-entrantly) so a busy directory is
     a one-line refusal before Prefect starts a flow run, not a failed flow run."""
+    from paravt_core.reaper import start_reaper
     from paravt_core.run_lock import OutputDirBusy, hold_output_dir
 
+    reaper = start_reaper()  # a SIGKILL of this command leaves no Prefect server or DeepSpeed rank behind
     try:
         with hold_output_dir(cfg.run.output_dir, command):
             return flow(params)
     except OutputDirBusy as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return None
+    finally:
+        if reaper is not None:
+            reaper.stop()
 
 
 def _run(args: argparse.Namespace) -> int:
