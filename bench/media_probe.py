@@ -18,27 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import av
-import numpy as np
+from sft_gpu import write_video
 
 from paravt_core.video import VideoFile
 from paravt_core.video.health import _PROBE_SIZE, probe_indices
-
-
-def write_clip(path: Path, minutes: float, fps: int, gop_s: float) -> Path:
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = 640, 360, "yuv420p"
-        stream.codec_context.gop_size = max(1, int(round(gop_s * fps)))
-        for i in range(int(minutes * 60 * fps)):
-            img = np.full((360, 640, 3), 30, dtype=np.uint8)
-            x = (i * 7) % 560
-            img[120:220, x : x + 80] = (200, (i * 3) % 256, 80)
-            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
 
 
 def timed(path: Path, which: str) -> tuple[float, int]:
@@ -59,7 +42,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="paravt-bench-probe-") as tmp:
         started = time.perf_counter()
-        clip = write_clip(Path(tmp) / "hour.mp4", args.minutes, args.fps, args.gop_s)
+        clip = write_video(Path(tmp) / "hour.mp4", seconds=int(args.minutes * 60), fps=args.fps,
+                           gop=max(1, int(round(args.gop_s * args.fps))))
         with VideoFile(clip) as video:
             keys, frames = len(video.keyframes), video.info.num_frames
         print(f"{args.minutes:.0f} min 640x360 clip, {frames} frames, {keys} keyframes, "

@@ -67,8 +67,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 DEFAULT_VARIANTS = "z2,z2-fast,z3-fast,z2-fast-pack2"
 
 
-def write_video(path: Path, seconds: int = 64, fps: int = 2, size: tuple[int, int] = (360, 640)) -> Path:
-    """A 640x360 clip of moving colour blocks (content is irrelevant to the timing, its geometry is not)."""
+def write_video(path: Path, seconds: int = 64, fps: int = 2, size: tuple[int, int] = (360, 640),
+                gop: int | None = None) -> Path:
+    """A 640x360 clip of moving colour blocks (content is irrelevant to the timing, its geometry is not);
+    `gop`: frames per keyframe (the encoder's default when None)."""
     import av
     import numpy as np
 
@@ -76,6 +78,8 @@ def write_video(path: Path, seconds: int = 64, fps: int = 2, size: tuple[int, in
     with av.open(str(path), "w") as container:
         stream = container.add_stream("mpeg4", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if gop is not None:
+            stream.codec_context.gop_size = gop
         for i in range(seconds * fps):
             img = np.full((height, width, 3), 40, dtype=np.uint8)
             x = (i * 9) % (width - 80)
