@@ -2,8 +2,9 @@
 
 All sides train the same samples on the same random-weight 2B-shaped model (../shared/GPU.md:
 2.13 B parameters, the tiny kit's tokenizer and processor): a 64 s 640x360 video sampled at
-1 fps with at most 50,176 pixels per frame (64 frames) and a multi-turn text: 3,487 tokens per
-sample with the tiny tokenizer (measured on CPU; GPU.md's sample had 3,363).
+1 fps with at most 50,176 pixels per frame (64 frames of 160x288, each a timestamped image
+item) and a multi-turn text: 5,150 tokens per sample with the tiny tokenizer (the same under
+transformers 5.17 and 5.23, measured on CPU; GPU.md's sample, frames as one video item, had 3,363).
 - variants (`--variants`, table VARIANTS): the project's SFT worker through the DeepSpeed
   launcher, one rank, the whole step (forward, backward, optimizer), each a set of switches:
   ZeRO stage, activation checkpointing, `sft.loss_impl`, `sft.liger_kernels`, `sft.packing`
@@ -134,7 +135,7 @@ def prepare(tmp: Path, rows: int, args) -> tuple:
         model_dir = build_shaped_model("2b", tiny, tmp / "model-2b")
         torch.cuda.empty_cache()  # the launched worker needs the memory this process cached building it
     video = write_video(tmp / "clip.mp4", seconds=8 if args.smoke else 64)
-    # The message texts; the template's role tags and per-frame timestamps bring the sample to 3,487 tokens.
+    # The message texts; the template's role tags and per-frame timestamps bring the sample to 5,150 tokens.
     messages = conversation(video, load_processor(tiny).tokenizer, text_tokens=200 if args.smoke else 1435)
     data = tmp / "sft"
     data.mkdir()
