@@ -49,7 +49,8 @@ def overrides(tmp: Path, args) -> list[str]:
             f"rl.prompts_per_step={args.prompts}", f"rl.group_size={args.group}", f"rl.zero_stage={args.zero_stage}",
             "rl.checkpoint_every=1000", f"rl.rollout.max_new_tokens={args.max_new_tokens}",
             f"rl.rollout.subagent_max_new_tokens={args.max_new_tokens}", f"video.nframes={4 if args.smoke else 16}",
-            f"video.max_pixels={6144 if args.smoke else 50176}"]
+            f"video.max_pixels={6144 if args.smoke else 50176}",
+            f"rl.gradient_checkpointing={str(args.checkpointing).lower()}"]
 
 
 def main() -> int:
@@ -59,6 +60,8 @@ def main() -> int:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--zero-stage", type=int, default=3, choices=(0, 1, 2, 3))
+    parser.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                        help="rl.gradient_checkpointing (without it step 2 ran out of 80 GB at the 2B shape)")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, CPU allowed: checks the script only")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args()

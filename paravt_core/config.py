@@ -417,6 +417,9 @@ class RLConfig(_Section):
     # Positions per chunk of the selected-token log-prob computation (model/logprobs.py): the
     # [chunk, vocab] logits are the largest tensor of a log-prob pass, never [B, L, vocab].
     logprob_chunk: int = Field(1024, ge=1)
+    # Recompute the policy's activations in its backward pass: at the 2B shape on one 80 GB GPU
+    # the second step's policy pass ran out of memory without it (docs/gpu_check.md). Same loss.
+    gradient_checkpointing: bool = False
     zero_stage: int = Field(3, ge=0, le=3)
     num_ranks: int = Field(1, ge=1)
     hostfile: str | None = None
@@ -501,7 +504,7 @@ class MLflowConfig(_Section):
 # (section, field) of optional knobs added after stages were cached: hashed only when set.
 HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
-    ("mlflow", "enabled"),
+    ("mlflow", "enabled"), ("rl", "gradient_checkpointing"),
 )
 
 

@@ -83,6 +83,8 @@ class Trainer:
         self.processor = load_processor(job.init_model)
         policy = load_model(job.init_model, dtype=pdist.training_dtype(self.cfg.model.dtype, on_gpu),
                             attn_implementation=attention, zero3_config=zero3)
+        if self.rl.gradient_checkpointing:
+            policy.gradient_checkpointing_enable()
         policy.train()
         # rl.rollout.engine decides; a config asking for sglang never gets hf (rl/rollout_engine.py).
         self.rollout_backend = build_rollout_engine(self.cfg, job.init_model, self.processor, self.device, self.rank,

@@ -419,3 +419,32 @@ def test_a_config_asking_for_sglang_never_gets_hf(monkeypatch, tmp_path, tiny_mo
                              ["rl.rollout.engine=sglang", f"rl.rollout.sglang.url={server.url}"])
         backend = rollout_engine.build_rollout_engine(served, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path)
     assert isinstance(backend.engine, SGLangEngine) and backend.pushes_weights and backend.server is None
+
+
+def test_policy_gradient_checkpointing_keeps_the_steps(rl_setup, monkeypatch):
+    """rl.gradient_checkpointing recomputes activations in the backward: the same trained weights."""
+    from paravt_core.model.loading import load_model
+    from paravt_core.rl import stage
+    from paravt_core.rl.rewards import RewardBreakdown
+    from paravt_core.rl.worker import train
+
+    def scripted(episode, prompt) -> RewardBreakdown:
+        hit = float(_first_generated(episode) in REWARDED)
+        return RewardBreakdown(answer="", acc=hit, format=0.0, tool=0.0, total=hit)
+
+    init, rl_data, tmp = rl_setup
+    weights = {}
+    for checkpointing in (False, True):
+        cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+            f"run.output_dir={tmp / f'out-{checkpointing}'}", "rl.max_steps=2", "rl.prompts_per_step=2",
+            "rl.group_size=8", "rl.zero_stage=0", "rl.checkpoint_every=100", "video.nframes=2",
+            "video.max_pixels=3072", "rl.rollout.max_new_tokens=8", "rl.rollout.max_turns=1",
+            "rl.learning_rate=0.01", "rl.temperature=1.0", f"rl.gradient_checkpointing={str(checkpointing).lower()}"])
+        _single_rank_env(monkeypatch)
+        job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+        train(job, reward_fn=scripted)
+        weights[checkpointing] = dict(load_model(job.out_dir / "model").named_parameters())
+    start = dict(load_model(init.path).named_parameters())
+    assert any(not torch.equal(p, start[n]) for n, p in weights[False].items())  # the steps trained something
+    for name, param in weights[False].items():
+        torch.testing.assert_close(weights[True][name], param, rtol=1e-4, atol=1e-6, msg=name)
