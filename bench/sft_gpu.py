@@ -59,6 +59,15 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                  "sft.liger_kernels=true"]),
     "z2-chunked": ("ZeRO-2, no checkpointing, chunked loss, no Liger",
                    ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=chunked"]),
+    # One lever at a time against z2, for each switch's own effect:
+    "z2-nockpt": ("ZeRO-2, no checkpointing, full-logits loss",
+                  ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=logits"]),
+    "z2-liger-loss": ("ZeRO-2, no checkpointing, Liger fused loss only",
+                      ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger"]),
+    "z2-pack2-ckpt": ("ZeRO-2, checkpointing, Liger, 2 samples packed per micro-batch",
+                      ["sft.zero_stage=2", "sft.gradient_checkpointing=true", "sft.loss_impl=liger",
+                       "sft.liger_kernels=true", "sft.packing=true", "sft.micro_batch_size=2",
+                       "sft.grad_accum_steps=4"]),
     # --smoke (CPU): the switches that need no CUDA.
     "cpu-z0": ("ZeRO-0, full-logits loss", ["sft.zero_stage=0", "sft.loss_impl=logits"]),
     "cpu-z0-pack2": ("ZeRO-0, chunked loss, 2 samples packed",
