@@ -28,12 +28,27 @@ def _flow_in_process(command: str, flow, params, cfg):
             reaper.stop()
 
 
+def _params_or_refusal(command: str, make):
+    """The flow's parameters, or None after a one-line refusal naming the bad config (no traceback)."""
+    from pydantic import ValidationError
+
+    try:
+        return make()
+    except ValidationError as exc:
+        for error in exc.errors():
+            print(f"{command}: {error['msg'].removeprefix('Value error, ')}", file=sys.stderr)
+        return None
+
+
 def _run(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "paravt_core")
     from flows.full_pipeline import full_pipeline
     from flows.params import PipelineParams
 
-    params = PipelineParams(config_path=args.config, overrides=args.set, rl_row=args.rl_row)
+    params = _params_or_refusal("paravt run", lambda: PipelineParams(config_path=args.config, overrides=args.set,
+                                                                      rl_row=args.rl_row))
+    if params is None:
+        return 2
     cfg = params.load()
     outputs = _flow_in_process("paravt run", full_pipeline, params, cfg)
     if outputs is None:
@@ -50,7 +65,10 @@ def _reproduce(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "paravt_core")
     from flows.reproduce import ReproduceParams, reproduce
 
-    params = ReproduceParams(config_path=args.config, overrides=args.set)
+    params = _params_or_refusal("paravt reproduce",
+                                lambda: ReproduceParams(config_path=args.config, overrides=args.set))
+    if params is None:
+        return 2
     cfg = params.load()
     report = _flow_in_process("paravt reproduce", reproduce, params, cfg)
     if report is None:

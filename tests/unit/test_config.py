@@ -207,3 +207,16 @@ def test_a_config_that_is_not_utf8_names_the_byte(tmp_path: Path):
     path.write_bytes("run:\n  name: café\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 16 is 0xe9\)"):
         load_config(path)
+
+
+def test_paravt_run_refuses_a_bad_config_in_one_line(tmp_path: Path, capsys):
+    """No traceback: the command names the file and the problem, exit 2, before any stage."""
+    from paravt_core.cli import main
+
+    path = tmp_path / "dup.yaml"
+    path.write_text("run:\n  name: a\nrun:\n  name: b\n")
+    assert main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"paravt run: {path}: not valid YAML (line 3") and "Traceback" not in err
+    assert main(["reproduce", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.startswith("paravt reproduce: ")
