@@ -18,6 +18,7 @@ Folders without a manifest (a base model from the hub) get the structural checks
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -79,10 +80,22 @@ def _header_problem(path: Path) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a weight file, once per process for an unchanged file: an RL worker loads the
+    same checkpoint as policy, reference and rollout copy (16 GB for the 8B model)."""
+    return file_hash(Path(path))
+
+
+def _sha256(path: Path) -> str:
+    stat = path.stat()
+    return _file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
 def write_manifest(model_dir: Path) -> Path:
     """Record every weight file's size and sha256 in `paravt_weights.json` (call it on a finished folder)."""
     model_dir = Path(model_dir)
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": file_hash(f)} for f in weight_files(model_dir)}
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in weight_files(model_dir)}
     return atomic_write_text(model_dir / MANIFEST, json.dumps({"weights": files}, indent=1) + "\n")
 
 
@@ -118,6 +131,6 @@ def verify_model_dir(model_dir: str | os.PathLike[str], checksums: bool = True) 
                                f"written {sorted(recorded)}; export the model again")
     for f in files:
         entry = recorded[f.name]
-        if f.stat().st_size != entry["bytes"] or (checksums and file_hash(f) != entry["sha256"]):
+        if f.stat().st_size != entry["bytes"] or (checksums and _sha256(f) != entry["sha256"]):
             raise ModelFolderError(f"{f}: changed since it was written (size or sha256 differs from {MANIFEST}); "
                                    "the weights are damaged: export the model again")

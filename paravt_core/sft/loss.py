@@ -3,8 +3,8 @@
 The loss is the mean, over the micro-batch's trained tokens (labels != -100, shifted by one:
 the hidden state at t predicts token t + 1), of -log softmax(logits)[token], as the model's
 own `ForCausalLMLoss` computes it. What differs is memory and speed:
-- `logits`: the model's loss. It builds [B, L, 151,936] logits and a float32 copy: at the
-  2B shape and 3.5k tokens per sample about 3.2 GB per sample before the backward.
+- `logits`: the model's loss. It builds [B, L, 151,936] logits and a float32 copy: at
+  3.5k tokens per sample 3,500 x 151,936 x (2 + 4) bytes = 3.2 GB per sample (computed).
 - `chunked`: the model runs with `logits_to_keep=1`, the final norm's output is read, and
   only the trained positions are projected, 1024 rows at a time under activation
   checkpointing (`paravt_core.model.logprobs`, shared with the RL pass). Any device, any ZeRO
@@ -63,9 +63,10 @@ def micro_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], imp
     norm, head = output_layers(model)
     hidden = final_hidden_states(model, inputs, norm)  # [B, L, H]
     rows, targets = trained_rows(hidden, batch["labels"])
-    if targets.numel() == 0:
-        # Nothing to train (every label masked): zero with the graph attached, as the model's loss is NaN-free here.
-        return hidden.sum() * 0.0
     if impl == "liger":
-        return _liger_loss(head, rows, targets)
-    return -selected_token_logprobs(head, rows, targets, temperature=1.0, chunk_size=chunk_size).mean()
+        # Never under ZeRO-3 (config refuses it), so a rank may skip the head: no collective waits on it.
+        return _liger_loss(head, rows, targets) if targets.numel() else hidden.sum() * 0.0
+    # Even with no trained token the head is called: under multi-rank ZeRO-3 every rank must run
+    # as many head gathers as the others (`selected_token_logprobs` agrees on the count).
+    picked = selected_token_logprobs(head, rows, targets, temperature=1.0, chunk_size=chunk_size)
+    return -picked.sum() / max(1, targets.numel())

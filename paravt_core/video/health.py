@@ -33,7 +33,7 @@ from paravt_core.video.hashing import video_sha256
 # Bumped when what `check_video` checks changes, so older cached verdicts are not reused.
 PROBE_VERSION = 2  # 2: every keyframe and 64 spread frames, not only the first and last
 _PROBE_SIZE = 16  # pixels per side of the decoded probe frames: decoding, not looking
-_PROBE_SPREAD = 64  # frames spread evenly over the video, as an overview samples them
+_PROBE_SPREAD = 64  # frames spread evenly over the video, as a 64-frame overview samples them (SPEC §3)
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,11 @@ class VideoHealth:
 
 
 def probe_indices(num_frames: int, keyframes: list[int]) -> list[int]:
-    """The frames the probe decodes: first, last, every keyframe and `_PROBE_SPREAD` spread evenly."""
-    spread = {round(i * (num_frames - 1) / (_PROBE_SPREAD - 1)) for i in range(_PROBE_SPREAD)} if num_frames > 1 else set()
-    return sorted({0, num_frames - 1, *keyframes, *spread})
+    """The frames the probe decodes: every keyframe and the overview sampler's `_PROBE_SPREAD`
+    frames (first and last included), the very indices a 64-frame overview reads."""
+    from paravt_core.video.sampling import overview_frame_indices
+
+    return sorted({*keyframes, *overview_frame_indices(num_frames, _PROBE_SPREAD)})
 
 
 def _probe(path: Path) -> tuple[int, float, str | None]:

@@ -165,7 +165,15 @@ def _zero3_rank(rank: int, model_dir: str, folder: str) -> None:
     grads = {name: safe_get_full_grad(p) for name, p in engine.module.named_parameters()}
     with torch.no_grad():  # the ZeRO-3 reference engine's path
         again = teacher_forced_logprobs(engine, inputs, TEMPERATURE, needed, chunk_size=CHUNK)
-    torch.save({"logp": logp.detach(), "no_grad": again, "grads": grads}, f"{folder}/rank{rank}.pt")
+    # SFT's chunked loss where rank 1 trains no token at all: it must still run rank 0's head gathers.
+    from paravt_core.sft.loss import micro_batch_loss
+
+    ids = inputs["input_ids"]
+    labels = ids.clone() if rank == 0 else torch.full_like(ids, -100)
+    sft_loss = micro_batch_loss(engine, {**inputs, "labels": labels}, "chunked", chunk_size=CHUNK)
+    engine.backward(sft_loss)
+    torch.save({"logp": logp.detach(), "no_grad": again, "grads": grads, "sft_loss": float(sft_loss.detach())},
+               f"{folder}/rank{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -174,6 +182,7 @@ def test_zero3_ranks_with_different_chunk_counts_stay_in_step(tmp_path, tiny_mod
 
     mp.spawn(_zero3_rank, args=(str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    assert ranks[1]["sft_loss"] == 0.0 and ranks[0]["sft_loss"] > 0  # no trained token: loss 0, no hang
     for rank, result in enumerate(ranks):
         inputs, needed = _uneven_batch(rank)
         expected = _full_vocabulary_logprobs(tiny_model, inputs) * needed  # [1, L]
