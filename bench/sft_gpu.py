@@ -54,6 +54,12 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                       ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger",
                        "sft.liger_kernels=true", "sft.packing=true", "sft.micro_batch_size=2",
                        "sft.grad_accum_steps=4"]),
+    "z2-fast-vb": ("z2-fast with the vision attention batched over equal-sized frames",
+                   ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger",
+                    "sft.liger_kernels=true", "model.vision_attention=batched"]),
+    "z2-vb-ckpt": ("ZeRO-2, checkpointing, Liger, batched vision attention (memory-safe for larger shapes)",
+                   ["sft.zero_stage=2", "sft.gradient_checkpointing=true", "sft.loss_impl=liger",
+                    "sft.liger_kernels=true", "model.vision_attention=batched"]),
     "z3-fast": ("ZeRO-3, no checkpointing, chunked loss + Liger RMSNorm/RoPE",
                 ["sft.zero_stage=3", "sft.gradient_checkpointing=false", "sft.loss_impl=chunked",
                  "sft.liger_kernels=true"]),
@@ -70,6 +76,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                        "sft.grad_accum_steps=4"]),
     # --smoke (CPU): the switches that need no CUDA.
     "cpu-z0": ("ZeRO-0, full-logits loss", ["sft.zero_stage=0", "sft.loss_impl=logits"]),
+    "cpu-z0-vb": ("ZeRO-0, full-logits loss, batched vision attention",
+                  ["sft.zero_stage=0", "sft.loss_impl=logits", "model.vision_attention=batched"]),
     "cpu-z0-pack2": ("ZeRO-0, chunked loss, 2 samples packed",
                      ["sft.zero_stage=0", "sft.loss_impl=chunked", "sft.packing=true", "sft.micro_batch_size=2",
                       "sft.grad_accum_steps=1"]),
@@ -221,12 +229,53 @@ def ours(cfg, base, sft_data, name: str) -> tuple[list[dict], dict]:
     return rows, max(memory, key=lambda row: row.get("peak_device_bytes") or 0)
 
 
-def ceiling(cfg, base, sft_data, steps: int, device: str) -> tuple[list[float], int, int, float]:
-    """Tokens/s of stock forward+backward per step (first left out), trainable parameters, tokens per
-    sample, peak GiB."""
+def _timed(fn, reps: int, on_gpu: bool) -> float:
+    """Median seconds of `fn()` over `reps` runs after one warm-up run."""
+    import torch
+
+    times = []
+    for _ in range(reps + 1):
+        if on_gpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if on_gpu:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def _profile_table(fn, on_gpu: bool, rows: int = 25) -> str:
+    """torch.profiler's operators by self device time (CPU time on CPU) for one call of `fn`, and
+    the share of the call's wall time that kernels ran."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    fn()  # warm
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        fn()
+        if on_gpu:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    averages = prof.key_averages()
+    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+    kernel_s = sum(getattr(e, key, 0) for e in averages) / 1e6
+    launches = sum(e.count for e in averages if getattr(e, key, 0) > 0)
+    head = (f"one micro-step: wall {wall:.3f} s, kernels {kernel_s:.3f} s ({100 * kernel_s / wall:.0f} % of wall), "
+            f"{launches} timed operator calls\n")
+    return head + averages.table(sort_by=key, row_limit=rows)
+
+
+def ceiling(cfg, base, sft_data, steps: int, device: str, profile_to: Path | None = None) -> dict:
+    """Stock forward+backward per step (first left out), without and then with the batched vision
+    attention; the vision tower's own forward+backward both ways; optionally a profile of one stock
+    micro-step. Trainable parameters, tokens per sample and peak GiB beside them."""
     import torch
 
     from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.vision_attention import apply_vision_attention
     from paravt_core.sft import stage
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
     from paravt_core.sft.encode import collate
@@ -243,23 +292,45 @@ def ceiling(cfg, base, sft_data, steps: int, device: str) -> tuple[list[float], 
     on_gpu = device == "cuda"
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
-    rates = []
-    for _ in range(steps):
-        if on_gpu:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(cfg.sft.grad_accum_steps):
-            model(**batch, use_cache=False).loss.backward()
-        if on_gpu:
-            torch.cuda.synchronize()
-        rates.append(tokens * cfg.sft.grad_accum_steps / (time.perf_counter() - t0))
-        model.zero_grad(set_to_none=True)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    def micro_step():
+        model(**batch, use_cache=False).loss.backward()
+
+    def vision_step():
+        out = model.model.visual(batch["pixel_values"], grid_thw=batch["image_grid_thw"])
+        hidden = out.pooler_output if hasattr(out, "pooler_output") else out[0]
+        hidden.float().square().mean().backward()
+
+    def rates() -> list[float]:
+        measured = []
+        for _ in range(steps):
+            if on_gpu:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(cfg.sft.grad_accum_steps):
+                micro_step()
+            if on_gpu:
+                torch.cuda.synchronize()
+            measured.append(tokens * cfg.sft.grad_accum_steps / (time.perf_counter() - t0))
+            model.zero_grad(set_to_none=True)
+        return measured[1:]
+
+    stock = rates()
     peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan")
+    vision_stock = _timed(vision_step, 2, on_gpu)
+    model.zero_grad(set_to_none=True)
+    if profile_to is not None:
+        profile_to.write_text(_profile_table(micro_step, on_gpu))
+        model.zero_grad(set_to_none=True)
+    apply_vision_attention(model, "batched")
+    batched = rates()
+    vision_batched = _timed(vision_step, 2, on_gpu)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     del model
     if on_gpu:
         torch.cuda.empty_cache()
-    return rates[1:], trainable, tokens, peak
+    return {"stock": stock, "batched_vision": batched, "vision_fwd_bwd_s": vision_stock,
+            "vision_fwd_bwd_batched_s": vision_batched, "trainable": trainable, "tokens": tokens, "peak_gib": peak}
 
 
 def main() -> int:
@@ -269,6 +340,8 @@ def main() -> int:
     parser.add_argument("--accum", type=int, default=8)
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--attention", default="sdpa", choices=("sdpa", "flash_attention_2", "eager"))
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write torch.profiler's table of one stock micro-step here")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, CPU allowed: checks the script only")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args()
@@ -289,19 +362,29 @@ def main() -> int:
                     "accum": args.accum, "steps": args.steps, "attention": args.attention, "variants": {}}
     with tempfile.TemporaryDirectory(prefix="paravt-bench-gpu-") as tmp_name:
         config, base, sft_data = prepare(Path(tmp_name), args.rows, args)
-        plain, trainable, tokens_per_sample, plain_peak = ceiling(
-            config("ceiling", []), base, sft_data, args.steps, "cuda" if on_gpu else "cpu")
+        measured = ceiling(config("ceiling", []), base, sft_data, args.steps, "cuda" if on_gpu else "cpu",
+                           args.profile)
+        trainable, tokens_per_sample, plain_peak = measured["trainable"], measured["tokens"], measured["peak_gib"]
 
         def mfu(tokens_per_s: float) -> float:
             return 6 * trainable * tokens_per_s / H100_BF16_PEAK
 
-        plain_rate = statistics.median(plain)
+        plain_rate = statistics.median(measured["stock"])
+        batched_rate = statistics.median(measured["batched_vision"])
+        step_s = tokens_per_sample / plain_rate
         result.update(trainable_params=trainable, tokens_per_sample=tokens_per_sample,
-                      stock_ceiling={"tokens_per_s": plain_rate, "mfu": mfu(plain_rate), "peak_gib": plain_peak})
+                      stock_ceiling={"tokens_per_s": plain_rate, "mfu": mfu(plain_rate), "peak_gib": plain_peak,
+                                     "micro_step_s": step_s, "vision_fwd_bwd_s": measured["vision_fwd_bwd_s"]},
+                      stock_with_batched_vision={"tokens_per_s": batched_rate, "mfu": mfu(batched_rate),
+                                                 "vs_stock_ceiling": batched_rate / plain_rate,
+                                                 "vision_fwd_bwd_s": measured["vision_fwd_bwd_batched_s"]})
         if args.out:
             args.out.write_text(json.dumps(result, indent=2))
         print(f"stock ceiling: {plain_rate:.0f} tokens/s, MFU {100 * mfu(plain_rate):.1f} %, "
-              f"peak {plain_peak:.1f} GiB", flush=True)
+              f"peak {plain_peak:.1f} GiB; one sample's forward+backward {step_s:.3f} s, of which the vision tower "
+              f"alone {measured['vision_fwd_bwd_s']:.3f} s", flush=True)
+        print(f"stock + batched vision attention: {batched_rate:.0f} tokens/s ({batched_rate / plain_rate:.2f}x), "
+              f"vision tower alone {measured['vision_fwd_bwd_batched_s']:.3f} s", flush=True)
         for name in names:
             description, overrides = VARIANTS[name]
             print(f"variant {name}: {description}", flush=True)
@@ -340,7 +423,10 @@ def table(result: dict) -> str:
              f"{'variant':<15} | {'tokens/s':>9} | {'MFU %':>6} | {'x ceiling':>9} | {'busy %':>6} | {'peak GiB':>8}",
              f"{'stock ceiling':<15} | {result['stock_ceiling']['tokens_per_s']:>9.0f} | "
              f"{100 * result['stock_ceiling']['mfu']:>6.1f} | {1.0:>9.2f} | {'':>6} | "
-             f"{result['stock_ceiling']['peak_gib']:>8.1f}"]
+             f"{result['stock_ceiling']['peak_gib']:>8.1f}",
+             f"{'stock + vb':<15} | {result['stock_with_batched_vision']['tokens_per_s']:>9.0f} | "
+             f"{100 * result['stock_with_batched_vision']['mfu']:>6.1f} | "
+             f"{result['stock_with_batched_vision']['vs_stock_ceiling']:>9.2f} | {'':>6} | {'':>8}"]
     for name, row in result["variants"].items():
         if "error" in row:
             lines.append(f"{name:<15} | failed: {row['error'].splitlines()[-1][:80] if row['error'] else ''}")

@@ -111,6 +111,10 @@ class ModelConfig(_Section):
     # sdpa: PyTorch's fused attention, any device. flash_attention_2: the flash-attn package,
     # CUDA and bf16 only. eager: the plain matmul-softmax reference (debugging).
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
+    # The vision tower's attention without flash-attn: per_item is transformers' one call per
+    # frame; batched is one call per run of equal-sized frames, the same arithmetic
+    # (paravt_core/model/vision_attention.py). Applied in SFT training.
+    vision_attention: Literal["per_item", "batched"] = "per_item"
     registered_name: str = "paravt-tiny"
     pretrain: PretrainConfig = PretrainConfig()
 
@@ -504,7 +508,7 @@ class MLflowConfig(_Section):
 # (section, field) of optional knobs added after stages were cached: hashed only when set.
 HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
-    ("mlflow", "enabled"), ("rl", "gradient_checkpointing"),
+    ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
 )
 
 

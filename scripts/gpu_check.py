@@ -13,9 +13,11 @@ OUT/smi.csv (`nvidia-smi -lms 500`):
 1. install: the wheels into a private target folder (`--site`), put on PYTHONPATH;
 2. probe: versions (torch, CUDA, cuDNN, transformers, deepspeed, liger-kernel) and the card;
 3. test-gpu: the `gpu` test tier (`make test-gpu`'s files), the `hf` evaluator on generated
-   samples among them; a failure's traceback is logged as it happens;
+   samples among them, in two pytest processes side by side (`TEST_SHARDS`, logs test-gpu.log
+   and test-gpu-2.log); a failure's traceback is logged as it happens;
 4. sft: `bench/sft_gpu.py` at the 2B shape, the switch sets of `--sft-variants` beside the
-   stock transformers ceiling (tokens/s, MFU, GPU busy %, peak memory);
+   stock transformers ceiling (tokens/s, MFU, GPU busy %, peak memory), with a profile of one
+   stock micro-step (OUT/sft_profile.txt);
 5. rl: `bench/rl_gpu.py`, two PARA-GRPO steps at the 2B shape in bf16 on the `hf` engine.
 OUT/summary.json gathers each step's status, seconds and the benchmarks' JSON; OUT/summary.md
 is the same as a table. The exit status is 0 only when every step passed.
@@ -44,7 +46,7 @@ REQUIRED_WHEELS = ("deepspeed", "hjson", "pydantic", "pydantic_core", "annotated
                    "liger_kernel")
 # python-abi-platform tags that install on CPython 3.12, x86_64 Linux.
 WHEEL_TAG = re.compile(r"-(cp312-cp312|cp3\d+-abi3|py3-none|py2\.py3-none)-(any|manylinux\S*x86_64)\.whl$")
-DEFAULT_SFT_VARIANTS = "z2,z2-fast,z3-fast"  # z2-fast-pack2 ran out of 80 GB (docs/gpu_check.md)
+DEFAULT_SFT_VARIANTS = "z2-fast,z2-fast-vb,z3-fast"  # z2 measured 2026-11-26; z2-fast-pack2 ran out of 80 GB
 PROBE = """
 import json, torch
 info = {"python": __import__("sys").version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -67,6 +69,12 @@ class Step:
     timeout_s: int
     needs: list[Path] = field(default_factory=list)  # files the step reads (checked by --dry-run)
     result: Path | None = None  # JSON the step writes
+    also: list[list[str]] = field(default_factory=list)  # commands run beside `argv`, each its own log
+
+
+# The gpu tier in two pytest processes side by side (16 CPU cores, tiny models beside one 2B
+# one): the three bf16 kill-and-resume SFT runs, six DeepSpeed launches, are about half its time.
+TEST_SHARDS = ("resumes_after_a_kill", "not resumes_after_a_kill")
 
 
 def gpu_test_files() -> list[Path]:
@@ -76,14 +84,14 @@ def gpu_test_files() -> list[Path]:
 
 def plan(out: Path, python: str, sft_variants: str, limits: dict[str, int]) -> list[Step]:
     tests = gpu_test_files()
+    shards = [[python, "-m", "pytest", *[str(t.relative_to(REPO)) for t in tests], "-m", "gpu", "-k", shard, "-rs",
+               "-p", "no:cacheprovider", "--tb=short", "--durations=15", f"--junitxml={out / f'test_gpu_{i}.xml'}"]
+              for i, shard in enumerate(TEST_SHARDS)]
     return [
         Step("probe", [python, "-c", PROBE], limits["probe"]),
-        Step("test-gpu", [python, "-m", "pytest", *[str(t.relative_to(REPO)) for t in tests], "-m", "gpu", "-rs",
-                          "-p", "no:cacheprovider", "--tb=short", "--durations=15",
-                          f"--junitxml={out / 'test_gpu.xml'}"],
-             limits["test-gpu"], tests),
+        Step("test-gpu", *shards[:1], limits["test-gpu"], tests, also=shards[1:]),
         Step("sft", [python, "bench/sft_gpu.py", "--variants", sft_variants, "--steps", "3",
-                     "--out", str(out / "sft_gpu.json")], limits["sft"], [REPO / "bench/sft_gpu.py"],
+                     "--out", str(out / "sft_gpu.json"), "--profile", str(out / "sft_profile.txt")], limits["sft"], [REPO / "bench/sft_gpu.py"],
              out / "sft_gpu.json"),
         Step("rl", [python, "bench/rl_gpu.py", "--steps", "2", "--out", str(out / "rl_gpu.json")], limits["rl"],
              [REPO / "bench/rl_gpu.py"], out / "rl_gpu.json"),
@@ -105,23 +113,35 @@ def wheel_problems(wheels: Path) -> list[str]:
 
 
 def run_step(step: Step, out: Path, env: dict[str, str]) -> dict:
-    log = out / f"{step.name}.log"
+    """Run the step's command(s) side by side under one time limit; passed when every one exits 0."""
+    commands = [step.argv, *step.also]
+    logs = [out / (f"{step.name}.log" if i == 0 else f"{step.name}-{i + 1}.log") for i in range(len(commands))]
     started = time.perf_counter()
-    print(f"== {step.name} (limit {step.timeout_s} s): {shlex.join(step.argv)[:200]}", flush=True)
-    with open(log, "w") as f:
-        proc = subprocess.Popen(step.argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    procs = []
+    for argv, log in zip(commands, logs):
+        print(f"== {step.name} (limit {step.timeout_s} s): {shlex.join(argv)[:200]}", flush=True)
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+    statuses = []
+    for proc in procs:
+        left = max(0.0, step.timeout_s - (time.perf_counter() - started))
         try:
-            status = "passed" if proc.wait(timeout=step.timeout_s) == 0 else f"failed (exit {proc.returncode})"
+            statuses.append("passed" if proc.wait(timeout=left) == 0 else f"failed (exit {proc.returncode})")
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
-            status = f"timed out after {step.timeout_s} s"
+            statuses.append(f"timed out after {step.timeout_s} s")
     seconds = time.perf_counter() - started
-    tail = log.read_text(errors="replace").splitlines()[-25:]
+    failed = [status for status in statuses if status != "passed"]
+    status = "passed" if not failed else failed[0] if len(statuses) == 1 else "; ".join(
+        f"{log.name}: {st}" for log, st in zip(logs, statuses))
     print(f"   {step.name}: {status} in {seconds:.0f} s", flush=True)
-    print("\n".join(f"   | {line}" for line in tail), flush=True)
-    row = {"status": status, "seconds": round(seconds, 1), "log": log.name}
+    for log in logs:
+        tail = log.read_text(errors="replace").splitlines()[-25:]
+        print("\n".join(f"   | {line}" for line in tail), flush=True)
+    row = {"status": status, "seconds": round(seconds, 1), "log": logs[0].name if len(logs) == 1 else
+           [log.name for log in logs]}
     if step.result is not None and step.result.is_file():
         row["result"] = json.loads(step.result.read_text())
     return row
@@ -141,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default="python3")
     parser.add_argument("--sft-variants", default=DEFAULT_SFT_VARIANTS)
     parser.add_argument("--budget-s", type=int, default=560, help="the whole check must fit in this")
-    parser.add_argument("--limits", default="install=30,probe=15,test-gpu=180,sft=200,rl=100",
+    parser.add_argument("--limits", default="install=30,probe=15,test-gpu=170,sft=240,rl=100",
                         help="seconds per step, name=seconds,...")
     parser.add_argument("--skip", default="", help="comma-separated steps to leave out")
     parser.add_argument("--dry-run", action="store_true")
@@ -170,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(f"dry run: {len(steps) + 1} steps, limits {total} s of a {args.budget_s} s budget")
         for s in [Step("install", install, limits["install"]), *steps]:
-            shown = [a if a != PROBE else "<version probe>" for a in s.argv]
-            print(f"  {s.name:>8} ({s.timeout_s:>3} s): {shlex.join(shown)}")
+            for argv in [s.argv, *s.also]:
+                shown = [a if a != PROBE else "<version probe>" for a in argv]
+                print(f"  {s.name:>8} ({s.timeout_s:>3} s): {shlex.join(shown)}")
         for p in problems:
             print(f"problem: {p}")
         return 1 if problems else 0

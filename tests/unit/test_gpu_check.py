@@ -33,8 +33,12 @@ def test_dry_run_passes_with_the_wheels_and_prints_every_step(tmp_path: Path, ca
     printed = capsys.readouterr().out
     for step in ("install", "probe", "sft", "rl", "test-gpu"):
         assert f" {step} (" in printed
-    assert "bench/sft_gpu.py --variants z2,z2-fast,z3-fast " in printed
+    assert "bench/sft_gpu.py --variants z2-fast,z2-fast-vb,z3-fast " in printed
     assert "tests/integration/test_sft_packing.py" in printed  # the gpu tier's files, found by their marker
+    # The tier runs as two shards side by side whose -k expressions together select every test.
+    shards = [line for line in printed.splitlines() if line.strip().startswith("test-gpu (")]
+    assert len(shards) == 2
+    assert "-k resumes_after_a_kill " in shards[0] and "-k 'not resumes_after_a_kill' " in shards[1]
 
 
 @pytest.mark.parametrize("change, problem", [
@@ -54,6 +58,19 @@ def test_dry_run_refuses_limits_over_budget_and_unknown_variants(tmp_path: Path,
     assert "over the 300 s budget" in capsys.readouterr().out
     assert gpu_check.main([*args, "--sft-variants", "z2,z9"]) == 1
     assert "unknown SFT variant(s) ['z9']" in capsys.readouterr().out
+
+
+def test_side_by_side_commands_share_the_limit_and_each_failure_is_named(tmp_path: Path):
+    ok = ["python3", "-c", "print('first')"]
+    bad = ["python3", "-c", "import sys; print('second'); sys.exit(3)"]
+    slow = ["python3", "-c", "import time; time.sleep(30)"]
+    env = {"PATH": "/usr/bin:/bin"}
+    assert gpu_check.run_step(gpu_check.Step("pair", ok, 20, also=[ok]), tmp_path, env)["status"] == "passed"
+    row = gpu_check.run_step(gpu_check.Step("pair", ok, 20, also=[bad]), tmp_path, env)
+    assert row["status"] == "pair.log: passed; pair-2.log: failed (exit 3)"
+    assert row["log"] == ["pair.log", "pair-2.log"] and "second" in (tmp_path / "pair-2.log").read_text()
+    row = gpu_check.run_step(gpu_check.Step("pair", slow, 1, also=[slow]), tmp_path, env)
+    assert row["status"].count("timed out after 1 s") == 2 and row["seconds"] < 10  # one limit for both
 
 
 def test_a_step_that_overruns_its_limit_is_killed_and_reported(tmp_path: Path):
