@@ -279,6 +279,10 @@ class SFTConfig(_Section):
     # Concatenate a micro-batch's samples into one row (per-sample 3-D positions, attention kept
     # inside each sample) instead of right-padding them; same loss, no padded positions.
     packing: bool = False
+    # Worker processes that encode the next micro-batches while the GPU trains (sft/loader.py):
+    # the same samples in the same order. 0 encodes in the training process (CPU runs, whose
+    # two cores the workers would only take from the training).
+    data_workers: int = Field(0, ge=0)
     checkpoint_every: int = Field(100, ge=1)
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
 
@@ -509,6 +513,7 @@ class MLflowConfig(_Section):
 HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
+    ("sft", "data_workers"),
 )
 
 

@@ -13,8 +13,8 @@ OUT/smi.csv (`nvidia-smi -lms 500`):
 1. install: the wheels into a private target folder (`--site`), put on PYTHONPATH;
 2. probe: versions (torch, CUDA, cuDNN, transformers, deepspeed, liger-kernel) and the card;
 3. test-gpu: the `gpu` test tier (`make test-gpu`'s files), the `hf` evaluator on generated
-   samples among them, in two pytest processes side by side (`TEST_SHARDS`, logs test-gpu.log
-   and test-gpu-2.log); a failure's traceback is logged as it happens;
+   samples among them, in four pytest processes side by side (`TEST_SHARDS`, logs test-gpu.log,
+   test-gpu-2.log, ...); a failure's traceback is logged as it happens;
 4. sft: `bench/sft_gpu.py` at the 2B shape, the switch sets of `--sft-variants` beside the
    stock transformers ceiling (tokens/s, MFU, GPU busy %, peak memory), with a profile of one
    stock micro-step (OUT/sft_profile.txt);
@@ -46,7 +46,7 @@ REQUIRED_WHEELS = ("deepspeed", "hjson", "pydantic", "pydantic_core", "annotated
                    "liger_kernel")
 # python-abi-platform tags that install on CPython 3.12, x86_64 Linux.
 WHEEL_TAG = re.compile(r"-(cp312-cp312|cp3\d+-abi3|py3-none|py2\.py3-none)-(any|manylinux\S*x86_64)\.whl$")
-DEFAULT_SFT_VARIANTS = "z2-fast,z2-fast-vb,z3-fast"  # z2 measured 2026-11-26; z2-fast-pack2 ran out of 80 GB
+DEFAULT_SFT_VARIANTS = "z2-fast-vb,z2-fast-vb-w4,z3-fast-vb-w4"  # the others: docs/gpu_check.md
 PROBE = """
 import json, torch
 info = {"python": __import__("sys").version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -72,9 +72,11 @@ class Step:
     also: list[list[str]] = field(default_factory=list)  # commands run beside `argv`, each its own log
 
 
-# The gpu tier in two pytest processes side by side (16 CPU cores, tiny models beside one 2B
-# one): the three bf16 kill-and-resume SFT runs, six DeepSpeed launches, are about half its time.
-TEST_SHARDS = ("resumes_after_a_kill", "not resumes_after_a_kill")
+# The gpu tier in four pytest processes side by side (16 CPU cores, tiny models beside one 2B
+# one). Measured on an H100 (docs/gpu_check.md): each bf16 kill-and-resume SFT test 63-67 s (two
+# DeepSpeed launches), the rest 142 s (the 2B step 102 s); in one process 350 s.
+TEST_SHARDS = ("resumes_after_a_kill and [0]", "resumes_after_a_kill and [2]", "resumes_after_a_kill and [3]",
+               "not resumes_after_a_kill")
 
 
 def gpu_test_files() -> list[Path]:

@@ -6,35 +6,27 @@ Departures from the release's SFT (SPEC §1), point by point:
   the same samples, and so the same losses, as an uninterrupted one;
 - sequence packing is a switch (`sft.packing`, `encode.pack`): a micro-batch's samples in
   one row with per-sample positions and attention; off, micro-batches are right-padded;
-- the token loss may skip the full-vocabulary logits (`sft.loss_impl`, `sft/loss.py`).
+- the token loss may skip the full-vocabulary logits (`sft.loss_impl`, `sft/loss.py`);
+- samples may be encoded ahead of the step in worker processes (`sft.data_workers`,
+  `sft/loader.py`), the same samples in the same order.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from paravt_core.dist import StepLog
 from paravt_core.sft.job import SFTJob
-
-
-def sample_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(num_samples)
-
-
-def sample_index(position: int, num_samples: int, seed: int, cache: dict[int, np.ndarray]) -> int:
-    """The dataset index at a global position of the (endless, reshuffled per epoch) stream."""
-    epoch, offset = divmod(position, num_samples)
-    if epoch not in cache:
-        cache[epoch] = sample_order(num_samples, seed, epoch)
-    return int(cache[epoch][offset])
+from paravt_core.sft.loader import (EncodingStats, MicroBatchPlan, micro_batch, micro_batches,  # noqa: F401
+                                    sample_index, sample_order)
 
 
 def lr_lambda(total_steps: int, warmup_steps: int, schedule: str):
@@ -58,25 +50,6 @@ def reduce_step_statistics(collectives, step_loss: float, tokens: int, samples: 
     collectives.all_reduce(stats)
     loss_sum, tokens_all, samples_all = stats.tolist()
     return loss_sum, tokens_all, samples_all
-
-
-def micro_batch(dataset, step: int, micro: int, rank: int, world: int, accum_index: int, accum: int,
-                seed: int, orders: dict[int, np.ndarray]):
-    """The samples of one rank's micro-batch; a skipped (over-long) sample is replaced by the next one."""
-    per_step = micro * accum * world
-    first = step * per_step + (accum_index * world + rank) * micro
-    samples = []
-    for k in range(micro):
-        position = first + k
-        for attempt in range(len(dataset)):
-            sample = dataset.encode(sample_index(position + attempt * per_step, len(dataset), seed, orders))
-            if sample is not None:
-                samples.append(sample)
-                break
-        else:
-            raise RuntimeError(f"every SFT sample is skipped ({len(dataset.media_errors)} with undecodable videos, "
-                               "the others over max_seq_len); check the videos or raise sft.max_seq_len")
-    return samples
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,28 +117,35 @@ def train(job: SFTJob) -> None:
     if rank == 0:
         pdist.trim_step_log(losses_path, start)  # steps after the checkpoint run again: log them once
     pad_id = processor.tokenizer.pad_token_id
-    orders: dict[int, np.ndarray] = {}
+    # Packing needs the model's rope index, so it happens here; padding can happen where the samples are encoded.
+    plan = MicroBatchPlan(dataset, start=start, max_steps=sft.max_steps, micro=sft.micro_batch_size,
+                          accum=sft.grad_accum_steps, rank=rank, world=world, seed=cfg.run.seed,
+                          collate=None if sft.packing else functools.partial(collate, pad_id=pad_id))
+    batches = micro_batches(plan, sft.data_workers)
+    encoded_by: dict[int, EncodingStats] = {}
 
     bar = tqdm(range(start, sft.max_steps), initial=start, total=sft.max_steps, desc=job.stage,
                disable=rank != 0 or not sys.stdout.isatty(), mininterval=2.0)
     progress = StepLog(job.stage, sft.max_steps, start, enabled=rank == 0 and not sys.stdout.isatty())
     for step in bar:
         t0 = time.perf_counter()
-        step_loss, tokens, samples = 0.0, 0, 0
+        step_loss, tokens, samples = torch.zeros((), dtype=torch.float64, device=device), 0, 0
         for a in range(sft.grad_accum_steps):
-            batch_samples = micro_batch(dataset, step, sft.micro_batch_size, rank, world, a,
-                                        sft.grad_accum_steps, cfg.run.seed, orders)
-            packed = pack(batch_samples, rope_index) if sft.packing else collate(batch_samples, pad_id)
+            item = next(batches)
+            encoded_by[item.process] = item.stats
+            packed = pack(item.samples, rope_index) if sft.packing else item.batch
             batch = {k: v.to(device) for k, v in packed.items()}
             loss = micro_batch_loss(engine, batch, sft.loss_impl)
             engine.backward(loss)
             if a == sft.grad_accum_steps - 1:
                 stage0_norm = pdist.local_grad_norm(engine) if sft.zero_stage == 0 else None
             engine.step()
-            step_loss += loss.item() / sft.grad_accum_steps
-            tokens += sum(sample.num_tokens for sample in batch_samples)
-            samples += len(batch_samples)
-        loss_sum, tokens_all, samples_all = reduce_step_statistics(collectives, step_loss, tokens, samples)
+            # Summed on the device: no wait for the GPU until the step's end, so the next micro-batch
+            # is queued while this one runs.
+            step_loss += loss.detach().double() / sft.grad_accum_steps
+            tokens += item.tokens
+            samples += item.count
+        loss_sum, tokens_all, samples_all = reduce_step_statistics(collectives, step_loss.item(), tokens, samples)
         loss_mean = loss_sum / world
         elapsed = time.perf_counter() - t0
         grad_norm = stage0_norm if sft.zero_stage == 0 else engine.get_global_grad_norm()
@@ -185,7 +165,7 @@ def train(job: SFTJob) -> None:
 
     record_memory(job.out_dir, job.stage, "trained", rank, world, device, engine.module)
     if not job.steps_only:
-        _export(job, engine, rank, dataset, ckpt_dir)
+        _export(job, engine, rank, EncodingStats.total(encoded_by or {-1: EncodingStats.of(dataset)}), ckpt_dir)
     metrics.finish()
     dist.barrier()
     pdist.shutdown_distributed()
@@ -203,7 +183,7 @@ def apply_liger_kernels(model, on_gpu: bool) -> None:
                                    fused_linear_cross_entropy=False, model=model)
 
 
-def _export(job: SFTJob, engine, rank: int, dataset, ckpt_dir: Path) -> None:
+def _export(job: SFTJob, engine, rank: int, encoded: EncodingStats, ckpt_dir: Path) -> None:
     from paravt_core import dist as pdist
 
     state = pdist.full_state_dict(engine, ckpt_dir, job.config.sft.zero_stage)
@@ -218,10 +198,10 @@ def _export(job: SFTJob, engine, rank: int, dataset, ckpt_dir: Path) -> None:
         "git_revision": job.git_revision,
         "steps": job.config.sft.max_steps,
         "mlflow_run_id": job.mlflow_run_id,
-        "overlong_skipped": dataset.overlong.skipped,
-        "overlong_truncated": dataset.overlong.truncated,
-        "media_skipped": dataset.media_errors,  # rank 0's: row source -> why its video did not decode
-        "frame_cache": {"hits": dataset.cache.hits, "misses": dataset.cache.misses},
+        "overlong_skipped": encoded.overlong_skipped,
+        "overlong_truncated": encoded.overlong_truncated,
+        "media_skipped": encoded.media_errors,  # rank 0's: row source -> why its video did not decode
+        "frame_cache": {"hits": encoded.cache_hits, "misses": encoded.cache_misses},
     }
     pdist.export_hf_model(state, job.base_model, job.out_dir / "model", job.config.model.dtype, meta)
 

@@ -226,6 +226,43 @@ def test_an_undecodable_video_is_skipped_counted_and_named(sft_setup, tmp_path: 
                for line in lines)
 
 
+@pytest.mark.parametrize("packing", [False, True])
+def test_data_workers_train_the_same_samples_and_report_the_same_skips(sft_setup, tmp_path: Path, short_video: Path,
+                                                                       packing: bool):
+    """sft.data_workers=2 (samples encoded ahead in forked workers) gives the losses of encoding in
+    the trainer, and the export still names the undecodable row and counts every frame-cache read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from paravt_core.sft import stage
+
+    config, base, _ = sft_setup
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"")
+    data = tmp_path / "sft_with_broken"
+    data.mkdir()
+    good = {"messages": json.dumps(conversation(short_video)), "videos": [str(short_video)]}
+    bad = {"messages": json.dumps(conversation(broken)), "videos": [str(broken)]}
+    pq.write_table(pa.Table.from_pylist([good, bad, good, good, good, good]), data / "toy.parquet")
+    sft_data = ArtifactRef(kind="sft_data", path=data, sha256=content_hash(data))
+    shape = ["sft.max_steps=4", "sft.checkpoint_every=4", "sft.micro_batch_size=2", "sft.grad_accum_steps=2",
+             f"sft.packing={str(packing).lower()}", "sft.loss_impl=chunked"]
+    metas, losses = [], []
+    for workers in (0, 2):
+        cfg = config(*shape, f"sft.data_workers={workers}", f"run.name=w{workers}")
+        ref = stage.run(cfg, base, sft_data, log_line=lambda line: None)
+        losses.append(_losses(stage.run_dir(cfg, base, sft_data)))
+        metas.append(json.loads((ref.path / "paravt_meta.json").read_text()))
+    assert sorted(losses[1]) == [1, 2, 3, 4]
+    for step in losses[0]:
+        assert losses[1][step] == pytest.approx(losses[0][step], rel=1e-6, abs=1e-7), step
+    assert list(metas[1]["media_skipped"]) == list(metas[0]["media_skipped"]) == ["toy.parquet:1"]
+    # Every frame read is counted; each worker process tries the undecodable video once before it
+    # sets the row aside, so two workers may count one read more than the trainer alone.
+    reads = [m["frame_cache"]["hits"] + m["frame_cache"]["misses"] for m in metas]
+    assert reads[0] > 0 and 0 <= reads[1] - reads[0] <= 1
+
+
 def test_subagent_row_trains_on_the_prompt_the_rollout_gives_a_subagent(tiny_processor, short_video: Path,
                                                                           tmp_path: Path):
     """#15: a sub-agent SFT row (a video item with video_start / video_end, then the summary

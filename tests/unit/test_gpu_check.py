@@ -33,12 +33,25 @@ def test_dry_run_passes_with_the_wheels_and_prints_every_step(tmp_path: Path, ca
     printed = capsys.readouterr().out
     for step in ("install", "probe", "sft", "rl", "test-gpu"):
         assert f" {step} (" in printed
-    assert "bench/sft_gpu.py --variants z2-fast,z2-fast-vb,z3-fast " in printed
+    assert "bench/sft_gpu.py --variants z2-fast-vb,z2-fast-vb-w4,z3-fast-vb-w4 " in printed
     assert "tests/integration/test_sft_packing.py" in printed  # the gpu tier's files, found by their marker
-    # The tier runs as two shards side by side whose -k expressions together select every test.
     shards = [line for line in printed.splitlines() if line.strip().startswith("test-gpu (")]
-    assert len(shards) == 2
-    assert "-k resumes_after_a_kill " in shards[0] and "-k 'not resumes_after_a_kill' " in shards[1]
+    assert len(shards) == len(gpu_check.TEST_SHARDS) == 4  # side by side
+
+
+def _collected(*args: str) -> list[str]:
+    import subprocess
+
+    files = [str(p.relative_to(REPO)) for p in gpu_check.gpu_test_files()]
+    out = subprocess.run([sys.executable, "-m", "pytest", *files, "-m", "gpu", *args, "--collect-only", "-q",
+                          "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if "::" in line]
+
+
+def test_the_shards_split_the_gpu_tier_without_gap_or_overlap():
+    everything = _collected()
+    shards = [_collected("-k", expression) for expression in gpu_check.TEST_SHARDS]
+    assert all(shards) and sorted(sum(shards, [])) == sorted(everything) and len(everything) >= 10
 
 
 @pytest.mark.parametrize("change, problem", [
