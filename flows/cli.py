@@ -8,24 +8,68 @@ import os
 import sys
 
 
-def _flow_in_process(command: str, flow, params, cfg):
-    """Run `flow(params)` holding the output folder, or None when another run holds it.
+# Prefect's client retries a failed request 5 times by default (2 + 4 + ... + 32 s); with the
+# in-process API gone that is a minute per request. Two retries (6 s) still ride out a busy
+# server; the environment can set it.
+CLIENT_RETRIES = "2"
+
+
+class ApiGone(Exception):
+    """The flow's Prefect API died during the run; `status` is the exit status to end with."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+def _flow_in_process(command: str, flow, params, cfg, show):
+    """Run `flow(params)` holding the output folder and `show` its result; None when another run
+    holds the folder.
 
     The lock is taken here too (the flow takes it again, re-entrantly) so a busy directory is
-    a one-line refusal before Prefect starts a flow run, not a failed flow run."""
+    a one-line refusal before Prefect starts a flow run, not a failed flow run. When the flow
+    fails because its Prefect API is gone (flows/progress.py), what the run produced is still
+    shown: the whole result if the flow's body finished, else its finished stages, and
+    `ApiGone` says how to end."""
+    from flows.progress import PROGRESS, api_alive
     from paravt_core.reaper import start_reaper
     from paravt_core.run_lock import OutputDirBusy, hold_output_dir
 
+    PROGRESS.reset()
     reaper = start_reaper()  # a SIGKILL of this command leaves no Prefect server or DeepSpeed rank behind
     try:
         with hold_output_dir(cfg.run.output_dir, command):
-            return flow(params)
+            try:
+                result = flow(params)
+            except Exception as exc:
+                if api_alive():
+                    raise
+                print(f"{command}: the Prefect API stopped answering during the run ({type(exc).__name__}: "
+                      f"{str(exc)[:200]}); Prefect's run history lacks the rest of this run.", file=sys.stderr)
+                if PROGRESS.outputs is not None:
+                    show(PROGRESS.outputs)
+                    raise ApiGone(0) from exc
+                print(f"\n{command} stopped before its end. Finished stages (kept; the same command resumes "
+                      "from them, reusing what is done):")
+                for name, where in PROGRESS.stages.items() or [("(none)", "")]:
+                    print(f"  {name:<14} {where}")
+                print(f"  {'output dir':<14} {cfg.run.output_dir.resolve()}")
+                raise ApiGone(1) from exc
+            show(result)
+            return result
     except OutputDirBusy as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return None
     finally:
         if reaper is not None:
             reaper.stop()
+
+
+def _ended(status: int) -> int:
+    """End at once: the events queued for the dead API would each take 7 s to fail at exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _params_or_refusal(command: str, make):
@@ -40,8 +84,14 @@ def _params_or_refusal(command: str, make):
         return None
 
 
-def _run(args: argparse.Namespace) -> int:
+def _prefect_environment() -> None:
+    """Before Prefect is imported (it reads its settings then)."""
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "paravt_core")
+    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", CLIENT_RETRIES)
+
+
+def _run(args: argparse.Namespace) -> int:
+    _prefect_environment()
     from flows.full_pipeline import full_pipeline
     from flows.params import PipelineParams
 
@@ -50,19 +100,23 @@ def _run(args: argparse.Namespace) -> int:
     if params is None:
         return 2
     cfg = params.load()
-    outputs = _flow_in_process("paravt run", full_pipeline, params, cfg)
-    if outputs is None:
-        return 2
-    print("\nPipeline finished. Outputs:")
-    for name, where in outputs.items():
-        print(f"  {name:<14} " + where.replace("\n", "\n" + " " * 17))
-    print(f"  {'output dir':<14} {cfg.run.output_dir.resolve()}")
-    print("Run history and MLflow runs: `make ui` (Prefect UI and MLflow UI on 127.0.0.1).")
-    return 0
+
+    def show(outputs: dict[str, str]) -> None:
+        print("\nPipeline finished. Outputs:")
+        for name, where in outputs.items():
+            print(f"  {name:<14} " + where.replace("\n", "\n" + " " * 17))
+        print(f"  {'output dir':<14} {cfg.run.output_dir.resolve()}")
+        print("Run history and MLflow runs: `make ui` (Prefect UI and MLflow UI on 127.0.0.1).")
+
+    try:
+        outputs = _flow_in_process("paravt run", full_pipeline, params, cfg, show)
+    except ApiGone as gone:
+        return _ended(gone.status)
+    return 2 if outputs is None else 0
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "paravt_core")
+    _prefect_environment()
     from flows.reproduce import ReproduceParams, reproduce
 
     params = _params_or_refusal("paravt reproduce",
@@ -70,12 +124,16 @@ def _reproduce(args: argparse.Namespace) -> int:
     if params is None:
         return 2
     cfg = params.load()
-    report = _flow_in_process("paravt reproduce", reproduce, params, cfg)
-    if report is None:
-        return 2
-    print(f"\nReport: {report} (figure and measurements beside it; also in MLflow, experiment "
-          f"{cfg.mlflow.experiment!r} at {cfg.mlflow_uri()})")
-    return 0
+
+    def show(report: str) -> None:
+        print(f"\nReport: {report} (figure and measurements beside it; also in MLflow, experiment "
+              f"{cfg.mlflow.experiment!r} at {cfg.mlflow_uri()})")
+
+    try:
+        report = _flow_in_process("paravt reproduce", reproduce, params, cfg, show)
+    except ApiGone as gone:
+        return _ended(gone.status)
+    return 2 if report is None else 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

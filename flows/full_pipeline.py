@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 from flows.data import data_stage
 from flows.eval import eval_stage
 from flows.params import PipelineParams
+from flows.progress import PROGRESS
 from paravt_core.eval.report import format_table
 from paravt_core.run_lock import hold_output_dir
 from paravt_core.set_aside import (
@@ -38,18 +39,26 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
     with hold_output_dir(cfg.run.output_dir, "paravt flow (full pipeline)"):
         log = get_run_logger()
         log.info("pipeline %s -> %s", cfg.run.name, cfg.run.output_dir.resolve())
+        PROGRESS.reset()  # also run outside the CLI (deployments): the record starts with this run
         data = data_stage(cfg)
+        PROGRESS.stage("sft data", data.sft.path)
         base = base_stage(cfg)
+        PROGRESS.stage("base_model", base.path)
         sft_model = sft(cfg, base, data.sft)
+        PROGRESS.stage("sft_model", sft_model.path)
         grammar = sft_grammar(cfg, base, sft_model, data)
         sft_version = register(cfg, sft_model, "sft", data.sft.sha256, alias="sft")
+        PROGRESS.stage("registered sft", f"{cfg.model.registered_name} v{sft_version.version}")
         rl_model = rl(cfg, sft_model, data.rl)
+        PROGRESS.stage("rl_model", rl_model.path)
         rl_version = register(cfg, rl_model, "rl", data.rl.sha256, parent_version=sft_version.version, alias="candidate")
         log.info("registered %s v%s (sft) and v%s (rl, candidate)", cfg.model.registered_name, sft_version.version,
                  rl_version.version)
         # The RL row is labelled by its ablation row, so Table 2 of `paravt report` joins on it.
-        reports = {label: eval_stage(cfg, model, data.eval, label)
-                   for label, model in (("base", base), ("sft", sft_model), (cfg.rl.row, rl_model))}
+        reports = {}
+        for label, model in (("base", base), ("sft", sft_model), (cfg.rl.row, rl_model)):
+            reports[label] = eval_stage(cfg, model, data.eval, label)
+            PROGRESS.stage(f"eval {label}", reports[label].results_dir)
         promoted = promote(cfg, rl_version, reports[cfg.rl.row].average, data.eval)
         table = format_table(reports)
         log.info("seven-split evaluation:\n%s", table)
@@ -59,7 +68,7 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
         set_aside_file = write_set_aside(cfg.run.output_dir / "set_aside.json", set_aside)
         if set_aside:
             log.warning("set aside instead of stopping the run (%s):\n%s", set_aside_file, format_set_aside(set_aside))
-        return {
+        return PROGRESS.finish({
             "base_model": str(base.path),
             "sft_model": str(sft_model.path),
             "rl_model": str(rl_model.path),
@@ -69,4 +78,4 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
             "eval results": str(reports[cfg.rl.row].results_dir.parent),
             "mlflow": cfg.mlflow_uri(),
             "set aside": f"{format_set_aside(set_aside)}\n(listed in {set_aside_file.resolve()})",
-        }
+        })

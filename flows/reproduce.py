@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from flows.data import data_stage
 from flows.eval import eval_stage
 from flows.params import PipelineParams
+from flows.progress import PROGRESS
 from paravt_core.config import PipelineConfig, load_config
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
@@ -71,8 +72,10 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
     cfg = params.load()
     with hold_output_dir(cfg.run.output_dir, "paravt flow (reproduce)"):
         log = get_run_logger()
+        PROGRESS.reset()
         data = data_stage(cfg)
         sft_model = sft(cfg, base_stage(cfg), data.sft)
+        PROGRESS.stage("sft_model", sft_model.path)
         runs = [measure(cfg, sft_model, data.eval, "sft", None, "sft")]
         for row in cfg.reproduce.rows:
             for seed in cfg.reproduce.seeds:
@@ -80,8 +83,9 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
                                       row_file(params.config_path, row))
                 model = rl(row_cfg, sft_model, data.rl)
                 runs.append(measure(row_cfg, model, data.eval, row, seed, f"{row}-seed{seed}"))
+                PROGRESS.stage(f"{row} seed {seed}", model.path)
         report = reproduce_report(cfg, runs)
         text = report.read_text()
         log.info("miniature reproduction (%s):\n%s", report, text)
         print(text)
-        return str(report)
+        return PROGRESS.finish(str(report))

@@ -1,0 +1,71 @@
+"""Issue #33 item 7: with the Prefect API killed mid-run, `paravt run`'s flow runner gives up
+within a minute, still prints the run's summary, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from flows import cli
+    cli._prefect_environment()  # what `paravt run` does before Prefect is imported
+
+    from prefect import flow, task
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from flows.progress import PROGRESS
+
+    @task
+    def stage(i):
+        time.sleep(0.5)
+        return i
+
+    @flow
+    def toy(params):
+        for i in range(6):
+            stage(i)
+            PROGRESS.stage(f"stage {i}", f"/out/{i}")
+            if i == 1:
+                server = SubprocessASGIServer._instances[None].server_process
+                server.kill()
+                server.wait()
+                print(f"KILLED {time.time()}", flush=True)
+        return PROGRESS.finish({"result": "six stages"})
+
+    cfg = SimpleNamespace(run=SimpleNamespace(output_dir=Path(sys.argv[1])))
+    try:
+        cli._flow_in_process("toy run", toy, None, cfg, lambda outputs: print(f"SUMMARY {outputs}", flush=True))
+    except cli.ApiGone as gone:
+        cli._ended(gone.status)
+    print("finished with a live API", flush=True)
+''')
+
+
+def test_a_dead_prefect_api_ends_the_run_within_a_minute_with_its_summary(tmp_path: Path):
+    script = tmp_path / "toy_run.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=str(REPO),
+               PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "results"))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    ended = time.time()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    killed = float(next(line for line in proc.stdout.splitlines() if line.startswith("KILLED")).split()[1])
+    assert "SUMMARY {'result': 'six stages'}" in proc.stdout  # the body went on and its result is shown
+    assert "the Prefect API stopped answering during the run" in proc.stderr
+    assert "finished with a live API" not in proc.stdout
+    assert ended - killed < 60, f"{ended - killed:.0f} s from the kill to the end"
