@@ -194,15 +194,23 @@ def run_stage_workers(out: Path, kind: str, make_job: Callable[[], Any], worker:
                       hostfile: str | None, log_line: LogLine = print):
     """Run, or resume, a training stage's DeepSpeed workers in its run folder `out`.
 
-    A run whose exported model is complete returns at once; otherwise the job (a pydantic
-    model) is written to `out/job.json` and the workers resume from the folder's latest
-    checkpoint, if any. Returns the exported model as an `ArtifactRef` of `kind`.
+    A run whose exported model is complete and whole returns at once; otherwise the job (a
+    pydantic model) is written to `out/job.json` and the workers resume from the folder's
+    latest checkpoint, if any (a damaged export is written again from the final checkpoint). Returns the exported model as an `ArtifactRef` of `kind`.
     """
     from paravt_core.atomic import atomic_write_text
     from paravt_core.refs import ArtifactRef, content_hash
 
+    from paravt_core.model.integrity import model_dir_problem
+
     model_dir = out / "model"
-    if not (model_dir / "paravt_meta.json").is_file():
+    finished = (model_dir / "paravt_meta.json").is_file()
+    problem = model_dir_problem(model_dir) if finished else None
+    if problem:
+        # The exported folder lost or changed a weight file since: the run's last checkpoint
+        # (the finished step) is resumed, no step runs, and the model is exported again.
+        log_line(f"warning: {problem}; exporting it again from {out / 'checkpoints'}")
+    if not finished or problem:
         out.mkdir(parents=True, exist_ok=True)
         job_file = atomic_write_text(out / "job.json", make_job().model_dump_json(indent=2))
         launch_workers(worker, ["--job", str(job_file)], num_ranks, hostfile, log_line)

@@ -10,7 +10,7 @@ from prefect.context import TaskRunContext
 from paravt_core.config import PipelineConfig
 from paravt_core.refs import ArtifactRef
 from paravt_core.rl import stage as rl_stage
-from tasks._cache import stage_key
+from tasks._cache import model_intact, stage_key
 
 
 def _rl_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -18,7 +18,8 @@ def _rl_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     init: ArtifactRef = parameters["init"]
     data: ArtifactRef = parameters["rl_data"]
     out = rl_stage.run_dir(cfg, init, data) / "model"
-    return stage_key("rl", init.sha256, data.sha256, cfg.section_hash("rl", "video", "run"), output=out)
+    return stage_key("rl", init.sha256, data.sha256, cfg.section_hash("rl", "video", "run"), output=out,
+                     intact=model_intact)
 
 
 @task(name="rl", cache_key_fn=_rl_key, persist_result=True, retries=2, retry_delay_seconds=10)

@@ -10,7 +10,7 @@ from prefect.context import TaskRunContext
 from paravt_core.config import PipelineConfig
 from paravt_core.refs import ArtifactRef
 from paravt_core.sft import stage as sft_stage
-from tasks._cache import stage_key
+from tasks._cache import model_intact, stage_key
 
 
 def _sft_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -18,7 +18,8 @@ def _sft_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     base: ArtifactRef = parameters["base"]
     data: ArtifactRef = parameters["sft_data"]
     out = sft_stage.run_dir(cfg, base, data) / "model"
-    return stage_key("sft", base.sha256, data.sha256, cfg.section_hash("sft", "video", "run"), output=out)
+    return stage_key("sft", base.sha256, data.sha256, cfg.section_hash("sft", "video", "run"), output=out,
+                     intact=model_intact)
 
 
 @task(name="sft", cache_key_fn=_sft_key, persist_result=True, retries=2, retry_delay_seconds=10)

@@ -99,6 +99,17 @@ def write_manifest(model_dir: Path) -> Path:
     return atomic_write_text(model_dir / MANIFEST, json.dumps({"weights": files}, indent=1) + "\n")
 
 
+def model_dir_problem(model_dir: str | os.PathLike[str], checksums: bool = False) -> str | None:
+    """Why the folder is not a whole model (`verify_model_dir`'s message), or None. Without
+    checksums it reads only file sizes and safetensors headers: cheap enough for every cache
+    lookup of a stage whose output is a model."""
+    try:
+        verify_model_dir(model_dir, checksums=checksums)
+    except ModelFolderError as error:
+        return str(error)
+    return None
+
+
 def verify_model_dir(model_dir: str | os.PathLike[str], checksums: bool = True) -> None:
     """Raise `ModelFolderError` unless the folder holds a config and whole weights (module docstring).
 

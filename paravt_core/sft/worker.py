@@ -165,7 +165,7 @@ def train(job: SFTJob) -> None:
 
     record_memory(job.out_dir, job.stage, "trained", rank, world, device, engine.module)
     if not job.steps_only:
-        _export(job, engine, rank, EncodingStats.total(encoded_by or {-1: EncodingStats.of(dataset)}), ckpt_dir)
+        _export(job, engine, rank, _export_stats(encoded_by, dataset, job.out_dir / "model"), ckpt_dir)
     metrics.finish()
     dist.barrier()
     pdist.shutdown_distributed()
@@ -181,6 +181,21 @@ def apply_liger_kernels(model, on_gpu: bool) -> None:
         raise RuntimeError("sft.liger_kernels needs the liger-kernel package (the gpu extra: make install-gpu)") from err
     apply_liger_kernel_to_qwen3_vl(rope=True, rms_norm=True, swiglu=False, cross_entropy=False,
                                    fused_linear_cross_entropy=False, model=model)
+
+
+def _export_stats(encoded_by: dict[int, EncodingStats], dataset, model_dir: Path) -> EncodingStats:
+    """The counters the export records: this run's; when no step ran (a damaged export written
+    again from the final checkpoint), the ones the folder's previous export recorded."""
+    if encoded_by:
+        return EncodingStats.total(encoded_by)
+    try:
+        meta = json.loads((model_dir / "paravt_meta.json").read_text())
+        cache = meta.get("frame_cache") or {}
+        return EncodingStats(int(meta.get("overlong_skipped", 0)), int(meta.get("overlong_truncated", 0)),
+                             dict(meta.get("media_skipped") or {}), int(cache.get("hits", 0)),
+                             int(cache.get("misses", 0)))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return EncodingStats.of(dataset)
 
 
 def _export(job: SFTJob, engine, rank: int, encoded: EncodingStats, ckpt_dir: Path) -> None:

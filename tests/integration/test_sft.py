@@ -132,6 +132,26 @@ def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_vide
     assert stage.run(cfg, base, sft_data, log_line=lambda line: None) == ref
 
 
+def test_a_finished_run_whose_export_lost_its_weights_exports_them_again(sft_setup):
+    """Issue #33 item 2: the finished run's folder lost model.safetensors; the stage writes the
+    same weights again from its final checkpoint instead of returning the broken folder."""
+    from paravt_core.model.integrity import MANIFEST, verify_model_dir
+    from paravt_core.sft import stage
+
+    config, base, sft_data = sft_setup
+    cfg = config("sft.max_steps=2", "sft.checkpoint_every=2", "run.name=mend")
+    ref = stage.run(cfg, base, sft_data, log_line=lambda line: None)
+    recorded = json.loads((ref.path / MANIFEST).read_text())
+    (ref.path / "model.safetensors").unlink()
+    lines: list[str] = []
+    again = stage.run(cfg, base, sft_data, log_line=lines.append)
+    assert any(line.startswith("warning: ") and "exporting it again" in line for line in lines)
+    verify_model_dir(again.path)
+    assert json.loads((again.path / MANIFEST).read_text()) == recorded  # the very same weights
+    assert again.sha256 == ref.sha256
+    assert sorted(_losses(stage.run_dir(cfg, base, sft_data))) == [1, 2]  # no step ran twice
+
+
 def test_kill_then_resume_matches_uninterrupted(sft_setup, monkeypatch):
     from paravt_core.sft import stage
 

@@ -26,3 +26,17 @@ def test_a_moved_output_folder_is_a_new_key(tmp_path: Path):
     shutil.move(tmp_path / "outputs", tmp_path / "moved")
     after = stage_key("data-materialize", "abc", output=tmp_path / "moved" / "data" / "materialized" / "sft")
     assert after != before
+
+
+def test_a_model_output_that_lost_a_weight_file_is_a_new_key(tmp_path: Path, tiny_model_dir: Path):
+    """Issue #33 item 2: a cached SFT/RL result is reused only while its model folder is whole."""
+    from tasks._cache import model_intact
+
+    out = tmp_path / "run" / "model"
+    shutil.copytree(tiny_model_dir, out)
+    first = stage_key("sft", "a", output=out, intact=model_intact)
+    assert stage_key("sft", "a", output=out, intact=model_intact) == first
+    assert stage_key("sft", "a", output=out) == first  # the same epoch stamp without the check
+    (out / "model.safetensors").unlink()
+    assert stage_key("sft", "a", output=out) == first  # control: the folder is still there
+    assert stage_key("sft", "a", output=out, intact=model_intact) != first
