@@ -93,6 +93,21 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows}
 
 
+def _rows_with_a_broken_video(tmp_path: Path, video: Path, bad_row: int) -> tuple[ArtifactRef, Path]:
+    """Six SFT rows on `video`, row `bad_row`'s video a zero-byte file; (the data, that file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"")
+    data = tmp_path / "sft_with_broken"
+    data.mkdir()
+    rows = [{"messages": json.dumps(conversation(v)), "videos": [str(v)]}
+            for v in (broken if i == bad_row else video for i in range(6))]
+    pq.write_table(pa.Table.from_pylist(rows), data / "toy.parquet")
+    return ArtifactRef(kind="sft_data", path=data, sha256=content_hash(data)), broken
+
+
 def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_video: Path, tmp_path: Path):
     from paravt_core.model.loading import load_model
     from paravt_core.sft import stage
@@ -221,20 +236,10 @@ def test_one_sft_step_of_the_2b_shape(sft_setup, tmp_path: Path):
 
 def test_an_undecodable_video_is_skipped_counted_and_named(sft_setup, tmp_path: Path, short_video: Path):
     """One zero-byte video among the rows: SFT trains on the others and says which row it skipped."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from paravt_core.sft import stage
 
     config, base, _ = sft_setup
-    broken = tmp_path / "broken.mp4"
-    broken.write_bytes(b"")
-    data = tmp_path / "sft_with_broken"
-    data.mkdir()
-    good = {"messages": json.dumps(conversation(short_video)), "videos": [str(short_video)]}
-    bad = {"messages": json.dumps(conversation(broken)), "videos": [str(broken)]}
-    pq.write_table(pa.Table.from_pylist([good, good, bad, good, good, good]), data / "toy.parquet")
-    sft_data = ArtifactRef(kind="sft_data", path=data, sha256=content_hash(data))
+    sft_data, broken = _rows_with_a_broken_video(tmp_path, short_video, bad_row=2)
     cfg = config("sft.max_steps=6", "sft.checkpoint_every=6")
     lines: list[str] = []
     ref = stage.run(cfg, base, sft_data, log_line=lines.append)
@@ -251,20 +256,10 @@ def test_data_workers_train_the_same_samples_and_report_the_same_skips(sft_setup
                                                                        packing: bool):
     """sft.data_workers=2 (samples encoded ahead in forked workers) gives the losses of encoding in
     the trainer, and the export still names the undecodable row and counts every frame-cache read."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from paravt_core.sft import stage
 
     config, base, _ = sft_setup
-    broken = tmp_path / "broken.mp4"
-    broken.write_bytes(b"")
-    data = tmp_path / "sft_with_broken"
-    data.mkdir()
-    good = {"messages": json.dumps(conversation(short_video)), "videos": [str(short_video)]}
-    bad = {"messages": json.dumps(conversation(broken)), "videos": [str(broken)]}
-    pq.write_table(pa.Table.from_pylist([good, bad, good, good, good, good]), data / "toy.parquet")
-    sft_data = ArtifactRef(kind="sft_data", path=data, sha256=content_hash(data))
+    sft_data, _ = _rows_with_a_broken_video(tmp_path, short_video, bad_row=1)
     shape = ["sft.max_steps=4", "sft.checkpoint_every=4", "sft.micro_batch_size=2", "sft.grad_accum_steps=2",
              f"sft.packing={str(packing).lower()}", "sft.loss_impl=chunked"]
     metas, losses = [], []
