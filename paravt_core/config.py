@@ -74,7 +74,7 @@ class PretrainConfig(_Section):
     # random weights at batch 16, not in 1500 steps at batch 8, not in 1000 steps after
     # captioning; but that was a copy from the sequence start. Copy rows at micro-batch 16:
     # 74.8 % of held-out list words after 3000 steps, from 2.3 % at 1000 (`paravt copy-probe`,
-    # README "Miniature reproduction"). 0 rows: no copy phase.
+    # docs/miniature.md). 0 rows: no copy phase.
     copy_rows: int = Field(0, ge=0)
     copy_steps: int = Field(3000, ge=1)  # measured: no lookup at 1000 or 1200 (above)
     copy_micro_batch_size: int = Field(16, ge=1)
@@ -82,7 +82,7 @@ class PretrainConfig(_Section):
     # tokens each), so the list stands 0 to ~145 x this many tokens back. The lookup reaches
     # only as far as it was trained: a model taught at 2 (0-300 tokens) copied 70 % of words
     # 0-200 tokens back, 15 % at 400-600, where an agent's options stand (~526); 600 more steps
-    # at 5 took it to 93 % there (README "Miniature reproduction").
+    # at 5 took it to 93 % there (docs/miniature.md).
     copy_max_videos: int = Field(2, ge=0, le=8)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo

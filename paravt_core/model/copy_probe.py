@@ -15,7 +15,7 @@ of its own, feeds each row whole once (teacher forcing) and scores, with `readin
   before the request (far is nan when no row is that far; `far_rows` counts them).
 
 Measured: 2.3 % of words (guesses among ~70 world words) after 1000 steps of the copy
-phase, 74.8 % after 3000, when the lookup had formed (README "Miniature reproduction").
+phase, 74.8 % after 3000, when the lookup had formed (docs/miniature.md).
 """
 
 from __future__ import annotations

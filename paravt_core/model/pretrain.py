@@ -2,7 +2,7 @@
 
 The real Qwen3-VL-8B comes to cold-start SFT already able to say what a clip shows; a
 random-weight tiny Qwen3-VL does not, and SFT at batch 1 never taught it (the sub-agent
-named 2 of 32 held-out event colours, chance; README "Miniature reproduction"). Measured
+named 2 of 32 held-out event colours, chance; docs/miniature.md). Measured
 on clips of the reproduce world: at micro-batch 8 and lr 1e-3 the tiny model names most
 held-out event colours within several hundred steps. So, for `model.base: tiny` with
 `model.pretrain.enabled`, the base model stage is followed by this one, which makes the
@@ -25,8 +25,8 @@ tiny kit more like the real base model, not friendlier to the method:
   evaluation asks it, and an answer that quotes the relevant note and names the option. The
   real Qwen3 language model reads a context and picks the option it supports; the tiny
   random-weight one does not, and cold-start SFT at batch 1 never taught it (held-out
-  answers at chance while the sub-agent's reports were right; README "Miniature
-  reproduction"). No tool protocol, no system prompt: SFT still teaches those;
+  answers at chance while the sub-agent's reports were right;
+  docs/miniature.md). No tool protocol, no system prompt: SFT still teaches those;
 - with `reading_transcripts`, that share of the reading rows is laid out as an agent's
   transcript, text only (`transcript_row`: question, crop calls, the notes as the tool's
   replies, the final turn), so the options stand as far back as in the agent's own

@@ -84,8 +84,8 @@ class TinyModelSpec(BaseModel):
 # colours in lower case only, an option reading "Purple" became " ", "P", "ur", "ple" and
 # " yes" became " ", "y", "es", so telling two options apart, or yes from no, hung on
 # sub-word pieces and a bare space the real model never sees (measured: a held-out "no" was
-# predicted as the space that starts " yes" in 50 of 300 option checks, README "Miniature
-# reproduction"). tests/unit/test_tiny_tokenizer.py keeps this list in step with the world.
+# predicted as the space that starts " yes" in 50 of 300 option checks,
+# docs/miniature.md). tests/unit/test_tiny_tokenizer.py keeps this list in step with the world.
 WORLD_WORDS = (
     "red green blue yellow purple orange cyan white black "
     "square circle triangle diamond star "

@@ -21,7 +21,7 @@ def test_a_row_keeps_its_budget_and_rows_spread_over_every_choice():
     assert set(counts) == set(choices)
     assert all(380 <= n <= 620 for n in counts.values()), counts  # about a quarter each
     assert overview_budget("a.parquet:0", (5,)) == 5
-    # the draw the measured reproduce SFT model was trained with (README): a change here retrains it silently
+    # the draw the measured reproduce SFT model was trained with (docs/miniature.md): a change here retrains it silently
     assert [overview_budget(f"paravt_sft_selftrace.parquet:{i}", choices) for i in range(12)] == [
         3, 6, 6, 6, 4, 4, 3, 3, 6, 2, 6, 4]
 

@@ -163,7 +163,7 @@ def check_options(question: Question) -> str:
     Naming the letter of the option that reads "Cyan" at once asks for a token that comes
     BEFORE the match ("B. Cyan"); the tiny Qwen3-VL never learned that lookup (measured on
     held-out reading rows: 17-32 % of letters, chance 25 %, while it copied the value from the
-    notes 88 % of the time; README "Miniature reproduction"). Judging "A. Purple, no." against
+    notes 88 % of the time; docs/miniature.md). Judging "A. Purple, no." against
     a value named a line or more before it was not learned either: the tiny model said "no"
     at the first options and "yes" at the fourth whatever they read (`paravt reading-probe`).
     So each line copies the option, then the value (from the line before it), and judges two
