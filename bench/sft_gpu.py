@@ -41,50 +41,37 @@ from pathlib import Path
 H100_BF16_PEAK = 989e12
 REPO = Path(__file__).resolve().parents[1]
 
+# Lever lists the variants are made of.
+Z2, Z3 = ["sft.zero_stage=2"], ["sft.zero_stage=3"]
+CKPT, NO_CKPT = ["sft.gradient_checkpointing=true"], ["sft.gradient_checkpointing=false"]
+LIGER = ["sft.loss_impl=liger", "sft.liger_kernels=true"]  # fused loss + RMSNorm/RoPE
+CHUNKED_LIGER = ["sft.loss_impl=chunked", "sft.liger_kernels=true"]  # ZeRO-3 cannot run Liger's loss
+PACK2 = ["sft.packing=true", "sft.micro_batch_size=2", "sft.grad_accum_steps=4"]
+VB, W4 = ["model.vision_attention=batched"], ["sft.data_workers=4"]
+
 # name -> (description, config overrides). Every variant trains micro x accum = 8 samples per step.
 VARIANTS: dict[str, tuple[str, list[str]]] = {
-    "z2": ("ZeRO-2, checkpointing, full-logits loss (the GPU.md baseline)",
-           ["sft.zero_stage=2", "sft.gradient_checkpointing=true", "sft.loss_impl=logits"]),
-    "z3": ("ZeRO-3, checkpointing, full-logits loss",
-           ["sft.zero_stage=3", "sft.gradient_checkpointing=true", "sft.loss_impl=logits"]),
-    "z2-fast": ("ZeRO-2, no checkpointing, Liger fused loss + RMSNorm/RoPE",
-                ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger",
-                 "sft.liger_kernels=true"]),
+    "z2": ("ZeRO-2, checkpointing, full-logits loss (the GPU.md baseline)", Z2 + CKPT + ["sft.loss_impl=logits"]),
+    "z3": ("ZeRO-3, checkpointing, full-logits loss", Z3 + CKPT + ["sft.loss_impl=logits"]),
+    "z2-fast": ("ZeRO-2, no checkpointing, Liger fused loss + RMSNorm/RoPE", Z2 + NO_CKPT + LIGER),
     "z2-fast-pack2": ("ZeRO-2, no checkpointing, Liger, 2 samples packed per micro-batch",
-                      ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger",
-                       "sft.liger_kernels=true", "sft.packing=true", "sft.micro_batch_size=2",
-                       "sft.grad_accum_steps=4"]),
-    "z2-fast-vb": ("z2-fast with the vision attention batched over equal-sized frames",
-                   ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger",
-                    "sft.liger_kernels=true", "model.vision_attention=batched"]),
-    "z2-fast-vb-w4": ("z2-fast-vb with 4 data workers encoding the next micro-batches",
-                      ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger",
-                       "sft.liger_kernels=true", "model.vision_attention=batched", "sft.data_workers=4"]),
+                      Z2 + NO_CKPT + LIGER + PACK2),
+    "z2-fast-vb": ("z2-fast with the vision attention batched over equal-sized frames", Z2 + NO_CKPT + LIGER + VB),
+    "z2-fast-vb-w4": ("z2-fast-vb with 4 data workers encoding the next micro-batches", Z2 + NO_CKPT + LIGER + VB + W4),
     "z3-fast-vb-w4": ("ZeRO-3, no checkpointing, chunked loss, Liger RMSNorm/RoPE, batched vision, 4 data workers",
-                      ["sft.zero_stage=3", "sft.gradient_checkpointing=false", "sft.loss_impl=chunked",
-                       "sft.liger_kernels=true", "model.vision_attention=batched", "sft.data_workers=4"]),
+                      Z3 + NO_CKPT + CHUNKED_LIGER + VB + W4),
     "z2-vb-ckpt": ("ZeRO-2, checkpointing, Liger, batched vision attention (memory-safe for larger shapes)",
-                   ["sft.zero_stage=2", "sft.gradient_checkpointing=true", "sft.loss_impl=liger",
-                    "sft.liger_kernels=true", "model.vision_attention=batched"]),
-    "z3-fast": ("ZeRO-3, no checkpointing, chunked loss + Liger RMSNorm/RoPE",
-                ["sft.zero_stage=3", "sft.gradient_checkpointing=false", "sft.loss_impl=chunked",
-                 "sft.liger_kernels=true"]),
-    "z2-chunked": ("ZeRO-2, no checkpointing, chunked loss, no Liger",
-                   ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=chunked"]),
+                   Z2 + CKPT + LIGER + VB),
+    "z3-fast": ("ZeRO-3, no checkpointing, chunked loss + Liger RMSNorm/RoPE", Z3 + NO_CKPT + CHUNKED_LIGER),
+    "z2-chunked": ("ZeRO-2, no checkpointing, chunked loss, no Liger", Z2 + NO_CKPT + ["sft.loss_impl=chunked"]),
     # One lever at a time against z2, for each switch's own effect:
-    "z2-nockpt": ("ZeRO-2, no checkpointing, full-logits loss",
-                  ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=logits"]),
-    "z2-liger-loss": ("ZeRO-2, no checkpointing, Liger fused loss only",
-                      ["sft.zero_stage=2", "sft.gradient_checkpointing=false", "sft.loss_impl=liger"]),
-    "z2-pack2-ckpt": ("ZeRO-2, checkpointing, Liger, 2 samples packed per micro-batch",
-                      ["sft.zero_stage=2", "sft.gradient_checkpointing=true", "sft.loss_impl=liger",
-                       "sft.liger_kernels=true", "sft.packing=true", "sft.micro_batch_size=2",
-                       "sft.grad_accum_steps=4"]),
+    "z2-nockpt": ("ZeRO-2, no checkpointing, full-logits loss", Z2 + NO_CKPT + ["sft.loss_impl=logits"]),
+    "z2-liger-loss": ("ZeRO-2, no checkpointing, Liger fused loss only", Z2 + NO_CKPT + ["sft.loss_impl=liger"]),
+    "z2-pack2-ckpt": ("ZeRO-2, checkpointing, Liger, 2 samples packed per micro-batch", Z2 + CKPT + LIGER + PACK2),
     # --smoke (CPU): the switches that need no CUDA.
     "cpu-z0": ("ZeRO-0, full-logits loss", ["sft.zero_stage=0", "sft.loss_impl=logits"]),
     "cpu-z0-vb": ("ZeRO-0, full-logits loss, batched vision attention, 1 data worker",
-                  ["sft.zero_stage=0", "sft.loss_impl=logits", "model.vision_attention=batched",
-                   "sft.data_workers=1"]),
+                  ["sft.zero_stage=0", "sft.loss_impl=logits", *VB, "sft.data_workers=1"]),
     "cpu-z0-pack2": ("ZeRO-0, chunked loss, 2 samples packed",
                      ["sft.zero_stage=0", "sft.loss_impl=chunked", "sft.packing=true", "sft.micro_batch_size=2",
                       "sft.grad_accum_steps=1"]),

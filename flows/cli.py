@@ -31,18 +31,17 @@ def _flow_in_process(command: str, flow, params, cfg, show):
     fails because its Prefect API is gone (flows/progress.py), what the run produced is still
     shown: the whole result if the flow's body finished, else its finished stages, and
     `ApiGone` says how to end."""
-    from flows.progress import PROGRESS, api_alive
+    from flows.progress import PROGRESS, api_gone
     from paravt_core.reaper import start_reaper
     from paravt_core.run_lock import OutputDirBusy, hold_output_dir
 
-    PROGRESS.reset()
     reaper = start_reaper()  # a SIGKILL of this command leaves no Prefect server or DeepSpeed rank behind
     try:
         with hold_output_dir(cfg.run.output_dir, command):
             try:
                 result = flow(params)
             except Exception as exc:
-                if api_alive():
+                if not api_gone():
                     raise
                 print(f"{command}: the Prefect API stopped answering during the run ({type(exc).__name__}: "
                       f"{str(exc)[:200]}); Prefect's run history lacks the rest of this run.", file=sys.stderr)

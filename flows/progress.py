@@ -7,7 +7,7 @@ state cannot be written, so the flow call raises after retrying (2 + 4 + 8 + 16 
 request with the default five retries, several requests) and its return value, the run's
 summary, is lost; then the process spends 7 s per undelivered event at exit (9.5 min for a
 tiny pipeline). The flows record their results here as they go, so the CLI can still print
-them (flows/cli.py), and `api_alive` tells a dead API from any other failure.
+them (flows/cli.py), and `api_gone` tells a dead API from any other failure.
 """
 
 from __future__ import annotations
@@ -33,12 +33,15 @@ class RunProgress:
         self.outputs = None
 
 
-PROGRESS = RunProgress()  # the flow run of this process (the CLI resets it before each run)
+PROGRESS = RunProgress()  # the flow run of this process (each flow resets it as it starts)
 
 
-def api_alive(timeout_s: float = 3.0) -> bool:
-    """False when the Prefect API of this process is gone: its ephemeral server process has exited,
-    or the API does not answer /health within `timeout_s`."""
+def api_gone(timeout_s: float = 3.0) -> bool:
+    """True when the Prefect API this process used is known to be gone: its ephemeral server
+    process has exited (`SubprocessASGIServer`, Prefect 3's own; tests/integration/
+    test_cli_dead_api.py fails if that changes), or the API does not answer /health within
+    `timeout_s`. False when no ephemeral server was ever started: the failure is then about
+    starting one, and its own message says more."""
     import httpx
     from prefect.settings import PREFECT_API_URL
 
@@ -48,11 +51,11 @@ def api_alive(timeout_s: float = 3.0) -> bool:
 
         server = SubprocessASGIServer._instances.get(None)
         if server is None or server.server_process is None:
-            return False  # no API was ever started, so none answers
-        if server.server_process.poll() is not None:
             return False
+        if server.server_process.poll() is not None:
+            return True
         url = server.api_url
     try:
-        return httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).status_code == 200
+        return httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).status_code != 200
     except httpx.HTTPError:
-        return False
+        return True

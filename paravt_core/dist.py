@@ -196,12 +196,12 @@ def run_stage_workers(out: Path, kind: str, make_job: Callable[[], Any], worker:
 
     A run whose exported model is complete and whole returns at once; otherwise the job (a
     pydantic model) is written to `out/job.json` and the workers resume from the folder's
-    latest checkpoint, if any (a damaged export is written again from the final checkpoint). Returns the exported model as an `ArtifactRef` of `kind`.
+    latest checkpoint, if any (a damaged export is written again from the final checkpoint).
+    Returns the exported model as an `ArtifactRef` of `kind`.
     """
     from paravt_core.atomic import atomic_write_text
-    from paravt_core.refs import ArtifactRef, content_hash
-
     from paravt_core.model.integrity import model_dir_problem
+    from paravt_core.refs import ArtifactRef, content_hash
 
     model_dir = out / "model"
     finished = (model_dir / "paravt_meta.json").is_file()

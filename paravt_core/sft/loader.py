@@ -2,9 +2,10 @@
 
 The order is a pure function of (seed, step, micro-batch, rank): a resumed run sees the same
 samples as an uninterrupted one (worker.py's departures). Encoding a sample (frames through
-the cache, the processor's patching, the chat template) is CPU work: at the 2B shape on an
-H100 it is 0.2-0.4 s per 64-frame sample against a 0.35-0.5 s forward+backward
-(docs/gpu_check.md), so done in line it leaves the GPU idle for about a third of each step.
+the cache, the processor's patching, the chat template) is CPU work: 0.17-0.36 s per 64-frame
+sample of the 2B-shape benchmark on one of this project's CPU machines (4 encodes measured;
+the GPU machine's CPU was not timed), against a 0.35-0.48 s forward+backward on an H100
+(docs/gpu_check.md): done in line, the GPU waits for it every micro-batch.
 With `sft.data_workers` > 0, worker processes (a `torch.utils.data.DataLoader`, forked, two
 micro-batches ahead each) encode and collate the next micro-batches while the GPU trains on
 this one. The samples and their order are the same either way (tests/integration/test_sft.py).

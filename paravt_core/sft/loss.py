@@ -64,8 +64,11 @@ def micro_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], imp
     hidden = final_hidden_states(model, inputs, norm)  # [B, L, H]
     rows, targets = trained_rows(hidden, batch["labels"])
     if impl == "liger":
-        # Never under ZeRO-3 (config refuses it), so a rank may skip the head: no collective waits on it.
-        return _liger_loss(head, rows, targets) if targets.numel() else hidden.sum() * 0.0
+        if targets.numel():
+            return _liger_loss(head, rows, targets)
+        # Never under ZeRO-3 (config refuses it), so no gather waits on the head; but ZeRO-1/2 reduce
+        # every parameter's gradient on every rank: the head gets a zero one here as it does elsewhere.
+        return hidden.sum() * 0.0 + head.weight.sum() * 0.0
     # Even with no trained token the head is called: under multi-rank ZeRO-3 every rank must run
     # as many head gathers as the others (`selected_token_logprobs` agrees on the count).
     picked = selected_token_logprobs(head, rows, targets, temperature=1.0, chunk_size=chunk_size)

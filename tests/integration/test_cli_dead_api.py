@@ -43,6 +43,8 @@ SCRIPT = textwrap.dedent('''
                 server.kill()
                 server.wait()
                 print(f"KILLED {time.time()}", flush=True)
+            if i == 2 and sys.argv[2] == "fail":
+                raise RuntimeError("stage 2 broke")
         return PROGRESS.finish({"result": "six stages"})
 
     cfg = SimpleNamespace(run=SimpleNamespace(output_dir=Path(sys.argv[1])))
@@ -54,18 +56,34 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_a_dead_prefect_api_ends_the_run_within_a_minute_with_its_summary(tmp_path: Path):
+def _run_toy(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess, float]:
+    """(the finished toy run, seconds from the server's kill to the run's end)."""
     script = tmp_path / "toy_run.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=str(REPO),
                PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "results"))
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), mode], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     ended = time.time()
+    killed = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("KILLED")]
+    assert killed, proc.stderr[-3000:]
+    return proc, ended - killed[0]
+
+
+def test_a_dead_prefect_api_ends_the_run_within_a_minute_with_its_summary(tmp_path: Path):
+    proc, seconds = _run_toy(tmp_path, "finish")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    killed = float(next(line for line in proc.stdout.splitlines() if line.startswith("KILLED")).split()[1])
     assert "SUMMARY {'result': 'six stages'}" in proc.stdout  # the body went on and its result is shown
     assert "the Prefect API stopped answering during the run" in proc.stderr
     assert "finished with a live API" not in proc.stdout
-    assert ended - killed < 60, f"{ended - killed:.0f} s from the kill to the end"
+    assert seconds < 60, f"{seconds:.0f} s from the kill to the end"
+
+
+def test_a_run_stopped_early_with_the_api_gone_lists_its_finished_stages(tmp_path: Path):
+    proc, seconds = _run_toy(tmp_path, "fail")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "SUMMARY" not in proc.stdout and "toy run stopped before its end" in proc.stdout
+    listed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  stage ")]
+    assert listed == ["0", "1", "2"]  # stage 2 was recorded, then the body broke
+    assert seconds < 60, f"{seconds:.0f} s from the kill to the end"

@@ -110,6 +110,20 @@ def test_liger_loss_refuses_a_cpu_tensor_and_zero3(tiny_model, tiny_processor, s
         PipelineConfig.model_validate({"sft": {"loss_impl": "liger", "zero_stage": 3}})
 
 
+@pytest.mark.parametrize("impl", ["liger", "chunked"])
+def test_a_micro_batch_with_no_trained_token_gives_every_parameter_a_zero_gradient(tiny_model, tiny_processor,
+                                                                                   samples, impl):
+    """A rank whose micro-batch trains nothing must still hand ZeRO-1/2 a gradient for every
+    parameter, the output head included (with untied heads, as the 8B model has, it had none)."""
+    batch = collate(samples, tiny_processor.tokenizer.pad_token_id)
+    batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
+    loss = micro_batch_loss(tiny_model, batch, impl)  # liger: no kernel runs without a trained row
+    loss.backward()
+    assert float(loss.detach()) == 0.0
+    head = tiny_model.get_output_embeddings().weight
+    assert head.grad is not None and not head.grad.any()
+
+
 def test_sft_job_packed_with_chunked_loss_logs_the_padded_runs_losses(sft_setup):
     """The worker's wiring: micro-batches of 2, packed + chunked vs padded + logits, same losses per step."""
     from paravt_core.sft import stage
