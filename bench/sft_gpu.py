@@ -48,6 +48,7 @@ LIGER = ["sft.loss_impl=liger", "sft.liger_kernels=true"]  # fused loss + RMSNor
 CHUNKED_LIGER = ["sft.loss_impl=chunked", "sft.liger_kernels=true"]  # ZeRO-3 cannot run Liger's loss
 PACK2 = ["sft.packing=true", "sft.micro_batch_size=2", "sft.grad_accum_steps=4"]
 VB, W4 = ["model.vision_attention=batched"], ["sft.data_workers=4"]
+NO_HP = ["sft.host_positions=false"]  # positions computed in the forward, as transformers does (on by default)
 
 # name -> (description, config overrides). Every variant trains micro x accum = 8 samples per step.
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -58,6 +59,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                       Z2 + NO_CKPT + LIGER + PACK2),
     "z2-fast-vb": ("z2-fast with the vision attention batched over equal-sized frames", Z2 + NO_CKPT + LIGER + VB),
     "z2-fast-vb-w4": ("z2-fast-vb with 4 data workers encoding the next micro-batches", Z2 + NO_CKPT + LIGER + VB + W4),
+    "z2-fast-vb-w4-nohp": ("z2-fast-vb-w4 with the positions computed in the forward (sft.host_positions off)",
+                           Z2 + NO_CKPT + LIGER + VB + W4 + NO_HP),
     "z3-fast-vb-w4": ("ZeRO-3, no checkpointing, chunked loss, Liger RMSNorm/RoPE, batched vision, 4 data workers",
                       Z3 + NO_CKPT + CHUNKED_LIGER + VB + W4),
     "z2-vb-ckpt": ("ZeRO-2, checkpointing, Liger, batched vision attention (memory-safe for larger shapes)",
@@ -267,12 +270,14 @@ def _profile_table(fn, on_gpu: bool, rows: int = 25) -> str:
 
 
 def ceiling(cfg, base, sft_data, steps: int, device: str, profile_to: Path | None = None) -> dict:
-    """Stock forward+backward per step (first left out), without and then with the batched vision
-    attention; the vision tower's own forward+backward both ways; optionally a profile of one stock
-    micro-step. Trainable parameters, tokens per sample and peak GiB beside them."""
+    """Stock forward+backward per step (first left out): as transformers runs it, then with the batched
+    vision attention, then also with the positions computed on the host (`sft.host_positions`); the
+    vision tower's own forward+backward without and with batching; optionally a profile of one
+    micro-step of the last. Trainable parameters, tokens per sample and peak GiB beside them."""
     import torch
 
     from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.positions import HostPositions
     from paravt_core.model.vision_attention import apply_vision_attention
     from paravt_core.sft import stage
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
@@ -285,7 +290,8 @@ def ceiling(cfg, base, sft_data, steps: int, device: str, profile_to: Path | Non
     dataset = SFTDataset(read_sft_rows(stage.sft_shards(sft_data)), processor,
                          FrameCache(cfg.run.output_dir / "cache" / "frames", FrameSampling.from_config(cfg.video)),
                          OverlongPolicy(cfg.sft.max_seq_len, cfg.sft.overlong))
-    batch = {k: v.to(device) for k, v in collate([dataset.encode(0)], processor.tokenizer.pad_token_id).items()}
+    host_batch = collate([dataset.encode(0)], processor.tokenizer.pad_token_id)
+    batch = {k: v.to(device) for k, v in host_batch.items()}
     tokens = int(batch["attention_mask"].sum())
     on_gpu = device == "cuda"
     if on_gpu:
@@ -317,20 +323,23 @@ def ceiling(cfg, base, sft_data, steps: int, device: str, profile_to: Path | Non
     peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan")
     vision_stock = _timed(vision_step, 2, on_gpu)
     model.zero_grad(set_to_none=True)
+    apply_vision_attention(model, "batched")
+    batched = rates()
+    vision_batched = _timed(vision_step, 2, on_gpu)
+    model.zero_grad(set_to_none=True)
+    batch = {k: v.to(device) for k, v in HostPositions.of(model).add_to(host_batch).items()}
+    hosted = rates()
     if profile_to is not None:
         try:
             profile_to.write_text(_profile_table(micro_step, on_gpu))
         except Exception as exc:  # the profile is a help for reading the figures, not one of them
             profile_to.write_text(f"profiling failed: {exc!r}\n")
         model.zero_grad(set_to_none=True)
-    apply_vision_attention(model, "batched")
-    batched = rates()
-    vision_batched = _timed(vision_step, 2, on_gpu)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     del model
     if on_gpu:
         torch.cuda.empty_cache()
-    return {"stock": stock, "batched_vision": batched, "vision_fwd_bwd_s": vision_stock,
+    return {"stock": stock, "batched_vision": batched, "host_positions": hosted, "vision_fwd_bwd_s": vision_stock,
             "vision_fwd_bwd_batched_s": vision_batched, "trainable": trainable, "tokens": tokens, "peak_gib": peak}
 
 
@@ -342,7 +351,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--attention", default="sdpa", choices=("sdpa", "flash_attention_2", "eager"))
     parser.add_argument("--profile", type=Path, default=None,
-                        help="write torch.profiler's table of one stock micro-step here")
+                        help="write torch.profiler's table of one stock micro-step (batched vision, host "
+                             "positions) here")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, CPU allowed: checks the script only")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args()
@@ -372,13 +382,16 @@ def main() -> int:
 
         plain_rate = statistics.median(measured["stock"])
         batched_rate = statistics.median(measured["batched_vision"])
+        hosted_rate = statistics.median(measured["host_positions"])
         step_s = tokens_per_sample / plain_rate
         result.update(trainable_params=trainable, tokens_per_sample=tokens_per_sample,
                       stock_ceiling={"tokens_per_s": plain_rate, "mfu": mfu(plain_rate), "peak_gib": plain_peak,
                                      "micro_step_s": step_s, "vision_fwd_bwd_s": measured["vision_fwd_bwd_s"]},
                       stock_with_batched_vision={"tokens_per_s": batched_rate, "mfu": mfu(batched_rate),
                                                  "vs_stock_ceiling": batched_rate / plain_rate,
-                                                 "vision_fwd_bwd_s": measured["vision_fwd_bwd_batched_s"]})
+                                                 "vision_fwd_bwd_s": measured["vision_fwd_bwd_batched_s"]},
+                      stock_with_batched_vision_host_positions={"tokens_per_s": hosted_rate, "mfu": mfu(hosted_rate),
+                                                                "vs_stock_ceiling": hosted_rate / plain_rate})
         if args.out:
             args.out.write_text(json.dumps(result, indent=2))
         print(f"stock ceiling: {plain_rate:.0f} tokens/s, MFU {100 * mfu(plain_rate):.1f} %, "
@@ -386,6 +399,8 @@ def main() -> int:
               f"alone {measured['vision_fwd_bwd_s']:.3f} s", flush=True)
         print(f"stock + batched vision attention: {batched_rate:.0f} tokens/s ({batched_rate / plain_rate:.2f}x), "
               f"vision tower alone {measured['vision_fwd_bwd_batched_s']:.3f} s", flush=True)
+        print(f"stock + batched vision + host positions: {hosted_rate:.0f} tokens/s ({hosted_rate / plain_rate:.2f}x)",
+              flush=True)
         for name in names:
             description, overrides = VARIANTS[name]
             print(f"variant {name}: {description}", flush=True)
@@ -427,7 +442,10 @@ def table(result: dict) -> str:
              f"{result['stock_ceiling']['peak_gib']:>8.1f}",
              f"{'stock + vb':<15} | {result['stock_with_batched_vision']['tokens_per_s']:>9.0f} | "
              f"{100 * result['stock_with_batched_vision']['mfu']:>6.1f} | "
-             f"{result['stock_with_batched_vision']['vs_stock_ceiling']:>9.2f} | {'':>6} | {'':>8}"]
+             f"{result['stock_with_batched_vision']['vs_stock_ceiling']:>9.2f} | {'':>6} | {'':>8}",
+             f"{'stock + vb + hp':<15} | {result['stock_with_batched_vision_host_positions']['tokens_per_s']:>9.0f} | "
+             f"{100 * result['stock_with_batched_vision_host_positions']['mfu']:>6.1f} | "
+             f"{result['stock_with_batched_vision_host_positions']['vs_stock_ceiling']:>9.2f} | {'':>6} | {'':>8}"]
     for name, row in result["variants"].items():
         if "error" in row:
             lines.append(f"{name:<15} | failed: {row['error'].splitlines()[-1][:80] if row['error'] else ''}")

@@ -283,6 +283,11 @@ class SFTConfig(_Section):
     # the same samples in the same order. 0 encodes in the training process (CPU runs, whose
     # two cores the workers would only take from the training).
     data_workers: int = Field(0, ge=0)
+    # Compute the 3-D rope positions and the vision tower's position tables where the samples are
+    # encoded (CPU, a data worker if any), not in the forward: on a GPU the forward's own loop over
+    # images is ~3,400 small kernels and 256 host syncs per 64-frame sample (model/positions.py).
+    # Same values either way; off only to measure it.
+    host_positions: bool = True
     checkpoint_every: int = Field(100, ge=1)
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
 
@@ -513,7 +518,7 @@ class MLflowConfig(_Section):
 HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
-    ("sft", "data_workers"),
+    ("sft", "data_workers"), ("sft", "host_positions"),
 )
 
 

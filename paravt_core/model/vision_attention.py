@@ -18,6 +18,7 @@ makes one call, so the module keeps it.
 
 from __future__ import annotations
 
+import weakref
 from itertools import groupby
 from types import MethodType
 
@@ -27,6 +28,21 @@ VISION_ATTENTION = ("per_item", "batched")
 def equal_length_runs(lengths: list[int]) -> list[tuple[int, int]]:
     """(length, count) of each run of consecutive equal lengths, in order."""
     return [(length, sum(1 for _ in run)) for length, run in groupby(lengths)]
+
+
+# The runs of the last `cu_seqlens` tensor seen: every block of one forward gets the same tensor, and
+# reading its lengths back is a host synchronisation (once per forward instead of once per block).
+_last_runs: tuple[weakref.ref, list[tuple[int, int]]] | None = None
+
+
+def runs_of(cu_seqlens) -> list[tuple[int, int]]:
+    """`equal_length_runs` of the image lengths in `cu_seqlens`, read back once per tensor."""
+    global _last_runs
+    if _last_runs is not None and _last_runs[0]() is cu_seqlens:
+        return _last_runs[1]
+    runs = equal_length_runs((cu_seqlens[1:] - cu_seqlens[:-1]).tolist())
+    _last_runs = (weakref.ref(cu_seqlens), runs)
+    return runs
 
 
 def _batched_forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
@@ -40,9 +56,8 @@ def _batched_forward(self, hidden_states, cu_seqlens, position_embeddings=None, 
     q, k = qwen3_vl.apply_rotary_pos_emb_vision(q, k, cos, sin)
     attention = qwen3_vl.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
                                                                qwen3_vl.eager_attention_forward)
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     outputs, start = [], 0
-    for length, count in equal_length_runs(lengths):
+    for length, count in runs_of(cu_seqlens):
         end = start + length * count
         # [patches, heads, dim] -> [images, heads, length, dim]
         q_run, k_run, v_run = (t[start:end].reshape(count, length, self.num_heads, -1).transpose(1, 2)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from paravt_core.agent.media import frame_items
+from paravt_core.model.positions import HostPositions, RopeIndex
 
 IGNORE_INDEX = -100
 MEDIA_TYPES = {"video_url": "video", "video": "video", "image_url": "image", "image": "image"}
@@ -220,9 +221,6 @@ def collate(samples: Sequence[EncodedSample], pad_id: int) -> dict[str, torch.Te
     return batch
 
 
-# (input_ids [1, L], mm_token_type_ids [1, L], image_grid_thw, video_grid_thw, attention_mask) ->
-# (3-D rope positions [3, 1, L], deltas): the model's `get_rope_index`.
-RopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def pack(samples: Sequence[EncodedSample], rope_index: RopeIndex) -> dict[str, torch.Tensor]:
@@ -260,3 +258,11 @@ def pack(samples: Sequence[EncodedSample], rope_index: RopeIndex) -> dict[str, t
         if parts:
             batch[key] = torch.cat(parts)
     return batch
+
+
+def model_batch(samples: Sequence[EncodedSample], *, pad_id: int, rope_index: RopeIndex, packing: bool,
+                positions: HostPositions | None) -> dict[str, torch.Tensor]:
+    """A micro-batch's model inputs on the host: packed (`sft.packing`) or right-padded, with its
+    position tensors added when `positions` is given (`sft.host_positions`, model/positions.py)."""
+    batch = pack(samples, rope_index) if packing else collate(samples, pad_id)
+    return positions.add_to(batch) if positions is not None else batch

@@ -8,7 +8,10 @@ the GPU machine's CPU was not timed), against a 0.35-0.48 s forward+backward on 
 (docs/gpu_check.md): done in line, the GPU waits for it every micro-batch.
 With `sft.data_workers` > 0, worker processes (a `torch.utils.data.DataLoader`, forked, two
 micro-batches ahead each) encode and collate the next micro-batches while the GPU trains on
-this one. The samples and their order are the same either way (tests/integration/test_sft.py).
+this one: padding or packing, and the position tensors of `sft.host_positions`
+(model/positions.py; the model's rope index reads only its config, so a forked worker calls it on
+CPU tensors and never touches the GPU). The samples and their order are the same either way
+(tests/integration/test_sft.py).
 
 The dataset's counters (over-long skips, undecodable videos, frame-cache hits) live in
 whichever process encoded: each item carries its process's running totals, and
@@ -84,8 +87,7 @@ class EncodingStats:
 
 @dataclass
 class MicroBatch:
-    samples: list | None  # the encoded samples, when the trainer collates (packing needs the model's rope index)
-    batch: dict[str, Any] | None  # the collated tensors, when collated where it was encoded
+    batch: dict[str, Any]  # the model inputs (CPU tensors), collated where the samples were encoded
     tokens: int
     count: int
     process: int  # -1: the training process; else the DataLoader worker's id
@@ -96,7 +98,7 @@ class MicroBatchPlan:
     """Item i: micro-batch i of this rank's steps [start, max_steps), step-major (map-style dataset)."""
 
     def __init__(self, dataset, *, start: int, max_steps: int, micro: int, accum: int, rank: int, world: int,
-                 seed: int, collate: Callable[[list], dict[str, Any]] | None):
+                 seed: int, collate: Callable[[list], dict[str, Any]]):
         self.dataset, self.start, self.max_steps = dataset, start, max_steps
         self.micro, self.accum, self.rank, self.world, self.seed = micro, accum, rank, world, seed
         self.collate = collate
@@ -112,9 +114,8 @@ class MicroBatchPlan:
         samples = micro_batch(self.dataset, self.start + step, self.micro, self.rank, self.world, a, self.accum,
                               self.seed, self._orders)
         info = torch.utils.data.get_worker_info()
-        batch = self.collate(samples) if self.collate is not None else None
-        return MicroBatch(None if batch is not None else samples, batch, sum(s.num_tokens for s in samples),
-                          len(samples), -1 if info is None else info.id, EncodingStats.of(self.dataset))
+        return MicroBatch(self.collate(samples), sum(s.num_tokens for s in samples), len(samples),
+                          -1 if info is None else info.id, EncodingStats.of(self.dataset))
 
 
 def _as_is(item: MicroBatch) -> MicroBatch:

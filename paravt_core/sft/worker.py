@@ -73,7 +73,8 @@ def train(job: SFTJob) -> None:
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.model.vision_attention import apply_vision_attention
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
-    from paravt_core.sft.encode import collate, pack
+    from paravt_core.model.positions import HostPositions
+    from paravt_core.sft.encode import model_batch
     from paravt_core.sft.loss import micro_batch_loss
     from paravt_core.tracking import MetricLogger
 
@@ -116,11 +117,11 @@ def train(job: SFTJob) -> None:
     losses_path = job.out_dir / "losses.jsonl"
     if rank == 0:
         pdist.trim_step_log(losses_path, start)  # steps after the checkpoint run again: log them once
-    pad_id = processor.tokenizer.pad_token_id
-    # Packing needs the model's rope index, so it happens here; padding can happen where the samples are encoded.
+    # Padding or packing, and the positions, happen where the samples are encoded (a data worker, if any).
+    to_batch = functools.partial(model_batch, pad_id=processor.tokenizer.pad_token_id, rope_index=rope_index,
+                                 packing=sft.packing, positions=HostPositions.of(model) if sft.host_positions else None)
     plan = MicroBatchPlan(dataset, start=start, max_steps=sft.max_steps, micro=sft.micro_batch_size,
-                          accum=sft.grad_accum_steps, rank=rank, world=world, seed=cfg.run.seed,
-                          collate=None if sft.packing else functools.partial(collate, pad_id=pad_id))
+                          accum=sft.grad_accum_steps, rank=rank, world=world, seed=cfg.run.seed, collate=to_batch)
     batches = micro_batches(plan, sft.data_workers)
     encoded_by: dict[int, EncodingStats] = {}
 
@@ -133,8 +134,7 @@ def train(job: SFTJob) -> None:
         for a in range(sft.grad_accum_steps):
             item = next(batches)
             encoded_by[item.process] = item.stats
-            packed = pack(item.samples, rope_index) if sft.packing else item.batch
-            batch = {k: v.to(device) for k, v in packed.items()}
+            batch = {k: v.to(device) for k, v in item.batch.items()}
             loss = micro_batch_loss(engine, batch, sft.loss_impl)
             engine.backward(loss)
             if a == sft.grad_accum_steps - 1:

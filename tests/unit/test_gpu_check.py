@@ -33,10 +33,10 @@ def test_dry_run_passes_with_the_wheels_and_prints_every_step(tmp_path: Path, ca
     printed = capsys.readouterr().out
     for step in ("install", "probe", "sft", "rl", "test-gpu"):
         assert f" {step} (" in printed
-    assert "bench/sft_gpu.py --variants z2-fast-vb,z2-fast-vb-w4,z3-fast-vb-w4 " in printed
+    assert "bench/sft_gpu.py --variants z2-fast-vb-w4,z3-fast-vb-w4 " in printed
     assert "tests/integration/test_sft_packing.py" in printed  # the gpu tier's files, found by their marker
     shards = [line for line in printed.splitlines() if line.strip().startswith("test-gpu (")]
-    assert len(shards) == len(gpu_check.TEST_SHARDS) == 4  # side by side
+    assert len(shards) == len(gpu_check.TEST_SHARDS) == 5  # side by side
 
 
 def _collected(*args: str) -> list[str]:

@@ -7,12 +7,30 @@ import copy
 import pytest
 import torch
 
-from paravt_core.model.vision_attention import apply_vision_attention, equal_length_runs
+from paravt_core.model.vision_attention import apply_vision_attention, equal_length_runs, runs_of
 
 
 def test_equal_length_runs_keep_order():
     assert equal_length_runs([4, 4, 4, 9, 4, 4]) == [(4, 3), (9, 1), (4, 2)]
     assert equal_length_runs([]) == []
+
+
+def test_runs_are_read_back_once_per_boundary_tensor():
+    """Every block of one forward gets the same `cu_seqlens`; reading its lengths is a host sync on a GPU."""
+    cu = torch.tensor([0, 4, 8, 10], dtype=torch.int32)
+    assert runs_of(cu) == [(4, 2), (2, 1)] and runs_of(cu) == [(4, 2), (2, 1)]
+    other = torch.tensor([0, 3, 6], dtype=torch.int32)  # equal values or not, a new tensor is read anew
+    assert runs_of(other) == [(3, 2)]
+    lengths_read = []
+    original = torch.Tensor.tolist
+    try:
+        torch.Tensor.tolist = lambda t: lengths_read.append(1) or original(t)
+        fresh = torch.tensor([0, 5, 10], dtype=torch.int32)
+        for _ in range(24):
+            assert runs_of(fresh) == [(5, 2)]
+    finally:
+        torch.Tensor.tolist = original
+    assert len(lengths_read) == 1
 
 
 def _images(tiny_processor):
