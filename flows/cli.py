@@ -142,7 +142,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rl-row", default=None, help="RL ablation row (conf/rl/*.yaml) laid over the rl section")
     p.set_defaults(func=_run)
     p = subparsers.add_parser("reproduce", help="the miniature reproduction: SFT, the RL rows x seeds, Table 2 "
-                                                "in miniature with 95 %% intervals (#15)")
+                                                "in miniature with 95 %% intervals (docs/miniature.md)")
     p.add_argument("--config", default="conf/pipeline/reproduce.yaml", help="pipeline YAML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override, e.g. 'reproduce.seeds=[0]' or rl.max_steps=4")

@@ -23,7 +23,7 @@ from flows.progress import PROGRESS
 from paravt_core.config import PipelineConfig, load_config
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
-from paravt_core.registry.reproduce import ModelRun, group_breakdown, held_out_groups, read_steps
+from paravt_core.miniature.reproduce import ModelRun, group_breakdown, held_out_groups, read_steps
 from paravt_core.run_lock import hold_output_dir
 from tasks.model import base_stage
 from tasks.registry import reproduce_report

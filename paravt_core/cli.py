@@ -12,15 +12,17 @@ import argparse
 import importlib
 import sys
 
+# In the order a user meets them: run the pipeline, inspect configs, data, models, evaluation,
+# rewards and RL replays, reports; then the miniature's own commands.
 COMMAND_MODULES = (
+    "flows.cli",
     "paravt_core.config_cli",
-    "paravt_core.model.cli",
     "paravt_core.data.cli",
+    "paravt_core.model.cli",
     "paravt_core.eval.cli",
-    "paravt_core.sft.cli",
     "paravt_core.rl.cli",
     "paravt_core.registry.cli",
-    "flows.cli",
+    "paravt_core.miniature.cli",
 )
 
 

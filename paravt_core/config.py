@@ -34,7 +34,7 @@ class RunConfig(_Section):
 
 
 class PretrainConfig(_Section):
-    """Perception pretraining of the tiny base model (`paravt_core.model.pretrain`, #15).
+    """Perception pretraining of the tiny base model (`paravt_core.miniature.pretrain`, #15).
 
     The real Qwen3-VL arrives able to describe a clip; the random-weight tiny one does not,
     and cold-start SFT at batch 1 never taught it to (the sub-agent named held-out event
@@ -48,14 +48,14 @@ class PretrainConfig(_Section):
     # The share of a video's random clip windows (those beyond its grid segments) drawn to hold
     # an event whole (`pretrain.clip_windows`). 0: drawn anywhere, so with one short event per
     # video about seven windows in ten show nothing and the first word of a caption is mostly
-    # "Nothing" (`paravt caption-probe`'s `detected`).
+    # "Nothing" (`paravt miniature caption-probe`'s `detected`).
     event_windows: float = Field(0.0, ge=0.0, le=1.0)
     max_steps: int = Field(1000, ge=1)
     micro_batch_size: int = Field(8, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     checkpoint_every: int = Field(200, ge=1)
-    # A second phase on text-only reading rows (`paravt_core.model.pretrain.reading_row`): a
+    # A second phase on text-only reading rows (`paravt_core.miniature.pretrain.reading_row`): a
     # video's notes, a multiple-choice question on one of its events as the evaluation asks
     # it, the answer quoted from the notes and the options checked. 0 rows: no reading phase.
     # Same micro-batch and learning rate.
@@ -73,7 +73,7 @@ class PretrainConfig(_Section):
     # plain loop on the tiny language model: copying a list back formed at step ~550 from
     # random weights at batch 16, not in 1500 steps at batch 8, not in 1000 steps after
     # captioning; but that was a copy from the sequence start. Copy rows at micro-batch 16:
-    # 74.8 % of held-out list words after 3000 steps, from 2.3 % at 1000 (`paravt copy-probe`,
+    # 74.8 % of held-out list words after 3000 steps, from 2.3 % at 1000 (`paravt miniature copy-probe`,
     # docs/miniature.md). 0 rows: no copy phase.
     copy_rows: int = Field(0, ge=0)
     copy_steps: int = Field(3000, ge=1)  # measured: no lookup at 1000 or 1200 (above)
@@ -86,7 +86,7 @@ class PretrainConfig(_Section):
     copy_max_videos: int = Field(2, ge=0, le=8)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
-    # what pretraining taught (`paravt_core.model.pretrain.replay_shard`). 0: none.
+    # what pretraining taught (`paravt_core.miniature.pretrain.replay_shard`). 0: none.
     sft_replay_rows: int = Field(0, ge=0)
 
     @model_validator(mode="after")

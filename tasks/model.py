@@ -39,7 +39,7 @@ def pretrain(cfg: PipelineConfig, base: ArtifactRef) -> ArtifactRef:
     run folder's key needs the corpus hash, which exists only once the corpus is built."""
     from prefect import get_run_logger
 
-    from paravt_core.model import pretrain as pretrain_stage
+    from paravt_core.miniature import pretrain as pretrain_stage
 
     log = get_run_logger()
     return pretrain_stage.run(cfg, base, log_line=lambda line: log.info(line))

@@ -46,7 +46,7 @@ def reproduce_report(cfg: PipelineConfig, runs: list) -> Path:
     """Table 2 in miniature and the per-step figure under `<output_dir>/report/`, logged to MLflow.
 
     Not cached: it is a pure function of the measurements and takes a second."""
-    from paravt_core.registry.reproduce import write_report
+    from paravt_core.miniature.reproduce import write_report
 
     return write_report(runs, cfg.run.output_dir / "report", f"Miniature reproduction: `{cfg.run.name}`",
                         cfg.mlflow_uri(), cfg.mlflow.experiment)

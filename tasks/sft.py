@@ -8,6 +8,7 @@ from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
 from paravt_core.config import PipelineConfig
+from paravt_core.miniature.pretrain import sft_replay
 from paravt_core.refs import ArtifactRef
 from paravt_core.sft import stage as sft_stage
 from tasks._cache import model_intact, stage_key
@@ -17,7 +18,7 @@ def _sft_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     cfg: PipelineConfig = parameters["cfg"]
     base: ArtifactRef = parameters["base"]
     data: ArtifactRef = parameters["sft_data"]
-    out = sft_stage.run_dir(cfg, base, data) / "model"
+    out = sft_stage.run_dir(cfg, base, data, extra=sft_replay(cfg)) / "model"
     return stage_key("sft", base.sha256, data.sha256, cfg.section_hash("sft", "video", "run"), output=out,
                      intact=model_intact)
 
@@ -26,7 +27,8 @@ def _sft_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 def sft(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef) -> ArtifactRef:
     """Cold-start SFT; a retry resumes from the run's latest DeepSpeed checkpoint."""
     log = get_run_logger()
-    return sft_stage.run(cfg, base, sft_data, log_line=lambda line: log.info(line))
+    # The miniature's replay rows (model.pretrain.sft_replay_rows) ride along as one more shard.
+    return sft_stage.run(cfg, base, sft_data, log_line=lambda line: log.info(line), extra=sft_replay(cfg))
 
 
 def _grammar_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -47,7 +49,7 @@ def sft_grammar(cfg: PipelineConfig, base: ArtifactRef, sft_model: ArtifactRef, 
     reports = grammar.run(cfg, base.path, sft_model.path, data.sft.path, data.eval.path)
     out = {f"grammar_rate_{k}": r.rate for k, r in reports.items()}
     out |= {f"tool_use_rate_{k}": r.used_tools / max(1, r.episodes) for k, r in reports.items()}
-    run_id_file = sft_stage.run_dir(cfg, base, data.sft) / "mlflow_run_id"
+    run_id_file = sft_stage.run_dir(cfg, base, data.sft, extra=sft_replay(cfg)) / "mlflow_run_id"
     if run_id_file.is_file():
         MetricLogger(cfg.mlflow_uri(), run_id_file.read_text().strip()).log(cfg.sft.max_steps, out)
     get_run_logger().info("grammar on %d held-out prompts: %s", reports["sft"].episodes, out)

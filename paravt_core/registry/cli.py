@@ -1,5 +1,5 @@
-"""`paravt report --experiment NAME [--reproduce]`: Table-1/Table-2 shaped report and fτ/κ plots from MLflow
-(`--reproduce`: the miniature reproduction's table with 95 % intervals and its per-step figure)."""
+"""`paravt report --experiment NAME`: Table-1/Table-2 shaped report and fτ/κ plots from MLflow
+(the miniature reproduction's own report: `paravt miniature report`)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,6 @@ def _report(args: argparse.Namespace) -> int:
 
     uri = args.tracking_uri or load_config(args.config).mlflow_uri()
     out = Path(args.out or f"outputs/report/{args.experiment}")
-    if args.reproduce:
-        from paravt_core.registry import reproduce
-
-        runs = reproduce.latest_logged_runs(uri, args.experiment)
-        path = reproduce.write_report(runs, out, f"Miniature reproduction: experiment `{args.experiment}`")
-        print(path.read_text())
-        print(f"report written to {path} (figure and measurements beside it), from MLflow ({uri})")
-        return 0
     path = write_report(uri, args.experiment, out)
     print(path.read_text())
     print(f"report written to {path} (plots beside it) and logged to MLflow ({uri})")
@@ -33,6 +25,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default="conf/pipeline/tiny.yaml", help="pipeline YAML whose MLflow store to read")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the config's)")
     p.add_argument("--out", default=None, help="output folder (default outputs/report/<experiment>)")
-    p.add_argument("--reproduce", action="store_true",
-                   help="Table 2 in miniature of the experiment's latest `paravt reproduce` run (#15)")
     p.set_defaults(func=_report)

@@ -56,25 +56,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.set_defaults(func=run_rewards_command)
 
-    probe = subparsers.add_parser(
-        "rollout-probe",
-        help="sample RL-style rollout groups from a checkpoint and report what GRPO could learn from them (#15)",
-        description="GRPO's accuracy term learns only from groups whose rollouts disagree (SPEC §5). Samples "
-                    "rl.group_size rollouts of N RL prompts as the first RL step does (the row's rollout knobs, "
-                    "reward and gating budget) and prints, per ground-truth answer, accuracy, the share of mixed "
-                    "groups, tool calls and the answers given.",
-    )
-    probe.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the RL shards")
-    probe.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    probe.add_argument("--rl-row", default=None, help="RL ablation row (conf/rl/*.yaml) laid over the rl section")
-    probe.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
-    probe.add_argument("--prompts", type=int, default=24, help="RL prompts to roll out")
-    probe.add_argument("--group-size", type=int, default=None, help="rollouts per prompt (default: rl.group_size)")
-    probe.add_argument("--temperature", type=float, action="append", default=None,
-                       help="sampling temperature, repeatable (default: rl.temperature; 0 is greedy)")
-    probe.add_argument("--seed", type=int, default=1, help="which prompts are drawn")
-    probe.set_defaults(func=run_probe_command)
-
     replay = subparsers.add_parser(
         "rl-replay",
         help="roll out one logged RL step again from its draws log and say whether the rollouts are identical",
@@ -109,37 +90,6 @@ def run_replay_command(args: argparse.Namespace) -> int:
     print(f"logged   {d.rollout_sha256}\nreplayed {replay.digest}\n"
           f"{'identical' if replay.identical else 'DIFFERENT'}")
     return 0 if replay.identical else 1
-
-
-def run_probe_command(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from paravt_core.config import ConfigError, load_config
-    from paravt_core.rl.probe import probe_prompts, render_table, run_probe
-
-    try:
-        cfg = load_config(args.config, args.set, args.rl_row)
-    except ConfigError as exc:
-        print(f"paravt rollout-probe: {exc}", file=sys.stderr)
-        return 2
-    if args.prompts < 1 or (args.group_size is not None and args.group_size < 1):
-        print("paravt rollout-probe: --prompts and --group-size must be at least 1", file=sys.stderr)
-        return 2
-    if not (Path(args.model) / "config.json").is_file():
-        print(f"paravt rollout-probe: {args.model} is not a model folder (no config.json)", file=sys.stderr)
-        return 2
-    try:
-        prompts = probe_prompts(cfg, args.prompts, args.seed)
-    except FileNotFoundError as exc:
-        print(f"paravt rollout-probe: {exc}", file=sys.stderr)
-        return 2
-    temperatures = args.temperature or [cfg.rl.temperature]
-    if any(t < 0 for t in temperatures):
-        print("paravt rollout-probe: temperatures must be >= 0", file=sys.stderr)
-        return 2
-    results = run_probe(Path(args.model), cfg, prompts, temperatures, args.group_size or cfg.rl.group_size)
-    print(render_table(results))
-    return 0
 
 
 def run_rewards_command(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ class SFTJob(BaseModel):
     tracking_uri: str | None
     mlflow_run_id: str | None
     git_revision: str
-    stage: str = "sft"  # "pretrain": the tiny base's perception pretraining (paravt_core.model.pretrain)
+    stage: str = "sft"  # "pretrain": the tiny base's perception pretraining (paravt_core.miniature.pretrain)
     # A timing run (bench/sft_gpu.py): the steps and their losses.jsonl only, no checkpoint
     # and no exported model (at the 2B shape a checkpoint is 34 GB of optimizer state).
     steps_only: bool = False

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
@@ -21,19 +23,27 @@ from paravt_core.sft.job import SFTJob
 WORKER = Path(__file__).with_name("worker.py")
 
 
-def run_dir(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, stage: str = "sft") -> Path:
+@dataclass(frozen=True)
+class ExtraShard:
+    """One more parquet shard trained beside the SFT data, written into the run folder when the
+    run starts (the miniature's replay rows, `paravt_core.miniature.pretrain.replay_shard`).
+
+    `key` joins the run folder's key: it must name everything that decides the rows that the
+    data and base model hashes do not already cover.
+    """
+
+    key: str
+    write: Callable[[Path, LogLine], Path]  # (path in the run folder, log) -> the written shard
+
+
+def run_dir(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, stage: str = "sft",
+            extra: ExtraShard | None = None) -> Path:
     """`<output_dir>/<stage>/<key>`: keyed by the base model, the data, the `sft`, `video` and
-    `run` sections and, for SFT with pretraining replay, the number of rows replayed (which
-    rows: the base model's hash covers the pretraining corpus they come from)."""
-    replay = _replay_rows(cfg, stage)
+    `run` sections and the extra shard's key, if any."""
     key = hashlib.sha256(
-        f"{base.sha256}|{sft_data.sha256}|{cfg.section_hash('sft', 'video', 'run')}{f'|replay={replay}' if replay else ''}"
+        f"{base.sha256}|{sft_data.sha256}|{cfg.section_hash('sft', 'video', 'run')}{f'|{extra.key}' if extra else ''}"
         .encode()).hexdigest()[:16]
     return cfg.run.output_dir / stage / key
-
-
-def _replay_rows(cfg: PipelineConfig, stage: str) -> int:
-    return cfg.model.pretrain.sft_replay_rows if stage == "sft" and cfg.model.pretrain.enabled else 0
 
 
 def sft_shards(sft_data: ArtifactRef) -> list[Path]:
@@ -44,17 +54,16 @@ def sft_shards(sft_data: ArtifactRef) -> list[Path]:
 
 
 def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line: LogLine = print,
-        stage: str = "sft") -> ArtifactRef:
-    """Train (or resume, or return the finished) model; `stage` names the run folder and the
-    MLflow run (`pretrain`: the tiny base's perception pretraining, `paravt_core.model.pretrain`)."""
-    out = run_dir(cfg, base, sft_data, stage)
+        stage: str = "sft", extra: ExtraShard | None = None) -> ArtifactRef:
+    """Train (or resume, or return the finished) model on `sft_data`'s shards and `extra`'s, if
+    given; `stage` names the run folder and the MLflow run (the miniature's pretraining phases
+    run under their own names)."""
+    out = run_dir(cfg, base, sft_data, stage, extra)
 
     def job() -> SFTJob:
         files = sft_shards(sft_data)
-        if _replay_rows(cfg, stage):  # the tiny base's pretraining rows beside SFT's (model.pretrain)
-            from paravt_core.model.pretrain import replay_shard
-
-            files.append(replay_shard(cfg, out.resolve() / "replay.parquet", log_line))
+        if extra is not None:
+            files.append(extra.write(out.resolve() / "replay.parquet", log_line))
         return SFTJob(
             config=cfg,
             base_model=base.path,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from paravt_core.config import ConfigError, load_config
-from paravt_core.model import pretrain
+from paravt_core.miniature import pretrain
 from paravt_core.refs import ArtifactRef, content_hash
 
 pytestmark = pytest.mark.integration
@@ -170,7 +170,7 @@ def test_copy_rows_ask_for_a_list_written_back_from_a_varied_distance(tmp_path: 
 
 
 def test_reading_corpus_is_keyed_on_the_code_of_its_rows(tmp_path: Path, monkeypatch):
-    """An edit to `reading_row` (in model/pretrain.py, outside the synth package) builds the
+    """An edit to `reading_row` (in miniature/pretrain.py, outside the synth package) builds the
     reading corpus again instead of training on the stale one."""
     from paravt_core import refs
 
@@ -263,9 +263,13 @@ def test_sft_replays_rows_of_the_reading_corpus_beside_its_own(tmp_path: Path):
     corpus_rows = {r["messages"] for name in (pretrain.READING_FILE, pretrain.CORPUS_FILE)
                    for r in pq.read_table(reading.path / name).to_pylist()}
     plain = sft_stage.run_dir(_cfg(tmp_path, *steps), base, clips)
-    model = sft_stage.run(cfg, base, clips, log_line=lambda line: None)  # the clips' folder stands in for SFT shards
+    assert pretrain.sft_replay(_cfg(tmp_path, *steps)) is None
+    replay = pretrain.sft_replay(cfg)
+    assert replay.key == "replay=12"  # the run folder key of earlier runs with replay
+    # the clips' folder stands in for SFT shards; the flow's SFT task hands over the same extra shard
+    model = sft_stage.run(cfg, base, clips, log_line=lambda line: None, extra=replay)
     out = model.path.parent
-    assert out != plain  # a run with replay is another run
+    assert out != plain and out == sft_stage.run_dir(cfg, base, clips, extra=replay)  # a run with replay is another run
     job = json.loads((out / "job.json").read_text())
     assert job["data_files"] == [str(clips.path / pretrain.CORPUS_FILE), str(out / "replay.parquet")]
     replayed = pq.read_table(out / "replay.parquet").to_pylist()

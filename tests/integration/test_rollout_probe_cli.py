@@ -1,4 +1,4 @@
-"""`paravt rollout-probe` end to end on the tiny model: RL shards in, one table line per truth out."""
+"""`paravt miniature rollout-probe` end to end on the tiny model: RL shards in, one table line per truth out."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _rows(video: Path, answers: list[str]) -> list[dict]:
 
 
 def _args(out: Path, model: Path) -> list[str]:
-    return ["rollout-probe", "--config", str(REPO / "conf/pipeline/tiny.yaml"), "--set", f"run.output_dir={out}",
+    return ["miniature", "rollout-probe", "--config", str(REPO / "conf/pipeline/tiny.yaml"), "--set", f"run.output_dir={out}",
             "--set", "rl.rollout.max_new_tokens=12", "--set", "rl.rollout.subagent_max_new_tokens=6",
             "--model", str(model), "--prompts", "3", "--group-size", "2"]
 

@@ -338,7 +338,7 @@ def test_a_bad_video_window_names_the_turn(tiny_processor, short_video: Path, tm
 
 def test_perception_check_asks_the_subagent_of_every_window(tiny_model_dir: Path, short_video: Path):
     """#15: the check runs the rollout's sub-agent on each window and scores every summary."""
-    from paravt_core.sft.perception import WindowTruth, perception_report
+    from paravt_core.miniature.perception import WindowTruth, perception_report
 
     cfg = load_config("conf/pipeline/tiny.yaml", ["rl.rollout.subagent_max_new_tokens=8", "video.crop_max_frames=2"])
     truths = [WindowTruth(short_video, (0.0, 4.0), ("red",)), WindowTruth(short_video, (4.0, 8.0), ())]

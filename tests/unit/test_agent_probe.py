@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from paravt_core.config import load_config
-from paravt_core.model.agent_probe import PARTS, agent_probe, probe_conversation
-from paravt_core.model.reading_probe import check_spans
+from paravt_core.miniature.agent_probe import PARTS, agent_probe, probe_conversation
+from paravt_core.miniature.reading_probe import check_spans
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
 FINAL = ("<think>\nThe crop from 00:16.0 to 00:32.0 reports: From 00:20.0 to 00:21.0 a yellow square appears in "

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from paravt_core.config import load_config
-from paravt_core.model.caption_probe import caption_probe, caption_spans, token_offsets
+from paravt_core.miniature.caption_probe import caption_probe, caption_spans
+from paravt_core.miniature.forced import token_offsets
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
 CAPTION = ("From 00:03.0 to 00:05.5 a red circle appears in the top left corner. "

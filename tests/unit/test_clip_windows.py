@@ -11,7 +11,7 @@ import pytest
 from paravt_core.config import load_config
 from paravt_core.data.synth.traces import segment_grid
 from paravt_core.data.synth.world import sample_video
-from paravt_core.model.pretrain import clip_windows, corpus_dir
+from paravt_core.miniature.pretrain import clip_windows, corpus_dir
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
 

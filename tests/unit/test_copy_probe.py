@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from paravt_core.config import load_config
-from paravt_core.model.copy_probe import copy_probe, probe_rows, score_rows, word_spans
+from paravt_core.miniature.copy_probe import copy_probe, probe_rows, score_rows, word_spans
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
 
@@ -27,7 +27,7 @@ def test_word_spans_refuse_what_is_not_a_copy_answer(answer: str):
 
 def test_probe_rows_are_held_out_copy_rows():
     from paravt_core.data.synth.world import derived_rng
-    from paravt_core.model.pretrain import copy_row
+    from paravt_core.miniature.pretrain import copy_row
 
     cfg = load_config(REPRODUCE, [])
     rows = probe_rows(cfg, 20)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from paravt_core.data.synth.world import COLOURS
-from paravt_core.sft.perception import SummaryScore, aggregate, score_summary
+from paravt_core.miniature.perception import SummaryScore, aggregate, score_summary
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_the_world_manifest_is_this_configs_not_the_newest_looking(tmp_path):
 
     from paravt_core.config import load_config
     from paravt_core.data.hub import synth_world_dir
-    from paravt_core.sft.perception import world_manifest
+    from paravt_core.miniature.perception import world_manifest
 
     reproduce = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
     cfg = load_config(reproduce, [f"run.output_dir={tmp_path}"])

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from paravt_core.config import load_config
-from paravt_core.model.reading_probe import PARTS, answer_spans, padded, probe_rows, reading_probe, score_row
+from paravt_core.miniature.forced import score_row
+from paravt_core.miniature.reading_probe import PARTS, answer_spans, padded, probe_rows, reading_probe
 
 REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
 ANSWER = ("The notes say: From 00:20.0 to 00:22.0 a green circle appears in the top right corner. So the answer is "
@@ -37,7 +38,7 @@ def test_answer_spans_refuse_an_answer_in_another_layout():
 def rendered(tiny_processor):
     """A held-out reading row's answer and the offsets of its trained tokens, encoded as SFT
     encodes it (the answer, then its `<|im_end|>`)."""
-    from paravt_core.model.caption_probe import token_offsets
+    from paravt_core.miniature.forced import token_offsets
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 
     row = probe_rows(load_config(REPRODUCE, []), 1)[0]
@@ -84,7 +85,7 @@ def test_a_bare_space_before_a_split_word_counts_for_that_word():
 
 def test_probe_rows_are_multiple_choice_and_not_the_training_rows():
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
-    from paravt_core.model.pretrain import reading_row
+    from paravt_core.miniature.pretrain import reading_row
 
     cfg = load_config(REPRODUCE, [])
     probe = probe_rows(cfg, 20)

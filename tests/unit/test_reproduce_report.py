@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
-from paravt_core.registry.reproduce import (
+from paravt_core.miniature.reproduce import (
     ModelRun,
     findings,
     group_breakdown,
@@ -141,7 +141,7 @@ def test_plot_without_rl_rows_still_draws(tmp_path):
 
 
 def test_report_from_mlflow_rebuilds_the_logged_measurements(tmp_path):
-    from paravt_core.registry.reproduce import latest_logged_runs
+    from paravt_core.miniature.reproduce import latest_logged_runs
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     write_report(_runs(), tmp_path / "report", "logged", uri, "exp")

@@ -1,10 +1,10 @@
-"""The rollout probe's summaries (paravt_core.rl.probe): pure functions of scored rollouts."""
+"""The rollout probe's summaries (paravt_core.miniature.rollout_probe): pure functions of scored rollouts."""
 
 from __future__ import annotations
 
 import pytest
 
-from paravt_core.rl.probe import ALL, Outcome, render_table, summarize
+from paravt_core.miniature.rollout_probe import ALL, Outcome, render_table, summarize
 
 
 def _group(index: int, truth: str, answers: list[str], calls: int = 2) -> list[Outcome]:

@@ -63,7 +63,7 @@ def test_the_knob_enters_the_cache_keys_only_when_set():
     import json
 
     from paravt_core.config import PipelineConfig
-    from paravt_core.model.pretrain import training_config
+    from paravt_core.miniature.pretrain import training_config
 
     unset = PipelineConfig()
     dumped = unset.model_dump(mode="json")

@@ -225,7 +225,7 @@ def test_direct_trace_names_the_asked_object_as_the_question_does():
 
 
 def test_perception_windows_follow_the_manifest(world, tmp_path):
-    from paravt_core.sft.perception import window_truths
+    from paravt_core.miniature.perception import window_truths
 
     record = json.loads(world.manifest.read_text())
     videos = record["eval"]["videomme"]["videos"][:2]

@@ -144,14 +144,14 @@ class SynthConfig(BaseModel):
                 f"{self.max_calls_per_trace} windows of max_crop_s {self.max_crop_s}"
             )
         if self.question_topics is not None:
-            from paravt_core.data.synth.questions import EVENT_TOPICS
+            from paravt_core.data.synth.vocab import EVENT_TOPICS
 
             known = sorted({t for topics in EVENT_TOPICS.values() for t in topics})
             unknown = sorted(set(self.question_topics) - set(known))
             if unknown or not self.question_topics:
                 raise ValueError(f"question_topics {list(self.question_topics)}: unknown {unknown}; known: {known}")
         if self.colours is not None:
-            from paravt_core.data.synth.world import COLOURS
+            from paravt_core.data.synth.vocab import COLOURS
 
             unknown = sorted(set(self.colours) - set(COLOURS))
             if unknown or len(set(self.colours)) != len(self.colours) or len(self.colours) < 4:

@@ -16,6 +16,7 @@ import string
 from dataclasses import dataclass
 from typing import Literal
 
+from paravt_core.data.synth.vocab import EVENT_TOPICS
 from paravt_core.data.synth.world import (
     BRIGHT_SIDES,
     COLOURS,
@@ -42,11 +43,6 @@ TOPIC_VALUES: dict[str, tuple[str, ...]] = {
     "side": BRIGHT_SIDES,
 }
 # Which topics each event kind supports, and which question types each topic allows.
-EVENT_TOPICS: dict[str, tuple[str, ...]] = {
-    "shape": ("colour", "shape", "position", "when"),
-    "digit": ("digit", "colour", "when"),
-    "motion": ("direction", "colour", "shape", "when"),
-}
 BACKGROUND_TOPICS = ("tint", "side")
 TOPIC_TYPES: dict[str, tuple[QuestionType, ...]] = {
     "colour": ("mcq", "oe"),

@@ -85,7 +85,7 @@ def summarize_window(spec: VideoSpec, start_s: float, end_s: float, background: 
     """What a sub-agent watching [start_s, end_s) should report, in temporal order.
 
     `background`: an empty window's summary also names the background tint, as the tiny
-    model's captioning corpus does (`model.pretrain`). Measured (#15, `paravt caption-probe`,
+    model's captioning corpus does (`model.pretrain`). Measured (#15, `paravt miniature caption-probe`,
     26 held-out events): captioning with the tint named learnt event colours for 100 %; the
     same 1200 steps without it, 31 %. Naming the tint in every empty clip is most of the
     colour signal that phase gets; the sub-agent's reports leave it out (EMPTY_WINDOW)."""
@@ -165,7 +165,7 @@ def check_options(question: Question) -> str:
     held-out reading rows: 17-32 % of letters, chance 25 %, while it copied the value from the
     notes 88 % of the time; docs/miniature.md). Judging "A. Purple, no." against
     a value named a line or more before it was not learned either: the tiny model said "no"
-    at the first options and "yes" at the fourth whatever they read (`paravt reading-probe`).
+    at the first options and "yes" at the fourth whatever they read (`paravt miniature reading-probe`).
     So each line copies the option, then the value (from the line before it), and judges two
     spans a few tokens apart; the letter is copied from the line that says "same". The value
     is spelled as its option ("Top right"), so equal spans are equal tokens.

@@ -29,20 +29,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from paravt_core.data.synth.config import SynthConfig
+from paravt_core.data.synth.vocab import COLOURS
 
 EventKind = Literal["shape", "digit", "motion"]
 EVENT_KINDS: tuple[EventKind, ...] = ("shape", "digit", "motion")
 
-# Saturated colours (max - min channel >= 150), far from the low-saturation backgrounds.
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (225, 30, 30),
-    "green": (30, 200, 45),
-    "blue": (40, 70, 235),
-    "yellow": (240, 220, 30),
-    "purple": (150, 35, 210),
-    "orange": (250, 135, 15),
-    "cyan": (20, 205, 225),
-}
 SHAPES = ("square", "circle", "triangle", "diamond", "star")
 POSITIONS = ("top left", "top right", "bottom left", "bottom right", "centre")
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")

@@ -1,6 +1,6 @@
 """Can the main agent read its own transcript? A teacher-forced probe of the last step (#15).
 
-`paravt reading-probe` scores the reading skill on reading rows, where the options stand
+`paravt miniature reading-probe` scores the reading skill on reading rows, where the options stand
 about a hundred tokens before the end (median 112 on 200 held-out rows). In an agent transcript they stand hundreds of tokens back
 (the overview frames, the tool calls and the sub-agents' reports come between), and the same
 model may read one and not the other. This probe draws held-out multiple-choice questions on
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.model.reading_probe import ProbeScores, check_spans, score_row
+from paravt_core.miniature.forced import ProbeScores, score_row
+from paravt_core.miniature.reading_probe import check_spans
 
 PROBE_STREAM = "probe-agent"  # derived_rng stream; training videos come from the data stage's
 PARTS = ("value", "options", "values", "verdicts", "letter", "chain")
@@ -49,7 +50,7 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
     from paravt_core.data.synth.render import encode_mp4
     from paravt_core.data.synth.traces import tool_trace
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
-    from paravt_core.model.pretrain import mcq_event_question
+    from paravt_core.miniature.pretrain import mcq_event_question
 
     synth = cfg.data.synth
     rng = derived_rng(synth.seed, PROBE_STREAM, seed, index)
@@ -65,7 +66,7 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
 
 def agent_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 64, seed: int = 0) -> AgentProbe:
     """Score the model in `model_dir` on `rows` held-out teacher transcripts (module docstring)."""
-    from paravt_core.model.caption_probe import teacher_forced
+    from paravt_core.miniature.forced import teacher_forced
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation

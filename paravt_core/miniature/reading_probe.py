@@ -21,26 +21,14 @@ one row is a pure function of its tokens' correctness and offsets (`score_row`).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
+from paravt_core.miniature.forced import ProbeScores, score_row, spaced
 
 PARTS = ("quote", "value", "options", "values", "verdicts", "letter", "chain")
 PROBE_STREAM = "probe-reading"  # derived_rng stream; training rows come from "pretrain-reading"
-
-
-class ProbeScores:
-    """Base of a probe's report (a frozen dataclass): `COUNTS` name its count fields, every
-    other field is a score, logged as `<PREFIX>_<field>` by `as_metrics`."""
-
-    COUNTS: tuple[str, ...] = ("rows",)
-    PREFIX = ""
-
-    def as_metrics(self, prefix: str | None = None) -> dict[str, float]:
-        return {f"{prefix or self.PREFIX}_{f.name}": float(getattr(self, f.name))
-                for f in fields(self) if f.name not in self.COUNTS}
 
 
 @dataclass(frozen=True)
@@ -66,7 +54,7 @@ def answer_spans(answer: str) -> dict[str, list[tuple[int, int]]]:
     head = re.match(r"The notes say: (.+?) So the answer is (.+?)\. Checking the options: ", answer, re.S)
     if not head or not re.search(r" So the answer is option ([A-Z])\.$", answer):
         raise ValueError(f"not a multiple-choice reading answer: {answer[:120]!r}")
-    return {"quote": [_spaced(answer, *head.span(1))], **check_spans(answer)}
+    return {"quote": [spaced(answer, *head.span(1))], **check_spans(answer)}
 
 
 def check_spans(text: str) -> dict[str, list[tuple[int, int]]]:
@@ -84,38 +72,11 @@ def check_spans(text: str) -> dict[str, list[tuple[int, int]]]:
     checks = list(re.finditer(r"([A-Z])\. (.+?) vs (.+?): (same|different)\.", text[base:base + tail.start() + 1]))
     if not checks:
         raise ValueError(f"no option checks in: {text[:120]!r}")
-    return {"value": [_spaced(text, *head.span(1))],
-            "options": [_spaced(text, base + m.start(2), base + m.end(2)) for m in checks],
-            "values": [_spaced(text, base + m.start(3), base + m.end(3)) for m in checks],
-            "verdicts": [_spaced(text, base + m.start(4), base + m.end(4)) for m in checks],
-            "letter": [_spaced(text, end, end + 1)], "chain": [_spaced(text, head.start(1), end + 1)]}
-
-
-def _spaced(text: str, start: int, end: int) -> tuple[int, int]:
-    # the space before a word belongs to it: a tokenizer that splits " yes" into " ", "y", "es"
-    # decides yes or no at the bare space, which must count
-    return (start - 1, end) if start > 0 and text[start - 1] == " " else (start, end)
-
-
-def score_row(correct: Sequence[bool], offsets: Sequence[tuple[int, int]],
-              spans: dict[str, list[tuple[int, int]]]) -> dict[str, bool]:
-    """Whether every token of each part was predicted right.
-
-    Args:
-        correct: per token of the scored text, whether the model's argmax at the token before
-            it was this token (`caption_probe.teacher_forced`).
-        offsets: per token, its (start, end) characters in that text.
-        spans: the parts' character spans in that text (`answer_spans` of the answer, which
-            the scored text starts with).
-    """
-    out = {}
-    for part, ranges in spans.items():
-        hit = [ok for ok, (a, b) in zip(correct, offsets, strict=True)
-               if b > a and any(a < e and b > s for s, e in ranges)]
-        if not hit:
-            raise ValueError(f"no token covers the {part!r} span {ranges}")
-        out[part] = all(hit)
-    return out
+    return {"value": [spaced(text, *head.span(1))],
+            "options": [spaced(text, base + m.start(2), base + m.end(2)) for m in checks],
+            "values": [spaced(text, base + m.start(3), base + m.end(3)) for m in checks],
+            "verdicts": [spaced(text, base + m.start(4), base + m.end(4)) for m in checks],
+            "letter": [spaced(text, end, end + 1)], "chain": [spaced(text, head.start(1), end + 1)]}
 
 
 def padded(row: dict, pad: int) -> dict | None:
@@ -142,7 +103,7 @@ def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0, pad: int = 0) -> 
     (`pad`: their quotes lengthened, `padded`)."""
     from paravt_core.data.synth.questions import OptionStyle
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
-    from paravt_core.model.pretrain import reading_row
+    from paravt_core.miniature.pretrain import reading_row
 
     synth = cfg.data.synth
     topics, style = (tuple(synth.question_topics) if synth.question_topics else None), OptionStyle.of(synth)
@@ -163,7 +124,7 @@ def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0, pad: int = 0) -> 
 def reading_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 200, seed: int = 0, pad: int = 0) -> ReadingProbe:
     """Score the model in `model_dir` on `rows` held-out reading rows (module docstring;
     `pad`: each quote led by that many empty-window notes, `padded`)."""
-    from paravt_core.model.caption_probe import text_row_forced
+    from paravt_core.miniature.forced import text_row_forced
     from paravt_core.model.loading import load_model, load_processor
 
     processor = load_processor(model_dir)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.model.reading_probe import ProbeScores, score_row
+from paravt_core.miniature.forced import ProbeScores, score_row
 
 PROBE_STREAM = "probe-copy"  # derived_rng stream; training rows come from "pretrain-copy" and "pretrain-reading"
 # The lookup reaches about as far as it was trained; the default filler (2 videos of notes)
@@ -68,7 +68,7 @@ def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0) -> list[dict]:
     """`count` copy rows of the config's world from the probe's own stream, their filler as
     training draws it (`model.pretrain.copy_max_videos`; `--set` it to probe farther back)."""
     from paravt_core.data.synth.world import derived_rng
-    from paravt_core.model.pretrain import copy_row
+    from paravt_core.miniature.pretrain import copy_row
 
     synth = cfg.data.synth
     return [copy_row(derived_rng(synth.seed, PROBE_STREAM, seed, index), synth, int(synth.max_crop_s),
@@ -77,7 +77,7 @@ def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0) -> list[dict]:
 
 def score_rows(model, processor, rows: list[dict]) -> CopyProbe:
     """The probe's report of `model` on copy `rows` (module docstring)."""
-    from paravt_core.model.caption_probe import text_row_forced
+    from paravt_core.miniature.forced import text_row_forced
 
     hits = {kind: [0, 0] for kind in ("lettered", "plain", "near", "far")}
     whole = lettered_rows = far_rows = 0

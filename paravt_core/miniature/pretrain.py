@@ -34,7 +34,7 @@ tiny kit more like the real base model, not friendlier to the method:
 - with `copy_rows`, a first phase (folder `pretrain-copy/`) trains the random weights on
   copy rows alone (`copy_row`: a list asked back from among notes), and `reading_copies`
   mixes such rows into the reading phase: both aim at the lookup by content the reading rows
-  need and the tiny model lacks (`paravt copy-probe` measures it);
+  need and the tiny model lacks (`paravt miniature copy-probe` measures it);
 - training is the SFT trainer (`paravt_core.sft.stage` under the folder `pretrain/`,
   DeepSpeed, checkpoints and exact resume) with `model.pretrain`'s steps, micro-batch and
   learning rate in place of the `sft` section's.
@@ -42,6 +42,7 @@ tiny kit more like the real base model, not friendlier to the method:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -52,6 +53,7 @@ from paravt_core.config import PipelineConfig
 from paravt_core.data.synth.world import VideoSpec
 from paravt_core.dist import LogLine
 from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.sft.stage import ExtraShard
 
 CAPTION_REQUEST = "Describe what happens in these frames."
 CORPUS_FILE = "captions.parquet"
@@ -189,7 +191,7 @@ def reading_row(
     from paravt_core.eval.samples import mcq_question
 
     # Multiple-choice only: the value is also taught by the quote, but reading the options to
-    # the letter is what the tiny model learns slowest. Measured (`paravt reading-probe`): with
+    # the letter is what the tiny model learns slowest. Measured (`paravt miniature reading-probe`): with
     # colour questions, half of them open-ended, 3000 steps left every check wrong (chains 0 %,
     # verdicts by position); colour and corner questions (by their draw, about three
     # multiple-choice rows in four) got 80.5 %, multiple-choice only 91.5 %.
@@ -210,7 +212,7 @@ def transcript_row(rng: random.Random, spec: VideoSpec, synth, topics: tuple[str
     on one event (multiple choice), the teacher's first turn (`data.synth.traces.tool_trace`,
     the SFT rows' plan and crop calls), the notes of the crops as the tool's replies, and the
     teacher's final turn. No system prompt and no frames: the frames come before the question,
-    so the options stand as far from the final turn as in an SFT row (`paravt agent-probe`'s
+    so the options stand as far from the final turn as in an SFT row (`paravt miniature agent-probe`'s
     distance), and the protocol is still SFT's to teach.
 
     Measured: the reading phase on `reading_row`s alone copied the options into the checking
@@ -218,7 +220,7 @@ def transcript_row(rng: random.Random, spec: VideoSpec, synth, topics: tuple[str
     of held-out transcripts (~520 back), where it copied the value instead. With half the
     reading rows laid out this way (3000 steps), 29.7 % of held-out transcripts, and the notes
     rows' chains fell to 6 %: the tiny model copies from a fixed distance back
-    (`paravt reading-probe --pad`), and these rows do not teach it to look an option up."""
+    (`paravt miniature reading-probe --pad`), and these rows do not teach it to look an option up."""
     from paravt_core.data.synth.paravt import TrainVideo, sft_messages
     from paravt_core.data.synth.questions import OptionStyle
     from paravt_core.data.synth.traces import tool_trace
@@ -242,7 +244,7 @@ def copy_row(rng: random.Random, synth, segment_s: int, max_videos: int) -> dict
     Every answer token is found by looking back for where the token before it stood and
     taking what followed (an induction head), at a distance the notes vary: what reading an
     option into a checking line hundreds of tokens later takes. Measured: the reading phase's
-    model copied options from a fixed distance only (`paravt reading-probe --pad 1`: option
+    model copied options from a fixed distance only (`paravt miniature reading-probe --pad 1`: option
     lines 91 % -> 10 %), and reading rows with the options at varied distances did not teach
     the lookup in 3000 steps (25 % at every pad). Capitalised, because the notes hold the
     lower-case words many times over, which makes a one-token match ambiguous.
@@ -323,7 +325,7 @@ def build_reading_corpus(cfg: PipelineConfig, clips: ArtifactRef, log_line: LogL
     corpus's own stream, never rendered) beside a copy of the captioned clips of `clips`.
 
     The clips are replayed because reading alone undid perception: after 3000 text-only steps
-    and SFT, the sub-agent named 31 % of held-out event colours (`paravt perception`), where the
+    and SFT, the sub-agent named 31 % of held-out event colours (`paravt miniature perception`), where the
     same SFT on the perception phase's model names 77-88 %."""
     import shutil
 
@@ -361,7 +363,7 @@ def replay_shard(cfg: PipelineConfig, out_file: Path, log_line: LogLine = print)
     and captioned clips alike, drawn without replacement, seeded by `run.seed`) as one SFT
     shard at `out_file`, once; return it.
 
-    Measured: cold-start SFT on its own rows undid the reading phase (`paravt reading-probe`:
+    Measured: cold-start SFT on its own rows undid the reading phase (`paravt miniature reading-probe`:
     whole checking chains 80.5 % before, 6-7.5 % after), as fine-tuning a small model on a
     narrow task does; replaying the pretraining rows beside the task's is the usual remedy.
     """
@@ -387,6 +389,16 @@ def replay_shard(cfg: PipelineConfig, out_file: Path, log_line: LogLine = print)
     clips = sum(bool(r["videos"]) for r in chosen)
     log_line(f"SFT replay: {count - clips} reading rows and {clips} captioned clips of {reading} in {out_file}")
     return out_file
+
+
+def sft_replay(cfg: PipelineConfig) -> ExtraShard | None:
+    """The replay rows as SFT's extra shard (`sft.stage.run(..., extra=)`), or None when the config
+    replays none. The key names the row count; which rows: the base model's hash covers the
+    pretraining corpus they come from."""
+    count = cfg.model.pretrain.sft_replay_rows if cfg.model.pretrain.enabled else 0
+    if not count:
+        return None
+    return ExtraShard(f"replay={count}", functools.partial(replay_shard, cfg))
 
 
 def _table(rows: list[dict]):

@@ -1,6 +1,6 @@
 """Can the tiny model see? A teacher-forced probe of the captioning phase's skill (#15).
 
-`paravt perception` asks the sub-agent's question and parses what the model writes, which
+`paravt miniature perception` asks the sub-agent's question and parses what the model writes, which
 says little about a model never trained on that prompt (the captioning phase's, for one).
 This probe asks what the captioning phase taught, on clips it never saw: held-out videos of
 the config's world drawn from a stream of their own, cut into the grid segments a sub-agent
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.model.reading_probe import ProbeScores, score_row
+from paravt_core.miniature.forced import ProbeScores, score_row, teacher_forced, token_offsets
 
 PROBE_STREAM = "probe-caption"  # derived_rng stream; pretraining clips come from "pretrain"
 EVENT = re.compile(r"From (\d\d:\d\d\.\d) to (\d\d:\d\d\.\d) an? (\w+) (\w+) appears in (the centre|the (?:\w+ \w+) corner)\.")
@@ -68,64 +68,13 @@ def caption_spans(caption: str) -> tuple[list[dict[str, list[tuple[int, int]]]],
     return events, None
 
 
-def token_offsets(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
-    """The text of `ids` decoded one token at a time, and each token's (start, end) in it."""
-    text, offsets = "", []
-    for token in ids:
-        piece = tokenizer.decode([token])
-        offsets.append((len(text), len(text) + len(piece)))
-        text += piece
-    return text, offsets
-
-
-def teacher_forced(model, tokenizer, sample, positions: list[int]) -> tuple[str, list[tuple[int, int]], list[bool]]:
-    """Feed one encoded sample whole; for `positions` (token indices, each > 0): their text
-    decoded token by token, each token's offsets in it, and whether the model's argmax at the
-    position before predicted it."""
-    import torch
-
-    inputs = {"input_ids": sample.input_ids[None], "mm_token_type_ids": sample.mm_token_type_ids[None],
-              "attention_mask": torch.ones_like(sample.input_ids)[None]}
-    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
-        if getattr(sample, key) is not None:
-            inputs[key] = getattr(sample, key)
-    with torch.no_grad():
-        predicted = model(**inputs).logits[0].argmax(-1)
-    ids = sample.input_ids
-    text, offsets = token_offsets(tokenizer, ids[positions].tolist())
-    return text, offsets, [bool(predicted[i - 1] == ids[i]) for i in positions]
-
-
-def _no_media(*args):
-    raise ValueError("a text-only row asked for a frame or an image")
-
-
-def text_row_forced(model, processor, messages: list[dict]) -> tuple[str, list[tuple[int, int]], list[bool]]:
-    """`teacher_forced` on a text-only row of one assistant turn, encoded as SFT encodes it
-    (`encode_conversation`): the answer's decoded text (its `<|im_end|>` after it), offsets and
-    correctness, the answer at offset 0.
-
-    Raises:
-        ValueError: the row's trained tokens do not decode to its answer text.
-    """
-    from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
-
-    answer = messages[-1]["content"][0]["text"]
-    sample = encode_conversation(messages, processor, _no_media, _no_media)
-    positions = (sample.labels != IGNORE_INDEX).nonzero().flatten().tolist()
-    text, offsets, correct = teacher_forced(model, processor.tokenizer, sample, positions)
-    if not text.startswith(answer):
-        raise ValueError(f"the answer tokens decode to {text[:80]!r}, not the answer {answer[:80]!r}")
-    return text, offsets, correct
-
-
 def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: int = 0) -> CaptionProbe:
     """Score the model in `model_dir` on the grid-segment clips of `videos` held-out videos."""
     from paravt_core.data.synth.render import encode_mp4
     from paravt_core.data.synth.traces import segment_grid, summarize_window
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
     from paravt_core.model.loading import load_model, load_processor
-    from paravt_core.model.pretrain import caption_row
+    from paravt_core.miniature.pretrain import caption_row
     from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 

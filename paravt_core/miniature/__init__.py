@@ -1,0 +1,14 @@
+"""The miniature: everything that exists only for the generated world's tiny model.
+
+The embedded default trains a 1.5 M-parameter Qwen3-VL on a generated long-video world; for
+that model to learn anything in minutes on a CPU it is first pretrained on the world
+(`pretrain`: captioning and reading phases, and the rows SFT replays beside its own), and the
+skills each phase should leave are measured by teacher-forced probes (`forced`,
+`caption_probe`, `reading_probe`, `agent_probe`, `copy_probe`) and by the sub-agent's and
+the rollouts' own behaviour (`perception`, `rollout_probe`). `reproduce` turns the
+reproduction's runs into Table 2 in miniature. docs/miniature.md is its lab notebook.
+
+The core packages (data, video, agent, sft, rl, eval, registry, model) never import this one
+(an import-linter contract in pyproject.toml); the flows and tasks hand its pieces to them
+(e.g. the replay rows as one more SFT shard).
+"""

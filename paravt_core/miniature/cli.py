@@ -1,0 +1,198 @@
+"""`paravt miniature ...`: the commands of the generated world's tiny model (docs/miniature.md).
+
+Each probe scores one skill of a checkpoint on held-out rows drawn from the config's generated
+world; `report` rebuilds the miniature reproduction's report from MLflow. `paravt reproduce`
+(flows/cli.py) runs the reproduction itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _probe_inputs(args: argparse.Namespace, command: str, example: str):
+    """(config, model folder) of a probe command; a folder without config.json is refused."""
+    from paravt_core.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(f"paravt {command}: {model_dir} is not a model folder (no config.json); pass e.g. "
+                         f"{cfg.run.output_dir}/{example}/<key>/model")
+    return cfg, model_dir
+
+
+def _print_report(counts: dict[str, int], report) -> int:
+    print(json.dumps({**counts, **report.as_metrics()}, indent=1))
+    return 0
+
+
+def _reading_probe(args: argparse.Namespace) -> int:
+    from paravt_core.miniature.reading_probe import reading_probe
+
+    cfg, model_dir = _probe_inputs(args, "reading-probe", "pretrain-reading")
+    report = reading_probe(model_dir, cfg, rows=args.rows, seed=args.seed, pad=args.pad)
+    return _print_report({"rows": report.rows}, report)
+
+
+def _caption_probe(args: argparse.Namespace) -> int:
+    from paravt_core.miniature.caption_probe import caption_probe
+
+    cfg, model_dir = _probe_inputs(args, "caption-probe", "pretrain")
+    report = caption_probe(model_dir, cfg, videos=args.videos, seed=args.seed)
+    return _print_report({"windows": report.windows, "events": report.events}, report)
+
+
+def _agent_probe(args: argparse.Namespace) -> int:
+    from paravt_core.miniature.agent_probe import agent_probe
+
+    cfg, model_dir = _probe_inputs(args, "agent-probe", "sft")
+    report = agent_probe(model_dir, cfg, rows=args.rows, seed=args.seed)
+    return _print_report({"rows": report.rows}, report)
+
+
+def _copy_probe(args: argparse.Namespace) -> int:
+    from paravt_core.miniature.copy_probe import copy_probe
+
+    cfg, model_dir = _probe_inputs(args, "copy-probe", "pretrain-copy")
+    report = copy_probe(model_dir, cfg, rows=args.rows, seed=args.seed)
+    return _print_report({"rows": report.rows, "lettered_rows": report.lettered_rows, "far_rows": report.far_rows},
+                         report)
+
+
+def _perception(args: argparse.Namespace) -> int:
+    from paravt_core.config import load_config
+    from paravt_core.data.stage import load_split_file
+    from paravt_core.miniature.perception import perception_report, window_truths, world_manifest
+
+    cfg = load_config(args.config, args.set)
+    data = cfg.run.output_dir / "data"
+    split_json = data / "eval" / args.split / "split.json"
+    try:
+        manifest = world_manifest(cfg)
+    except FileNotFoundError as exc:
+        print(f"paravt miniature perception: {exc} ({args.config})", file=sys.stderr)
+        return 2
+    if not split_json.is_file():
+        print(f"paravt miniature perception: no prepared split {args.split!r} under {data}; run the data stage of "
+              f"{args.config} first (source: synth)", file=sys.stderr)
+        return 2
+    videos = {Path(s.video_path).name: Path(s.video_path).parent for s in load_split_file(split_json)}
+    video_dir = next(iter(videos.values()))
+    truths = window_truths(manifest, args.split, video_dir, cfg.data.synth.max_crop_s, args.videos)
+    report = perception_report(Path(args.model), cfg, truths)
+    print(json.dumps({"windows": report.windows, **report.as_metrics()}, indent=1))
+    return 0
+
+
+def _rollout_probe(args: argparse.Namespace) -> int:
+    from paravt_core.config import ConfigError, load_config
+    from paravt_core.miniature.rollout_probe import probe_prompts, render_table, run_probe
+
+    try:
+        cfg = load_config(args.config, args.set, args.rl_row)
+    except ConfigError as exc:
+        print(f"paravt miniature rollout-probe: {exc}", file=sys.stderr)
+        return 2
+    if args.prompts < 1 or (args.group_size is not None and args.group_size < 1):
+        print("paravt miniature rollout-probe: --prompts and --group-size must be at least 1", file=sys.stderr)
+        return 2
+    if not (Path(args.model) / "config.json").is_file():
+        print(f"paravt miniature rollout-probe: {args.model} is not a model folder (no config.json)", file=sys.stderr)
+        return 2
+    try:
+        prompts = probe_prompts(cfg, args.prompts, args.seed)
+    except FileNotFoundError as exc:
+        print(f"paravt miniature rollout-probe: {exc}", file=sys.stderr)
+        return 2
+    temperatures = args.temperature or [cfg.rl.temperature]
+    if any(t < 0 for t in temperatures):
+        print("paravt miniature rollout-probe: temperatures must be >= 0", file=sys.stderr)
+        return 2
+    results = run_probe(Path(args.model), cfg, prompts, temperatures, args.group_size or cfg.rl.group_size)
+    print(render_table(results))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from paravt_core.config import load_config
+    from paravt_core.miniature import reproduce
+
+    uri = args.tracking_uri or load_config(args.config).mlflow_uri()
+    out = Path(args.out or f"outputs/report/{args.experiment}")
+    runs = reproduce.latest_logged_runs(uri, args.experiment)
+    path = reproduce.write_report(runs, out, f"Miniature reproduction: experiment `{args.experiment}`")
+    print(path.read_text())
+    print(f"report written to {path} (figure and measurements beside it), from MLflow ({uri})")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    group = subparsers.add_parser(
+        "miniature", help="the tiny model's probes and the reproduction's report (docs/miniature.md)",
+        description=__doc__.split("\n\n")[1].replace("\n", " "))
+    commands = group.add_subparsers(dest="miniature_command", required=True, metavar="MINIATURE_COMMAND")
+    probes = (
+        ("reading-probe", _reading_probe, "teacher-forced scores of a checkpoint's reading skill (quote, value, "
+         "option checks, letter) on held-out reading rows", "rows", "pretrain-reading",
+         ("--rows", 200, "multiple-choice reading rows to score")),
+        ("caption-probe", _caption_probe, "teacher-forced scores of what a checkpoint sees in held-out crops (event "
+         "colour, shape, place, times)", "clips", "pretrain",
+         ("--videos", 24, "held-out videos whose grid segments are scored")),
+        ("agent-probe", _agent_probe, "teacher-forced scores of the final option check in held-out agent "
+         "transcripts (value, option lines, verdicts, letter)", "questions", "sft",
+         ("--rows", 64, "held-out multiple-choice transcripts to score")),
+        ("copy-probe", _copy_probe, "teacher-forced share of a list's words a checkpoint writes back from "
+         "among 0 to model.pretrain.copy_max_videos videos' notes, near and far apart (the lookup options need)", "rows", "pretrain-copy",
+         ("--rows", 100, "held-out copy rows to score")),
+    )
+    for name, func, help_text, drawn, example, (flag, default, flag_help) in probes:
+        p = commands.add_parser(name, help=help_text)
+        p.add_argument("--config", required=True, help=f"the pipeline YAML whose world the {drawn} are drawn from")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+        p.add_argument("--model", required=True, help=f"model folder (e.g. <output_dir>/{example}/<key>/model)")
+        p.add_argument(flag, type=int, default=default, help=flag_help)
+        p.add_argument("--seed", type=int, default=0, help="the probe stream's seed")
+        if name == "reading-probe":
+            p.add_argument("--pad", type=int, default=0, help="lead each answer's quote with this many empty-window "
+                           "notes: options that far further back (a copy by fixed distance fails, a lookup does not)")
+        p.set_defaults(func=func)
+
+    p = commands.add_parser("perception", help="score a checkpoint's sub-agent summaries (greedy, on the "
+                                               "sub-agent's own prompt) against the generated world's ground truth")
+    p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the world")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    p.add_argument("--split", default="videomme", help="evaluation split whose videos are cropped")
+    p.add_argument("--videos", type=int, default=16, help="videos to crop (every grid segment of each)")
+    p.set_defaults(func=_perception)
+
+    p = commands.add_parser(
+        "rollout-probe",
+        help="sample RL-style rollout groups from a checkpoint and report what GRPO could learn from them",
+        description="GRPO's accuracy term learns only from groups whose rollouts disagree (SPEC §5). Samples "
+                    "rl.group_size rollouts of N RL prompts as the first RL step does (the row's rollout knobs, "
+                    "reward and gating budget) and prints, per ground-truth answer, accuracy, the share of mixed "
+                    "groups, tool calls and the answers given.",
+    )
+    p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the RL shards")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--rl-row", default=None, help="RL ablation row (conf/rl/*.yaml) laid over the rl section")
+    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    p.add_argument("--prompts", type=int, default=24, help="RL prompts to roll out")
+    p.add_argument("--group-size", type=int, default=None, help="rollouts per prompt (default: rl.group_size)")
+    p.add_argument("--temperature", type=float, action="append", default=None,
+                   help="sampling temperature, repeatable (default: rl.temperature; 0 is greedy)")
+    p.add_argument("--seed", type=int, default=1, help="which prompts are drawn")
+    p.set_defaults(func=_rollout_probe)
+
+    p = commands.add_parser("report", help="the reproduction's table (95 %% intervals over seeds), findings and "
+                                           "per-step figure, rebuilt from an MLflow experiment")
+    p.add_argument("--experiment", required=True, help="MLflow experiment name (mlflow.experiment in the config)")
+    p.add_argument("--config", default="conf/pipeline/reproduce.yaml", help="pipeline YAML whose MLflow store to read")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the config's)")
+    p.add_argument("--out", default=None, help="output folder (default outputs/report/<experiment>)")
+    p.set_defaults(func=_report)
