@@ -40,8 +40,8 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from paravt_core.eval import samples
-from paravt_core.eval.scoring import MCQ_LETTERS
-from paravt_core.rl.rewards import QUESTION_TYPES, mcq_accuracy, token_f1, tvg_accuracy
+from paravt_core.scoring import MCQ_LETTERS
+from paravt_core.rewards import QUESTION_TYPES, mcq_accuracy, token_f1, tvg_accuracy
 
 Problem = str | None
 

@@ -14,12 +14,13 @@ from flows.params import PipelineParams
 from paravt_core.config import PipelineConfig
 from paravt_core.data.stage import DataBundle, bundle
 from paravt_core.run_lock import hold_output_dir
-from tasks.data import download, materialize, prepare_eval, unzip, validate
+from tasks.data import download, materialize, prepare_eval, synth_world, unzip, validate
 
 
 def data_stage(cfg: PipelineConfig) -> DataBundle:
     """The data stage's tasks in order; call it inside a flow."""
-    downloads = download(cfg)
+    mirror = synth_world(cfg) if cfg.data.source == "synth" else None
+    downloads = download(cfg, mirror)
     media = unzip(cfg, downloads)
     tables = materialize(cfg, downloads, media)
     checked = validate(cfg, tables, downloads, media)

@@ -19,7 +19,7 @@ from prefect.context import TaskRunContext
 
 from paravt_core.config import PipelineConfig
 from paravt_core.data import stage as data_stage
-from paravt_core.data.hub import Downloads, is_transient
+from paravt_core.data.hub import Downloads, LocalMirror, is_transient
 from paravt_core.data.materialize import Materialized, missing_table
 from paravt_core.refs import ArtifactRef, source_digest
 from tasks._cache import output_epoch, stage_key
@@ -67,11 +67,19 @@ def _download_failed_transiently(task: Any, task_run: TaskRun, state: State) -> 
     return isinstance(error, BaseException) and is_transient(error)
 
 
+@task(name="data-synth-world")
+def synth_world(cfg: PipelineConfig) -> LocalMirror:
+    """The generated world as a local hub mirror (`data.source: synth`); built once per world."""
+    from paravt_core.data.mirror import ensure_world
+
+    return ensure_world(cfg)
+
+
 @task(name="data-download", retries=3, retry_delay_seconds=[10, 30, 90],
       retry_condition_fn=_download_failed_transiently)
-def download(cfg: PipelineConfig) -> Downloads:
-    """The ParaVT release and the benchmark repos (synth: from the generated local mirror)."""
-    downloads = data_stage.download(cfg)
+def download(cfg: PipelineConfig, mirror: LocalMirror | None = None) -> Downloads:
+    """The ParaVT release and the benchmark repos, from the Hub or from a local `mirror`."""
+    downloads = data_stage.download(cfg, mirror=mirror)
     get_run_logger().info("downloaded %d repos", 2 + len(downloads.benchmarks))
     return downloads
 

@@ -30,7 +30,7 @@ import torch
 
 from paravt_core.agent.engine import VisionInputs
 from paravt_core.agent.media import clip_images
-from paravt_core.rl.rewards import TranscriptSegment
+from paravt_core.rewards import TranscriptSegment
 from paravt_core.video import Frames
 
 THINK_PREFIX = "<think>\n"

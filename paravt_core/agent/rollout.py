@@ -75,7 +75,7 @@ from paravt_core.agent.media import clip_items, with_frames
 from paravt_core.agent.prompts import EpisodePrompt
 from paravt_core.agent.tool_calls import parse_tool_calls
 from paravt_core.config import RolloutConfig, VideoConfig
-from paravt_core.rl.rewards import EMPTY_TOOL_RESPONSE, RewardScope, TranscriptSegment, scored_text
+from paravt_core.rewards import EMPTY_TOOL_RESPONSE, RewardScope, TranscriptSegment, scored_text
 from paravt_core.video import VideoFile, sample_overview_frames
 from paravt_core.video.errors import VideoDecodeError
 

@@ -9,10 +9,11 @@ hub cache, restricted by `allow_patterns` to the files the pipeline reads:
   repos, as `videomme` and `videomme_wsub` share Video-MME), each for its annotation file,
   videos and subtitles as `paravt_core.data.synth.benchmarks.LAYOUTS` places them.
 
-`data.source: synth` first generates the synthetic world (`paravt_core.data.synth`) into
-`<output_dir>/data/world-<synth config hash>` and then runs the very same download code
-against its hub cache with `local_files_only=True`, the scoped form of HF_HUB_OFFLINE=1:
-nothing leaves the machine and the process environment is not touched.
+Given a `LocalMirror` (a hub cache on this machine at one revision: with `data.source:
+synth`, the generated world that `paravt_core.data.mirror` builds), the very same code
+reads that cache alone with `local_files_only=True`, the scoped form of HF_HUB_OFFLINE=1:
+nothing leaves the machine and the process environment is not touched. This module does not
+know how a mirror was made.
 
 Transient failures (connection errors, timeouts, HTTP 429 and 5xx, also when
 `huggingface_hub` wraps them in a "cannot find the cached snapshot" error) are retried
@@ -21,8 +22,8 @@ a `DownloadError` naming the repo, the revision and what to do.
 
 Decisions where the release or the benchmarks leave a choice:
 - The ParaVT repos are fetched at `data.revision`; benchmark repos at "main" (their
-  published branch) unless `data.benchmark_revisions` pins a repo to a commit, except in synth mode where every mirrored repo sits at
-  `data.synth.revision`, which must then equal `data.revision`.
+  published branch) unless `data.benchmark_revisions` pins a repo to a commit, except from a
+  local mirror, where every repo sits at the mirror's revision.
 - Video-MME publishes its videos in numbered chunks (`videos_chunked_01.zip` ...); the
   layout names one chunk, and every `videos_chunked_*.zip` is fetched.
 - LongVideoBench publishes its videos as one tar split into parts (`videos.tar.part.aa`,
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import json
 import logging
 import re
 import time
@@ -216,8 +216,8 @@ def _advice(error: BaseException, request: RepoRequest, offline: bool) -> str:
         return ("check the repo id (data.parquet_repo / data.source_repo), accept the dataset's terms on the "
                 "Hub if it is gated, and log in with `hf auth login`")
     if offline or any(isinstance(c, hf_errors.OfflineModeIsEnabled) for c in _causes(error)):
-        return ("the local hub cache does not hold it: with data.source=synth delete the world folder and "
-                "re-run; otherwise unset HF_HUB_OFFLINE or point data.hub_cache_dir at a complete cache")
+        return ("the local hub cache does not hold it: rebuild the local mirror (data.source=synth: delete the "
+                "world folder and re-run), or unset HF_HUB_OFFLINE / point data.hub_cache_dir at a complete cache")
     if is_transient(error):
         return "the Hub kept failing; check the network and https://status.huggingface.co, then re-run"
     return "see the error above; fix it and re-run the data stage"
@@ -295,56 +295,29 @@ def download_repo(
                     sha256=snapshot_hash(folder))
 
 
-# ----- the synthetic world -------------------------------------------------------------
+class LocalMirror(BaseModel):
+    """A hub cache on this machine holding every repo the pipeline reads at one revision (the
+    generated world's, `paravt_core.data.mirror`; or a copy made for an offline machine)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hub_dir: Path
+    revision: str
 
 
-def synth_world_dir(cfg: PipelineConfig) -> Path:
-    """`<output_dir>/data/world-<hash of data.synth and the generator's code>`: one folder per world."""
-    from paravt_core.refs import source_digest
-
-    dumped = json.dumps(cfg.data.synth.model_dump(mode="json"), sort_keys=True) + source_digest("paravt_core.data.synth")
-    return cfg.run.output_dir / "data" / f"world-{hashlib.sha256(dumped.encode()).hexdigest()[:16]}"
-
-
-def _world_is_complete(out: Path, cfg: PipelineConfig) -> bool:
-    """The manifest is written last, so its presence (for this config) means the world is whole."""
-    from paravt_core.data.synth.generate import MANIFEST
-
-    manifest = out / MANIFEST
-    if not manifest.is_file():
-        return False
-    recorded = json.loads(manifest.read_text()).get("config")
-    return recorded == cfg.data.synth.model_dump(mode="json")
-
-
-def ensure_synth_world(cfg: PipelineConfig, progress: bool = True) -> Path:
-    """Generate the synthetic world unless already complete; returns its hub cache."""
-    from paravt_core.data.synth.generate import HUB_DIR, generate_world
-
-    if cfg.data.synth.revision != cfg.data.revision:
-        raise DownloadError(
-            f"data.revision {cfg.data.revision!r} differs from data.synth.revision {cfg.data.synth.revision!r}: "
-            f"the synthetic mirror only holds the latter; set both to the same value"
-        )
-    out = synth_world_dir(cfg)
-    if _world_is_complete(out, cfg):
-        log.info("synthetic world already complete in %s", out)
-    else:
-        log.info("generating the synthetic world into %s", out)
-        world = generate_world(cfg.data.synth, out, progress=progress)
-        log.info("synthetic world generated in %.1f s (%d repos)", world.seconds, len(world.repos))
-    return out / HUB_DIR
-
-
-def download_all(cfg: PipelineConfig, progress: bool = True) -> Downloads:
-    """The download step: ParaVT-Parquet, ParaVT-Source and the benchmark repos."""
-    synth = cfg.data.source == "synth"
-    cache_dir = ensure_synth_world(cfg, progress) if synth else cfg.data.hub_cache_dir
-    bench_revision = cfg.data.synth.revision if synth else BENCHMARK_REVISION
+def download_all(cfg: PipelineConfig, progress: bool = True, mirror: LocalMirror | None = None) -> Downloads:
+    """The download step: ParaVT-Parquet, ParaVT-Source and the benchmark repos, from the Hub into
+    `data.hub_cache_dir`, or from `mirror` alone (offline; every repo at the mirror's revision)."""
+    if cfg.data.source == "synth" and mirror is None:
+        raise DownloadError("data.source=synth reads the generated world's mirror: build it first "
+                            "(paravt_core.data.mirror.ensure_world) and pass it as `mirror`")
+    cache_dir = mirror.hub_dir if mirror else cfg.data.hub_cache_dir
+    bench_revision = mirror.revision if mirror else BENCHMARK_REVISION
     parquet_request, source_request = release_requests(cfg)
 
     def fetch(request: RepoRequest) -> Snapshot:
-        snapshot = download_repo(request, cache_dir=cache_dir, offline=synth, retries=cfg.data.download_retries)
+        snapshot = download_repo(request, cache_dir=cache_dir, offline=mirror is not None,
+                                 retries=cfg.data.download_retries)
         log.info("downloaded %s@%s (commit %s) -> %s", request.repo_id, request.revision,
                  snapshot.commit[:12], snapshot.path)
         return snapshot

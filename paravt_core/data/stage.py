@@ -44,8 +44,10 @@ from pydantic import BaseModel, ConfigDict
 
 from paravt_core.atomic import atomic_dir
 from paravt_core.config import PipelineConfig
+from paravt_core.eval.samples import load_split_file
+from paravt_core.layout import data_dir, eval_dir, materialized_dir, media_dir, media_health_dir, validated_dir  # noqa: F401
 from paravt_core.data.archives import extract_all
-from paravt_core.data.hub import Downloads, Snapshot, archive_pattern, download_all
+from paravt_core.data.hub import Downloads, LocalMirror, Snapshot, archive_pattern, download_all
 from paravt_core.data.materialize import Materialized, materialize_release
 from paravt_core.data.synth.benchmarks import LAYOUTS, BenchmarkLayout
 from paravt_core.refs import ArtifactRef, content_hash
@@ -133,40 +135,17 @@ def _json_digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-# ----- folders ------------------------------------------------------------------------
-
-
-def data_dir(cfg: PipelineConfig) -> Path:
-    return cfg.run.output_dir / "data"
-
-
-def media_dir(cfg: PipelineConfig) -> Path:
-    return data_dir(cfg) / "media"
-
-
-def materialized_dir(cfg: PipelineConfig) -> Path:
-    return data_dir(cfg) / "materialized"
-
-
-def media_health_dir(cfg: PipelineConfig) -> Path:
-    """Video probe verdicts by content hash (`paravt_core.video.health`), kept across runs."""
-    return data_dir(cfg) / "media_health"
-
-
-def validated_dir(cfg: PipelineConfig) -> Path:
-    return data_dir(cfg) / "validated"
-
-
-def eval_dir(cfg: PipelineConfig) -> Path:
-    return data_dir(cfg) / "eval"
-
-
 # ----- 1. download --------------------------------------------------------------------
 
 
-def download(cfg: PipelineConfig, progress: bool = True) -> Downloads:
-    """Step 1 (see `paravt_core.data.hub.download_all`)."""
-    return download_all(cfg, progress)
+def download(cfg: PipelineConfig, progress: bool = True, mirror: LocalMirror | None = None) -> Downloads:
+    """Step 1 (see `paravt_core.data.hub.download_all`); with `data.source: synth` and no `mirror`
+    given, the generated world is built first (the flows build it as a task of its own)."""
+    if cfg.data.source == "synth" and mirror is None:
+        from paravt_core.data.mirror import ensure_world
+
+        mirror = ensure_world(cfg, progress)
+    return download_all(cfg, progress, mirror)
 
 
 # ----- 2. unzip -----------------------------------------------------------------------
@@ -320,15 +299,6 @@ def split_record(split: str, rows: Path, media: SplitMedia) -> dict[str, str | N
         "video_dir": str(media.video_dir),
         "subtitle_dir": str(media.subtitle_dir) if split == "videomme_wsub" and media.subtitle_dir else None,
     }
-
-
-def load_split_file(split_json: Path) -> list:
-    """The `EvalSample`s of a prepared split, from its `split.json`."""
-    from paravt_core.eval.samples import load_split
-
-    record = json.loads(Path(split_json).read_text())
-    subtitle_dir = Path(record["subtitle_dir"]) if record["subtitle_dir"] else None
-    return load_split(record["split"], Path(record["rows"]), Path(record["video_dir"]), subtitle_dir)
 
 
 def check_split_loads(split: str, rows: Path, media: SplitMedia) -> int:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.eval.samples import SPLITS, EvalSample, read_split
-from paravt_core.eval.scoring import Scored, score_grounding, score_mcq
+from paravt_core.scoring import Scored, score_grounding, score_mcq
 
 INPUT_ERROR = 2
 

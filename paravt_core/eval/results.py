@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from paravt_core.atomic import atomic_write_text
 from paravt_core.eval.samples import EvalSample
-from paravt_core.eval.scoring import accuracy, grounding_summary, score_grounding, score_mcq
-from paravt_core.rl.rewards import extract_answer, has_answer, token_f1
+from paravt_core.scoring import accuracy, grounding_summary, score_grounding, score_mcq
+from paravt_core.rewards import extract_answer, has_answer, token_f1
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ INPUT_ERROR = 2
 
 def run_command(args: argparse.Namespace) -> int:
     from paravt_core.config import ConfigError, load_config
-    from paravt_core.data.stage import eval_dir
+    from paravt_core.layout import eval_dir
     from paravt_core.eval import stage
     from paravt_core.eval.evaluator import EvalError
     from paravt_core.eval.models import ModelReferenceError, resolve_model

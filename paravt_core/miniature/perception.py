@@ -106,14 +106,14 @@ def aggregate(scores: Sequence[SummaryScore]) -> PerceptionReport:
 
 
 def world_manifest(cfg: PipelineConfig) -> Path:
-    """The manifest of the world `cfg` generates (`data.hub.synth_world_dir`): an output folder
+    """The manifest of the world `cfg` generates (`data.mirror.world_dir`): an output folder
     keeps the worlds of earlier settings or generator code beside it, whose videos and events
     differ, so "the newest-looking manifest" is not this config's.
 
     Raises:
         FileNotFoundError: this config's world was not generated, naming where it should be.
     """
-    from paravt_core.data.hub import synth_world_dir
+    from paravt_core.data.mirror import world_dir as synth_world_dir
 
     manifest = synth_world_dir(cfg) / "manifest.json"
     if not manifest.is_file():

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from paravt_core.agent.tool_calls import TOOL_NAME, ParsedBlock, parse_tool_calls
-from paravt_core.rl.rewards import OPEN_ENDED_MODES, QUESTION_TYPES, compute_reward
+from paravt_core.rewards import OPEN_ENDED_MODES, QUESTION_TYPES, compute_reward
 
 _REQUIRED_STRINGS = ("completion", "answer")
 _OPTIONAL_KEYS = ("answer_suffix", "anchor_weight", "format_weight", "mode", "question")

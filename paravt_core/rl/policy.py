@@ -44,7 +44,7 @@ from paravt_core.rl.grpo import (
     token_advantages,
 )
 from paravt_core.model.logprobs import LOGPROB_CHUNK, teacher_forced_logprobs
-from paravt_core.rl.rewards import RewardBreakdown, RewardScope, compute_reward, format_reward
+from paravt_core.rewards import RewardBreakdown, RewardScope, compute_reward, format_reward
 
 RewardFn = Callable[[Episode, RLPrompt], RewardBreakdown]
 

@@ -41,7 +41,7 @@ def rl_shards(rl_data: ArtifactRef) -> list[Path]:
 def make_job(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, with_mlflow: bool = True) -> RLJob:
     out = run_dir(cfg, init, rl_data)
     out.mkdir(parents=True, exist_ok=True)
-    from paravt_core.data.stage import media_dir
+    from paravt_core.layout import media_dir
 
     return RLJob(config=cfg, init_model=init.path, init_model_sha256=init.sha256, data_files=rl_shards(rl_data),
                  media_root=media_dir(cfg).resolve(),

@@ -17,7 +17,7 @@ import pytest
 
 from paravt_core.config import EVAL_SPLITS, PipelineConfig
 from paravt_core.data import stage
-from paravt_core.data.hub import synth_world_dir
+from paravt_core.data.mirror import world_dir as synth_world_dir
 from paravt_core.data.synth.paravt import SENTINEL_ROOTS
 from paravt_core.refs import content_hash
 

@@ -99,7 +99,7 @@ def test_planted_empty_videos_do_not_sink_the_run_and_the_summary_names_them(pre
     from flows.full_pipeline import full_pipeline
     from flows.params import PipelineParams
     from paravt_core.config import load_config
-    from paravt_core.data.hub import synth_world_dir
+    from paravt_core.data.mirror import world_dir as synth_world_dir
 
     # 8 training videos: two per sentinel root, so the emptied one's shard keeps good rows.
     overrides = [*fast_overrides(tmp_path), "data.synth.train_videos=8", "data.synth.eval_videos_per_split=2",

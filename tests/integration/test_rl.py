@@ -83,7 +83,7 @@ def test_grpo_learns_a_scripted_reward(rl_setup, monkeypatch, tiny_processor):
     from paravt_core.model.loading import load_model
     from paravt_core.rl import stage
     from paravt_core.rl.data import read_rl_prompts
-    from paravt_core.rl.rewards import RewardBreakdown
+    from paravt_core.rewards import RewardBreakdown
     from paravt_core.rl.worker import train
 
     init, rl_data, tmp = rl_setup
@@ -295,7 +295,7 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from paravt_core.rl.job import RLJob
-from paravt_core.rl.rewards import RewardBreakdown
+from paravt_core.rewards import RewardBreakdown
 from paravt_core.rl.worker import train
 
 def graded(episode, prompt):
@@ -425,7 +425,7 @@ def test_policy_gradient_checkpointing_keeps_the_steps(rl_setup, monkeypatch):
     """rl.gradient_checkpointing recomputes activations in the backward: the same trained weights."""
     from paravt_core.model.loading import load_model
     from paravt_core.rl import stage
-    from paravt_core.rl.rewards import RewardBreakdown
+    from paravt_core.rewards import RewardBreakdown
     from paravt_core.rl.worker import train
 
     def scripted(episode, prompt) -> RewardBreakdown:

@@ -11,12 +11,18 @@ from huggingface_hub import errors as hf_errors
 
 from paravt_core.config import PipelineConfig
 from paravt_core.data import hub
+from paravt_core.data.mirror import ensure_world, world_dir
 from paravt_core.data.synth import PARQUET_REPO, SOURCE_REPO
 from paravt_core.data.synth.benchmarks import LAYOUTS
 from paravt_core.refs import content_hash
 
 SMALL_SYNTH = dict(train_videos=4, eval_videos_per_split=1, eval_rows_per_split=2, min_duration_s=30,
                    max_duration_s=30, width=64, height=64)
+
+
+def _download(cfg: PipelineConfig) -> hub.Downloads:
+    """The download step from the generated world's mirror, as the data flow runs it."""
+    return hub.download_all(cfg, progress=False, mirror=ensure_world(cfg, progress=False))
 
 
 def small_config(output_dir: Path, **data) -> PipelineConfig:
@@ -28,7 +34,7 @@ def small_config(output_dir: Path, **data) -> PipelineConfig:
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory) -> tuple[PipelineConfig, hub.Downloads]:
     cfg = small_config(tmp_path_factory.mktemp("out"))
-    return cfg, hub.download_all(cfg, progress=False)
+    return cfg, _download(cfg)
 
 
 def _http_error(status: int) -> hf_errors.HfHubHTTPError:
@@ -38,7 +44,7 @@ def _http_error(status: int) -> hf_errors.HfHubHTTPError:
 
 def test_every_repo_comes_from_the_synth_mirror(mirror):
     cfg, downloads = mirror
-    world = hub.synth_world_dir(cfg)
+    world = world_dir(cfg)
     assert downloads.parquet.repo_id == PARQUET_REPO and downloads.source.repo_id == SOURCE_REPO
     assert set(downloads.benchmarks) == {layout.repo_id for layout in LAYOUTS.values()}
     for snapshot in [downloads.parquet, downloads.source, *downloads.benchmarks.values()]:
@@ -65,7 +71,7 @@ def test_offline_is_scoped_to_the_call_not_the_environment(mirror, monkeypatch):
 
     monkeypatch.setattr(HfApi, "repo_info", no_network)
     monkeypatch.setattr(HfApi, "list_repo_tree", no_network)
-    again = hub.download_all(cfg, progress=False)
+    again = _download(cfg)
     assert again == first
 
 
@@ -76,7 +82,7 @@ def test_a_complete_world_is_not_generated_again(mirror, monkeypatch):
         raise AssertionError("the world was already complete")
 
     monkeypatch.setattr("paravt_core.data.synth.generate.generate_world", regenerate)
-    assert hub.ensure_synth_world(cfg, progress=False) == hub.synth_world_dir(cfg) / "hub"
+    assert ensure_world(cfg, progress=False) == hub.LocalMirror(hub_dir=world_dir(cfg) / "hub", revision="main")
 
 
 def test_world_folder_depends_on_the_synth_config_only(tmp_path):
@@ -84,14 +90,20 @@ def test_world_folder_depends_on_the_synth_config_only(tmp_path):
     b = small_config(tmp_path, download_retries=7)
     c = PipelineConfig.model_validate({"run": {"output_dir": str(tmp_path)},
                                        "data": {"synth": {**SMALL_SYNTH, "seed": 1}}})
-    assert hub.synth_world_dir(a) == hub.synth_world_dir(b) != hub.synth_world_dir(c)
-    assert hub.synth_world_dir(a).parent == tmp_path / "data"
+    assert world_dir(a) == world_dir(b) != world_dir(c)
+    assert world_dir(a).parent == tmp_path / "data"
 
 
 def test_a_revision_the_mirror_lacks_is_refused_up_front(tmp_path):
     cfg = small_config(tmp_path, revision="v2")
     with pytest.raises(hub.DownloadError, match="data.synth.revision"):
-        hub.download_all(cfg, progress=False)
+        _download(cfg)
+
+
+def test_the_download_code_asks_for_the_mirror_it_does_not_build(tmp_path):
+    with pytest.raises(hub.DownloadError, match="build it first"):
+        hub.download_all(small_config(tmp_path), progress=False)
+    assert not (tmp_path / "data").exists()  # no world generated behind the caller's back
 
 
 def test_retries_a_transient_failure_then_succeeds(mirror, monkeypatch):
@@ -107,7 +119,7 @@ def test_retries_a_transient_failure_then_succeeds(mirror, monkeypatch):
 
     monkeypatch.setattr(hub, "_snapshot_download", flaky)
     request = hub.release_requests(cfg)[0]
-    snapshot = hub.download_repo(request, cache_dir=hub.synth_world_dir(cfg) / "hub", offline=True, retries=3,
+    snapshot = hub.download_repo(request, cache_dir=world_dir(cfg) / "hub", offline=True, retries=3,
                                  backoff_s=0.5, sleep=delays.append)
     assert snapshot == downloads.parquet
     assert len(calls) == 3
@@ -188,6 +200,6 @@ def test_benchmark_requests_merge_the_splits_of_one_repo():
 def test_only_the_benchmark_repos_of_the_configured_splits_are_fetched(mirror):
     cfg, full = mirror
     narrow = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"splits": ("mlvu", "videomme_wsub")})})
-    downloads = hub.download_all(narrow, progress=False)
+    downloads = _download(narrow)
     assert set(downloads.benchmarks) == {"sy1998/MLVU_dev", "lmms-lab/Video-MME"}
     assert downloads.benchmark("mlvu") == full.benchmark("mlvu")

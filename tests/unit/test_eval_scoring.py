@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paravt_core.eval.scoring import (
+from paravt_core.scoring import (
     accuracy,
     extract_grounding_times,
     extract_mcq_letter,

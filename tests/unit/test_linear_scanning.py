@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from paravt_core.eval import scoring
-from paravt_core.rl import rewards
+from paravt_core import scoring
+from paravt_core import rewards
 
 PIECES = ["<answer>", "</answer>", "<time>", "</time>", "<tool_call>", "</tool_call>", "<tool_code>",
           "</tool_code>", "<tool_response>", "</tool_response>", "1", "23", ".", ",", " ", "\n", "-", "\u2013",

@@ -62,7 +62,7 @@ def test_the_world_manifest_is_this_configs_not_the_newest_looking(tmp_path):
     from pathlib import Path
 
     from paravt_core.config import load_config
-    from paravt_core.data.hub import synth_world_dir
+    from paravt_core.data.mirror import world_dir as synth_world_dir
     from paravt_core.miniature.perception import world_manifest
 
     reproduce = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from paravt_core.rl.rewards import (
+from paravt_core.rewards import (
     RewardBreakdown,
     TranscriptSegment,
     accuracy_reward,
@@ -32,7 +32,7 @@ THINK = "<think>I will look at the start.</think>"  # body of 25 characters: has
 def test_reward_modules_import_no_model_library() -> None:
     # a fresh interpreter, since this test session may have imported torch elsewhere
     code = (
-        "import sys, paravt_core.rl.rewards, paravt_core.agent.tool_calls, paravt_core.rl.cli;"
+        "import sys, paravt_core.rewards, paravt_core.agent.tool_calls, paravt_core.rl.cli;"
         "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -456,7 +456,7 @@ def test_a_sub_agent_answer_never_scores(scope) -> None:
 
 
 def test_no_penalty_row_drops_only_the_unclosed_think_penalty():
-    from paravt_core.rl.rewards import format_reward
+    from paravt_core.rewards import format_reward
 
     text = "<think>still thinking about the video"  # has_think (open block, >= 10 chars), never closed
     # answer_suffix on: +0.2 think; anchoring λ=0.5: -0.3 * 0.5 = -0.15; tags unbalanced -> no +0.1

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from paravt_core.rl.rewards import TranscriptSegment as Seg
+from paravt_core.rewards import TranscriptSegment as Seg
 from paravt_core.sft.grammar import follows_grammar
 
 CALL = '<tool_call>{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 0, "end_time": 16}}</tool_call>'

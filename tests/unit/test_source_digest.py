@@ -38,7 +38,7 @@ def test_unknown_package_is_named():
 
 def test_tiny_model_and_world_folders_carry_the_builder_digest(tmp_path):
     from paravt_core.config import load_config
-    from paravt_core.data.hub import synth_world_dir
+    from paravt_core.data.mirror import world_dir as synth_world_dir
     from paravt_core.model.stage import base_model_dir
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml", [f"run.output_dir={tmp_path}"])

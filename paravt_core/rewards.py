@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from paravt_core.eval.scoring import first_tag_body, interval_iou, tag_bodies
+from paravt_core.scoring import first_tag_body, interval_iou, tag_bodies
 
 logger = logging.getLogger(__name__)
 
