@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict
 
 from paravt_core.atomic import atomic_dir
 from paravt_core.config import PipelineConfig
-from paravt_core.eval.samples import load_split_file
+from paravt_core.eval.prepared import load_split_file
 from paravt_core.layout import data_dir, eval_dir, materialized_dir, media_dir, media_health_dir, validated_dir  # noqa: F401
 from paravt_core.data.archives import extract_all
 from paravt_core.data.hub import Downloads, LocalMirror, Snapshot, archive_pattern, download_all

@@ -741,10 +741,3 @@ def load_split(
 def missing_videos(samples: Sequence[EvalSample]) -> list[EvalSample]:
     """The samples whose video file was not found (they are kept, not dropped)."""
     return [sample for sample in samples if sample.video_missing]
-
-
-def load_split_file(split_json: Path) -> list:
-    """The `EvalSample`s of a prepared split, from its `split.json`."""
-    record = json.loads(Path(split_json).read_text())
-    subtitle_dir = Path(record["subtitle_dir"]) if record["subtitle_dir"] else None
-    return load_split(record["split"], Path(record["rows"]), Path(record["video_dir"]), subtitle_dir)

@@ -96,7 +96,7 @@ def copy_dir(cfg: PipelineConfig) -> Path:
     pre = cfg.model.pretrain
     settings = {"seed": pre.seed, "rows": pre.copy_rows, "max_videos": pre.copy_max_videos,
                 "world": cfg.data.synth.model_dump(mode="json", include=set(WORLD_FIELDS)),
-                "rows_code": source_digest("paravt_core.model", only=("pretrain.py",))}
+                "rows_code": source_digest("paravt_core.miniature", only=("pretrain.py",))}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return cfg.run.output_dir / "pretrain" / f"copy-{key}-{source_digest('paravt_core.data.synth')}"
 
@@ -315,7 +315,7 @@ def reading_dir(cfg: PipelineConfig, clips: ArtifactRef) -> Path:
     if pre.reading_copies:
         settings["copies"] = pre.reading_copies
         settings["copy_max_videos"] = pre.copy_max_videos
-    settings["rows_code"] = source_digest("paravt_core.model", only=("pretrain.py",))  # reading_row lives here
+    settings["rows_code"] = source_digest("paravt_core.miniature", only=("pretrain.py",))  # reading_row lives here
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return cfg.run.output_dir / "pretrain" / f"reading-{key}-{source_digest('paravt_core.data.synth')}"
 

@@ -112,7 +112,7 @@ def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, 
     embedded default, enough that one episode moves the rate by under 2 points.
     """
     from paravt_core.config import EVAL_SPLITS
-    from paravt_core.eval.samples import load_split_file
+    from paravt_core.eval.prepared import load_split_file
     from paravt_core.sft.dataset import read_sft_rows
 
     rows = read_sft_rows(sorted(Path(sft_rows_dir).glob("*.parquet")))
