@@ -65,36 +65,10 @@ class PretrainConfig(_Section):
     # the question, the teacher's crop calls, the notes as the tool's replies and the final turn,
     # so the options stand as far back as in an agent's own transcript (hundreds of tokens).
     reading_transcripts: float = Field(0.0, ge=0, le=1)
-    # The share of reading rows that ask to write a list back from among notes
-    # (`pretrain.copy_row`, reaching back as `copy_max_videos` says): they teach looking a token up by what preceded it, at any distance.
-    reading_copies: float = Field(0.0, ge=0, le=1)
-    # A first phase, from the random weights, on `copy_rows` copy rows alone for `copy_steps`
-    # steps at `copy_micro_batch_size` (same learning rate), before captioning. Measured in a
-    # plain loop on the tiny language model: copying a list back formed at step ~550 from
-    # random weights at batch 16, not in 1500 steps at batch 8, not in 1000 steps after
-    # captioning; but that was a copy from the sequence start. Copy rows at micro-batch 16:
-    # 74.8 % of held-out list words after 3000 steps, from 2.3 % at 1000 (`paravt miniature copy-probe`,
-    # docs/miniature.md). 0 rows: no copy phase.
-    copy_rows: int = Field(0, ge=0)
-    copy_steps: int = Field(3000, ge=1)  # measured: no lookup at 1000 or 1200 (above)
-    copy_micro_batch_size: int = Field(16, ge=1)
-    # A copy row's filler, in both phases: the notes of 0 to this many random videos (~145
-    # tokens each), so the list stands 0 to ~145 x this many tokens back. The lookup reaches
-    # only as far as it was trained: a model taught at 2 (0-300 tokens) copied 70 % of words
-    # 0-200 tokens back, 15 % at 400-600, where an agent's options stand (~526); 600 more steps
-    # at 5 took it to 93 % there (docs/miniature.md).
-    copy_max_videos: int = Field(2, ge=0, le=8)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
     # what pretraining taught (`paravt_core.miniature.pretrain.replay_shard`). 0: none.
     sft_replay_rows: int = Field(0, ge=0)
-
-    @model_validator(mode="after")
-    def _reading_shares(self) -> PretrainConfig:
-        if self.reading_transcripts + self.reading_copies > 1:
-            raise ValueError(f"model.pretrain.reading_transcripts ({self.reading_transcripts}) + reading_copies "
-                             f"({self.reading_copies}) are shares of the reading rows: their sum must be at most 1")
-        return self
 
 
 class ModelConfig(_Section):
@@ -538,9 +512,9 @@ class PipelineConfig(_Section):
         # Measured: the reading phase at 2 CPU ranks under ZeRO-3 stalled before its first step
         # (a text-only micro-batch skips the vision tower whose weights the other ranks gather).
         pre = self.model.pretrain
-        if pre.enabled and (pre.reading_rows or pre.sft_replay_rows or pre.copy_rows) and self.sft.num_ranks > 1 \
+        if pre.enabled and (pre.reading_rows or pre.sft_replay_rows) and self.sft.num_ranks > 1 \
                 and self.sft.zero_stage == 3:
-            raise ValueError("model.pretrain.reading_rows / sft_replay_rows / copy_rows train on text-only rows, "
+            raise ValueError("model.pretrain.reading_rows / sft_replay_rows train on text-only rows, "
                              f"which hang sft.num_ranks={self.sft.num_ranks} under sft.zero_stage=3 (a text-only micro-batch "
                              "skips the vision tower the other ranks gather): set sft.num_ranks: 1 or "
                              "sft.zero_stage 0 or 2")

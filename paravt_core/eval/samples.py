@@ -130,13 +130,13 @@ class EvalSample:
             raise ValueError(f"sample {self.id}: {len(self.letters)} letters for {len(self.options)} options")
         if self.kind == "mcq" and self.answer not in self.option_letters:
             raise ValueError(f"sample {self.id}: answer {self.answer!r} names no option")
+        if self.kind == "grounding" and self.answer != (self.gt_start, self.gt_end):
+            raise ValueError(f"sample {self.id}: grounding answer must equal (gt_start, gt_end)")
 
     @property
     def option_letters(self) -> tuple[str, ...]:
         """The letter of each option, in order."""
         return self.letters or option_letters(len(self.options))
-        if self.kind == "grounding" and self.answer != (self.gt_start, self.gt_end):
-            raise ValueError(f"sample {self.id}: grounding answer must equal (gt_start, gt_end)")
 
 
 class RowError(ValueError):

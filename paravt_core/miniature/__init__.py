@@ -4,7 +4,7 @@ The embedded default trains a 1.5 M-parameter Qwen3-VL on a generated long-video
 that model to learn anything in minutes on a CPU it is first pretrained on the world
 (`pretrain`: captioning and reading phases, and the rows SFT replays beside its own), and the
 skills each phase should leave are measured by teacher-forced probes (`forced`,
-`caption_probe`, `reading_probe`, `agent_probe`, `copy_probe`) and by the sub-agent's and
+`caption_probe`, `reading_probe`, `agent_probe`) and by the sub-agent's and
 the rollouts' own behaviour (`perception`, `rollout_probe`). `reproduce` turns the
 reproduction's runs into Table 2 in miniature. docs/miniature.md is its lab notebook.
 

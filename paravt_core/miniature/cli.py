@@ -54,15 +54,6 @@ def _agent_probe(args: argparse.Namespace) -> int:
     return _print_report({"rows": report.rows}, report)
 
 
-def _copy_probe(args: argparse.Namespace) -> int:
-    from paravt_core.miniature.copy_probe import copy_probe
-
-    cfg, model_dir = _probe_inputs(args, "copy-probe", "pretrain-copy")
-    report = copy_probe(model_dir, cfg, rows=args.rows, seed=args.seed)
-    return _print_report({"rows": report.rows, "lettered_rows": report.lettered_rows, "far_rows": report.far_rows},
-                         report)
-
-
 def _perception(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
     from paravt_core.data.stage import load_split_file
@@ -145,9 +136,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("agent-probe", _agent_probe, "teacher-forced scores of the final option check in held-out agent "
          "transcripts (value, option lines, verdicts, letter)", "questions", "sft",
          ("--rows", 64, "held-out multiple-choice transcripts to score")),
-        ("copy-probe", _copy_probe, "teacher-forced share of a list's words a checkpoint writes back from "
-         "among 0 to model.pretrain.copy_max_videos videos' notes, near and far apart (the lookup options need)", "rows", "pretrain-copy",
-         ("--rows", 100, "held-out copy rows to score")),
     )
     for name, func, help_text, drawn, example, (flag, default, flag_help) in probes:
         p = commands.add_parser(name, help=help_text)

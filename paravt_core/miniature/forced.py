@@ -3,7 +3,7 @@
 A probe feeds a whole row to the model once (every token predicted from the true text before
 it) and scores each part of the answer by whether the model's argmax reproduces all of its
 tokens (`score_row`, a pure function of the tokens' correctness and character offsets). The
-reading, caption, agent and copy probes share this; each draws its own held-out rows.
+reading, caption and agent probes share this; each draws its own held-out rows.
 """
 
 from __future__ import annotations

@@ -31,10 +31,6 @@ tiny kit more like the real base model, not friendlier to the method:
   transcript, text only (`transcript_row`: question, crop calls, the notes as the tool's
   replies, the final turn), so the options stand as far back as in the agent's own
   transcript; still no system prompt;
-- with `copy_rows`, a first phase (folder `pretrain-copy/`) trains the random weights on
-  copy rows alone (`copy_row`: a list asked back from among notes), and `reading_copies`
-  mixes such rows into the reading phase: both aim at the lookup by content the reading rows
-  need and the tiny model lacks (`paravt miniature copy-probe` measures it);
 - training is the SFT trainer (`paravt_core.sft.stage` under the folder `pretrain/`,
   DeepSpeed, checkpoints and exact resume) with `model.pretrain`'s steps, micro-batch and
   learning rate in place of the `sft` section's.
@@ -69,11 +65,7 @@ WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "hei
 STYLE_FIELDS = ("question_topics", "option_order", "colours", "second_wording")
 # The trace settings a transcript reading row (`transcript_row`) depends on.
 TRANSCRIPT_FIELDS = {"max_calls_per_trace", "max_crop_s", "teacher_windows", "final_reasoning", "prompts"}
-READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "reading_copies", "sft_replay_rows")
-# The copy phase's settings: they key its own corpus, never the captioning corpus.
-COPY_FIELDS = ("copy_rows", "copy_steps", "copy_micro_batch_size", "copy_max_videos")
-COPY_FILE = "copies.parquet"
-COPY_REQUEST = "Write the list again."
+READING_FIELDS = ("reading_rows", "reading_steps", "reading_transcripts", "sft_replay_rows")
 
 
 def corpus_dir(cfg: PipelineConfig) -> Path:
@@ -81,42 +73,11 @@ def corpus_dir(cfg: PipelineConfig) -> Path:
     geometry and events (`WORLD_FIELDS`) and the code that draws them."""
     from paravt_core.refs import source_digest
 
-    settings = {"pretrain": cfg.model.pretrain.model_dump(mode="json", exclude={*READING_FIELDS, *COPY_FIELDS}),
+    settings = {"pretrain": cfg.model.pretrain.model_dump(mode="json", exclude=set(READING_FIELDS)),
                 "world": cfg.data.synth.model_dump(mode="json", include=set(WORLD_FIELDS))}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     builder = source_digest("paravt_core.data.synth")
     return cfg.run.output_dir / "pretrain" / f"corpus-{key}-{builder}"
-
-
-def copy_dir(cfg: PipelineConfig) -> Path:
-    """`<output_dir>/pretrain/copy-<hash>`: a pure function of the pretraining seed, the copy
-    row count, the world the filler notes are drawn from and the code that draws them."""
-    from paravt_core.refs import source_digest
-
-    pre = cfg.model.pretrain
-    settings = {"seed": pre.seed, "rows": pre.copy_rows, "max_videos": pre.copy_max_videos,
-                "world": cfg.data.synth.model_dump(mode="json", include=set(WORLD_FIELDS)),
-                "rows_code": source_digest("paravt_core.miniature", only=("pretrain.py",))}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    return cfg.run.output_dir / "pretrain" / f"copy-{key}-{source_digest('paravt_core.data.synth')}"
-
-
-def build_copy_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
-    """Write the copy phase's corpus once (`model.pretrain.copy_rows` rows of `copy_row`, from
-    the corpus's own stream); return its reference."""
-    import pyarrow.parquet as pq
-
-    from paravt_core.data.synth.world import derived_rng
-
-    out = copy_dir(cfg)
-    if not (out / COPY_FILE).is_file():
-        pre, synth = cfg.model.pretrain, cfg.data.synth
-        rows = [copy_row(derived_rng(synth.seed, "pretrain-copy", pre.seed, index), synth, int(synth.max_crop_s),
-                         pre.copy_max_videos) for index in range(pre.copy_rows)]
-        with atomic_dir(out) as tmp:
-            pq.write_table(_table(rows), tmp / COPY_FILE)
-        log_line(f"pretrain copy corpus: {len(rows)} rows in {out}")
-    return ArtifactRef(kind="pretrain_corpus", path=out.resolve(), sha256=content_hash(out / COPY_FILE))
 
 
 def clip_windows(
@@ -235,40 +196,6 @@ def transcript_row(rng: random.Random, spec: VideoSpec, synth, topics: tuple[str
     return {"messages": [text_only, *turns], "videos": []}
 
 
-def copy_row(rng: random.Random, synth, segment_s: int, max_videos: int) -> dict:
-    """A text-only row that asks to write a list back: 8-16 of the world's words, capitalised as
-    options are (half the lists lettered like options, "A. Purple B. Cyan ..."), among the
-    notes of 0 to `max_videos` random videos (~145 tokens each: 139-145, median 145 of 200
-    measured), then `COPY_REQUEST`; the answer is the list.
-
-    Every answer token is found by looking back for where the token before it stood and
-    taking what followed (an induction head), at a distance the notes vary: what reading an
-    option into a checking line hundreds of tokens later takes. Measured: the reading phase's
-    model copied options from a fixed distance only (`paravt miniature reading-probe --pad 1`: option
-    lines 91 % -> 10 %), and reading rows with the options at varied distances did not teach
-    the lookup in 3000 steps (25 % at every pad). Capitalised, because the notes hold the
-    lower-case words many times over, which makes a one-token match ambiguous.
-    """
-    from paravt_core.data.synth.traces import clock, segment_grid, summarize_window
-    from paravt_core.data.synth.world import sample_video, youtube_like_id
-    from paravt_core.model.tiny import WORLD_WORDS
-
-    words = [w.capitalize() for w in rng.choices(WORLD_WORDS, k=rng.randint(8, 16))]
-    if rng.random() < 0.5:
-        items = " ".join(f"{letter}. {word}" for letter, word in zip("ABCDEFGHIJKLMNOP", words))
-    else:
-        items = " ".join(words)
-    notes = []
-    for _ in range(rng.randint(0, max_videos)):
-        spec = sample_video(rng, synth, youtube_like_id(rng))
-        notes += [f"{clock(s)} to {clock(e)}: {summarize_window(spec, s, e)}" for s, e in segment_grid(spec, segment_s)]
-    before = rng.randint(0, len(notes))
-    text = "\n".join([*notes[:before], f"List: {items}", *notes[before:], COPY_REQUEST])
-    return {"messages": [{"role": "user", "content": [{"type": "text", "text": text}]},
-                         {"role": "assistant", "content": [{"type": "text", "text": f"List: {items}"}]}],
-            "videos": []}
-
-
 def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
     """Write the captioning corpus (videos + one parquet of rows) once; return its reference."""
     import pyarrow as pa
@@ -312,9 +239,6 @@ def reading_dir(cfg: PipelineConfig, clips: ArtifactRef) -> Path:
     if pre.reading_transcripts:  # their layout follows the trace settings too
         settings["transcripts"] = pre.reading_transcripts
         settings["traces"] = cfg.data.synth.model_dump(mode="json", include=TRANSCRIPT_FIELDS)
-    if pre.reading_copies:
-        settings["copies"] = pre.reading_copies
-        settings["copy_max_videos"] = pre.copy_max_videos
     settings["rows_code"] = source_digest("paravt_core.miniature", only=("pretrain.py",))  # reading_row lives here
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return cfg.run.output_dir / "pretrain" / f"reading-{key}-{source_digest('paravt_core.data.synth')}"
@@ -343,9 +267,6 @@ def build_reading_corpus(cfg: PipelineConfig, clips: ArtifactRef, log_line: LogL
         for index in range(pre.reading_rows):
             rng = derived_rng(synth.seed, "pretrain-reading", pre.seed, index)
             layout = derived_rng(synth.seed, "pretrain-reading-layout", pre.seed, index).random()
-            if pre.reading_transcripts <= layout < pre.reading_transcripts + pre.reading_copies:
-                rows.append(copy_row(rng, synth, int(synth.max_crop_s), pre.copy_max_videos))  # videos of its own
-                continue
             spec = sample_video(rng, synth, youtube_like_id(rng))
             if layout < pre.reading_transcripts:
                 rows.append(transcript_row(rng, spec, synth, topics))
@@ -430,11 +351,6 @@ def run(cfg: PipelineConfig, base: ArtifactRef, log_line: LogLine = print) -> Ar
     if not cfg.model.is_tiny or not cfg.model.pretrain.enabled:
         raise ValueError("perception pretraining is for the tiny model (model.base: tiny, model.pretrain.enabled)")
     model = base
-    if cfg.model.pretrain.copy_rows:
-        copies = build_copy_corpus(cfg, log_line)
-        pre = cfg.model.pretrain
-        model = sft_stage.run(training_config(cfg, pre.copy_steps, pre.copy_micro_batch_size), model, copies,
-                              log_line=log_line, stage="pretrain-copy")
     corpus = build_corpus(cfg, log_line)
     model = sft_stage.run(training_config(cfg), model, corpus, log_line=log_line, stage="pretrain")
     if cfg.model.pretrain.reading_rows:

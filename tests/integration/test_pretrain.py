@@ -122,53 +122,6 @@ def test_transcript_reading_rows_are_text_only_agent_transcripts_of_the_sft_layo
     assert any(f"{asked.colour} {asked.shape}" in m["content"][0]["text"] for m in messages if m["role"] == "tool")
 
 
-def test_copy_rows_ask_for_a_list_written_back_from_a_varied_distance(tmp_path: Path):
-    """`reading_copies` makes that share of reading rows copy rows (`pretrain.copy_row`): a list
-    of world words (lettered like options in about half) among 0-2 videos' notes, answered by
-    writing it back, so every answer token is a lookup at a distance the notes vary."""
-    import random
-
-    from paravt_core.model.tiny import WORLD_WORDS
-
-    cfg = _cfg(tmp_path, "model.pretrain.reading_rows=40", "model.pretrain.reading_copies=0.5")
-    clips = pretrain.build_corpus(cfg, log_line=lambda line: None)
-    corpus = pretrain.build_reading_corpus(cfg, clips, log_line=lambda line: None)
-    rows = [json.loads(r["messages"]) for r in pq.read_table(corpus.path / pretrain.READING_FILE).to_pylist()]
-    copies = [m for m in rows if m[0]["content"][0]["text"].endswith(pretrain.COPY_REQUEST)]
-    assert 10 <= len(copies) <= 30 and len(rows) == 40
-    for user, answer in ((m[0]["content"][0]["text"], m[1]["content"][0]["text"]) for m in copies):
-        assert answer.startswith("List: ") and answer in user.splitlines()
-    # the same row draw as without copies for the other rows; a different corpus folder
-    plain = pretrain.build_reading_corpus(_cfg(tmp_path, "model.pretrain.reading_rows=40"), clips,
-                                          log_line=lambda line: None)
-    assert pretrain.reading_dir(cfg, clips) != Path(plain.path)
-    others = [json.loads(r["messages"]) for r in pq.read_table(plain.path / pretrain.READING_FILE).to_pylist()]
-    assert [m for m, p in zip(rows, others) if m not in copies] == [p for m, p in zip(rows, others) if m not in copies]
-    # over many draws: lettered and plain lists, world words only, the list anywhere among 0-2 videos' notes
-    rng = random.Random(0)
-    drawn = [pretrain.copy_row(rng, cfg.data.synth, 16, 2)["messages"] for _ in range(200)]
-    lists = [m[1]["content"][0]["text"].removeprefix("List: ") for m in drawn]
-    lettered = [items for items in lists if items.startswith("A. ")]
-    assert 60 <= len(lettered) <= 140
-    for items in lists:
-        words = [w for w in items.split() if not (len(w) == 2 and w.endswith("."))]
-        assert 8 <= len(words) <= 16 and all(w.lower() in WORLD_WORDS for w in words)
-    lines = [m[0]["content"][0]["text"].splitlines() for m in drawn]
-    notes = [len(u) - 2 for u in lines]
-    assert min(notes) == 0 and max(notes) >= 3 * 2  # 36-46 s videos: 3 grid notes each
-    assert len({next(i for i, line in enumerate(u) if line.startswith("List: ")) for u in lines}) > 5
-    # `copy_max_videos` sets the filler's reach, and keys the reading corpus it shapes
-    far = [pretrain.copy_row(rng, cfg.data.synth, 16, 5)["messages"][0]["content"][0]["text"] for _ in range(200)]
-    assert max(len(u.splitlines()) - 2 for u in far) > 3 * 4 >= max(notes)
-    longer = _cfg(tmp_path, "model.pretrain.reading_rows=40", "model.pretrain.reading_copies=0.5",
-                  "model.pretrain.copy_max_videos=5")
-    assert pretrain.reading_dir(longer, clips) != pretrain.reading_dir(cfg, clips)
-    assert pretrain.corpus_dir(longer) == pretrain.corpus_dir(cfg)
-    # the shares of the reading rows cannot exceed the whole
-    with pytest.raises(ConfigError, match="reading_copies"):
-        _cfg(tmp_path, "model.pretrain.reading_copies=0.6", "model.pretrain.reading_transcripts=0.5")
-
-
 def test_reading_corpus_is_keyed_on_the_code_of_its_rows(tmp_path: Path, monkeypatch):
     """An edit to `reading_row` (in miniature/pretrain.py, outside the synth package) builds the
     reading corpus again instead of training on the stale one."""
@@ -223,30 +176,6 @@ def test_pretraining_trains_the_base_and_resumes_to_the_same_model(tmp_path: Pat
     # finished: a second call returns the exported model without training again
     again = pretrain.run(cfg, base, log_line=lines.append)
     assert again == ArtifactRef(kind="base_model", path=trained.path, sha256=content_hash(trained.path))
-
-
-def test_copy_phase_trains_first_from_the_random_weights(tmp_path: Path):
-    """`copy_rows`: a phase on copy rows alone comes before captioning, from the base model;
-    the captioning corpus is the same with or without it."""
-    from paravt_core.model.stage import run as build_base
-
-    cfg = _cfg(tmp_path, "model.pretrain.copy_rows=6", "model.pretrain.copy_steps=2", "model.pretrain.reading_rows=0")
-    assert pretrain.corpus_dir(cfg) == pretrain.corpus_dir(_cfg(tmp_path, "model.pretrain.reading_rows=0"))
-    farther = _cfg(tmp_path, "model.pretrain.copy_rows=6", "model.pretrain.copy_max_videos=5")
-    assert pretrain.copy_dir(farther) != pretrain.copy_dir(cfg)
-    assert pretrain.corpus_dir(farther) == pretrain.corpus_dir(cfg)
-    base = build_base(cfg)
-    trained = pretrain.run(cfg, base, log_line=lambda line: None)
-    (copy_run,) = (tmp_path / "pretrain-copy").iterdir()
-    rows = [json.loads(r["messages"]) for r in pq.read_table(pretrain.copy_dir(cfg) / pretrain.COPY_FILE).to_pylist()]
-    assert len(rows) == 6 and all(m[0]["content"][0]["text"].endswith(pretrain.COPY_REQUEST) for m in rows)
-    assert [json.loads(line)["step"] for line in (copy_run / "losses.jsonl").read_text().splitlines()] == [1, 2]
-    assert json.loads((copy_run / "job.json").read_text())["base_model"] == str(base.path)
-    # captioning starts from the copy phase's model and ends the pretraining (no reading rows)
-    captioning = json.loads((trained.path.parent / "job.json").read_text())
-    assert captioning["base_model"] == str(copy_run / "model") and captioning["stage"] == "pretrain"
-    with pytest.raises(ConfigError, match="copy_rows train on text-only rows"):
-        _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3", "model.pretrain.copy_rows=6", "model.pretrain.reading_rows=0")
 
 
 def test_sft_replays_rows_of_the_reading_corpus_beside_its_own(tmp_path: Path):

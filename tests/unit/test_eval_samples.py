@@ -570,3 +570,13 @@ def test_cli_eval_samples_prints_good_rows_and_names_quarantined_ones(
     assert [json.loads(line)["id"] for line in out.splitlines()] == [rows[0]["question_id"], rows[1]["question_id"]]
     assert f"quarantined {path}: row 3: field 'answer'" in err
     assert "1 rows quarantined, 2 samples printed" in err
+
+
+def test_a_grounding_answer_other_than_its_interval_is_refused():
+    """The check sat after a `return` (unreachable) until 2026-11-26; found by `vulture`."""
+    ok = EvalSample(id="g", split="charades", video_path=Path("v.mp4"), question="q", answer=(1.0, 3.0),
+                    kind="grounding", gt_start=1.0, gt_end=3.0)
+    assert ok.answer == (ok.gt_start, ok.gt_end)
+    with pytest.raises(ValueError, match="grounding answer must equal"):
+        EvalSample(id="g", split="charades", video_path=Path("v.mp4"), question="q", answer=(1.0, 2.0),
+                   kind="grounding", gt_start=1.0, gt_end=3.0)
