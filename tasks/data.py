@@ -67,7 +67,16 @@ def _download_failed_transiently(task: Any, task_run: TaskRun, state: State) -> 
     return isinstance(error, BaseException) and is_transient(error)
 
 
-@task(name="data-synth-world")
+def _world_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    from paravt_core.data.mirror import world_complete, world_dir
+
+    cfg: PipelineConfig = parameters["cfg"]
+    out = world_dir(cfg)  # its name hashes data.synth and the generator's code
+    return stage_key("data-synth-world", out.name, cfg.data.revision, output=out,
+                     intact=lambda folder: world_complete(folder, cfg))
+
+
+@task(name="data-synth-world", cache_key_fn=_world_key, persist_result=True)
 def synth_world(cfg: PipelineConfig) -> LocalMirror:
     """The generated world as a local hub mirror (`data.source: synth`); built once per world."""
     from paravt_core.data.mirror import ensure_world

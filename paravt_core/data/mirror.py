@@ -27,7 +27,7 @@ def world_dir(cfg: PipelineConfig) -> Path:
     return cfg.run.output_dir / "data" / f"world-{hashlib.sha256(dumped.encode()).hexdigest()[:16]}"
 
 
-def _world_is_complete(out: Path, cfg: PipelineConfig) -> bool:
+def world_complete(out: Path, cfg: PipelineConfig) -> bool:
     """The manifest is written last, so its presence (for this config) means the world is whole."""
     from paravt_core.data.synth.generate import MANIFEST
 
@@ -48,7 +48,7 @@ def ensure_world(cfg: PipelineConfig, progress: bool = True) -> LocalMirror:
             f"the synthetic mirror only holds the latter; set both to the same value"
         )
     out = world_dir(cfg)
-    if _world_is_complete(out, cfg):
+    if world_complete(out, cfg):
         log.info("synthetic world already complete in %s", out)
     else:
         log.info("generating the synthetic world into %s", out)
