@@ -20,7 +20,7 @@ def _probe_inputs(args: argparse.Namespace, command: str, example: str):
     cfg = load_config(args.config, args.set)
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
-        raise SystemExit(f"paravt {command}: {model_dir} is not a model folder (no config.json); pass e.g. "
+        raise SystemExit(f"paravt miniature {command}: {model_dir} is not a model folder (no config.json); pass e.g. "
                          f"{cfg.run.output_dir}/{example}/<key>/model")
     return cfg, model_dir
 
