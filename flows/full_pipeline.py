@@ -61,8 +61,7 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
             PROGRESS.stage(f"eval {label}", reports[label].results_dir)
         promoted = promote(cfg, rl_version, reports[cfg.rl.row].average, data.eval)
         table = format_table(reports)
-        log.info("seven-split evaluation:\n%s", table)
-        print(table)
+        print(f"seven-split evaluation:\n{table}")  # log_prints: the run log and the terminal get it once
         set_aside = [*from_data_contracts(data.quarantined), *from_sft_model(sft_model.path),
                      *from_grammar_check(grammar), *from_eval_reports(reports)]
         set_aside_file = write_set_aside(cfg.run.output_dir / "set_aside.json", set_aside)
