@@ -114,7 +114,11 @@ def _report(args: argparse.Namespace) -> int:
 
     uri = args.tracking_uri or load_config(args.config).mlflow_uri()
     out = Path(args.out or f"outputs/report/{args.experiment}")
-    runs = reproduce.latest_logged_runs(uri, args.experiment)
+    try:
+        runs = reproduce.latest_logged_runs(uri, args.experiment)
+    except ValueError as exc:  # no such experiment, or no reproduction logged in it
+        print(f"paravt miniature report: {exc}", file=sys.stderr)
+        return 2
     path = reproduce.write_report(runs, out, f"Miniature reproduction: experiment `{args.experiment}`")
     print(path.read_text())
     print(f"report written to {path} (figure and measurements beside it), from MLflow ({uri})")

@@ -4,16 +4,21 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
 def _report(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
-    from paravt_core.registry.report import write_report
+    from paravt_core.registry.report import ExperimentNotFound, write_report
 
     uri = args.tracking_uri or load_config(args.config).mlflow_uri()
     out = Path(args.out or f"outputs/report/{args.experiment}")
-    path = write_report(uri, args.experiment, out)
+    try:
+        path = write_report(uri, args.experiment, out)
+    except ExperimentNotFound as exc:
+        print(f"paravt report: {exc}", file=sys.stderr)
+        return 2
     print(path.read_text())
     print(f"report written to {path} (plots beside it) and logged to MLflow ({uri})")
     return 0

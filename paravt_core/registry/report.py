@@ -53,12 +53,24 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-def _runs(uri: str, experiment: str, stage: str):
+class ExperimentNotFound(ValueError):
+    """No MLflow experiment of that name in the store; the message names the ones there are."""
+
+
+def experiment_id(uri: str, experiment: str) -> str:
     client = _client(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise ValueError(f"MLflow experiment {experiment!r} not found at {uri}; run the pipeline first")
-    return client.search_runs([exp.experiment_id], f"tags.stage = '{stage}'", order_by=["attributes.start_time ASC"])
+        names = sorted(e.name for e in client.search_experiments() if e.name != "Default")
+        raise ExperimentNotFound(f"no MLflow experiment {experiment!r} at {uri} (there: {', '.join(names) or 'none'}); "
+                                 "pass the config's mlflow.experiment, or run the pipeline first")
+    return exp.experiment_id
+
+
+def _runs(uri: str, experiment: str, stage: str):
+    client = _client(uri)
+    exp_id = experiment_id(uri, experiment)
+    return client.search_runs([exp_id], f"tags.stage = '{stage}'", order_by=["attributes.start_time ASC"])
 
 
 def eval_rows(uri: str, experiment: str) -> dict[str, dict[str, float]]:

@@ -36,3 +36,46 @@ def test_help_texts_are_written_for_users_not_issue_trackers():
         except ValueError:  # a command without subcommands
             pass
     assert not [t for t in texts if re.search(r"#\d+", t)]
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    """`paravt ... | head`: the reader leaves while the command still writes; no traceback, exit 0."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "writes_a_lot.py"
+    script.write_text(
+        "import argparse, sys\n"
+        "import paravt_core.cli as cli\n"
+        "def write(args):\n"
+        "    for _ in range(200000):\n"
+        "        print('x' * 80)\n"
+        "    return 0\n"
+        "class Parser:\n"
+        "    def parse_args(self, argv):\n"
+        "        return argparse.Namespace(func=write)\n"
+        "cli.build_parser = Parser\n"
+        "sys.exit(cli.main([]))\n")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(f"set -o pipefail; {sys.executable} {script} | head -1", shell=True, cwd=repo,
+                          capture_output=True, text=True, executable="/bin/bash",
+                          env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert done.stdout == "x" * 80 + "\n"
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 0
+
+
+def test_report_names_the_experiments_there_are_when_asked_for_another(tmp_path, capsys):
+    import mlflow
+
+    from paravt_core.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.create_experiment("paravt-tiny")
+    assert main(["report", "--experiment", "paravt", "--tracking-uri", uri, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "no MLflow experiment 'paravt'" in err and "paravt-tiny" in err
+    assert main(["miniature", "report", "--experiment", "paravt", "--tracking-uri", uri]) == 2
+    assert "paravt-tiny" in capsys.readouterr().err
