@@ -79,8 +79,10 @@ def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: 
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 
     synth = cfg.data.synth
-    if set(synth.event_kinds) != {"shape"}:
-        raise ValueError(f"caption-probe scores shape events only; data.synth.event_kinds is {synth.event_kinds}")
+    if synth.event_kinds is None or set(synth.event_kinds) != {"shape"}:  # None: every kind
+        raise ValueError("caption-probe scores shape events only; this config's data.synth.event_kinds is "
+                         f"{list(synth.event_kinds) if synth.event_kinds else 'every kind'}: pass a config whose "
+                         "world draws shapes only (conf/pipeline/reproduce.yaml), or --set 'data.synth.event_kinds=[shape]'")
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype="float32", device="cpu").eval()
     sampling = FrameSampling.from_config(cfg.video)  # as the SFT worker samples

@@ -42,7 +42,11 @@ def _caption_probe(args: argparse.Namespace) -> int:
     from paravt_core.miniature.caption_probe import caption_probe
 
     cfg, model_dir = _probe_inputs(args, "caption-probe", "pretrain")
-    report = caption_probe(model_dir, cfg, videos=args.videos, seed=args.seed)
+    try:
+        report = caption_probe(model_dir, cfg, videos=args.videos, seed=args.seed)
+    except ValueError as exc:
+        print(f"paravt miniature caption-probe: {exc}", file=sys.stderr)
+        return 2
     return _print_report({"windows": report.windows, "events": report.events}, report)
 
 

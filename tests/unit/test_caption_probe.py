@@ -10,7 +10,8 @@ from paravt_core.config import load_config
 from paravt_core.miniature.caption_probe import caption_probe, caption_spans
 from paravt_core.miniature.forced import token_offsets
 
-REPRODUCE = Path(__file__).resolve().parents[2] / "conf" / "pipeline" / "reproduce.yaml"
+REPO = Path(__file__).resolve().parents[2]
+REPRODUCE = REPO / "conf" / "pipeline" / "reproduce.yaml"
 CAPTION = ("From 00:03.0 to 00:05.5 a red circle appears in the top left corner. "
            "From 00:09.0 to 00:11.0 an orange star appears in the centre.")
 
@@ -60,6 +61,9 @@ def test_caption_probe_refuses_worlds_of_other_event_kinds(tiny_model_dir):
     cfg = load_config(REPRODUCE, ["data.synth.event_kinds=[shape,digit]"])
     with pytest.raises(ValueError, match="shape events only"):
         caption_probe(tiny_model_dir, cfg, videos=1)
+    # a world of every kind (the embedded default's: event_kinds unset) is refused the same way
+    with pytest.raises(ValueError, match="shape events only.*every kind"):
+        caption_probe(tiny_model_dir, load_config(REPO / "conf/pipeline/tiny.yaml"), videos=1)
 
 
 def test_detected_scores_the_first_word_of_windows_with_an_event(tiny_model_dir, tiny_processor, oracle_model,
