@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default="python3")
     parser.add_argument("--sft-variants", default=DEFAULT_SFT_VARIANTS)
     parser.add_argument("--budget-s", type=int, default=540, help="the whole check must fit in this (9 minutes)")
-    # Each step's longest time in the two passing calls of docs/gpu_check.md plus 15-40 s.
+    # Each step's longest time in the two calls of docs/gpu_check.md's third section plus 15-40 s.
     parser.add_argument("--limits", default="install=5,probe=25,test-gpu=165,sft=235,rl=110",
                         help="seconds per step, name=seconds,...")
     parser.add_argument("--skip", default="", help="comma-separated steps to leave out")

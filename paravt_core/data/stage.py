@@ -24,7 +24,7 @@
 5. `prepare_eval`: per SPEC §7 split, `<output_dir>/data/eval/<split>/` with the (kept)
    annotation rows under their original file name, a `split.json` {"split", "rows",
    "video_dir", "subtitle_dir"} of absolute paths (`paravt_core.eval.samples.load_split`'s
-   arguments; `load_split_file` reads one) and a `source.json` pinning the repo commit
+   arguments; `eval.prepared.load_split_file` reads one) and a `source.json` pinning the repo commit
    and archive hashes behind it. Every split is loaded once before the folder is
    published and must have no missing video.
 
@@ -44,7 +44,6 @@ from pydantic import BaseModel, ConfigDict
 
 from paravt_core.atomic import atomic_dir
 from paravt_core.config import PipelineConfig
-from paravt_core.eval.prepared import load_split_file
 from paravt_core.layout import data_dir, eval_dir, materialized_dir, media_dir, media_health_dir, validated_dir  # noqa: F401
 from paravt_core.data.archives import extract_all
 from paravt_core.data.hub import Downloads, LocalMirror, Snapshot, archive_pattern, download_all

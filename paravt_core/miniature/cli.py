@@ -60,7 +60,7 @@ def _agent_probe(args: argparse.Namespace) -> int:
 
 def _perception(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
-    from paravt_core.data.stage import load_split_file
+    from paravt_core.eval.prepared import load_split_file
     from paravt_core.miniature.perception import perception_report, window_truths, world_manifest
 
     cfg = load_config(args.config, args.set)

@@ -319,7 +319,7 @@ def sft_replay(cfg: PipelineConfig) -> ExtraShard | None:
     count = cfg.model.pretrain.sft_replay_rows if cfg.model.pretrain.enabled else 0
     if not count:
         return None
-    return ExtraShard(f"replay={count}", functools.partial(replay_shard, cfg))
+    return ExtraShard(f"replay={count}", "replay.parquet", functools.partial(replay_shard, cfg))
 
 
 def _table(rows: list[dict]):

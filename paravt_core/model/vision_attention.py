@@ -38,8 +38,9 @@ _last_runs: tuple[weakref.ref, list[tuple[int, int]]] | None = None
 def runs_of(cu_seqlens) -> list[tuple[int, int]]:
     """`equal_length_runs` of the image lengths in `cu_seqlens`, read back once per tensor."""
     global _last_runs
-    if _last_runs is not None and _last_runs[0]() is cu_seqlens:
-        return _last_runs[1]
+    last = _last_runs  # read once: another thread may replace it between two reads
+    if last is not None and last[0]() is cu_seqlens:
+        return last[1]
     runs = equal_length_runs((cu_seqlens[1:] - cu_seqlens[:-1]).tolist())
     _last_runs = (weakref.ref(cu_seqlens), runs)
     return runs

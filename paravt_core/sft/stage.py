@@ -33,6 +33,7 @@ class ExtraShard:
     """
 
     key: str
+    file_name: str  # the shard's name in the run folder
     write: Callable[[Path, LogLine], Path]  # (path in the run folder, log) -> the written shard
 
 
@@ -63,7 +64,7 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
     def job() -> SFTJob:
         files = sft_shards(sft_data)
         if extra is not None:
-            files.append(extra.write(out.resolve() / "replay.parquet", log_line))
+            files.append(extra.write(out.resolve() / extra.file_name, log_line))
         return SFTJob(
             config=cfg,
             base_model=base.path,

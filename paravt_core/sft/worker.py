@@ -71,9 +71,9 @@ def train(job: SFTJob) -> None:
     from paravt_core.collectives import CheckedCollectives
     from paravt_core.memory import record_memory
     from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.positions import HostPositions
     from paravt_core.model.vision_attention import apply_vision_attention
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
-    from paravt_core.model.positions import HostPositions
     from paravt_core.sft.encode import model_batch
     from paravt_core.sft.loss import micro_batch_loss
     from paravt_core.tracking import MetricLogger

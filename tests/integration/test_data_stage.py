@@ -19,6 +19,7 @@ from paravt_core.config import EVAL_SPLITS, PipelineConfig
 from paravt_core.data import stage
 from paravt_core.data.mirror import world_dir as synth_world_dir
 from paravt_core.data.synth.paravt import SENTINEL_ROOTS
+from paravt_core.eval.prepared import load_split_file
 from paravt_core.refs import content_hash
 
 pytestmark = pytest.mark.integration
@@ -70,7 +71,7 @@ def test_the_whole_stage_on_a_small_world(tmp_path):
     urls = _media_urls(bundle)
     assert urls and all(_local(url).is_file() and _local(url).is_relative_to(media_root) for url in urls)
     for split in EVAL_SPLITS:
-        samples = stage.load_split_file(bundle.eval.path / split / "split.json")
+        samples = load_split_file(bundle.eval.path / split / "split.json")
         assert len(samples) == 3 and not any(s.video_missing for s in samples)
 
     assert stage.run(cfg, progress=False) == bundle  # a second run changes nothing
@@ -133,7 +134,7 @@ def test_planted_empty_videos_are_quarantined_with_their_rows_and_named(tmp_path
     assert eval_video.removeprefix("charades/") in problems["eval/charades"]
     sft_rows = sum(len(aside.rows) for aside in bundle.quarantined if aside.kind == "sft")
     assert sft_rows == cfg.data.synth.sft_traces_per_video  # every trace of the emptied video, no other row
-    charades = stage.load_split_file(bundle.eval.path / "charades" / "split.json")
+    charades = load_split_file(bundle.eval.path / "charades" / "split.json")
     assert charades and all(sample.video_path.stat().st_size > 0 for sample in charades)
 
     strict = small_config(tmp_path, planted, on_bad_rows="fail")

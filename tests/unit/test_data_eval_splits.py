@@ -16,6 +16,7 @@ import pytest
 from paravt_core.config import EVAL_SPLITS, PipelineConfig
 from paravt_core.data import stage
 from paravt_core.data.synth.benchmarks import LAYOUTS
+from paravt_core.eval.prepared import load_split_file
 from paravt_core.eval.samples import load_split
 from paravt_core.refs import ArtifactRef, content_hash
 
@@ -78,8 +79,8 @@ def test_every_split_json_loads_through_load_split_with_no_missing_video(prepare
         samples = load_split(split, Path(record["rows"]), Path(record["video_dir"]), subtitle_dir)
         assert len(samples) == SMALL_SYNTH["eval_rows_per_split"]
         assert not [s for s in samples if s.video_missing], split
-        assert stage.load_split_file(ref.path / split / "split.json") == samples
-    wsub = stage.load_split_file(ref.path / "videomme_wsub" / "split.json")
+        assert load_split_file(ref.path / split / "split.json") == samples
+    wsub = load_split_file(ref.path / "videomme_wsub" / "split.json")
     assert all(s.question.startswith("This video's subtitles are listed below:") for s in wsub)
     source = json.loads((ref.path / "videomme" / "source.json").read_text())
     assert source["commit"] == downloads.benchmark("videomme").commit
