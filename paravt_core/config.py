@@ -455,6 +455,9 @@ class EvalConfig(_Section):
     request_timeout_s: float | None = Field(None, gt=0)
     concurrency: int = Field(1, ge=1)
     max_samples_per_split: int | None = Field(None, ge=1)
+    # `paravt eval serve`: the interpreter that runs the server (a venv holding vLLM or SGLang;
+    # default: $PARAVT_SERVE_PYTHON, then .venv-serve/bin/python from `make install-serve`).
+    server_python: str | None = None
 
     @model_validator(mode="after")
     def _known_splits(self) -> EvalConfig:
@@ -492,7 +495,7 @@ class MLflowConfig(_Section):
 HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
-    ("sft", "data_workers"), ("sft", "host_positions"),
+    ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"),
 )
 
 

@@ -32,19 +32,17 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, VisionInputs
+from paravt_core.agent.server_process import ServerProcess, server_healthy, start_server
 
 DEFAULT_PORT = 30000
 _CONFIG_FILES = ("config.json", "generation_config.json")
@@ -89,14 +87,6 @@ def _post_json(url: str, payload: dict[str, Any], timeout_s: float) -> Any:
         raise SGLangServerError(
             f"SGLang server at {url} is unreachable ({reason}); restart it (or set rl.rollout.sglang.url to a "
             "live one) and re-run: the RL stage resumes from its latest checkpoint") from error
-
-
-def server_healthy(url: str, timeout_s: float = 5.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
 
 
 def vision_payload(vision: VisionInputs) -> list[dict[str, Any]]:
@@ -231,27 +221,11 @@ class SGLangEngine:
         _post_json(f"{self.url}/resume_memory_occupation", {}, self.timeout_s)
 
 
-@dataclass
-class SGLangServer:
-    """A server started by `launch_sglang_server`; `stop()` ends it."""
-
-    process: subprocess.Popen
-    url: str
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 def launch_sglang_server(model_path: str | Path, port: int = DEFAULT_PORT, *, host: str = "127.0.0.1",
                          tp_size: int = 1, mem_fraction_static: float | None = None,
                          enable_memory_saver: bool = False, cuda_devices: Sequence[int] = (),
                          served_model_name: str | None = None, extra_args: Sequence[str] = (),
-                         startup_timeout_s: float = 900.0) -> SGLangServer:
+                         startup_timeout_s: float = 900.0) -> ServerProcess:
     """Start `python -m sglang.launch_server` on `model_path` and wait until it answers /health.
 
     `cuda_devices` (split placement) pins the server to those GPUs; `enable_memory_saver`
@@ -259,7 +233,7 @@ def launch_sglang_server(model_path: str | Path, port: int = DEFAULT_PORT, *, ho
 
     Raises:
         SGLangUnavailable: no CUDA or no sglang package.
-        RuntimeError: the server exited or did not become healthy within the timeout.
+        ServerStartError: the server exited or did not become healthy within the timeout.
     """
     require_sglang()
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
@@ -275,23 +249,13 @@ def launch_sglang_server(model_path: str | Path, port: int = DEFAULT_PORT, *, ho
 
 
 def wait_until_healthy(command: Sequence[str], url: str, startup_timeout_s: float,
-                       cuda_devices: Sequence[int] = ()) -> SGLangServer:
-    """Start a server `command` and return once `url`/health answers 200.
+                       cuda_devices: Sequence[int] = ()) -> ServerProcess:
+    """Start a server `command` (in its own process group) and return once `url`/health answers 200.
 
     Raises:
-        RuntimeError: the process exited, or was not healthy within the timeout (then stopped).
+        ServerStartError: the process exited, or was not healthy within the timeout (then stopped).
     """
     env = dict(os.environ)
     if cuda_devices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(device) for device in cuda_devices)
-    process = subprocess.Popen(list(command), env=env)
-    server = SGLangServer(process, url)
-    deadline = time.monotonic() + startup_timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with status {process.returncode}; command: {' '.join(command)}")
-        if server_healthy(url):
-            return server
-        time.sleep(2)
-    server.stop()
-    raise RuntimeError(f"server on {url} was not healthy after {startup_timeout_s:.0f} s; command: {' '.join(command)}")
+    return start_server(command, url, startup_timeout_s, env=env)

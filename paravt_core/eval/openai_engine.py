@@ -30,8 +30,9 @@ plays the same protocol at the message level:
   connections and HTTP 408/429/500/502/503/504 are retried with exponential backoff;
   other errors fail at once with the server's message.
 
-STATUS: exercised in CI only against a local stub server (tests/unit/test_eval_openai.py);
-not yet run against a real SGLang or vLLM server, which needs a GPU machine.
+Tested against a local stub server (tests/unit/test_eval_openai.py) and, in the `server`
+tier (tests/server/, `make test-server`), against a real vLLM (its CPU build) serving a
+tiny Qwen3-VL that calls tools. Not yet against SGLang, which has no CPU build.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class ChatReply:
     text: str
     finish_reason: str  # "stop" | "length" | ...
     prompt_tokens: int | None = None  # the server's count of the rendered prompt (`usage`), when it says
+    prompt_token_ids: tuple[int, ...] | None = None  # the rendered prompt's ids, when asked and the server says
 
 
 class OpenAIChatClient:
@@ -111,10 +113,14 @@ class OpenAIChatClient:
         self.sleep = sleep
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
-                 tools: Sequence[Mapping[str, Any]] = (), continue_final_message: bool = False) -> ChatReply:
-        """One greedy completion of `messages`."""
+                 tools: Sequence[Mapping[str, Any]] = (), continue_final_message: bool = False,
+                 return_token_ids: bool = False) -> ChatReply:
+        """One greedy completion of `messages`; with `return_token_ids`, asks for the rendered
+        prompt's token ids (vLLM's `return_token_ids`; other servers ignore it)."""
         payload: dict[str, Any] = {"model": self.model, "messages": list(messages), "max_tokens": max_tokens,
                                    "temperature": 0.0, "top_p": 1.0}
+        if return_token_ids:
+            payload["return_token_ids"] = True
         if tools:
             payload["tools"], payload["tool_choice"] = [dict(tool) for tool in tools], "none"
         if continue_final_message:
@@ -125,8 +131,9 @@ class OpenAIChatClient:
         try:
             choice = data["choices"][0]
             usage = data.get("usage") or {}
+            ids = data.get("prompt_token_ids")
             return ChatReply(choice["message"].get("content") or "", choice.get("finish_reason") or "stop",
-                             usage.get("prompt_tokens"))
+                             usage.get("prompt_tokens"), tuple(int(i) for i in ids) if ids is not None else None)
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ChatError(f"{self.url} answered without choices[0].message: {str(data)[:300]}") from exc
 
@@ -319,23 +326,39 @@ def rendering_probe(think_prefix: bool) -> tuple[list[Message], list[Message], l
     return messages(jpeg_image), messages(embedded_image), frames
 
 
+def rendering_diff(ours: Sequence[int], theirs: Sequence[int], tokenizer: Any, context: int = 12) -> str:
+    """Where two renderings' token ids part: lengths, the first differing position and the
+    text around it on each side, and the image-pad counts (the usual culprit: pixel bounds)."""
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    lo = max(0, first - context)
+
+    def window(ids: Sequence[int]) -> str:
+        return repr(tokenizer.decode(list(ids[lo:first + context])))
+
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return (f"ours {len(ours)} ids, the server's {len(theirs)} ({len(theirs) - len(ours):+d}); first difference at "
+            f"position {first}; image pads: ours {sum(i == pad for i in ours)}, the server's "
+            f"{sum(i == pad for i in theirs)}\n  ours:     {window(ours)}\n  server's: {window(theirs)}")
+
+
 def check_server_rendering(client: OpenAIChatClient, processor: Any, think_prefix: bool = True) -> int:
     """Hold the server's prompt rendering to ours on one probe request; returns the token count.
 
-    What is checked: the number of prompt tokens the server reports (`usage.prompt_tokens`
-    of a 1-token completion) for a probe shaped like an episode's first request (system
-    turn, two timestamped JPEG frames, question, and with `think_prefix` the continued
-    `<think>\n` assistant prefix) equals the length of our own rendering of the same
-    messages (`processor.apply_chat_template` + the processor over the frames, the
-    embedded path's layout). Every piece the server could render differently changes
-    that count: another chat template or system turn, image tokens per frame (its
-    processor's resize bounds), timestamps, or a prefix it cannot continue (rendered as a
-    closed assistant turn plus a new generation prompt). Token ids are not compared:
-    OpenAI-compatible servers do not return them for chat messages with images.
+    The probe is shaped like an episode's first request (system turn, two timestamped JPEG
+    frames, question, and with `think_prefix` the continued `<think>\n` assistant prefix);
+    ours is `processor.apply_chat_template` + the processor over the frames, the embedded
+    path's layout. Every piece the server could render differently changes the ids: another
+    chat template or system turn, image tokens per frame (its processor's resize bounds),
+    timestamps, or a prefix it cannot continue (rendered as a closed assistant turn plus a
+    new generation prompt).
+
+    What is compared: the prompt's token ids, where the server returns them (vLLM's
+    `return_token_ids`); else the number of prompt tokens it reports (`usage.prompt_tokens`
+    of a 1-token completion), which is what SGLang's chat endpoint gives.
 
     Raises:
-        ServerRenderingMismatch: the counts differ (the message holds both and our rendering),
-            or the server reports no usage.
+        ServerRenderingMismatch: the ids (or counts) differ (the message holds where, and our
+            rendering), or the server reports neither.
     """
     server_messages, embedded_messages, frames = rendering_probe(think_prefix)
     if think_prefix:
@@ -343,16 +366,23 @@ def check_server_rendering(client: OpenAIChatClient, processor: Any, think_prefi
         text += THINK_PREFIX
     else:
         text = processor.apply_chat_template(embedded_messages, tokenize=False, add_generation_prompt=True)
-    ours = len(processor(text=[text], images=frames, return_tensors="pt")["input_ids"][0])
-    reply = client.complete(server_messages, max_tokens=1, continue_final_message=think_prefix)
+    ours = [int(i) for i in processor(text=[text], images=frames, return_tensors="pt")["input_ids"][0]]
+    reply = client.complete(server_messages, max_tokens=1, continue_final_message=think_prefix, return_token_ids=True)
+    advice = ("Serve the checkpoint's own folder (its chat_template and preprocessor_config) with a server that "
+              "supports continue_final_message (`paravt eval serve`).")
+    if reply.prompt_token_ids is not None:
+        if list(reply.prompt_token_ids) != ours:
+            raise ServerRenderingMismatch(
+                f"{client.url} renders the probe messages into other token ids than ours: "
+                f"{rendering_diff(ours, reply.prompt_token_ids, processor.tokenizer)}\n{advice} Our rendering:\n{text}")
+        return len(ours)
     if reply.prompt_tokens is None:
-        raise ServerRenderingMismatch(f"{client.url} reports no usage.prompt_tokens, so its chat template and image "
-                                      "handling cannot be checked against ours; serve the checkpoint with SGLang "
-                                      "or vLLM (`paravt eval serve`)")
-    if reply.prompt_tokens != ours:
+        raise ServerRenderingMismatch(f"{client.url} reports neither prompt_token_ids nor usage.prompt_tokens, so its "
+                                      "chat template and image handling cannot be checked against ours; serve the "
+                                      "checkpoint with SGLang or vLLM (`paravt eval serve`)")
+    if reply.prompt_tokens != len(ours):
         raise ServerRenderingMismatch(
             f"{client.url} renders the probe messages into {reply.prompt_tokens} prompt tokens, our rendering into "
-            f"{ours} ({reply.prompt_tokens - ours:+d}): its chat template, image processing or think-prefix "
-            f"handling differs from ours. Serve the checkpoint's own folder (its chat_template and "
-            f"preprocessor_config) with a server that supports continue_final_message. Our rendering:\n{text}")
-    return ours
+            f"{len(ours)} ({reply.prompt_tokens - len(ours):+d}): its chat template, image processing or think-prefix "
+            f"handling differs from ours. {advice} Our rendering:\n{text}")
+    return len(ours)

@@ -77,9 +77,11 @@ def prompt_sources_digest() -> str:
 
 
 def results_config(cfg: PipelineConfig) -> dict[str, Any]:
-    """The settings a per-sample result depends on. Not the split list, the sample cap or
-    the concurrency: those choose or schedule samples without changing any one result."""
-    shaping = cfg.eval.model_dump(mode="json", exclude={"splits", "max_samples_per_split", "concurrency"})
+    """The settings a per-sample result depends on. Not the split list, the sample cap, the
+    concurrency or the server's interpreter: those choose or schedule samples, or start the
+    server, without changing any one result."""
+    shaping = cfg.eval.model_dump(mode="json", exclude={"splits", "max_samples_per_split", "concurrency",
+                                                          "server_python"})
     rollout = cfg.rl.rollout
     return {"eval": shaping, "video": cfg.video.model_dump(mode="json"), "dtype": cfg.model.dtype,
             "subagent_max_new_tokens": rollout.subagent_max_new_tokens,

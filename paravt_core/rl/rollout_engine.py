@@ -44,7 +44,7 @@ class RolloutBackend:
     pushes_weights: bool  # False on the ranks that share rank 0's server
     releases_memory: bool = False  # co-located server: free its memory while training
     world: int = 1
-    server: Any = None  # an `SGLangServer` this rank launched; stopped by `close`
+    server: Any = None  # a `ServerProcess` (SGLang) this rank launched; stopped by `close`
     _released: bool = field(default=False, repr=False)
 
     def after_rollout(self) -> None:

@@ -366,26 +366,62 @@ def test_a_server_rendering_other_prompt_tokens_stops_the_run_with_the_diff(tiny
 
 
 @pytest.mark.integration
+def test_a_server_returning_prompt_ids_is_held_to_ours_id_by_id(tiny_processor):
+    from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
+
+    served = {}
+
+    def respond(number: int, body: dict) -> Reply:
+        return 200, {**completion("x"), "prompt_token_ids": served["ids"]}, 0.0
+
+    with StubChatServer(respond) as server:
+        client = OpenAIChatClient(server.base_url, "m")
+        served["ids"] = [0]
+        with pytest.raises(ServerRenderingMismatch):
+            check_server_rendering(client, tiny_processor)
+        # Our ids, served back as they are, then with one image pad fewer (a smaller pixel bound).
+        pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        from paravt_core.eval.openai_engine import THINK_PREFIX, rendering_probe
+
+        _, embedded, frames = rendering_probe(True)
+        text = tiny_processor.apply_chat_template(embedded[:-1], tokenize=False, add_generation_prompt=True)
+        ours = [int(i) for i in tiny_processor(text=[text + THINK_PREFIX], images=frames)["input_ids"][0]]
+        served["ids"] = ours
+        assert check_server_rendering(client, tiny_processor) == len(ours)
+        fewer = list(ours)
+        fewer.remove(pad)
+        served["ids"] = fewer
+        with pytest.raises(ServerRenderingMismatch, match=rf"ours {len(ours)} ids, the server's {len(ours) - 1} "
+                                                          r"\(-1\); first difference at position \d+; image pads: "
+                                                          rf"ours {ours.count(pad)}, the server's {ours.count(pad) - 1}"):
+            check_server_rendering(client, tiny_processor)
+    assert server.requests[-1]["body"]["return_token_ids"] is True
+
+
+@pytest.mark.integration
 def test_a_server_without_usage_cannot_be_checked(tiny_processor):
     from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
 
     with StubChatServer(lambda number, body: (200, completion("x"), 0.0)) as server:
-        with pytest.raises(ServerRenderingMismatch, match="reports no usage.prompt_tokens"):
+        with pytest.raises(ServerRenderingMismatch, match="reports neither prompt_token_ids nor usage.prompt_tokens"):
             check_server_rendering(OpenAIChatClient(server.base_url, "m"), tiny_processor)
 
 
-def test_eval_serve_without_sglang_or_vllm_names_the_missing_piece(monkeypatch, tmp_path, capsys):
-    import importlib.util
+def test_eval_serve_without_sglang_or_vllm_names_the_missing_piece(tmp_path, capsys, fake_checkpoint):
+    import sys
 
     from paravt_core.cli import main
 
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("sglang", "vllm") else real_find_spec(name, *a))
-    assert main(["eval", "serve", "--model", str(tmp_path)]) == 2
-    assert "neither SGLang nor vLLM is installed" in capsys.readouterr().err
-    assert main(["eval", "serve", "--model", str(tmp_path), "--server", "vllm"]) == 2
-    assert "vllm is not installed" in capsys.readouterr().err
+    model = fake_checkpoint(tmp_path / "ckpt", "w")
+    # The project's own interpreter has neither server (they live in .venv-serve).
+    assert main(["eval", "serve", "--model", str(model.path), "--python", sys.executable]) == 2
+    err = capsys.readouterr().err
+    assert "neither SGLang nor vLLM is installed for" in err and "make install-serve" in err
+    assert main(["eval", "serve", "--model", str(model.path), "--python", sys.executable, "--server", "vllm"]) == 2
+    assert "vllm is not installed for" in capsys.readouterr().err
+    assert main(["eval", "serve", "--model", str(model.path), "--python", str(tmp_path / "no" / "python")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "make install-serve" in err
 
 
 def test_eval_serve_commands_bind_loopback_and_name_the_model():
@@ -394,6 +430,22 @@ def test_eval_serve_commands_bind_loopback_and_name_the_model():
     from paravt_core.eval.serve import server_command
 
     for server in ("sglang", "vllm"):
-        command = server_command(server, Path("/ckpt"), 30001, "paravt-8b-abc")
+        command = server_command(server, Path("/ckpt"), 30001, "paravt-8b-abc", python="/venv/bin/python")
+        assert command[0] == "/venv/bin/python"
         assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "30001"
         assert command[command.index("--served-model-name") + 1] == "paravt-8b-abc" and "/ckpt" in command
+        assert "--enforce-eager" not in command and "--max-model-len" not in command  # GPU: the model's own
+
+
+def test_vllm_on_cpu_gets_float32_eager_a_bounded_context_and_its_cpu_settings(monkeypatch):
+    from pathlib import Path
+
+    from paravt_core.eval.serve import CPU_MAX_MODEL_LEN, server_command, server_env
+
+    command = server_command("vllm", Path("/ckpt"), 30001, "m", cpu=True)
+    assert command[command.index("--dtype") + 1] == "float32" and "--enforce-eager" in command
+    assert command[command.index("--max-model-len") + 1] == str(CPU_MAX_MODEL_LEN)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    env = server_env("vllm", cpu=True)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["HF_HUB_OFFLINE"] == "1" and "VLLM_CPU_OMP_THREADS_BIND" not in server_env("vllm", cpu=False)
