@@ -18,7 +18,7 @@ GPU_STAMP := $(GPU_VENV)/.installed
 # The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
 GPU_PY ?= $(GPU_VENV)/bin/python
 
-.PHONY: install install-gpu demo test test-unit test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
+.PHONY: install install-gpu install-serve demo test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,15 +39,30 @@ $(GPU_STAMP): pyproject.toml requirements-gpu.txt
 
 install-gpu: $(GPU_STAMP)
 
+# The inference server's own venv (.venv-serve): vLLM's CPU build here, PyPI's vllm on a GPU
+# machine (scripts/install_serve.sh says why a venv of its own, and the install order).
+SERVE_VENV := .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed
+$(SERVE_STAMP): requirements-serve.txt scripts/install_serve.sh
+	SERVE_VENV=$(SERVE_VENV) PYTHON=$(PYTHON) bash scripts/install_serve.sh
+	touch $(SERVE_STAMP)
+
+install-serve: $(SERVE_STAMP)
+
 # ARGS: extra `paravt run` arguments, e.g. ARGS="--set data.on_bad_rows=quarantine".
 demo: $(STAMP)
 	$(BIN)/paravt run --config $(CONFIG) $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -m "not server"
+
+# The server tier: a real vLLM (from .venv-serve) serving tiny Qwen3-VL models; fails, not
+# skips, when the serve venv is missing (PARAVT_SERVER_TIER=1).
+test-server: $(STAMP) $(SERVE_STAMP)
+	PARAVT_SERVER_TIER=1 $(BIN)/python -m pytest tests/server -m server -rs
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not integration and not gpu"
+	$(BIN)/python -m pytest tests -m "not integration and not gpu and not server"
 
 # The gpu tier on one CUDA GPU; refuses to "pass" by skipping everything on a machine without one.
 test-gpu:
