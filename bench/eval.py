@@ -17,15 +17,23 @@ decoding, generation, scoring and the fsynced result log; median of --repeats ru
    are scripted (the random model writes none); the sub-agents (tool mode subagent) and
    the final answer run on the model. Reported as seconds per sample at concurrency 1 and N.
 
+3. Served vs hf: the same split, agentic_general / frames, through the `openai` engine
+   against a real vLLM (its CPU build from .venv-serve, `make install-serve`, started by
+   `paravt_core.agent.server_launch.launch`: float32, eager) and through the `hf` engine, both at
+   concurrency 1 and N, torch on every core for this table (vLLM uses them all). The served
+   run starts with the rendering check (token ids equal to ours). Frames travel as JPEG
+   data URLs. Skipped, with the reason, without .venv-serve.
+
 Torch runs single-threaded by default (--threads), as in bench/dispatch.py: on a small
 shared CPU a second thread made `generate` times erratic.
 
-Run: `.venv/bin/python bench/eval.py [--samples 8] [--concurrency 4] [--repeats 3]`.
+Run: `.venv/bin/python bench/eval.py [--samples 8] [--concurrency 4] [--repeats 3] [--only served]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import statistics
@@ -135,6 +143,48 @@ def dispatch_table(root: Path, model: ArtifactRef, data: ArtifactRef, args, leve
                   f"{summary['avg_tool_calls']:>5.1f}")
 
 
+def served_table(root: Path, model: ArtifactRef, data: ArtifactRef, args, levels: Sequence[int]) -> None:
+    from paravt_core.agent.server_launch import ServeError, launch, pick_server, probe_python, server_python_path
+
+    print(f"\n3. Served (vLLM, CPU build) vs hf, agentic_general / frames, {args.samples} samples, max_new_tokens "
+          f"{args.max_new_tokens}, torch threads {os.cpu_count()}, median of {args.repeats}")
+    try:
+        pick_server("vllm", probe_python(server_python_path()))
+    except ServeError as exc:
+        print(f"   skipped: {exc}")
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    name, port = "paravt-bench", 30555
+    started = time.perf_counter()
+    _, server = launch(model.path, name, port=port, server="vllm", log_path=root / "vllm.log")
+    print(f"   vLLM healthy after {time.perf_counter() - started:.0f} s (log {root / 'vllm.log'})")
+    try:
+        print(f"{'concurrency':>11} | {'engine':>6} | {'s/split':>8} | {'samples/min':>11} | {'served/hf':>9} | "
+              f"{'mean chars':>10}")
+        for level in levels:
+            rates = {}
+            for engine in ("hf", "openai"):
+                times, chars = [], []
+                for repeat in range(args.repeats):
+                    served = {"engine": "openai", "endpoint": f"http://127.0.0.1:{port}/v1",
+                              "served_model_name": name} if engine == "openai" else {}
+                    cfg = bench_config(root / f"s{engine}-{level}-{repeat}", args.samples, args.max_new_tokens,
+                                       concurrency=level, **served)
+                    seconds, _, summary = timed_split(cfg, model, data, eval_stage.open_runner(cfg, model))
+                    times.append(seconds)
+                    records = json.loads(next((root / f"s{engine}-{level}-{repeat}").rglob(f"{SPLIT}.json"))
+                                         .read_text())["samples"]
+                    chars.append(statistics.mean(len(r["response"]) for r in records))
+                rates[engine] = 60 * args.samples / statistics.median(times)
+                ratio = f"{rates[engine] / rates['hf']:.2f}x" if engine == "openai" else ""
+                print(f"{level:>11} | {engine:>6} | {statistics.median(times):>8.2f} | {rates[engine]:>11.1f} | "
+                      f"{ratio:>9} | {statistics.mean(chars):>10.0f}")
+    finally:
+        server.stop()
+        torch.set_num_threads(threads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=8)
@@ -142,6 +192,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", choices=("concurrency", "dispatch", "served"), default=None,
+                        help="run one table only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -159,8 +211,10 @@ def main() -> None:
         warm = bench_config(root / "warm-up", args.samples, args.max_new_tokens, max_samples_per_split=1)
         timed_split(warm, model, data, eval_stage.open_runner(warm, model))
         levels = [1, args.concurrency]
-        concurrency_table(root, model, data, args, levels)
-        dispatch_table(root, model, data, args, levels)
+        tables = {"concurrency": concurrency_table, "dispatch": dispatch_table, "served": served_table}
+        for name, table in tables.items():
+            if args.only in (None, name):
+                table(root, model, data, args, levels)
 
 
 if __name__ == "__main__":

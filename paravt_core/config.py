@@ -328,6 +328,23 @@ class SGLangServerConfig(_Section):
         return self
 
 
+class VLLMServerConfig(_Section):
+    """Where the `vllm` rollout engine's server runs (`paravt_core/agent/vllm_engine.py`).
+
+    `url` set: every rank sends its rollouts to that running server, which must have been
+    started with the engine's flags (`vllm_engine.ROLLOUT_ARGS`, `ROLLOUT_ENV`); rank 0 loads
+    the new weights into it after each step. `url` unset: rank 0 launches one from the
+    serve venv (`python`, else as `paravt eval serve` finds it; `make install-serve`) and
+    stops it at the end. On CPU this is vLLM's CPU build: float32, eager.
+    """
+
+    url: str | None = Field(None, pattern=r"^https?://")
+    python: str | None = None
+    max_model_len: int | None = Field(None, ge=256)
+    startup_timeout_s: float = Field(900.0, gt=0)
+    request_timeout_s: float = Field(3600.0, gt=0)
+
+
 class RolloutConfig(_Section):
     """Agentic rollout protocol (SPEC §3)."""
 
@@ -337,14 +354,16 @@ class RolloutConfig(_Section):
     think_prefix: bool = True
     max_new_tokens: int = Field(2048, ge=1)
     subagent_max_new_tokens: int = Field(256, ge=1)
-    engine: Literal["hf", "sglang"] = "hf"
+    engine: Literal["hf", "sglang", "vllm"] = "hf"
     sglang: SGLangServerConfig = SGLangServerConfig()
+    vllm: VLLMServerConfig = VLLMServerConfig()
 
     @model_validator(mode="after")
-    def _server_only_for_sglang(self) -> RolloutConfig:
-        if self.engine == "hf" and self.sglang.url is not None:
-            raise ValueError("rl.rollout.sglang.url is set but rl.rollout.engine is hf: set engine: sglang to "
-                             "roll out on that server, or drop the url")
+    def _server_only_for_its_engine(self) -> RolloutConfig:
+        for name, server in (("sglang", self.sglang), ("vllm", self.vllm)):
+            if self.engine != name and server.url is not None:
+                raise ValueError(f"rl.rollout.{name}.url is set but rl.rollout.engine is {self.engine}: set engine: "
+                                 f"{name} to roll out on that server, or drop the url")
         return self
 
 
@@ -495,7 +514,7 @@ class MLflowConfig(_Section):
 HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
-    ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"),
+    ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
 )
 
 
@@ -529,10 +548,15 @@ class PipelineConfig(_Section):
         A knob added to a section after stages were cached under it is left out while at its
         default (`HASHED_ONLY_WHEN_SET`), so configs that do not use it keep their cache keys."""
         dumped = self.model_dump(mode="json")
-        for section, field in HASHED_ONLY_WHEN_SET:
-            default = type(getattr(self, section)).model_fields[field].default
-            if section in dumped and dumped[section].get(field) == default:
-                del dumped[section][field]
+        for section, field in HASHED_ONLY_WHEN_SET:  # section: a dotted path, e.g. "rl.rollout"
+            owner, values = self, dumped
+            for part in section.split("."):
+                owner, values = getattr(owner, part), values.get(part, {})
+            default = type(owner).model_fields[field].default
+            if isinstance(default, BaseModel):
+                default = default.model_dump(mode="json")
+            if field in values and values[field] == default:
+                del values[field]
         chosen = {n: dumped[n] for n in (names or tuple(dumped))}
         return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -124,9 +124,11 @@ class ChatRenderer:
             ids = self.tokenizer(text, add_special_tokens=not continuation)["input_ids"]
             return Encoded(list(ids), VisionInputs())
         size = {"size": self.image_size} if self.image_size else {}
-        batch = self.processor(text=[text], images=clip_images(clips), add_special_tokens=not continuation,
+        images = clip_images(clips)
+        batch = self.processor(text=[text], images=images, add_special_tokens=not continuation,
                                return_tensors="pt", **size)
-        vision = VisionInputs(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
+        vision = VisionInputs(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"],
+                              frames=tuple(images))
         return Encoded(batch["input_ids"][0].tolist(), vision)
 
     def decode(self, token_ids: Sequence[int]) -> str:

@@ -26,6 +26,11 @@ class VisionInputs:
     video_grid_thw: torch.Tensor | None = None  # [n_videos, 3]
     pixel_values: torch.Tensor | None = None  # [N_patches, D]
     image_grid_thw: torch.Tensor | None = None  # [n_images, 3]
+    # The uint8 RGB frames behind `pixel_values`, in order (references, not copies), for an
+    # engine that takes images and processes them itself (`vllm`); not a model input.
+    frames: tuple[Any, ...] = ()
+
+    TENSORS = ("pixel_values_videos", "video_grid_thw", "pixel_values", "image_grid_thw")
 
     def merged_with(self, other: VisionInputs) -> VisionInputs:
         """The media of `self` followed by those of `other` (a later turn adds crops)."""
@@ -40,10 +45,12 @@ class VisionInputs:
             cat(self.video_grid_thw, other.video_grid_thw),
             cat(self.pixel_values, other.pixel_values),
             cat(self.image_grid_thw, other.image_grid_thw),
+            self.frames + other.frames,
         )
 
     def as_kwargs(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        """The model's media keywords (the processed tensors that are set)."""
+        return {name: getattr(self, name) for name in self.TENSORS if getattr(self, name) is not None}
 
 
 @dataclass

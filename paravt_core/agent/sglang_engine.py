@@ -31,7 +31,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -43,9 +42,9 @@ import torch
 
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, VisionInputs
 from paravt_core.agent.server_process import ServerProcess, server_healthy, start_server
+from paravt_core.agent.weight_snapshots import drop_older_snapshots, latest_snapshot_version, write_weight_snapshot
 
 DEFAULT_PORT = 30000
-_CONFIG_FILES = ("config.json", "generation_config.json")
 
 
 class SGLangUnavailable(RuntimeError):
@@ -146,8 +145,7 @@ class SGLangEngine:
         self.dtype = dtype
         self.timeout_s = timeout_s
         # A restarted trainer continues the numbering: the snapshot a live server loaded stays valid.
-        self.weight_version = max((int(d.name[1:]) for d in self.staging_dir.glob("v*") if d.name[1:].isdigit()),
-                                  default=0)
+        self.weight_version = latest_snapshot_version(self.staging_dir)
         if not server_healthy(self.url):
             raise SGLangServerError(f"no healthy SGLang server at {self.url} (GET /health failed); start one or "
                                     "fix rl.rollout.sglang.url")
@@ -186,21 +184,8 @@ class SGLangEngine:
         Raises:
             SGLangServerError: the server is unreachable or reports that the load failed.
         """
-        from safetensors.torch import save_file
-
         version = self.weight_version + 1
-        final = self.staging_dir / f"v{version}"
-        partial = final.with_name(final.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        for name in _CONFIG_FILES:
-            if (self.model_path / name).is_file():
-                shutil.copy2(self.model_path / name, partial / name)
-        # clone(): tied weights share storage, which safetensors refuses to write twice.
-        tensors = {name: value.detach().to("cpu", self.dtype or value.dtype).clone().contiguous()
-                   for name, value in state_dict.items()}
-        save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
-        partial.rename(final)
+        final = write_weight_snapshot(self.staging_dir, version, self.model_path, state_dict, self.dtype)
         reply = _post_json(f"{self.url}/update_weights_from_disk",
                            {"model_path": str(final), "weight_version": str(version), "flush_cache": True},
                            self.timeout_s)
@@ -208,9 +193,7 @@ class SGLangEngine:
             raise SGLangServerError(f"SGLang at {self.url} could not load the weights in {final}: "
                                     f"{reply.get('message')}")
         self.weight_version = version
-        for old in self.staging_dir.glob("v*"):
-            if old != final and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
+        drop_older_snapshots(self.staging_dir, final)
 
     def release_memory(self) -> None:
         """Free the server's weights and KV cache (co-located placement, before training)."""

@@ -9,9 +9,14 @@
   rank 0 reaches after its push. With the co-located placement the server's memory is
   released once every rank's rollout is done and taken back just before the push.
 
-A config that asks for `sglang` never falls back to `hf`: without a url and without SGLang
-installed, `check_rollout_engine` (called before any worker starts) raises a `ConfigError`
-naming the missing piece.
+- `vllm`: as `sglang`, on ONE vLLM server (`rl.rollout.vllm.url`, or one rank 0 launches
+  from the serve venv); token ids in and out on `/inference/v1/generate`, new weights
+  loaded from a snapshot after each step (`paravt_core/agent/vllm_engine.py`). Runs on
+  vLLM's CPU build too (the server tier trains on it).
+
+A config that asks for a server never falls back to `hf`: `check_rollout_engine` (called
+before any worker starts) raises a `ConfigError` naming the missing piece when there is no
+url to connect to and nothing to launch one with.
 """
 
 from __future__ import annotations
@@ -34,6 +39,15 @@ def check_rollout_engine(cfg: PipelineConfig) -> None:
     if rollout.engine == "sglang" and rollout.sglang.url is None and not sglang_installed():
         raise ConfigError(f"rl.rollout.engine is sglang with no rl.rollout.sglang.url to connect to, and "
                           f"{SGLANG_MISSING} (or set rl.rollout.sglang.url to a running server)")
+    if rollout.engine == "vllm" and rollout.vllm.url is None:
+        from paravt_core.agent.server_launch import ServeError, pick_server, probe_python, server_python_path
+
+        try:
+            pick_server("vllm", probe_python(server_python_path(rollout.vllm.python)))
+        except ServeError as exc:
+            raise ConfigError(f"rl.rollout.engine is vllm with no rl.rollout.vllm.url to connect to, and no vLLM "
+                              f"to launch one: {exc} (or set rl.rollout.vllm.url to a running server, or "
+                              "rl.rollout.engine=hf)") from exc
 
 
 @dataclass
@@ -94,7 +108,7 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
     """This rank's rollout backend for `rl.rollout.engine` (module docstring).
 
     Raises:
-        ConfigError: sglang asked for without a url where SGLang is not installed.
+        ConfigError: sglang or vllm asked for without a url where the server cannot be launched.
         SGLangUnavailable: a server must be launched but there is no CUDA GPU.
         SGLangServerError: the configured server does not answer.
     """
@@ -108,6 +122,10 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
         return RolloutBackend(HFEngine(model, processor), pushes_weights=True, world=world)
 
     import torch
+
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    if rollout.engine == "vllm":
+        return _vllm_backend(cfg, init_model, processor, rank, world, staging_dir, dtype)
 
     from paravt_core.agent.sglang_engine import SGLangEngine, launch_sglang_server
 
@@ -123,6 +141,26 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
             enable_memory_saver=colocated, cuda_devices=server_cfg.gpus, startup_timeout_s=server_cfg.startup_timeout_s)
         url = server.url
     url = _shared_url(url, rank, world)
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     engine = SGLangEngine(url, init_model, staging_dir, dtype=dtype, timeout_s=server_cfg.request_timeout_s)
     return RolloutBackend(engine, pushes_weights=rank == 0, releases_memory=colocated, world=world, server=server)
+
+
+def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: int, world: int, staging_dir: Path,
+                  dtype: Any) -> RolloutBackend:
+    from paravt_core.agent.vllm_engine import VLLMEngine, launch_vllm_rollout_server
+
+    server_cfg = cfg.rl.rollout.vllm
+    check_rollout_engine(cfg)
+    server, url = None, server_cfg.url
+    if url is None and rank == 0:
+        from paravt_core.dist import free_port
+
+        server = launch_vllm_rollout_server(init_model, free_port(), python=server_cfg.python,
+                                            startup_timeout_s=server_cfg.startup_timeout_s,
+                                            max_model_len=server_cfg.max_model_len,
+                                            log_path=staging_dir.parent / "vllm-server.log")
+        url = server.url
+    url = _shared_url(url, rank, world)
+    engine = VLLMEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,
+                                      timeout_s=server_cfg.request_timeout_s)
+    return RolloutBackend(engine, pushes_weights=rank == 0, world=world, server=server)

@@ -20,8 +20,8 @@ from server_kit import SERVED_NAME, eval_settings, free_port, grounding, mcq  # 
 
 @pytest.fixture(scope="session")
 def serve_python() -> str:
-    """The interpreter holding vLLM (`paravt_core.eval.serve`'s choice), or skip / fail."""
-    from paravt_core.eval.serve import ServeError, pick_server, probe_python, server_python_path
+    """The interpreter holding vLLM (`agent.server_launch`'s choice), or skip / fail."""
+    from paravt_core.agent.server_launch import ServeError, pick_server, probe_python, server_python_path
 
     path = server_python_path()
     try:
@@ -80,7 +80,7 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> LiveServer:
-        from paravt_core.eval.serve import launch
+        from paravt_core.agent.server_launch import launch
 
         self.starts += 1
         _, self.process = launch(self.model_dir, SERVED_NAME, port=self.port, server="vllm", python=self.python,

@@ -1,6 +1,6 @@
 """The `openai` evaluator and the rendering check against a real vLLM (the server tier).
 
-The server is vLLM's CPU build from .venv-serve, started by `paravt_core.eval.serve.launch`
+The server is vLLM's CPU build from .venv-serve, started by `paravt_core.agent.server_launch.launch`
 (the code `paravt eval serve` runs) on a tiny Qwen3-VL taught to call tools
 (`tool_model.py`), so episodes reach their second and third turns.
 """

@@ -427,7 +427,7 @@ def test_eval_serve_without_sglang_or_vllm_names_the_missing_piece(tmp_path, cap
 def test_eval_serve_commands_bind_loopback_and_name_the_model():
     from pathlib import Path
 
-    from paravt_core.eval.serve import server_command
+    from paravt_core.agent.server_launch import server_command
 
     for server in ("sglang", "vllm"):
         command = server_command(server, Path("/ckpt"), 30001, "paravt-8b-abc", python="/venv/bin/python")
@@ -440,7 +440,7 @@ def test_eval_serve_commands_bind_loopback_and_name_the_model():
 def test_vllm_on_cpu_gets_float32_eager_a_bounded_context_and_its_cpu_settings(monkeypatch):
     from pathlib import Path
 
-    from paravt_core.eval.serve import CPU_MAX_MODEL_LEN, server_command, server_env
+    from paravt_core.agent.server_launch import CPU_MAX_MODEL_LEN, server_command, server_env
 
     command = server_command("vllm", Path("/ckpt"), 30001, "m", cpu=True)
     assert command[command.index("--dtype") + 1] == "float32" and "--enforce-eager" in command

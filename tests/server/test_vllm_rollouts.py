@@ -1,0 +1,118 @@
+"""RL rollouts on a real vLLM (`rl.rollout.engine: vllm`, `agent/vllm_engine.py`), the server tier.
+
+One server, started with the rollout flags on the tiny random-weight model, answers token ids
+with images, returns sampled-token log-probabilities equal to the trainer's teacher-forced
+ones, and after two RL steps serves the trained policy's log-probabilities.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def rollout_server(serve_python, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from server_kit import free_port
+
+    from paravt_core.agent.vllm_engine import launch_vllm_rollout_server
+
+    # A copy: the RL test's weight updates must not reach another module's model folder.
+    model = tmp_path_factory.mktemp("rollout-model") / "tiny"
+    shutil.copytree(tiny_model_dir, model)
+    server = launch_vllm_rollout_server(model, free_port(), python=serve_python, startup_timeout_s=600,
+                                        log_path=tmp_path_factory.mktemp("rollout-logs") / "vllm.log")
+    try:
+        yield server, model
+    finally:
+        server.stop()
+
+
+def test_token_ids_and_frames_in_sampled_ids_and_logprobs_out(rollout_server, tiny_processor, short_video, tmp_path):
+    from paravt_core.agent.context import ChatRenderer
+    from paravt_core.agent.engine import GenerationRequest, SamplingParams
+    from paravt_core.agent.media import with_frames
+    from paravt_core.agent.vllm_engine import VLLMEngine
+    from paravt_core.model.loading import load_model
+    from paravt_core.video import VideoFile, sample_overview_frames
+
+    server, model_dir = rollout_server
+    renderer = ChatRenderer(tiny_processor, think_prefix=True)
+    with VideoFile(short_video) as video:
+        overview = sample_overview_frames(video, 3, min_pixels=784, max_pixels=3072)
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What colour is it?"}]}]
+    prompt = renderer.encode(renderer.prompt_text(with_frames(messages, [overview]), tools=None), [overview],
+                             continuation=False)
+    assert len(prompt.vision.frames) == 3
+    engine = VLLMEngine.for_processor(server.url, model_dir, tmp_path / "weights", tiny_processor)
+    request = GenerationRequest(prompt.token_ids, prompt.vision)
+    params = SamplingParams(max_new_tokens=8, temperature=0.8, seed=7, stop_token_ids=(renderer.turn_end_id,))
+    first, again = engine.generate([request, request], params)  # concurrent; the engine checks the prompt ids
+    assert first.token_ids == again.token_ids and first.logprobs == again.logprobs  # seeded
+    assert len(first.token_ids) == len(first.logprobs) >= 1
+
+    # The served log-probabilities are the trainer's: log_softmax(logits / T) of the same
+    # ids and pixels (PNG on the wire, lossless).
+    model = load_model(model_dir)
+    pad = tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    with torch.no_grad():
+        full = torch.tensor([prompt.token_ids + first.token_ids])
+        kwargs = {**prompt.vision.as_kwargs(), "mm_token_type_ids": (full == pad).long()}
+        logits = model(input_ids=full, attention_mask=torch.ones_like(full), **kwargs).logits[0].float()
+    steps = logits[len(prompt.token_ids) - 1: len(prompt.token_ids) - 1 + len(first.token_ids)] / 0.8
+    expected = torch.log_softmax(steps, -1).gather(1, torch.tensor(first.token_ids)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(first.logprobs), expected, atol=2e-4, rtol=0)
+
+
+def test_rl_on_vllm_loads_each_steps_weights_into_the_served_model(rollout_server, tiny_processor, short_video,
+                                                                     tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.integration.test_rl import REPO, _rl_rows, _run_worker, _teacher_forced
+
+    from paravt_core.agent.engine import GenerationRequest, SamplingParams
+    from paravt_core.agent.vllm_engine import VLLMEngine
+    from paravt_core.config import load_config
+    from paravt_core.model.loading import load_model
+    from paravt_core.refs import ArtifactRef, content_hash
+    from paravt_core.rl import stage
+
+    server, model_dir = rollout_server
+    data = tmp_path / "rl"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pylist(_rl_rows(short_video, 4)), data / "rl.parquet")
+    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
+    rl_data = ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp_path / 'out'}", "rl.max_steps=2", "rl.prompts_per_step=2", "rl.group_size=2",
+        "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
+        "video.nframes=4", "video.max_pixels=3072", "rl.checkpoint_every=1", "rl.zero_stage=0",
+        "rl.learning_rate=0.01", "rl.temperature=1.0", "rl.rollout.engine=vllm", f"rl.rollout.vllm.url={server.url}"])
+
+    probe = tiny_processor.tokenizer("What colour was the square?", add_special_tokens=False)["input_ids"]
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+
+    def served() -> tuple[list[int], torch.Tensor]:
+        engine = VLLMEngine.for_processor(server.url, model_dir, tmp_path / "probe-weights", tiny_processor)
+        (generation,) = engine.generate([GenerationRequest(probe)], sampling)
+        return generation.token_ids, torch.tensor(generation.logprobs)
+
+    tokens_before, served_before = served()
+    job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+    worker = _run_worker(job, tmp_path)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    tokens_after, served_after = served()
+
+    initial, trained = load_model(model_dir), load_model(job.out_dir / "model")
+    torch.testing.assert_close(served_before, _teacher_forced(initial, probe, tokens_before), atol=2e-4, rtol=0)
+    torch.testing.assert_close(served_after, _teacher_forced(trained, probe, tokens_after), atol=2e-4, rtol=0)
+    moved = (_teacher_forced(initial, probe, tokens_after) - served_after).abs().max()
+    assert moved > 1e-3, f"the served log-probs did not change after two steps ({moved:.2e})"
+    snapshots = sorted(p.name for p in (job.out_dir / "rollout_weights").iterdir())
+    assert snapshots == ["v2"], snapshots  # one snapshot per step, the older one dropped once loaded
