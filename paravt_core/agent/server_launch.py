@@ -111,7 +111,10 @@ def server_command(server: str, model_path: Path, port: int, served_model_name: 
         return command + list(extra)
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_model_name,
-               "--limit-mm-per-prompt", f'{{"image": {MAX_IMAGES_PER_PROMPT}}}']
+               "--limit-mm-per-prompt", f'{{"image": {MAX_IMAGES_PER_PROMPT}}}',
+               # Sampling defaults are the request's (greedy for evaluation), never the
+               # checkpoint's generation_config (top_k, penalties): served = hf engine.
+               "--generation-config", "vllm"]
     if cpu:
         command += ["--dtype", "float32", "--enforce-eager"]
     if max_model_len or cpu:

@@ -17,8 +17,8 @@ its CPU build with the tiny Qwen3-VL; the server tier tests each point):
   the sampled token's log-probability; the server must run with
   `--logprobs-mode processed_logprobs` so that it is log_softmax(logits / T), the value
   the trainer recomputes (the default, raw logits, differs by up to 0.12 at T = 0.8).
-  Every sampling knob is sent explicitly and the server starts with
-  `--generation-config vllm`, so no default of the checkpoint's generation_config
+  Every sampling knob is sent explicitly and every vLLM we start has
+  `--generation-config vllm` (`agent/server_launch.py`), so no default of the checkpoint's generation_config
   (top_k, penalties) changes the distribution.
 - Media placeholders are never kept in a generation (a generated pad would desynchronize
   the next turn's pixels; the hf engine masks them after recording the log-probability).
@@ -61,7 +61,7 @@ from paravt_core.agent.engine import Generation, GenerationRequest, SamplingPara
 from paravt_core.agent.server_process import ServerProcess, server_healthy
 from paravt_core.agent.weight_snapshots import drop_older_snapshots, latest_snapshot_version, write_weight_snapshot
 
-ROLLOUT_ARGS = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm")
+ROLLOUT_ARGS = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs")
 ROLLOUT_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 MEDIA_RETRIES = 16

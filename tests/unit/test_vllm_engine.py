@@ -1,0 +1,152 @@
+"""The `vllm` rollout engine's request building and its checks, on a stand-in HTTP server
+(the real vLLM is in the server tier, tests/server/)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+import torch
+
+from paravt_core.agent.engine import GenerationRequest, SamplingParams, VisionInputs
+
+PAD, OTHER = 9, 5
+MEDIA = {"<|image_pad|>": PAD, "<|vision_start|>": 7, "<|vision_end|>": 8}
+
+
+class StandIn:
+    """Answers /health and /inference/v1/generate from `answer(body)`; records the bodies."""
+
+    def __init__(self, answer):
+        self.bodies: list[dict] = []
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.end_headers()
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                stand_in.bodies.append({"path": self.path, **body})
+                data = json.dumps(answer(self.path, body)).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def reply(prompt_ids, token_ids, finish="stop"):
+    return {"prompt_token_ids": prompt_ids,
+            "choices": [{"token_ids": token_ids, "finish_reason": finish,
+                         "logprobs": {"content": [{"token_id": t, "logprob": -0.5} for t in token_ids]}}]}
+
+
+def request_with_two_images() -> GenerationRequest:
+    frames = tuple(np.full((32, 32, 3), value, dtype=np.uint8) for value in (10, 200))
+    ids = [1, 7, PAD, PAD, PAD, 8, 2, 7, PAD, PAD, PAD, 8, 3]
+    return GenerationRequest(ids, VisionInputs(pixel_values=torch.zeros(6, 4), image_grid_thw=torch.ones(2, 3),
+                                               frames=frames))
+
+
+def test_pads_are_collapsed_frames_sent_as_png_and_the_served_ids_checked(tmp_path):
+    from paravt_core.agent.vllm_engine import VLLMEngine, VLLMTokenMismatch, collapse_pads
+
+    assert collapse_pads([1, PAD, PAD, 2, PAD, 3, PAD, PAD], PAD) == ([1, PAD, 2, PAD, 3, PAD], 3)
+    request = request_with_two_images()
+    served = {"ids": request.prompt_ids}
+    stand_in = StandIn(lambda path, body: reply(served["ids"], [OTHER, 4]))
+    try:
+        engine = VLLMEngine(stand_in.url, tmp_path, tmp_path / "w", MEDIA)
+        (generation,) = engine.generate([request], SamplingParams(max_new_tokens=4, temperature=0.7, seed=1,
+                                                                  stop_token_ids=(4,)))
+        body = stand_in.bodies[-1]
+        assert body["token_ids"] == [1, 7, PAD, 8, 2, 7, PAD, 8, 3] and body["return_token_ids"] is True
+        assert [part["url"][:22] for part in body["content_parts"]] == ["data:image/png;base64,"] * 2
+        sampling = body["sampling_params"]
+        assert (sampling["temperature"], sampling["seed"], sampling["stop_token_ids"], sampling["logprobs"]) == (
+            0.7, 1, [4], 0)
+        assert sampling["top_k"] == 0 and sampling["repetition_penalty"] == 1.0 and "logit_bias" not in sampling
+        assert (generation.token_ids, generation.logprobs, generation.finish_reason) == ([OTHER, 4], [-0.5, -0.5],
+                                                                                         "stop")
+        served["ids"] = request.prompt_ids[:-1]  # the server expanded the pads differently
+        with pytest.raises(VLLMTokenMismatch, match=r"ours 13 ids, the server's 12; first difference at position 12"):
+            engine.generate([request], SamplingParams(max_new_tokens=4))
+    finally:
+        stand_in.close()
+
+
+def test_frames_must_match_the_pad_runs_and_a_generated_placeholder_is_drawn_again(tmp_path):
+    from paravt_core.agent.vllm_engine import MEDIA_RETRIES, VLLMEngine, VLLMServerError
+
+    request = request_with_two_images()
+    draws = {"n": 0}
+
+    def answer(path, body):
+        draws["n"] += 1
+        return reply(request.prompt_ids, [OTHER, PAD] if draws["n"] < 3 else [OTHER, 4])
+
+    stand_in = StandIn(answer)
+    try:
+        engine = VLLMEngine(stand_in.url, tmp_path, tmp_path / "w", MEDIA)
+        (generation,) = engine.generate([request], SamplingParams(max_new_tokens=4, seed=10))
+        assert generation.token_ids == [OTHER, 4]
+        assert [b["sampling_params"]["seed"] for b in stand_in.bodies] == [10, 11, 12]
+        one_frame = GenerationRequest(request.prompt_ids, VisionInputs(frames=request.vision.frames[:1]))
+        with pytest.raises(ValueError, match="2 image-pad runs but 1 frames"):
+            engine.generate([one_frame], SamplingParams(max_new_tokens=4))
+        draws["n"] = -10**6  # placeholders for ever
+        with pytest.raises(VLLMServerError, match=f"{MEDIA_RETRIES} generations in a row held a media placeholder"):
+            engine.generate([request], SamplingParams(max_new_tokens=4))
+    finally:
+        stand_in.close()
+
+
+def test_a_weight_update_pauses_reloads_the_snapshot_tags_it_and_resumes(tmp_path):
+    from paravt_core.agent.vllm_engine import VLLMEngine
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    stand_in = StandIn(lambda path, body: {"results": [None]} if path == "/collective_rpc" else {})
+    try:
+        engine = VLLMEngine(stand_in.url, tmp_path / "model", tmp_path / "weights", MEDIA)
+        engine.update_weights({"w": torch.ones(2)})
+        engine.update_weights({"w": torch.zeros(2)})
+    finally:
+        stand_in.close()
+    calls = [(b["path"], b.get("kwargs"), b.get("new_version")) for b in stand_in.bodies]
+    snapshot = str((tmp_path / "weights" / "v2").resolve())
+    assert calls[4:] == [("/pause?mode=wait", None, None),
+                         ("/collective_rpc", {"weights_path": snapshot}, None),
+                         ("/update_weight_version", None, "v2"), ("/resume", None, None)]
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2"]
+    assert (tmp_path / "weights" / "v2" / "config.json").is_file()
+
+
+def test_a_vllm_rollout_with_nothing_to_launch_is_a_config_error(monkeypatch, tmp_path, tiny_model_dir,
+                                                                   tiny_processor):
+    from paravt_core.config import ConfigError, load_config
+    from paravt_core.rl import rollout_engine
+
+    monkeypatch.setenv("PARAVT_SERVE_PYTHON", sys.executable)  # the project's venv: no vLLM
+    cfg = load_config("conf/pipeline/tiny.yaml", ["rl.rollout.engine=vllm"])
+    with pytest.raises(ConfigError, match=r"rl.rollout.engine is vllm with no rl.rollout.vllm.url to connect to, and "
+                                          r"no vLLM to launch one: neither SGLang nor vLLM|vllm is not installed"):
+        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path)
+    with pytest.raises(ValueError, match="rl.rollout.vllm.url is set but rl.rollout.engine is hf"):
+        load_config("conf/pipeline/tiny.yaml", ["rl.rollout.vllm.url=http://127.0.0.1:1"])
