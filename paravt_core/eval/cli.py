@@ -14,9 +14,10 @@
         evaluate a model on the prepared splits and print the table
         (`paravt_core.eval.run_cli`; the Prefect flow is `paravt-eval`).
 
-    paravt eval serve --model REF [--port 30000] [--server auto|sglang|vllm]
-        serve a checkpoint on 127.0.0.1 with SGLang (or vLLM) and print the endpoint for
-        `eval run --set eval.engine=openai` (`paravt_core.eval.serve`).
+    paravt eval serve --model REF [--port 30000] [--server auto|sglang|vllm] [--python PY]
+        serve a checkpoint on 127.0.0.1 with SGLang or vLLM, run from the serve venv
+        (`make install-serve`), and print the endpoint for `eval run --set
+        eval.engine=openai` (`paravt_core.eval.serve`).
 
 Open-ended answers (MMVU) have no SPEC §7 scoring rule, so `score` refuses kind "open".
 Exit status 2 on an unreadable rows file, one with no readable row, or any bad `score` input
