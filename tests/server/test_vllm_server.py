@@ -8,6 +8,7 @@ The server is vLLM's CPU build from .venv-serve, started by `paravt_core.agent.s
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -128,3 +129,55 @@ def test_a_server_killed_mid_split_resumes_without_losing_or_repeating_a_sample(
     assert sorted(ids) == sorted(sample.id for sample in samples) and ids[:len(done_before)] == done_before
     assert run.summary["accuracy"] == pytest.approx(1.0) and run.summary["avg_tool_calls"] == 3.0
     assert Path(run.results_json).is_file()
+
+
+def test_paravt_eval_serve_runs_vllm_from_its_venv_and_stops_it_whole(serve_python, tiny_model_dir, tiny_processor):
+    import signal
+    import subprocess
+    import sys
+
+    from server_kit import free_port
+
+    from paravt_core.eval.openai_engine import OpenAIChatClient, check_server_rendering
+
+    port = free_port()
+    paravt = subprocess.Popen([sys.executable, "-m", "paravt_core.cli", "eval", "serve", "--model", str(tiny_model_dir),
+                               "--port", str(port), "--server", "vllm", "--python", serve_python,
+                               "--startup-timeout-s", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in paravt.stdout:
+            lines.append(line)
+            if line.startswith("evaluate:"):
+                break
+        assert f"endpoint: http://127.0.0.1:{port}/v1\n" in lines, lines
+        name = lines[-1].split("eval.served_model_name=")[1].strip()
+        assert check_server_rendering(OpenAIChatClient(f"http://127.0.0.1:{port}/v1", name), tiny_processor) > 0
+        group = [int(pid) for pid in subprocess.run(["pgrep", "-g", str(_server_pgid(paravt.pid))],
+                                                    capture_output=True, text=True).stdout.split()]
+        assert len(group) >= 2, group  # vLLM's API server and its engine core
+        paravt.send_signal(signal.SIGINT)
+        assert paravt.wait(timeout=120) == 0
+        deadline = time.monotonic() + 60
+        while any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in group):
+            assert time.monotonic() < deadline, f"server processes outlived `paravt eval serve`: {group}"
+            time.sleep(0.5)
+    finally:
+        if paravt.poll() is None:
+            paravt.kill()
+
+
+def _server_pgid(parent: int) -> int:
+    """The process group of `parent`'s child (the server leads a group of its own)."""
+    import subprocess
+
+    children = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout.split()
+    assert children, f"no server process under {parent}"
+    return os.getpgid(int(children[0]))
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
