@@ -129,6 +129,24 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _visibility(args: argparse.Namespace) -> int:
+    from paravt_core.config import load_config
+    from paravt_core.data.mirror import ensure_world, world_dir
+    from paravt_core.miniature.visibility import table_markdown, visibility_table
+
+    cfg = load_config(args.config, args.set)
+    if cfg.data.source != "synth":
+        raise SystemExit(f"paravt miniature visibility: {args.config} has data.source {cfg.data.source}; only a "
+                         "generated world (data.source: synth) has the ground truth it counts")
+    budgets = args.budget or sorted({*cfg.rl.gating.choices, cfg.video.nframes, cfg.eval.nframes})
+    ensure_world(cfg)  # generated once, then reused (the data stage's world)
+    root = world_dir(cfg)
+    manifest = json.loads((root / "manifest.json").read_text())
+    print(f"Share of videos with an event on their K overview frames (world {root}):\n")
+    print(table_markdown(visibility_table(manifest, budgets)))
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     group = subparsers.add_parser(
         "miniature", help="the tiny model's probes and the reproduction's report (docs/miniature.md)",
@@ -184,6 +202,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="sampling temperature, repeatable (default: rl.temperature; 0 is greedy)")
     p.add_argument("--seed", type=int, default=1, help="which prompts are drawn")
     p.set_defaults(func=_rollout_probe)
+
+    p = commands.add_parser("visibility", help="the share of the generated world's videos whose events show on "
+                                               "K overview frames, per K (what nFrames gating can act on)")
+    p.add_argument("--config", required=True, help="the pipeline YAML whose generated world is counted")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--budget", type=int, action="append", default=None,
+                   help="an overview budget K, repeatable (default: rl.gating.choices, video.nframes, eval.nframes)")
+    p.set_defaults(func=_visibility)
 
     p = commands.add_parser("report", help="the reproduction's table (95 %% intervals over seeds), findings and "
                                            "per-step figure, rebuilt from an MLflow experiment")

@@ -1,0 +1,63 @@
+"""Which overview budgets K show a generated video's events: a pure function of the world's manifest.
+
+PARA-GRPO's nFrames gating (SPEC §5) only has something to act on when a smaller overview
+shows less. Whether that holds in a generated world is a property of where its events lie
+against the K frames the overview takes (`video.sampling.overview_frame_indices`, the same
+indices for evaluation, SFT and RL overviews), so it is counted here from the ground truth
+(`manifest.json`: each video's `n_frames` and events, visible on frames
+`start_frame <= i < end_frame`), without rendering or decoding a frame.
+
+`paravt miniature visibility --config C` prints, for the training videos and each evaluation
+split, the share of videos with at least one event on an overview frame, per K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from paravt_core.video.sampling import overview_frame_indices
+
+
+def event_visible(video: Mapping[str, Any], k: int) -> bool:
+    """Whether one of the video's events lies on one of its K overview frames."""
+    frames = overview_frame_indices(int(video["n_frames"]), k)
+    return any(event["start_frame"] <= i < event["end_frame"] for event in video.get("events", ()) for i in frames)
+
+
+def visible_share(videos: Sequence[Mapping[str, Any]], k: int) -> float:
+    """The share of `videos` with an event on their K overview frames."""
+    if not videos:
+        raise ValueError("no videos to count")
+    return sum(event_visible(video, k) for video in videos) / len(videos)
+
+
+def manifest_video_sets(manifest: Mapping[str, Any]) -> dict[str, list[Mapping[str, Any]]]:
+    """{"train": the training videos, <split>: that split's videos} from a world's manifest."""
+    sets = {"train": [entry["video"] for entry in manifest.get("train", ())]}
+    for split, block in manifest.get("eval", {}).items():
+        sets[split] = [entry["video"] for entry in block.get("videos", ())]
+    return {name: videos for name, videos in sets.items() if videos}
+
+
+@dataclass(frozen=True)
+class VisibilityRow:
+    videos: str  # "train" or an evaluation split
+    n: int
+    shares: dict[int, float]  # K -> share of the videos with an event on the K overview frames
+
+
+def visibility_table(manifest: Mapping[str, Any], budgets: Iterable[int]) -> list[VisibilityRow]:
+    """One row per video set of the manifest, a share per K in `budgets`."""
+    ks = sorted(set(budgets))
+    return [VisibilityRow(name, len(videos), {k: visible_share(videos, k) for k in ks})
+            for name, videos in manifest_video_sets(manifest).items()]
+
+
+def table_markdown(rows: Sequence[VisibilityRow]) -> str:
+    ks = sorted({k for row in rows for k in row.shares})
+    lines = ["| videos | n | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|---:|" + "---:|" * len(ks)]
+    for row in rows:
+        lines.append(f"| {row.videos} | {row.n} | " + " | ".join(f"{100 * row.shares[k]:.1f} %" for k in ks) + " |")
+    return "\n".join(lines)
