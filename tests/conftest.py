@@ -198,3 +198,19 @@ class OracleModel:
 @pytest.fixture()
 def oracle_model() -> type[OracleModel]:
     return OracleModel
+
+
+def start_eval_serve(args: list[str], env: dict[str, str] | None = None):
+    """`paravt eval serve ARGS` in a process of its own: (the process, its stdout lines up to the
+    `evaluate:` line it prints once the server is healthy, or all of them if it exits first)."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "paravt_core.cli", "eval", "serve", *args], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("evaluate:"):
+            break
+    return process, lines

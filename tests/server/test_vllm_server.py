@@ -134,22 +134,17 @@ def test_a_server_killed_mid_split_resumes_without_losing_or_repeating_a_sample(
 def test_paravt_eval_serve_runs_vllm_from_its_venv_and_stops_it_whole(serve_python, tiny_model_dir, tiny_processor):
     import signal
     import subprocess
-    import sys
 
     from server_kit import free_port
+
+    from tests.conftest import start_eval_serve
 
     from paravt_core.eval.openai_engine import OpenAIChatClient, check_server_rendering
 
     port = free_port()
-    paravt = subprocess.Popen([sys.executable, "-m", "paravt_core.cli", "eval", "serve", "--model", str(tiny_model_dir),
-                               "--port", str(port), "--server", "vllm", "--python", serve_python,
-                               "--startup-timeout-s", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    paravt, lines = start_eval_serve(["--model", str(tiny_model_dir), "--port", str(port), "--server", "vllm",
+                                      "--python", serve_python, "--startup-timeout-s", "600"])
     try:
-        lines = []
-        for line in paravt.stdout:
-            lines.append(line)
-            if line.startswith("evaluate:"):
-                break
         assert f"endpoint: http://127.0.0.1:{port}/v1\n" in lines, lines
         name = lines[-1].split("eval.served_model_name=")[1].strip()
         assert check_server_rendering(OpenAIChatClient(f"http://127.0.0.1:{port}/v1", name), tiny_processor) > 0

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import start_eval_serve
 
 FAKE_SERVER = textwrap.dedent('''
     """A stand-in for vLLM's api_server: forks a worker, serves /health, records both pids."""
@@ -80,16 +81,9 @@ def test_interrupted_eval_serve_stops_the_server_and_its_workers(fake_vllm, fake
     env = {**os.environ, "PYTHONPATH": f"{fake_vllm}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "FAKE_PIDS": str(pids_file), "FAKE_DELAY_S": "0"}
     port = free_port()
-    paravt = subprocess.Popen([sys.executable, "-m", "paravt_core.cli", "eval", "serve", "--model", str(model.path),
-                               "--python", sys.executable, "--server", "vllm", "--port", str(port),
-                               "--startup-timeout-s", "60"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+    paravt, lines = start_eval_serve(["--model", str(model.path), "--python", sys.executable, "--server", "vllm",
+                                      "--port", str(port), "--startup-timeout-s", "60"], env=env)
     try:
-        lines = []
-        for line in paravt.stdout:
-            lines.append(line)
-            if line.startswith("evaluate:"):
-                break
         assert any(line == f"endpoint: http://127.0.0.1:{port}/v1\n" for line in lines), lines
         server_pid, worker_pid = map(int, pids_file.read_text().split())
         assert _alive(server_pid) and _alive(worker_pid)
