@@ -144,11 +144,16 @@ def read_task_runs(flow_run_id) -> list:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     runs: list = []
-    for _ in range(60):
+    settled = -1  # the count of the last poll whose runs were all final
+    for _ in range(120):
         with get_client(sync_client=True) as client:
             runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        if runs and all(r.state is not None and r.state.is_final() for r in runs):
+        final = bool(runs) and all(r.state is not None and r.state.is_final() for r in runs)
+        # Final AND no new task run since the poll before: on a loaded machine the later
+        # task runs' events can still be on their way when the first ones are final.
+        if final and len(runs) == settled:
             return runs
+        settled = len(runs) if final else -1
         time.sleep(0.5)
     raise AssertionError(f"task runs of {flow_run_id} never all reached a final state: {runs}")
 
