@@ -79,6 +79,7 @@ ROW_FORMATS: dict[str, RowFormat] = {
     "rl": RowFormat({"prompt": None, "videos": None, "extra_info": None}, ROW_ID, ("prompt", "videos", "extra_info")),
     "videomme": _VIDEOMME,
     "videomme_wsub": _VIDEOMME,
+    "videomme_val": _VIDEOMME,
     "longvideobench": RowFormat(
         columns={
             **dict.fromkeys(("id", "video_path", "subtitle_path", "question"), "text"),
@@ -212,7 +213,7 @@ def rl_rules(media_root: Path | None = None, media_health: Path | None = None) -
 
 def value_rules(split: str) -> list[Expectation]:
     """Per-split value rules beyond the kinds."""
-    if split in ("videomme", "videomme_wsub"):
+    if split in ("videomme", "videomme_wsub", "videomme_val"):
         return [
             gxe.ExpectColumnValuesToBeInSet(
                 column="duration", value_set=["short", "medium", "long"], description="duration is short/medium/long"

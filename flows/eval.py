@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from flows.data import data_stage
 from flows.params import PipelineParams
-from paravt_core.config import EVAL_SPLITS, PipelineConfig
+from paravt_core.config import KNOWN_SPLITS, PipelineConfig
 from paravt_core.eval.report import EvalReport, format_table
 from paravt_core.eval.stage import report_of
 from paravt_core.refs import ArtifactRef
@@ -34,9 +34,9 @@ class EvalParams(PipelineParams):
 
     @model_validator(mode="after")
     def _known_splits(self) -> EvalParams:
-        unknown = sorted(set(self.splits) - set(EVAL_SPLITS))
+        unknown = sorted(set(self.splits) - set(KNOWN_SPLITS))
         if unknown:
-            raise ValueError(f"unknown split(s) {unknown}; known: {list(EVAL_SPLITS)}")
+            raise ValueError(f"unknown split(s) {unknown}; known: {list(KNOWN_SPLITS)}")
         return self
 
 

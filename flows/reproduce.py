@@ -30,7 +30,8 @@ from tasks.registry import reproduce_report
 from tasks.rl import rl
 from tasks.sft import sft
 
-HELD_OUT_SPLIT = "videomme"
+HELD_OUT_SPLIT = "videomme"  # the test split: what the table reports
+VALIDATION_SPLIT = "videomme_val"  # where knobs are chosen (data.synth.validation)
 
 
 class ReproduceParams(PipelineParams):
@@ -51,9 +52,12 @@ def row_file(config_path: str, row: str) -> Path:
 
 def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row: str, seed: int | None,
             label: str) -> ModelRun:
-    """The held-out evaluation of one model in subagent tool mode and in direct mode."""
+    """The held-out evaluation of one model in subagent tool mode and in direct mode, on the
+    test split and, where the config asks for it, the validation split."""
+    validation = VALIDATION_SPLIT in cfg.eval.splits
+    splits = (HELD_OUT_SPLIT, VALIDATION_SPLIT) if validation else (HELD_OUT_SPLIT,)
     tools_cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(
-        update={"prompt_mode": "agentic_general", "tool_mode": "subagent", "splits": (HELD_OUT_SPLIT,)})})
+        update={"prompt_mode": "agentic_general", "tool_mode": "subagent", "splits": splits})})
     direct_cfg = cfg.model_copy(update={"eval": tools_cfg.eval.model_copy(update={"prompt_mode": "direct"})})
     tools = eval_stage(tools_cfg, model, eval_data, label)
     direct = eval_stage(direct_cfg, model, eval_data, f"{label}-direct")
@@ -64,7 +68,9 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
                     eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),
                     answer_tag_rate=summary.get("answer_tag_rate"),
                     steps=read_steps(model.path) if row != "sft" else [],
-                    by_group=group_breakdown(records, held_out_groups(eval_data.path / HELD_OUT_SPLIT)))
+                    by_group=group_breakdown(records, held_out_groups(eval_data.path / HELD_OUT_SPLIT)),
+                    accuracy_val=tools.primary(VALIDATION_SPLIT) if validation else None,
+                    accuracy_direct_val=direct.primary(VALIDATION_SPLIT) if validation else None)
 
 
 @flow(name="paravt", log_prints=True)

@@ -451,6 +451,10 @@ class RLConfig(_Section):
 
 
 EVAL_SPLITS = ("videomme", "videomme_wsub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades")
+# The miniature's validation split (Video-MME rows on videos of its own; data.synth.validation):
+# a generated world's, never a benchmark's, and never in the default split list.
+VALIDATION_SPLITS = ("videomme_val",)
+KNOWN_SPLITS = EVAL_SPLITS + VALIDATION_SPLITS
 
 
 class EvalConfig(_Section):
@@ -480,9 +484,9 @@ class EvalConfig(_Section):
 
     @model_validator(mode="after")
     def _known_splits(self) -> EvalConfig:
-        unknown = sorted(set(self.splits) - set(EVAL_SPLITS))
+        unknown = sorted(set(self.splits) - set(KNOWN_SPLITS))
         if unknown:
-            raise ValueError(f"eval.splits has unknown split(s) {unknown}; known: {list(EVAL_SPLITS)}")
+            raise ValueError(f"eval.splits has unknown split(s) {unknown}; known: {list(KNOWN_SPLITS)}")
         return self
 
 
@@ -515,6 +519,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
     ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
+    ("data.synth", "validation"),
 )
 
 
@@ -528,6 +533,14 @@ class PipelineConfig(_Section):
     eval: EvalConfig = EvalConfig()
     mlflow: MLflowConfig = MLflowConfig()
     reproduce: ReproduceConfig = ReproduceConfig()
+
+    @model_validator(mode="after")
+    def _validation_split_is_drawn(self) -> PipelineConfig:
+        asked = sorted(set(self.eval.splits) & set(VALIDATION_SPLITS))
+        if asked and not (self.data.source == "synth" and self.data.synth.validation):
+            raise ValueError(f"eval.splits asks for {asked}, which only a generated world with data.synth.validation: "
+                             "true draws; set it (data.source: synth) or drop the split")
+        return self
 
     @model_validator(mode="after")
     def _text_only_rows_fit_zero3(self) -> PipelineConfig:

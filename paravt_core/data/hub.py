@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict
 
 from paravt_core.data.archives import TAR_PART
 from paravt_core.config import PipelineConfig
+from paravt_core.data.synth.benchmarks import EVAL_SPLITS as BENCHMARK_SPLITS
 from paravt_core.data.synth.benchmarks import LAYOUTS, BenchmarkLayout
 from paravt_core.refs import file_hash
 
@@ -133,7 +134,7 @@ def layout_patterns(layout: BenchmarkLayout) -> list[str]:
     return patterns
 
 
-def benchmark_requests(revision: str, splits: tuple[str, ...] = tuple(LAYOUTS),
+def benchmark_requests(revision: str, splits: tuple[str, ...] = BENCHMARK_SPLITS,
                        pins: Mapping[str, str] | None = None) -> list[RepoRequest]:
     """One request per benchmark repo, with the patterns of all its splits merged; a repo in
     `pins` (`data.benchmark_revisions`) is fetched at its pinned revision instead of `revision`."""

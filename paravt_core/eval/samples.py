@@ -664,6 +664,7 @@ SampleBuilder = Callable[[Row, Path], EvalSample]
 SAMPLE_BUILDERS: dict[str, SampleBuilder] = {
     "videomme": videomme_sample,
     "videomme_wsub": lambda row, video_dir: videomme_sample(row, video_dir, split="videomme_wsub"),
+    "videomme_val": lambda row, video_dir: videomme_sample(row, video_dir, split="videomme_val"),
     "longvideobench": longvideobench_sample,
     "lvbench": lvbench_sample,
     "mlvu": mlvu_sample,

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.atomic import atomic_write_text
-from paravt_core.config import EVAL_SPLITS, EvalConfig, PipelineConfig
+from paravt_core.config import KNOWN_SPLITS, EvalConfig, PipelineConfig
 from paravt_core.eval.evaluator import (
     EvalError,
     EvalSettings,
@@ -232,8 +232,8 @@ def _pin_split_data(folder: Path, split: str, data_hash: str) -> None:
 def evaluate_prepared_split(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, split: str,
                             runner: SampleRunner | None = None, progress: bool = True) -> SplitRun:
     """One prepared split of `eval_data` evaluated into `results_dir(cfg, model)`."""
-    if split not in EVAL_SPLITS:
-        raise EvalError(f"unknown split {split!r}; known: {', '.join(EVAL_SPLITS)}")
+    if split not in KNOWN_SPLITS:
+        raise EvalError(f"unknown split {split!r}; known: {', '.join(KNOWN_SPLITS)}")
     folder = results_dir(cfg, model)
     folder.mkdir(parents=True, exist_ok=True)
     _pin_split_data(folder, split, split_data_hash(eval_data, split))

@@ -53,6 +53,8 @@ class ModelRun:
         by_group: held-out accuracy and crop calls (subagent mode) per question group
             (`group_breakdown`: e.g. the generated world's first and second wordings); empty
             where the held-out questions form one group.
+        accuracy_val, accuracy_direct_val: the same on the validation split (`videomme_val`,
+            where knobs are chosen); None where the world draws none.
     """
 
     row: str
@@ -63,6 +65,8 @@ class ModelRun:
     steps: list[dict[str, float]] = field(default_factory=list)
     answer_tag_rate: float | None = None
     by_group: dict[str, dict[str, float]] = field(default_factory=dict)
+    accuracy_val: float | None = None
+    accuracy_direct_val: float | None = None
 
     def final(self, metric: str) -> float | None:
         values = [s[metric] for s in sorted(self.steps, key=lambda s: s["step"]) if metric in s][-LAST_STEPS:]
@@ -234,6 +238,22 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
     return "\n".join(lines)
 
 
+def validation_table_markdown(runs: Sequence[ModelRun]) -> str:
+    """Accuracy on the validation split per row ("" when no run was measured there)."""
+    measured = [r for r in runs if r.accuracy_val is not None and r.accuracy_direct_val is not None]
+    if not measured:
+        return ""
+    lines = ["| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) |",
+             "|" + "---|" * 5]
+    for row in rows_in_order(measured):
+        mine = _by_row(measured, row)
+        cells = [str(len(mine)), _cell(interval95([r.accuracy_val for r in mine]), 100),
+                 _cell(interval95([r.accuracy_direct_val for r in mine]), 100),
+                 _cell(interval95([r.accuracy_val - r.accuracy_direct_val for r in mine]), 100)]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_target: float = 0.10) -> list[str]:
     """The issue's checks on these measurements, one plain sentence each."""
     out = []
@@ -322,6 +342,10 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str) -> str:
         "first RL step's rollouts, i.e. the SFT policy before any update). Answers in format: held-out answers "
         "(subagent mode) with a closed, non-blank `<answer>` block.",
         table_markdown(runs),
+        *(["## Validation split",
+           "The table above is the test split (`videomme`), evaluated once per model. Knobs, rates and budgets are "
+           "chosen on this one (`videomme_val`: the same kind of questions on videos of its own).", validation]
+          if (validation := validation_table_markdown(runs)) else []),
         *(["## By question group (held-out, subagent mode)", groups] if (groups := group_table_markdown(runs)) else []),
         "## Findings",
         "\n".join(f"- {line}" for line in findings(runs)),
@@ -368,6 +392,8 @@ def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_u
             mine = _by_row(runs, row)
             client.log_metric(run_id, f"{row}_accuracy", sum(r.accuracy for r in mine) / len(mine))
             client.log_metric(run_id, f"{row}_accuracy_direct", sum(r.accuracy_direct for r in mine) / len(mine))
+            if all(r.accuracy_val is not None for r in mine):
+                client.log_metric(run_id, f"{row}_accuracy_val", sum(r.accuracy_val for r in mine) / len(mine))
         for path in (report, figure, data):
             client.log_artifact(run_id, str(path), artifact_path="reproduce")
         client.set_terminated(run_id)

@@ -204,6 +204,9 @@ def test_reproduce_flow_reports_rows_over_seeds_and_resumes_finished_rows(prefec
         ("sft", None), ("vanilla_grpo", 0), ("vanilla_grpo", 1), ("paragrpo", 0), ("paragrpo", 1)]
     assert all(len(m["steps"]) == 2 for m in measured[1:])
     assert all(0.0 <= m["answer_tag_rate"] <= 1.0 for m in measured)  # the held-out answer format, every model
+    # Every model is also measured on the validation split, in both modes, and the report says which is which.
+    assert all(0.0 <= m["accuracy_val"] <= 1.0 and 0.0 <= m["accuracy_direct_val"] <= 1.0 for m in measured)
+    assert "## Validation split" in text and "Knobs, rates and budgets are chosen on this one" in text
     assert (report.parent / "steps.png").stat().st_size > 1000
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from paravt_core.data.synth import SynthConfig, generate_world
-from paravt_core.data.synth.benchmarks import LAYOUTS
+from paravt_core.data.synth.benchmarks import EVAL_SPLITS
 from paravt_core.data.synth.paravt import RL_FILE
 from paravt_core.data.synth.world import COLOURS
 
@@ -23,7 +23,7 @@ def test_default_world_generates_in_well_under_a_minute(tmp_path):
     assert world.counts[RL_FILE] == cfg.train_videos * cfg.rl_prompts_per_video
     sft_rows = sum(n for name, n in world.counts.items() if name.startswith("sft/"))
     assert sft_rows == cfg.train_videos * cfg.sft_traces_per_video
-    assert all(world.counts[split] == cfg.eval_rows_per_split for split in LAYOUTS)
+    assert all(world.counts[split] == cfg.eval_rows_per_split for split in EVAL_SPLITS)
     assert world.size_bytes < 20_000_000
 
 

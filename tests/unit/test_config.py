@@ -184,7 +184,8 @@ def test_reproduce_config_pretrains_the_tiny_base_and_runs_paper_rows_over_three
     # SFT has shown the tiny policy every overview budget gating draws, and RL trains on the
     # evaluation's question type
     assert set(cfg.rl.gating.choices) <= set(cfg.video.sft_frame_choices)
-    assert cfg.rl.question_types == ("mcq",) and cfg.eval.splits == ("videomme",)
+    assert cfg.rl.question_types == ("mcq",) and cfg.eval.splits == ("videomme", "videomme_val")
+    assert cfg.data.synth.validation  # knobs are chosen on videomme_val, the test split reports
 
 
 def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path):

@@ -201,3 +201,20 @@ def test_group_table_and_report_section_only_where_measured():
     assert "## By question group" in report_markdown(runs, "steps.png", "t")
     assert group_table_markdown(_runs()) == "" and "## By question group" not in report_markdown(_runs(), "s.png", "t")
     assert runs_from_json(json.dumps([asdict(r) for r in runs])) == runs
+
+
+def test_the_validation_split_gets_its_own_table_only_where_measured():
+    from paravt_core.miniature.reproduce import validation_table_markdown
+
+    runs = [ModelRun("sft", None, 0.5, 0.2, 2.8, accuracy_val=0.45, accuracy_direct_val=0.25),
+            ModelRun("paragrpo", 0, 0.6, 0.2, 2.0, _steps([2, 2], [0.5, 0.5]), accuracy_val=0.55,
+                     accuracy_direct_val=0.2),
+            ModelRun("paragrpo", 1, 0.6, 0.2, 2.0, _steps([2, 2], [0.5, 0.5]), accuracy_val=0.65,
+                     accuracy_direct_val=0.3)]
+    lines = validation_table_markdown(runs).splitlines()
+    assert lines[2] == "| sft | 1 | 45.0 | 25.0 | 20.0 |"
+    assert lines[3].startswith("| paragrpo | 2 | 60.0 ± ") and "| 35.0 ± " in lines[3]
+    assert "## Validation split" in report_markdown(runs, "steps.png", "t")
+    older = [ModelRun("sft", None, 0.5, 0.2, 2.8)]  # a run from before the split: no table, no heading
+    assert validation_table_markdown(older) == "" and "Validation" not in report_markdown(older, "steps.png", "t")
+    assert runs_from_json(json.dumps([asdict(r) for r in runs])) == runs

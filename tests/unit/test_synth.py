@@ -45,6 +45,7 @@ SMALL = SynthConfig(
     sft_traces_per_video=2,
     rl_prompts_per_video=2,
     no_tool_share=0.25,
+    validation=True,
 )
 SENTINEL_RE = re.compile(
     r"^(longvt_source/[^/]+/.+|museg/charades/[^/]+|museg/et_instruct_164k/[^/]+|selfqa/[^/]+)\.mp4$"
@@ -314,7 +315,7 @@ def _split_rows(world, split: str) -> pa.Table:
 
 @pytest.mark.parametrize("split", sorted(LAYOUTS))
 def test_eval_split_schema_matches_the_real_rows(world, split):
-    name = "videomme" if split == "videomme_wsub" else split
+    name = "videomme" if split in ("videomme_wsub", "videomme_val") else split
     real_file = SHARED_BENCHMARKS / name / f"{name}.parquet"
     if not real_file.is_file():
         pytest.skip(f"real benchmark rows not found at {real_file}")
@@ -381,6 +382,7 @@ def _repo_video_names(world, layout) -> set[str]:
 def test_every_eval_row_points_at_a_video_in_its_repo(world):
     file_of_row = {
         "videomme": lambda r: f"{r['videoID']}.mp4",
+        "videomme_val": lambda r: f"{r['videoID']}.mp4",
         "longvideobench": lambda r: r["video_path"],
         "lvbench": lambda r: f"{r['key']}.mp4",
         "mlvu": lambda r: r["video_name"],
@@ -441,6 +443,23 @@ def test_lfs_blobs_are_named_by_sha256(world):
 
 
 # ----- determinism ---------------------------------------------------------------------------
+
+
+def test_the_validation_split_changes_no_byte_of_the_other_repos(tmp_path, world, manifest):
+    cfg = SMALL.model_copy(update={"train_videos": 4, "eval_videos_per_split": 2, "eval_rows_per_split": 3})
+    without = generate_world(cfg.model_copy(update={"validation": False}), tmp_path / "a", progress=False)
+    with_val = generate_world(cfg, tmp_path / "b", progress=False)
+    validation = LAYOUTS["videomme_val"]
+    assert set(with_val.repos) == set(without.repos) | {validation.repo_id}
+    for repo_id, snapshot in without.repos.items():
+        assert with_val.repos[repo_id].commit == snapshot.commit, repo_id
+    assert "videomme_val" not in without.counts and with_val.counts["videomme_val"] == 3
+    # Its videos are its own: not the test split's, not the training videos.
+    names = {split: {v["file_name"] for v in block["videos"]} for split, block in manifest["eval"].items()}
+    assert len(names["videomme_val"]) == SMALL.eval_videos_per_split
+    assert not names["videomme_val"] & names["videomme"]
+    trained = {entry["video"]["video_id"] for entry in manifest["train"]}
+    assert not {name.removesuffix(".mp4") for name in names["videomme_val"]} & trained
 
 
 def test_same_seed_gives_the_same_bytes_and_another_seed_does_not(tmp_path):

@@ -101,7 +101,14 @@ LAYOUTS: dict[str, BenchmarkLayout] = {
         video_archive="Charades_v1_480.zip",
     ),
 }
-EVAL_SPLITS = tuple(LAYOUTS)
+# A validation split of the miniature (not a benchmark): Video-MME-format rows on videos of its
+# own, in a repo of its own, so that drawing it (`SynthConfig.validation`) changes no byte of the
+# test splits' repos. Knobs are chosen on it; the test splits report.
+VALIDATION_SPLIT = "videomme_val"
+LAYOUTS[VALIDATION_SPLIT] = BenchmarkLayout(VALIDATION_SPLIT, "ParaVT/Video-MME-validation",
+                                            "videomme/validation-00000-of-00001.parquet", "data",
+                                            video_archive="videos_chunked_01.zip")
+EVAL_SPLITS = tuple(s for s in LAYOUTS if s != VALIDATION_SPLIT)
 # Splits with their own videos and rows; videomme_wsub reuses videomme's.
 GENERATED_SPLITS = tuple(s for s in EVAL_SPLITS if s != "videomme_wsub")
 MCQ_TOPICS = ("colour", "shape", "position", "digit", "direction")
@@ -172,6 +179,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         [("video", pa.string()), ("caption", pa.string()), ("timestamp", pa.list_(pa.float16()))]
     ),
 }
+SCHEMAS[VALIDATION_SPLIT] = SCHEMAS["videomme"]
 
 
 @dataclass(frozen=True)
@@ -209,7 +217,7 @@ def name_video(
     split: str, rng: random.Random, index: int, spec: VideoSpec, cfg: SynthConfig, subject_counts: dict[str, int]
 ) -> EvalVideo:
     """The file name and ids a dataset would give this video."""
-    if split == "videomme":
+    if split in ("videomme", VALIDATION_SPLIT):
         yt = youtube_like_id(rng)
         ids = {"video_id": f"{index + 1:03d}", "videoID": yt, "duration": _videomme_duration(cfg, spec.duration_s)}
         return EvalVideo(spec, f"{yt}.mp4", ids)
@@ -368,6 +376,7 @@ def mmvu_row(video: EvalVideo, question: Question, number: int, k: int) -> dict:
 # count of this video's questions so far) and return one row in the dataset's layout.
 ROW_BUILDERS: dict[str, Callable[[EvalVideo, Question, int, int], dict]] = {
     "videomme": videomme_row,
+    VALIDATION_SPLIT: videomme_row,
     "longvideobench": longvideobench_row,
     "lvbench": lvbench_row,
     "mlvu": mlvu_row,

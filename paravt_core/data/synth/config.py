@@ -30,6 +30,12 @@ class SynthConfig(BaseModel):
     train_videos: int = Field(48, ge=4, description="videos behind the SFT and RL shards (>= one per sentinel root)")
     eval_videos_per_split: int = Field(8, ge=1, description="held-out videos per benchmark repo")
     eval_rows_per_split: int = Field(12, ge=1, description="annotation rows per evaluation split")
+    validation: bool = Field(
+        False,
+        description="also draw the validation split `videomme_val` (Video-MME rows, eval_rows_per_split of them, "
+        "on eval_videos_per_split videos of its own, in a repo of its own): knobs are chosen on it, the test "
+        "splits report. Off: the world is byte for byte what it was without the knob",
+    )
     min_duration_s: float = Field(30.0, ge=30.0, le=300.0)
     max_duration_s: float = Field(120.0, ge=30.0, le=300.0)
     fps: float = Field(2.0, ge=1.0, le=4.0)

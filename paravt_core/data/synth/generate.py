@@ -32,6 +32,7 @@ from paravt_core.data.synth.benchmarks import (
     GENERATED_SPLITS,
     LAYOUTS,
     SCHEMAS,
+    VALIDATION_SPLIT,
     BenchmarkLayout,
     EvalSplit,
     build_eval_split,
@@ -212,7 +213,9 @@ def generate_world(cfg: SynthConfig, out: str | Path, progress: bool = True) -> 
     started = time.perf_counter()
     out, hub = Path(out), Path(out) / HUB_DIR
     train = train_videos(cfg)
-    splits = {split: build_eval_split(cfg, split) for split in GENERATED_SPLITS}
+    # The validation split comes last, so drawing it moves no byte of the others.
+    drawn = GENERATED_SPLITS + ((VALIDATION_SPLIT,) if cfg.validation else ())
+    splits = {split: build_eval_split(cfg, split) for split in drawn}
     _check_disjoint(train, splits)
     media, empty_videos = plant_empty_videos(cfg, train, splits, render_media(cfg, train, splits, progress))
     parquet_files, counts = paravt_parquet_files(cfg, train)
@@ -220,7 +223,8 @@ def generate_world(cfg: SynthConfig, out: str | Path, progress: bool = True) -> 
     source_files["README.md"] = _readme(SOURCE_REPO, cfg, sorted(source_files))
     repo_files = {PARQUET_REPO: parquet_files, SOURCE_REPO: source_files} | benchmark_repo_files(cfg, splits, media)
     repos = {repo_id: write_dataset_repo(hub, repo_id, files, cfg.revision) for repo_id, files in repo_files.items()}
-    counts |= {split: len(splits["videomme" if split == "videomme_wsub" else split].rows) for split in LAYOUTS}
+    counts |= {split: len(splits["videomme" if split == "videomme_wsub" else split].rows) for split in LAYOUTS
+               if split == "videomme_wsub" or split in splits}
     record = manifest_record(cfg, train, splits, repos, empty_videos)
     manifest = atomic_write_text(out / MANIFEST, json.dumps(record, indent=1))
     return SynthWorld(out, hub, manifest, repos, counts, dict(LAYOUTS), time.perf_counter() - started)
