@@ -20,7 +20,7 @@ from flows.data import data_stage
 from flows.eval import eval_stage
 from flows.params import PipelineParams
 from flows.progress import PROGRESS
-from paravt_core.config import PipelineConfig, load_config
+from paravt_core.config import VALIDATION_SPLITS, PipelineConfig, load_config
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
 from paravt_core.miniature.reproduce import ModelRun, group_breakdown, held_out_groups, read_steps
@@ -31,7 +31,7 @@ from tasks.rl import rl
 from tasks.sft import sft
 
 HELD_OUT_SPLIT = "videomme"  # the test split: what the table reports
-VALIDATION_SPLIT = "videomme_val"  # where knobs are chosen (data.synth.validation)
+VALIDATION_SPLIT = VALIDATION_SPLITS[0]  # where knobs are chosen (data.synth.validation)
 
 
 class ReproduceParams(PipelineParams):

@@ -41,13 +41,22 @@ def embedded_image(frame: np.ndarray) -> dict[str, Any]:
     return {"type": "image"}
 
 
-def jpeg_data_url(frame: np.ndarray, quality: int = 95) -> str:
-    """A uint8 [H, W, 3] RGB frame as a base64 JPEG data URL."""
+def _data_url(frame: np.ndarray, image_format: str, **save: Any) -> str:
     from PIL import Image
 
     buffer = io.BytesIO()
-    Image.fromarray(frame).save(buffer, format="JPEG", quality=quality)
-    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    Image.fromarray(np.ascontiguousarray(frame)).save(buffer, format=image_format, **save)
+    return f"data:image/{image_format.lower()};base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def jpeg_data_url(frame: np.ndarray, quality: int = 95) -> str:
+    """A uint8 [H, W, 3] RGB frame as a base64 JPEG data URL (the served evaluation)."""
+    return _data_url(frame, "JPEG", quality=quality)
+
+
+def png_data_url(frame: np.ndarray) -> str:
+    """The frame as a lossless PNG data URL (served rollouts: the server's pixels are the trainer's)."""
+    return _data_url(frame, "PNG", compress_level=1)
 
 
 def jpeg_image(frame: np.ndarray) -> dict[str, Any]:

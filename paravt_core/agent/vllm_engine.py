@@ -43,8 +43,6 @@ its CPU build with the tiny Qwen3-VL; the server tier tests each point):
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import urllib.error
 import urllib.request
@@ -54,10 +52,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams
+from paravt_core.agent.media import png_data_url
 from paravt_core.agent.server_process import ServerProcess, server_healthy
 from paravt_core.agent.weight_snapshots import drop_older_snapshots, latest_snapshot_version, write_weight_snapshot
 
@@ -90,15 +88,6 @@ def _post(url: str, payload: dict[str, Any] | None, timeout_s: float) -> Any:
             f"vLLM server at {url} is unreachable ({reason}); restart it (or set rl.rollout.vllm.url to a live one) "
             "and re-run: the RL stage resumes from its latest checkpoint") from error
     return json.loads(raw) if raw.strip() else None
-
-
-def png_data_url(frame: np.ndarray) -> str:
-    """A uint8 [H, W, 3] RGB frame as a lossless PNG data URL."""
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(frame)).save(buffer, format="PNG", compress_level=1)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def collapse_pads(token_ids: Sequence[int], pad_id: int) -> tuple[list[int], int]:
