@@ -1,6 +1,7 @@
 """The miniature reproduction of #15 as one flow (deployment `paravt/reproduce`).
 
     data -> base (+ perception pretraining) -> SFT -> eval (subagent, direct)
+         -> the SFT model at each gating budget K on the validation split (subagent, direct)
          -> for each RL row x seed: PARA-GRPO variant -> eval (subagent, direct)
          -> Table 2 in miniature + per-step figure (outputs and MLflow)
 
@@ -11,6 +12,7 @@ seeds it finished (and an RL run resumes from its checkpoint). The rows and seed
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -23,7 +25,9 @@ from flows.progress import PROGRESS
 from paravt_core.config import VALIDATION_SPLITS, PipelineConfig, load_config
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
-from paravt_core.miniature.reproduce import ModelRun, group_breakdown, held_out_groups, read_steps
+from paravt_core.data.mirror import world_dir
+from paravt_core.miniature.reproduce import BudgetPoint, ModelRun, group_breakdown, held_out_groups, read_steps
+from paravt_core.miniature.visibility import manifest_video_sets, visible_share
 from paravt_core.run_lock import hold_output_dir
 from tasks.model import base_stage
 from tasks.registry import reproduce_report
@@ -52,17 +56,21 @@ def row_file(config_path: str, row: str) -> Path:
 
 def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row: str, seed: int | None,
             label: str) -> ModelRun:
-    """The held-out evaluation of one model in subagent tool mode and in direct mode, on the
-    test split and, where the config asks for it, the validation split."""
+    """The held-out evaluation of one model in subagent tool mode and in direct mode on the test
+    split and, where the config draws one, in subagent mode on the validation split (the SFT
+    model also in direct mode there: the RL rows' direct validation figure chooses nothing, and
+    its evaluation is time the default run does not have, #35)."""
     validation = VALIDATION_SPLIT in cfg.eval.splits
     splits = (HELD_OUT_SPLIT, VALIDATION_SPLIT) if validation else (HELD_OUT_SPLIT,)
+    direct_splits = splits if row == "sft" else (HELD_OUT_SPLIT,)
     tools_cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(
         update={"prompt_mode": "agentic_general", "tool_mode": "subagent", "splits": splits})})
-    direct_cfg = cfg.model_copy(update={"eval": tools_cfg.eval.model_copy(update={"prompt_mode": "direct"})})
+    direct_cfg = cfg.model_copy(update={"eval": tools_cfg.eval.model_copy(
+        update={"prompt_mode": "direct", "splits": direct_splits})})
     tools = eval_stage(tools_cfg, model, eval_data, label)
     direct = eval_stage(direct_cfg, model, eval_data, f"{label}-direct")
     summary = tools.summaries[HELD_OUT_SPLIT]
-    records = ResultsLog(tools.results_dir / f"{HELD_OUT_SPLIT}.jsonl").load().values()
+    records = list(ResultsLog(tools.results_dir / f"{HELD_OUT_SPLIT}.jsonl").load().values())
     return ModelRun(row=row, seed=seed, accuracy=tools.primary(HELD_OUT_SPLIT),
                     accuracy_direct=direct.primary(HELD_OUT_SPLIT),
                     eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),
@@ -70,7 +78,33 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
                     steps=read_steps(model.path) if row != "sft" else [],
                     by_group=group_breakdown(records, held_out_groups(eval_data.path / HELD_OUT_SPLIT)),
                     accuracy_val=tools.primary(VALIDATION_SPLIT) if validation else None,
-                    accuracy_direct_val=direct.primary(VALIDATION_SPLIT) if validation else None)
+                    accuracy_direct_val=direct.primary(VALIDATION_SPLIT) if VALIDATION_SPLIT in direct_splits else None,
+                    correct={str(r["id"]): bool(r["correct"]) for r in records},
+                    gating_draw_key=cfg.rl.gating.draw_key if row != "sft" else None)
+
+
+def budget_sweep(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef) -> list[BudgetPoint]:
+    """Before RL, on the validation split: the SFT model at every overview budget K that nFrames
+    gating draws (`rl.gating.choices`) and the evaluation's own, with tools and without, beside
+    the share of the split's videos whose event the K overview frames show (#35 item 2). Empty
+    where the world draws no validation split."""
+    if VALIDATION_SPLIT not in cfg.eval.splits:
+        return []
+    manifest = json.loads((world_dir(cfg) / "manifest.json").read_text())
+    videos = manifest_video_sets(manifest)[VALIDATION_SPLIT]
+    points = []
+    for k in sorted({*cfg.rl.gating.choices, cfg.eval.nframes}):
+        at_k = cfg.eval.model_copy(update={"nframes": k, "splits": (VALIDATION_SPLIT,),
+                                           "prompt_mode": "agentic_general", "tool_mode": "subagent"})
+        tools = eval_stage(cfg.model_copy(update={"eval": at_k}), model, eval_data, f"sft-k{k}")
+        direct = eval_stage(cfg.model_copy(update={"eval": at_k.model_copy(update={"prompt_mode": "direct"})}),
+                            model, eval_data, f"sft-k{k}-direct")
+        summary = tools.summaries[VALIDATION_SPLIT]
+        points.append(BudgetPoint(k=k, accuracy=tools.primary(VALIDATION_SPLIT),
+                                  accuracy_direct=direct.primary(VALIDATION_SPLIT),
+                                  eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),
+                                  visible=visible_share(videos, k), n=len(videos)))
+    return points
 
 
 @flow(name="paravt", log_prints=True)
@@ -83,6 +117,8 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         sft_model = sft(cfg, base_stage(cfg), data.sft)
         PROGRESS.stage("sft_model", sft_model.path)
         runs = [measure(cfg, sft_model, data.eval, "sft", None, "sft")]
+        budget = budget_sweep(cfg, sft_model, data.eval)
+        PROGRESS.stage("budget sweep (validation)", sft_model.path)
         for row in cfg.reproduce.rows:
             for seed in cfg.reproduce.seeds:
                 row_cfg = load_config(params.config_path, [*params.overrides, f"run.seed={seed}"],
@@ -90,7 +126,7 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
                 model = rl(row_cfg, sft_model, data.rl)
                 runs.append(measure(row_cfg, model, data.eval, row, seed, f"{row}-seed{seed}"))
                 PROGRESS.stage(f"{row} seed {seed}", model.path)
-        report = reproduce_report(cfg, runs)
+        report = reproduce_report(cfg, runs, budget)
         text = report.read_text()
         log.info("miniature reproduction (%s):\n%s", report, text)
         print(text)

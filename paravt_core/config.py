@@ -372,6 +372,10 @@ class GatingConfig(_Section):
 
     enabled: bool = True
     choices: tuple[Annotated[int, Field(ge=1)], ...] = (4, 8, 16, 32, 64)
+    # A second key for the draws of K besides run.seed (0: the seed alone, as before the knob):
+    # the same seed with another draw key trains on other budgets and the same everything else,
+    # which measures how much a row moves with the draw alone (#35).
+    draw_key: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _nonempty(self) -> GatingConfig:
@@ -519,7 +523,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
     ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
-    ("data.synth", "validation"),
+    ("data.synth", "validation"), ("rl.gating", "draw_key"),
 )
 
 

@@ -42,11 +42,11 @@ def promote(cfg: PipelineConfig, candidate: registry.ModelVersion, score: float,
 
 
 @task(name="reproduce-report", retries=1)
-def reproduce_report(cfg: PipelineConfig, runs: list) -> Path:
+def reproduce_report(cfg: PipelineConfig, runs: list, budget: list | None = None) -> Path:
     """Table 2 in miniature and the per-step figure under `<output_dir>/report/`, logged to MLflow.
 
     Not cached: it is a pure function of the measurements and takes a second."""
     from paravt_core.miniature.reproduce import write_report
 
     return write_report(runs, cfg.run.output_dir / "report", f"Miniature reproduction: `{cfg.run.name}`",
-                        cfg.mlflow_uri(), cfg.mlflow.experiment)
+                        cfg.mlflow_uri(), cfg.mlflow.experiment, budget=budget or ())

@@ -60,7 +60,8 @@ READING_NOTES = "Notes on a video:"
 # The world settings a clip's pixels and caption depend on; trace and question settings
 # (sft_traces_per_video, prompts, ...) do not change the corpus, so they must not rebuild it.
 WORLD_FIELDS = ("seed", "min_duration_s", "max_duration_s", "fps", "width", "height", "min_events", "max_events",
-                "min_event_s", "max_event_s", "overview_blind_frames", "event_kinds", "max_crop_s", "codec", "colours")
+                "min_event_s", "max_event_s", "overview_blind_frames", "event_kinds", "max_crop_s", "codec", "colours",
+                "overview_blind_budgets", "visible_event_share", "visible_event_min_s", "visible_event_max_s")
 # The question settings of `questions.OptionStyle.of`, which draws the reading rows' questions.
 STYLE_FIELDS = ("question_topics", "option_order", "colours", "second_wording")
 # The trace settings a transcript reading row (`transcript_row`) depends on.

@@ -54,7 +54,10 @@ class ModelRun:
             (`group_breakdown`: e.g. the generated world's first and second wordings); empty
             where the held-out questions form one group.
         accuracy_val, accuracy_direct_val: the same on the validation split (`videomme_val`,
-            where knobs are chosen); None where the world draws none.
+            where knobs are chosen); None where the world draws none or it was not measured.
+        correct: per held-out (test) question id, whether the subagent-mode answer was right:
+            what the paired bootstrap against SFT resamples; empty in runs from before it.
+        gating_draw_key: the RL run's `rl.gating.draw_key` (None for SFT).
     """
 
     row: str
@@ -67,6 +70,8 @@ class ModelRun:
     by_group: dict[str, dict[str, float]] = field(default_factory=dict)
     accuracy_val: float | None = None
     accuracy_direct_val: float | None = None
+    correct: dict[str, bool] = field(default_factory=dict)
+    gating_draw_key: int | None = None
 
     def final(self, metric: str) -> float | None:
         values = [s[metric] for s in sorted(self.steps, key=lambda s: s["step"]) if metric in s][-LAST_STEPS:]
@@ -75,6 +80,27 @@ class ModelRun:
     def first(self, metric: str) -> float | None:
         ordered = sorted(self.steps, key=lambda s: s["step"])
         return ordered[0].get(metric) if ordered else None
+
+
+@dataclass(frozen=True)
+class BudgetPoint:
+    """The SFT model on the validation split with an overview of `k` frames (#35 item 2).
+
+    Attributes:
+        k: the overview budget (eval.nframes).
+        accuracy, accuracy_direct: accuracy in subagent tool mode and in direct mode.
+        eval_tool_calls: mean crop calls per question (subagent mode).
+        visible: share of the split's videos whose event lies on one of the K overview frames
+            (`miniature.visibility`).
+        n: the split's videos.
+    """
+
+    k: int
+    accuracy: float
+    accuracy_direct: float
+    eval_tool_calls: float
+    visible: float
+    n: int
 
 
 @dataclass(frozen=True)
@@ -208,8 +234,8 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
     sft_accuracy = sft[0].accuracy if sft else None
     head = ("| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) | "
             "gain over SFT (points) | held-out κ | training fτ_fixed | training κ | training fτ_fixed, transcript | "
-            "held-out answers in format (%) |")
-    lines = [head, "|" + "---|" * 11]
+            "held-out answers in format (%) | gain over SFT, bootstrap over questions (points) |")
+    lines = [head, "|" + "---|" * 12]
     for row in rows_in_order(runs):
         mine = _by_row(runs, row)
         if row == "sft":
@@ -233,25 +259,137 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
             _cell(kappa, 1, 2),
             _cell(f_tau_t, 1, 2),
             _cell(interval95([r.answer_tag_rate for r in mine if r.answer_tag_rate is not None]), 100),
+            _bootstrap_cell(None if row == "sft" else paired_bootstrap(mine, sft)),
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def _bootstrap_cell(interval: Interval | None) -> str:
+    if interval is None:
+        return "–"
+    return f"{100 * interval.mean:+.1f} [{100 * interval.low:+.1f}, {100 * interval.high:+.1f}]"
+
+
 def validation_table_markdown(runs: Sequence[ModelRun]) -> str:
-    """Accuracy on the validation split per row ("" when no run was measured there)."""
-    measured = [r for r in runs if r.accuracy_val is not None and r.accuracy_direct_val is not None]
+    """Accuracy on the validation split per row ("" when no run was measured there); direct mode
+    where it was measured (the default run measures it for the SFT model only)."""
+    measured = [r for r in runs if r.accuracy_val is not None]
     if not measured:
         return ""
     lines = ["| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) |",
              "|" + "---|" * 5]
     for row in rows_in_order(measured):
         mine = _by_row(measured, row)
+        both = [r for r in mine if r.accuracy_direct_val is not None]
         cells = [str(len(mine)), _cell(interval95([r.accuracy_val for r in mine]), 100),
-                 _cell(interval95([r.accuracy_direct_val for r in mine]), 100),
-                 _cell(interval95([r.accuracy_val - r.accuracy_direct_val for r in mine]), 100)]
+                 _cell(interval95([r.accuracy_direct_val for r in both]), 100),
+                 _cell(interval95([r.accuracy_val - r.accuracy_direct_val for r in both]), 100)]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def budget_table_markdown(points: Sequence[BudgetPoint]) -> str:
+    """The SFT model at each overview budget K on validation ("" without points)."""
+    if not points:
+        return ""
+    lines = ["| K (overview frames) | event on the overview (% of videos) | accuracy, subagent mode (%) | "
+             "accuracy, direct mode (%) | tool gain (points) | crop calls per question |", "|---:|" + "---:|" * 5]
+    for p in sorted(points, key=lambda p: p.k):
+        lines.append(f"| {p.k} | {100 * p.visible:.1f} | {100 * p.accuracy:.1f} | {100 * p.accuracy_direct:.1f} | "
+                     f"{100 * (p.accuracy - p.accuracy_direct):+.1f} | {p.eval_tool_calls:.2f} |")
+    return "\n".join(lines) + f"\n\nValidation videos: {points[0].n}."
+
+
+def paired_bootstrap(runs_a: Sequence[ModelRun], runs_b: Sequence[ModelRun], samples: int = 2000,
+                     seed: int = 0) -> Interval | None:
+    """Held-out accuracy of A minus B (each the mean over its seeds), with a 95 % percentile
+    interval from resampling the questions (paired: the same resampled questions for both).
+
+    It covers question-sampling error, which the t-interval over seeds does not. Only questions
+    every run has a record of count; None when there are none (runs from before `correct`)."""
+    import random
+
+    if not runs_a or not runs_b:
+        return None
+    ids = sorted(set.intersection(*(set(r.correct) for r in (*runs_a, *runs_b))))
+    if not ids:
+        return None
+    diff = [sum(r.correct[q] for r in runs_a) / len(runs_a) - sum(r.correct[q] for r in runs_b) / len(runs_b)
+            for q in ids]
+    rng, n = random.Random(seed), len(ids)
+    means = sorted(sum(diff[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
+    return Interval(sum(diff) / n, means[int(0.025 * samples)], means[int(0.975 * samples) - 1], n)
+
+
+def _change(runs: Sequence[ModelRun], metric: str) -> Interval | None:
+    """A training metric's change over a row's RL run (the last `LAST_STEPS` steps minus the first
+    step, whose rollouts are the SFT policy's under that row's own settings), over seeds."""
+    return interval95([end - start for r in runs if (end := r.final(metric)) is not None
+                       and (start := r.first(metric)) is not None])
+
+
+def _direction(interval: Interval | None) -> str | None:
+    if interval is None or interval.n < 2:
+        return None
+    return "up" if interval.low > 0 else "down" if interval.high < 0 else "level"
+
+
+def _change_text(name: str, interval: Interval) -> str:
+    return f"{name} {interval.mean:+.2f} [{interval.low:+.2f}, {interval.high:+.2f}]"
+
+
+def verdicts(runs: Sequence[ModelRun]) -> list[str]:
+    """One line per qualitative finding of SPEC §6: reproduced / not reproduced / reversed, with
+    the numbers. Rules, fixed before the rows ran (#35): a training metric "falls" or "rises" when
+    the 95 % t-interval over seeds of its change (last steps minus the row's first step) lies
+    below or above 0, and is level otherwise; one row beats another when the paired bootstrap
+    interval over questions of their accuracy difference lies above 0. A finding that needs a row
+    the run did not train is left out."""
+    rows = {row: _by_row(runs, row) for row in rows_in_order(runs)}
+    out = []
+    if rows.get("vanilla_grpo"):
+        k = _change(rows["vanilla_grpo"], "kappa")
+        d = _direction(k)
+        if d:
+            verdict = {"down": "reproduced", "level": "not reproduced", "up": "reversed"}[d]
+            out.append(f"GRPO after SFT collapses κ: {verdict} (vanilla_grpo training {_change_text('κ', k)} over its "
+                       f"RL run, seeds' 95 % interval).")
+    for row, want_fmt, want_tools, text in (
+            ("anchoring_only", ("up", "level"), ("down",), "anchoring alone holds format but suppresses tools"),
+            ("gating_only", ("down",), ("up", "level"), "gating alone keeps tools but loses format")):
+        if not rows.get(row):
+            continue
+        f, k = _change(rows[row], "f_tau_fixed"), _change(rows[row], "kappa")
+        df, dk = _direction(f), _direction(k)
+        if not (df and dk):
+            continue
+        hits = (df in want_fmt) + (dk in want_tools)
+        reversed_ = df not in want_fmt and dk not in want_tools and "level" not in (df, dk)
+        verdict = "reproduced" if hits == 2 else "reversed" if reversed_ else \
+            ("partly reproduced" if hits == 1 else "not reproduced")
+        out.append(f"{text[0].upper()}{text[1:]}: {verdict} ({row} training {_change_text('fτ_fixed', f)}, "
+                   f"{_change_text('κ', k)}).")
+    sft = rows.get("sft")
+    if rows.get("paragrpo"):
+        others = [row for row in rows if row not in ("sft", "paragrpo")]
+        diffs = {row: paired_bootstrap(rows["paragrpo"], rows[row]) for row in others}
+        diffs = {row: d for row, d in diffs.items() if d is not None}
+        if diffs:
+            beats = [row for row, d in diffs.items() if d.low > 0]
+            loses = [row for row, d in diffs.items() if d.high < 0]
+            verdict = "reproduced" if len(beats) == len(diffs) else "reversed" if loses else "not reproduced"
+            parts = "; ".join(f"vs {row} {100 * d.mean:+.1f} points [{100 * d.low:+.1f}, {100 * d.high:+.1f}]"
+                              for row, d in diffs.items())
+            out.append(f"Both together win (PARA-GRPO above every other row on held-out accuracy): {verdict} "
+                       f"({parts}; paired bootstrap over questions).")
+        if sft:
+            d = paired_bootstrap(rows["paragrpo"], sft)
+            if d is not None:
+                verdict = "reproduced" if d.low > 0 else "reversed" if d.high < 0 else "not reproduced"
+                out.append(f"PARA-GRPO improves on its SFT model: {verdict} ({100 * d.mean:+.1f} points "
+                           f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}], paired bootstrap over questions).")
+    return out
 
 
 def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_target: float = 0.10) -> list[str]:
@@ -334,7 +472,8 @@ def plot_steps(runs: Sequence[ModelRun], out: Path) -> Path:
     return out
 
 
-def report_markdown(runs: Sequence[ModelRun], figure: str, title: str) -> str:
+def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
+                    budget: Sequence[BudgetPoint] = ()) -> str:
     return "\n\n".join([
         f"# {title}",
         "Held-out questions asked as the SPEC §7 evaluation asks (greedy). Cells: mean over seeds ± the half "
@@ -347,8 +486,14 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str) -> str:
            "chosen on this one (`videomme_val`: the same kind of questions on videos of its own).", validation]
           if (validation := validation_table_markdown(runs)) else []),
         *(["## By question group (held-out, subagent mode)", groups] if (groups := group_table_markdown(runs)) else []),
+        *(["## Before RL: the SFT model at each overview budget K (validation split)",
+           "What nFrames gating has to act on: the share of videos whose event an overview of K frames shows, and "
+           "the SFT model's accuracy with and without tools at that K.", table]
+          if (table := budget_table_markdown(budget)) else []),
         "## Findings",
         "\n".join(f"- {line}" for line in findings(runs)),
+        *(["## The paper's findings (SPEC §6), verdicts", "\n".join(f"- {line}" for line in found)]
+          if (found := verdicts(runs)) else []),
         f"![per-step curves]({figure})",
     ]) + "\n"
 
@@ -372,8 +517,12 @@ def latest_logged_runs(tracking_uri: str, experiment: str) -> list[ModelRun]:
         return runs_from_json(Path(path).read_text())
 
 
+def budget_from_json(text: str) -> list[BudgetPoint]:
+    return [BudgetPoint(**item) for item in json.loads(text)]
+
+
 def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_uri: str | None = None,
-                 experiment: str | None = None) -> Path:
+                 experiment: str | None = None, budget: Sequence[BudgetPoint] = ()) -> Path:
     """`<out_dir>/report.md`, `steps.png` and `runs.json` (the measurements); logged to MLflow
     as one run tagged `stage=reproduce` when a tracking URI is given. Returns the report's path."""
     from paravt_core.atomic import atomic_write_text
@@ -381,7 +530,8 @@ def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_u
     out_dir.mkdir(parents=True, exist_ok=True)
     figure = plot_steps(runs, out_dir / "steps.png")
     data = atomic_write_text(out_dir / "runs.json", json.dumps([asdict(r) for r in runs], indent=1))
-    report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title))
+    budget_file = atomic_write_text(out_dir / "budget.json", json.dumps([asdict(p) for p in budget], indent=1))
+    report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title, budget))
     if tracking_uri and experiment:
         from paravt_core.registry.report import _client
         from paravt_core.tracking import start_stage_run
@@ -394,7 +544,7 @@ def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_u
             client.log_metric(run_id, f"{row}_accuracy_direct", sum(r.accuracy_direct for r in mine) / len(mine))
             if all(r.accuracy_val is not None for r in mine):
                 client.log_metric(run_id, f"{row}_accuracy_val", sum(r.accuracy_val for r in mine) / len(mine))
-        for path in (report, figure, data):
+        for path in (report, figure, data, budget_file):
             client.log_artifact(run_id, str(path), artifact_path="reproduce")
         client.set_terminated(run_id)
     return report

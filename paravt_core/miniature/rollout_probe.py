@@ -126,7 +126,7 @@ def probe_prompts(cfg: PipelineConfig, count: int, seed: int) -> list:
     gating = cfg.rl.gating
     out = []
     for p in picked:
-        k = frame_budget(cfg.run.seed, p.prompt.prompt_id, 0, gating.choices) if gating.enabled else None
+        k = frame_budget(cfg.run.seed, p.prompt.prompt_id, 0, gating.choices, gating.draw_key) if gating.enabled else None
         out.append(dataclasses.replace(p, prompt=dataclasses.replace(p.prompt, nframes=k)))
     return out
 

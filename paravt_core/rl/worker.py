@@ -149,7 +149,7 @@ class Trainer:
         gating = self.rl.gating
         prompts = []
         for p in picked:
-            k = frame_budget(self.cfg.run.seed, p.prompt.prompt_id, epoch, gating.choices) if gating.enabled else None
+            k = frame_budget(self.cfg.run.seed, p.prompt.prompt_id, epoch, gating.choices, gating.draw_key) if gating.enabled else None
             prompts.append(dataclasses.replace(p, prompt=dataclasses.replace(p.prompt, nframes=k)))
         seed = sampler_seed(self.cfg.run.seed, step, self.rank)
 

@@ -169,7 +169,7 @@ def reproduce_overrides(out: Path) -> list[str]:
         "sft.checkpoint_every=2", "rl.max_steps=2",
         "rl.prompts_per_step=1", "rl.group_size=2", "rl.checkpoint_every=2", "rl.rollout.max_new_tokens=8",
         "rl.rollout.subagent_max_new_tokens=4", "eval.max_new_tokens=8", "eval.max_samples_per_split=2",
-        "reproduce.seeds=[0]",
+        "reproduce.seeds=[0]", "reproduce.rows=[vanilla_grpo, paragrpo]",
     ]
 
 
@@ -204,9 +204,18 @@ def test_reproduce_flow_reports_rows_over_seeds_and_resumes_finished_rows(prefec
         ("sft", None), ("vanilla_grpo", 0), ("vanilla_grpo", 1), ("paragrpo", 0), ("paragrpo", 1)]
     assert all(len(m["steps"]) == 2 for m in measured[1:])
     assert all(0.0 <= m["answer_tag_rate"] <= 1.0 for m in measured)  # the held-out answer format, every model
-    # Every model is also measured on the validation split, in both modes, and the report says which is which.
-    assert all(0.0 <= m["accuracy_val"] <= 1.0 and 0.0 <= m["accuracy_direct_val"] <= 1.0 for m in measured)
+    # Every model is also measured on the validation split (the SFT model in both modes), and the report says
+    # which is which.
+    assert all(0.0 <= m["accuracy_val"] <= 1.0 for m in measured)
+    assert 0.0 <= measured[0]["accuracy_direct_val"] <= 1.0 and all(m["accuracy_direct_val"] is None for m in measured[1:])
     assert "## Validation split" in text and "Knobs, rates and budgets are chosen on this one" in text
+    # Per-question correctness on test, what the paired bootstrap resamples
+    assert measured[0]["correct"] and all(m["correct"].keys() == measured[0]["correct"].keys() for m in measured)
+    # Before RL: the SFT model at each gating budget on validation, with the visible share
+    budget = json.loads((report.parent / "budget.json").read_text())
+    assert [p["k"] for p in budget] == [2, 3, 4, 6] and all(0.0 <= p["visible"] <= 1.0 for p in budget)
+    assert "## Before RL: the SFT model at each overview budget K" in text
+    assert "Both together win" in text and "PARA-GRPO improves on its SFT model" in text
     assert (report.parent / "steps.png").stat().st_size > 1000
 
 

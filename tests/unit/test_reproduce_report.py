@@ -65,7 +65,7 @@ def test_table_has_one_line_per_row_with_gains_and_last_step_means():
     assert sft[5] == "–"  # no gain of SFT over itself
     assert sft[8].startswith("2.45")  # SFT training κ = paragrpo's first steps (2.5, 2.4)
     # runs from before the transcript-scope fτ (and the answer format) were logged leave those columns empty
-    assert all(line.split(" | ")[9] == "–" and line.split(" | ")[10] == "– |" for line in lines)
+    assert all(line.split(" | ")[9] == "–" and line.split(" | ")[10] == "–" and line.split(" | ")[11] == "– |" for line in lines)
 
 
 def test_table_shows_the_held_out_answer_format_where_measured():
@@ -74,7 +74,7 @@ def test_table_shows_the_held_out_answer_format_where_measured():
             ModelRun("gating_only", 1, 0.5, 0.2, 2.0, _steps([2, 2], [0.5, 0.5]), answer_tag_rate=1.0),
             ModelRun("gating_only", 2, 0.5, 0.2, 2.0, _steps([2, 2], [0.5, 0.5]))]  # an older run: not measured
     lines = [line for line in table_markdown(runs).splitlines() if line.startswith("| ") and not line.startswith("| row")]
-    assert lines[0].split(" | ")[10] == "99.0 |"
+    assert lines[0].split(" | ")[10] == "99.0"
     assert lines[1].split(" | ")[10].startswith("75.0 ± ")  # mean of the two seeds that measured it
     assert runs_from_json(json.dumps([asdict(r) for r in runs])) == runs
     legacy = asdict(runs[0])

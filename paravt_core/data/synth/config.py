@@ -7,7 +7,7 @@ run the whole pipeline (SFT, PARA-GRPO and the seven-split evaluation of SPEC §
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -51,6 +51,21 @@ class SynthConfig(BaseModel):
         le=16,
         description="events avoid the instants of this many uniform overview frames (0: no avoidance)",
     )
+    overview_blind_budgets: tuple[Annotated[int, Field(ge=1, le=64)], ...] = Field(
+        (),
+        description="further overview budgets K whose instants the (short) events avoid as well: with the budgets "
+        "RL's nFrames gating draws (rl.gating.choices), no overview of any of them shows a short event (#35). "
+        "Empty: overview_blind_frames only",
+    )
+    visible_event_share: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="share of videos whose first event is long (visible_event_min_s..visible_event_max_s) and "
+        "placed anywhere, so a larger overview catches it more often than a smaller one (#35: 8-10 s events in "
+        "36-46 s videos lie on 0 / 30 / 61 / 100 %% of 2 / 3 / 4 / 6-frame overviews). A stable draw per video, "
+        "taken only when the share is above 0, so other worlds keep their bytes",
+    )
+    visible_event_min_s: float = Field(8.0, ge=1.0, le=14.0)
+    visible_event_max_s: float = Field(10.0, ge=1.0, le=14.0)
     sft_traces_per_video: int = Field(
         8, ge=1, description="distinct questions per video: 8 x 48 videos teach the tiny model the grammar (#4)"
     )
@@ -142,6 +157,12 @@ class SynthConfig(BaseModel):
             raise ValueError(f"min_events {self.min_events} > max_events {self.max_events}")
         if self.min_event_s > self.max_event_s:
             raise ValueError(f"min_event_s {self.min_event_s} > max_event_s {self.max_event_s}")
+        if self.visible_event_min_s > self.visible_event_max_s:
+            raise ValueError(f"visible_event_min_s {self.visible_event_min_s} > visible_event_max_s "
+                             f"{self.visible_event_max_s}")
+        if self.visible_event_share > 0 and self.visible_event_max_s + 2.0 > self.max_crop_s:
+            raise ValueError(f"visible_event_max_s {self.visible_event_max_s} + 2 s of context must fit max_crop_s "
+                             f"{self.max_crop_s}")
         if self.max_event_s + 2.0 > self.max_crop_s:
             raise ValueError(f"max_event_s {self.max_event_s} + 2 s of context must fit max_crop_s {self.max_crop_s}")
         if self.teacher_windows == "cover" and self.max_duration_s > self.max_calls_per_trace * self.max_crop_s:

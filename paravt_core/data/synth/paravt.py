@@ -45,7 +45,7 @@ from paravt_core.data.synth.traces import (
     tool_trace,
     unlooked_trace,
 )
-from paravt_core.data.synth.world import VideoSpec, derived_rng
+from paravt_core.data.synth.world import VideoSpec, derived_rng, event_off_overviews
 
 SENTINEL_ROOTS = ("longvt_source", "museg/charades", "museg/et_instruct_164k", "selfqa")
 SFT_SHARD_OF_ROOT = {
@@ -235,7 +235,9 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
         if question is None:
             continue
         if index in direct:
-            traces.append((video, direct_trace(video.spec, question)))
+            event = video.spec.events[question.event_index]
+            hidden = event_off_overviews(video.spec, event, cfg)
+            traces.append((video, direct_trace(video.spec, question, hidden=hidden)))
         elif question.wording and derived_rng(cfg.seed, "look", video.spec.video_id, k).random() >= cfg.second_wording_look:
             traces.append((video, unlooked_trace(video.spec, question)))
         else:

@@ -238,23 +238,30 @@ def no_tool_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
 
 def unlooked_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
     """An agentic answer to an event question without a crop (`SynthConfig.second_wording_look`):
-    a cold-start teacher that trusted the overview, which never shows the event, and was right
-    by luck; rejection sampling keeps such a trace because its answer is right. The conclusion
-    is the tool traces' own, so only the decision to look differs."""
+    a cold-start teacher that trusted the overview and was right, by luck where the overview
+    misses the event (a short one) and by sight where it may show it (a long one, #35);
+    rejection sampling keeps such a trace because its answer is right. The conclusion is the
+    tool traces' own, so only the decision to look differs."""
     if question.event_index is None:
         raise ValueError("unlooked_trace answers an event question; background questions take no_tool_trace")
     reasoning = f"The overview frames should be enough to answer this. No crop is needed. {conclusion(question, spec)}"
     return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>")
 
 
-def direct_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
+def direct_trace(spec: VideoSpec, question: Question, hidden: bool = True) -> TeacherTrace:
     """An answer in the evaluation's direct mode (no tools): a short look at the overview, then
-    the answer. For an event question the overview does not show the event, so the trace says
-    so and the label is the ground truth all the same (what a model answering blind is taught)."""
+    the answer. `hidden`: the asked event lies off every overview the world's rows can be shown
+    (`world.event_off_overviews`), so the trace says it is not in them; otherwise (a long event,
+    #35) it says the overview may show it, which is true whatever the row's overview budget K,
+    unknown here. The label is the ground truth either way (what a model answering from the
+    overview alone is taught)."""
     if question.event_index is None:
         return dataclasses.replace(no_tool_trace(spec, question), direct=True)
     # The event named as the question names it: by its label ("the red star") the answer was in
     # the reasoning, and a model answering blind learnt to name a colour and answer by it (#15).
     asked = asked_object(spec.events[question.event_index], question.topic)
-    reasoning = f"The overview frames show only the plain background; {asked} is not in them."
+    if hidden:
+        reasoning = f"The overview frames show only the plain background; {asked} is not in them."
+    else:
+        reasoning = f"{asked[0].upper()}{asked[1:]} lasts long enough that the overview frames may show it."
     return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>", direct=True)

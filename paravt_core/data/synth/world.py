@@ -11,8 +11,10 @@ drawn in a saturated colour so that its pixels are unmistakable:
 Events start and end on the frame grid (frame i is shown at i / fps seconds), their kinds,
 shapes and colours are all distinct within a video (so "the red object" names one
 event), and by default they avoid the instants that 4 uniform overview frames fall on
-under the usual sampling conventions, so that the overview misses them and a crop of
-their window (SPEC §3: 1 fps) is needed to answer.
+under the usual sampling conventions (or those of several budgets K), so that the overview
+misses them and a crop of their window (SPEC §3: 1 fps) is needed to answer. A share of
+videos (`visible_event_share`) instead holds one long event placed anywhere, which an
+overview shows more often the more frames it has (#35).
 
 Everything here is a pure function of a `random.Random` and the config; the ground
 truth lives in `VideoSpec`, which the renderer, the questions, the teacher traces and
@@ -162,23 +164,40 @@ def _free_starts(blocked: list[bool], length: int) -> list[int]:
     return starts
 
 
-def place_event_windows(rng: random.Random, cfg: SynthConfig, n_frames: int, count: int) -> list[tuple[int, int]]:
+def blind_instants(cfg: SynthConfig, n_frames: int) -> set[int]:
+    """The frames short events avoid: the instants of `overview_blind_frames` uniform overview
+    frames under the usual conventions, and the frames the pipeline's own overview sampler
+    (`video.sampling.overview_frame_indices`, the same for SFT, RL and evaluation) takes at each
+    budget of `overview_blind_budgets`."""
+    from paravt_core.video.sampling import overview_frame_indices as pipeline_overview
+
+    instants = overview_frame_indices(n_frames, cfg.overview_blind_frames)
+    for k in cfg.overview_blind_budgets:
+        instants |= set(pipeline_overview(n_frames, k))
+    return instants
+
+
+def place_event_windows(rng: random.Random, cfg: SynthConfig, n_frames: int, count: int,
+                        visible: bool = False) -> list[tuple[int, int]]:
     """Non-overlapping [start, end) frame windows for `count` events, sorted by start.
 
-    Windows keep EDGE_MARGIN_S from the ends, EVENT_GAP_S from each other and, when
-    `cfg.overview_blind_frames` > 0, off the overview instants. An event that cannot be
+    Windows keep EDGE_MARGIN_S from the ends, EVENT_GAP_S from each other and off the
+    overview instants (`blind_instants`). An event that cannot be
     placed is dropped, except the first, which is then placed without the overview rule.
+    `visible`: the first event is long (`visible_event_min_s`..`visible_event_max_s`) and
+    placed anywhere between the margins, so the overview may show it (#35).
     """
     fps = cfg.fps
     margin, gap = round(EDGE_MARGIN_S * fps), round(EVENT_GAP_S * fps)
-    overview = overview_frame_indices(n_frames, cfg.overview_blind_frames)
+    overview = blind_instants(cfg, n_frames)
     blocked = [i < margin or i >= n_frames - margin or i in overview for i in range(n_frames)]
     lengths = range(math.ceil(cfg.min_event_s * fps), math.floor(cfg.max_event_s * fps) + 1)
+    long_lengths = range(math.ceil(cfg.visible_event_min_s * fps), math.floor(cfg.visible_event_max_s * fps) + 1)
     windows: list[tuple[int, int]] = []
-    for _ in range(count):
-        length = rng.choice(lengths)
+    for index in range(count):
+        length = rng.choice(long_lengths if visible and index == 0 else lengths)
         starts = _free_starts(blocked, length)
-        if not starts and not windows:
+        if (visible and index == 0) or (not starts and not windows):
             starts = _free_starts([i < margin or i >= n_frames - margin for i in range(n_frames)], length)
         if not starts:
             continue
@@ -189,10 +208,24 @@ def place_event_windows(rng: random.Random, cfg: SynthConfig, n_frames: int, cou
     return sorted(windows)
 
 
-def sample_events(rng: random.Random, cfg: SynthConfig, n_frames: int) -> tuple[Event, ...]:
-    """1-3 events of distinct kinds (or of `cfg.event_kinds`), colours and shapes, in temporal order."""
+def drawn_visible(cfg: SynthConfig, video_id: str) -> bool:
+    """Whether this video's first event is a long one placed anywhere (`visible_event_share`):
+    a stable draw per video, not taken at share 0 (so such worlds draw what they always drew)."""
+    return cfg.visible_event_share > 0 and derived_rng(cfg.seed, "visible", video_id).random() < cfg.visible_event_share
+
+
+def event_off_overviews(spec: VideoSpec, event: Event, cfg: SynthConfig) -> bool:
+    """Whether `event` lies off every overview instant the world's short events avoid
+    (`blind_instants`): what a teacher may say of it without knowing the row's budget K."""
+    instants = blind_instants(cfg, spec.n_frames)
+    return bool(instants) and not any(event.start_frame <= i < event.end_frame for i in instants)
+
+
+def sample_events(rng: random.Random, cfg: SynthConfig, n_frames: int, visible: bool = False) -> tuple[Event, ...]:
+    """1-3 events of distinct kinds (or of `cfg.event_kinds`), colours and shapes, in temporal order
+    (`visible`: the first drawn is long and placed anywhere, `place_event_windows`)."""
     count = rng.randint(cfg.min_events, cfg.max_events)
-    windows = place_event_windows(rng, cfg, n_frames, count)
+    windows = place_event_windows(rng, cfg, n_frames, count, visible=visible)
     if cfg.event_kinds is None:
         kinds = rng.sample(EVENT_KINDS, len(windows))
     else:
@@ -222,7 +255,7 @@ def sample_video(rng: random.Random, cfg: SynthConfig, video_id: str) -> VideoSp
         width=cfg.width,
         height=cfg.height,
         background=sample_background(rng),
-        events=sample_events(rng, cfg, n_frames),
+        events=sample_events(rng, cfg, n_frames, visible=drawn_visible(cfg, video_id)),
     )
 
 
