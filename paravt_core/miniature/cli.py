@@ -116,16 +116,30 @@ def _report(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
     from paravt_core.miniature import reproduce
 
-    uri = args.tracking_uri or load_config(args.config).mlflow_uri()
-    out = Path(args.out or f"outputs/report/{args.experiment}")
-    try:
-        runs = reproduce.latest_logged_runs(uri, args.experiment)
-    except ValueError as exc:  # no such experiment, or no reproduction logged in it
-        print(f"paravt miniature report: {exc}", file=sys.stderr)
-        return 2
-    path = reproduce.write_report(runs, out, f"Miniature reproduction: experiment `{args.experiment}`")
+    if args.from_dir:
+        source = f"the measurements in {args.from_dir}"
+        out = Path(args.out or args.from_dir)
+        title = f"Miniature reproduction: `{Path(args.from_dir).resolve().parent.name}`"
+        try:
+            runs, budget = reproduce.read_report_dir(Path(args.from_dir))
+        except ValueError as exc:
+            print(f"paravt miniature report: {exc}", file=sys.stderr)
+            return 2
+    else:
+        if not args.experiment:
+            print("paravt miniature report: give --experiment (MLflow) or --from (a report folder)", file=sys.stderr)
+            return 2
+        uri = args.tracking_uri or load_config(args.config).mlflow_uri()
+        source, out = f"MLflow ({uri})", Path(args.out or f"outputs/report/{args.experiment}")
+        title = f"Miniature reproduction: experiment `{args.experiment}`"
+        try:
+            runs, budget = reproduce.latest_logged(uri, args.experiment)
+        except ValueError as exc:  # no such experiment, or no reproduction logged in it
+            print(f"paravt miniature report: {exc}", file=sys.stderr)
+            return 2
+    path = reproduce.write_report(runs, out, title, budget=budget)
     print(path.read_text())
-    print(f"report written to {path} (figure and measurements beside it), from MLflow ({uri})")
+    print(f"report written to {path} (figure and measurements beside it), from {source}")
     return 0
 
 
@@ -212,8 +226,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_visibility)
 
     p = commands.add_parser("report", help="the reproduction's table (95 %% intervals over seeds), findings and "
-                                           "per-step figure, rebuilt from an MLflow experiment")
-    p.add_argument("--experiment", required=True, help="MLflow experiment name (mlflow.experiment in the config)")
+                                           "per-step figure, rebuilt from an MLflow experiment or a report folder")
+    p.add_argument("--experiment", default=None, help="MLflow experiment name (mlflow.experiment in the config)")
+    p.add_argument("--from", dest="from_dir", default=None,
+                   help="a report folder (<run.output_dir>/report) to rebuild from its runs.json and budget.json "
+                        "instead of MLflow; written back there unless --out")
     p.add_argument("--config", default="conf/pipeline/reproduce.yaml", help="pipeline YAML whose MLflow store to read")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the config's)")
     p.add_argument("--out", default=None, help="output folder (default outputs/report/<experiment>)")

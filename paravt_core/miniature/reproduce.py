@@ -504,6 +504,12 @@ def runs_from_json(text: str) -> list[ModelRun]:
 
 def latest_logged_runs(tracking_uri: str, experiment: str) -> list[ModelRun]:
     """The measurements of the experiment's latest reproduction run in MLflow (its runs.json)."""
+    return latest_logged(tracking_uri, experiment)[0]
+
+
+def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], list[BudgetPoint]]:
+    """The latest reproduction run's measurements in MLflow: its runs.json and, where it logged
+    one, its budget.json (the SFT model's budget sweep; empty before #35 logged it)."""
     import tempfile
 
     from paravt_core.registry.report import _client, _runs
@@ -512,9 +518,24 @@ def latest_logged_runs(tracking_uri: str, experiment: str) -> list[ModelRun]:
     if not logged:
         raise ValueError(f"MLflow experiment {experiment!r} at {tracking_uri} has no reproduction run; "
                          "run `paravt reproduce` first")
+    client, run_id = _client(tracking_uri), logged[-1].info.run_id
     with tempfile.TemporaryDirectory() as tmp:
-        path = _client(tracking_uri).download_artifacts(logged[-1].info.run_id, "reproduce/runs.json", tmp)
-        return runs_from_json(Path(path).read_text())
+        runs = runs_from_json(Path(client.download_artifacts(run_id, "reproduce/runs.json", tmp)).read_text())
+        names = {Path(f.path).name for f in client.list_artifacts(run_id, "reproduce")}
+        budget = budget_from_json(Path(client.download_artifacts(run_id, "reproduce/budget.json", tmp)).read_text()) \
+            if "budget.json" in names else []
+    return runs, budget
+
+
+def read_report_dir(folder: Path) -> tuple[list[ModelRun], list[BudgetPoint]]:
+    """The measurements a report folder holds (`runs.json`, and `budget.json` where written)."""
+    runs_file = Path(folder) / "runs.json"
+    if not runs_file.is_file():
+        raise ValueError(f"{runs_file} does not exist: give the report folder `paravt reproduce` wrote "
+                         "(<run.output_dir>/report)")
+    budget_file = Path(folder) / "budget.json"
+    return runs_from_json(runs_file.read_text()), \
+        budget_from_json(budget_file.read_text()) if budget_file.is_file() else []
 
 
 def budget_from_json(text: str) -> list[BudgetPoint]:

@@ -218,3 +218,102 @@ def test_the_validation_split_gets_its_own_table_only_where_measured():
     older = [ModelRun("sft", None, 0.5, 0.2, 2.8)]  # a run from before the split: no table, no heading
     assert validation_table_markdown(older) == "" and "Validation" not in report_markdown(older, "steps.png", "t")
     assert runs_from_json(json.dumps([asdict(r) for r in runs])) == runs
+
+
+def test_rl_rows_without_a_direct_validation_figure_show_a_dash_there():
+    from paravt_core.miniature.reproduce import validation_table_markdown
+
+    runs = [ModelRun("sft", None, 0.5, 0.2, 2.8, accuracy_val=0.45, accuracy_direct_val=0.25),
+            ModelRun("paragrpo", 0, 0.6, 0.2, 2.0, accuracy_val=0.55)]
+    assert validation_table_markdown(runs).splitlines()[3] == "| paragrpo | 1 | 55.0 | – | – |"
+
+
+def _correct(pattern: str) -> dict[str, bool]:
+    return {f"q{i}": c == "1" for i, c in enumerate(pattern)}
+
+
+def test_paired_bootstrap_resamples_questions_of_the_seed_means():
+    from paravt_core.miniature.reproduce import paired_bootstrap
+
+    sft = [ModelRun("sft", None, 0.5, 0.2, 2.8, correct=_correct("1100" * 10))]
+    better = [ModelRun("paragrpo", s, 0.9, 0.2, 2.8, correct=_correct(p)) for s, p in
+              enumerate(("1111" * 10, "1110" * 10))]
+    d = paired_bootstrap(better, sft)
+    assert d.n == 40 and d.mean == pytest.approx((40 + 30) / 2 / 40 - 0.5)  # 0.875 - 0.5
+    assert 0 < d.low < d.mean < d.high
+    assert paired_bootstrap(better, sft) == d  # seeded: the same interval every time
+    assert paired_bootstrap(sft, sft).low == paired_bootstrap(sft, sft).high == 0.0
+    # only questions every run answered count; runs from before per-question records give none
+    partial = [ModelRun("paragrpo", 0, 0.9, 0.2, 2.8, correct={"q0": True, "q1": False})]
+    assert paired_bootstrap(partial, sft).n == 2
+    assert paired_bootstrap([ModelRun("paragrpo", 0, 0.9, 0.2, 2.8)], sft) is None
+
+
+def test_verdicts_follow_the_fixed_rules_per_finding():
+    from paravt_core.miniature.reproduce import verdicts
+
+    sft = ModelRun("sft", None, 0.5, 0.2, 2.8, correct=_correct("1100" * 10))
+    falling = [ModelRun("vanilla_grpo", s, 0.5, 0.2, 0.1, _steps([2.5, 1.0, 0.2 + s / 10, 0.1, 0.0], [0.4] * 5),
+                        correct=_correct("1100" * 10)) for s in range(3)]
+    anchoring = [ModelRun("anchoring_only", s, 0.5, 0.2, 0.1, _steps([2.5, 2.0, 1.0, 0.5 + s / 10, 0.4],
+                                                                     [0.4, 0.5, 0.6, 0.7 + s / 100, 0.7]),
+                          correct=_correct("1100" * 10)) for s in range(3)]
+    gating = [ModelRun("gating_only", s, 0.5, 0.2, 2.8, _steps([2.5, 2.6, 2.7, 2.8 + s / 10, 2.9],
+                                                               [0.7, 0.6, 0.5, 0.4 + s / 100, 0.3]),
+                       correct=_correct("1100" * 10)) for s in range(3)]
+    para = [ModelRun("paragrpo", s, 0.9, 0.2, 2.8, _steps([2.5] * 5, [0.5] * 5), correct=_correct("1111" * 10))
+            for s in range(3)]
+    lines = verdicts([sft, *falling, *para, *anchoring, *gating])
+    text = "\n".join(lines)
+    assert "GRPO after SFT collapses κ: reproduced" in text
+    assert "Anchoring alone holds format but suppresses tools: reproduced" in text
+    assert "Gating alone keeps tools but loses format: reproduced" in text
+    assert "Both together win (PARA-GRPO above every other row on held-out accuracy): reproduced" in text
+    assert "PARA-GRPO improves on its SFT model: reproduced (+50.0 points" in text
+    # the opposite measurements give the opposite verdicts
+    rising = [ModelRun("vanilla_grpo", s, 0.5, 0.2, 3.0, _steps([0.5, 1.0, 2.0 + s / 10, 2.5, 3.0], [0.4] * 5))
+              for s in range(3)]
+    worse = [ModelRun("paragrpo", s, 0.1, 0.2, 2.8, _steps([2.5] * 5, [0.5] * 5), correct=_correct("1000" * 10))
+             for s in range(3)]
+    text = "\n".join(verdicts([sft, *rising, *worse, *gating]))
+    assert "collapses κ: reversed" in text and "Both together win (PARA-GRPO above every other row on held-out " \
+        "accuracy): not reproduced" not in text and "improves on its SFT model: reversed" in text
+    # one seed gives no interval over seeds: no verdict on the training metrics
+    assert not any("collapses" in line for line in verdicts([sft, falling[0]]))
+
+
+def test_budget_sweep_table_and_its_file(tmp_path):
+    from paravt_core.miniature.reproduce import BudgetPoint, budget_from_json, budget_table_markdown
+
+    points = [BudgetPoint(6, 0.8, 0.6, 2.5, 0.5, 128), BudgetPoint(2, 0.75, 0.25, 2.9, 0.0, 128)]
+    lines = budget_table_markdown(points).splitlines()
+    assert lines[2] == "| 2 | 0.0 | 75.0 | 25.0 | +50.0 | 2.90 |" and lines[3].startswith("| 6 | 50.0 | 80.0 | 60.0 | +20.0")
+    assert budget_table_markdown([]) == ""
+    runs = [ModelRun("sft", None, 0.5, 0.2, 2.8)]
+    report = write_report(runs, tmp_path, "t", budget=points)
+    assert "## Before RL: the SFT model at each overview budget K" in report.read_text()
+    assert budget_from_json((tmp_path / "budget.json").read_text()) == points
+
+
+def test_report_command_rebuilds_from_mlflow_or_a_report_folder_with_the_budget_sweep(tmp_path, capsys):
+    import argparse
+
+    from paravt_core.miniature import cli
+    from paravt_core.miniature.reproduce import BudgetPoint, latest_logged
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    points = [BudgetPoint(2, 0.75, 0.25, 2.9, 0.0, 128)]
+    write_report(_runs(), tmp_path / "report", "logged", uri, "exp", budget=points)
+    assert latest_logged(uri, "exp") == (_runs(), points)
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["miniature", "report", "--from", str(tmp_path / "report"), "--out", str(tmp_path / "again")])
+    assert args.func(args) == 0
+    assert "## Before RL" in (tmp_path / "again" / "report.md").read_text()
+    args = parser.parse_args(["miniature", "report", "--experiment", "exp", "--tracking-uri", uri,
+                              "--out", str(tmp_path / "from-mlflow")])
+    assert args.func(args) == 0
+    assert (tmp_path / "from-mlflow" / "budget.json").read_text() == (tmp_path / "report" / "budget.json").read_text()
+    args = parser.parse_args(["miniature", "report", "--from", str(tmp_path / "nowhere")])
+    assert args.func(args) == 2 and "runs.json does not exist" in capsys.readouterr().err
