@@ -502,11 +502,6 @@ def runs_from_json(text: str) -> list[ModelRun]:
     return [ModelRun(**item) for item in json.loads(text)]
 
 
-def latest_logged_runs(tracking_uri: str, experiment: str) -> list[ModelRun]:
-    """The measurements of the experiment's latest reproduction run in MLflow (its runs.json)."""
-    return latest_logged(tracking_uri, experiment)[0]
-
-
 def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], list[BudgetPoint]]:
     """The latest reproduction run's measurements in MLflow: its runs.json and, where it logged
     one, its budget.json (the SFT model's budget sweep; empty before #35 logged it)."""

@@ -141,16 +141,16 @@ def test_plot_without_rl_rows_still_draws(tmp_path):
 
 
 def test_report_from_mlflow_rebuilds_the_logged_measurements(tmp_path):
-    from paravt_core.miniature.reproduce import latest_logged_runs
+    from paravt_core.miniature.reproduce import latest_logged
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     write_report(_runs(), tmp_path / "report", "logged", uri, "exp")
-    assert latest_logged_runs(uri, "exp") == _runs()
+    assert latest_logged(uri, "exp") == (_runs(), [])  # a run from before the budget sweep: no budget.json
     with pytest.raises(ValueError, match="no reproduction run"):
         from paravt_core.tracking import start_stage_run
 
         start_stage_run(uri, "other", "x", {"stage": "eval"}, {})
-        latest_logged_runs(uri, "other")
+        latest_logged(uri, "other")
 
 
 def _record(sample_id: str, correct: bool, calls: int) -> dict:

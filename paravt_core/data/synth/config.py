@@ -61,7 +61,8 @@ class SynthConfig(BaseModel):
         0.0, ge=0.0, le=1.0,
         description="share of videos whose first event is long (visible_event_min_s..visible_event_max_s) and "
         "placed anywhere, so a larger overview catches it more often than a smaller one (#35: 8-10 s events in "
-        "36-46 s videos lie on 0 / 30 / 61 / 100 %% of 2 / 3 / 4 / 6-frame overviews). A stable draw per video, "
+        "36-46 s videos lay on 0 / 32 / 59 / 100 % of the 2 / 3 / 4 / 6-frame overviews of 495 drawn). A stable "
+        "draw per video, "
         "taken only when the share is above 0, so other worlds keep their bytes",
     )
     visible_event_min_s: float = Field(8.0, ge=1.0, le=14.0)
