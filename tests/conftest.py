@@ -205,14 +205,37 @@ def oracle_model() -> type[OracleModel]:
     return OracleModel
 
 
-def start_eval_serve(args: list[str], env: dict[str, str] | None = None):
+def default_signals() -> None:
+    """preexec_fn for a test's child: SIGINT and SIGQUIT at their defaults, whatever this
+    pytest inherited (a shell without job control starts background jobs with both ignored,
+    and an ignored disposition survives fork and exec)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def background_signals() -> None:
+    """preexec_fn for a child launched as a shell's background job without job control would
+    be: SIGINT and SIGQUIT ignored (`nohup cmd &` in a script, many CI runners)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
+def start_eval_serve(args: list[str], env: dict[str, str] | None = None, background: bool = False):
     """`paravt eval serve ARGS` in a process of its own: (the process, its stdout lines up to the
-    `evaluate:` line it prints once the server is healthy, or all of them if it exits first)."""
+    `evaluate:` line it prints once the server is healthy, or all of them if it exits first).
+
+    The child gets default signal dispositions, or with `background` those of a background job
+    started without job control (SIGINT and SIGQUIT ignored), whatever this pytest inherited."""
     import subprocess
     import sys
 
     process = subprocess.Popen([sys.executable, "-m", "paravt_core.cli", "eval", "serve", *args], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=background_signals if background else default_signals)
     lines = []
     for line in process.stdout:
         lines.append(line)

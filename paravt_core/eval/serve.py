@@ -50,8 +50,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.set_defaults(func=serve_command)
 
 
-def _stop_on_sigterm(signum, frame) -> None:
+def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+# Both signals are handled here, not left to Python's defaults: a shell that starts a job in
+# the background without job control sets SIGINT (and SIGQUIT) to ignored, an ignored
+# disposition survives exec, and Python then installs no KeyboardInterrupt handler, so a
+# background `paravt eval serve` would not stop on SIGINT at all (issue #45).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -69,7 +76,7 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"paravt eval serve: {exc}", file=sys.stderr)
         return INPUT_ERROR
     name = f"{cfg.model.registered_name}-{model.sha256[:12]}"
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in _STOP_SIGNALS}
     running: ServerProcess | None = None
     try:
         progress(f"starting a server on {model.path} with {python}")
@@ -92,6 +99,11 @@ def serve_command(args: argparse.Namespace) -> int:
         progress("stopping the server")
         return 0
     finally:
+        # A second Ctrl-C while the group is being stopped must not cut the stop short
+        # (`stop` is bounded: SIGTERM, then SIGKILL after its grace period).
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         if running is not None:
             running.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -74,15 +74,19 @@ def _gone(pids: list[int], timeout_s: float = 20.0) -> bool:
     return True
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_eval_serve_stops_the_server_and_its_workers(fake_vllm, fake_checkpoint, tmp_path, sig):
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "background-launch"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_eval_serve_stops_the_server_and_its_workers(fake_vllm, fake_checkpoint, tmp_path, sig, background):
+    """Also when started as a background job without job control, which ignores SIGINT: the
+    command handles SIGINT itself rather than relying on Python's default handler."""
     model = fake_checkpoint(tmp_path / "ckpt", "w")
     pids_file = tmp_path / "pids"
     env = {**os.environ, "PYTHONPATH": f"{fake_vllm}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "FAKE_PIDS": str(pids_file), "FAKE_DELAY_S": "0"}
     port = free_port()
     paravt, lines = start_eval_serve(["--model", str(model.path), "--python", sys.executable, "--server", "vllm",
-                                      "--port", str(port), "--startup-timeout-s", "60"], env=env)
+                                      "--port", str(port), "--startup-timeout-s", "60"], env=env,
+                                     background=background)
     try:
         assert any(line == f"endpoint: http://127.0.0.1:{port}/v1\n" for line in lines), lines
         server_pid, worker_pid = map(int, pids_file.read_text().split())
