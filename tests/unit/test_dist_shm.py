@@ -42,7 +42,7 @@ WORKER = textwrap.dedent("""
     total = torch.ones(1)
     dist.all_reduce(total)
     own = SHM_DIR / f"{SHM_BUFFER_PREFIX}_{os.getuid()}_{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}_{rank}"
-    print(f"rank {rank} sum {int(total.item())} segment {own.exists()}", flush=True)
+    print(f"rank {rank} sum {int(total.item())} segment {own.exists()} name {own.name}", flush=True)
     dist.barrier()
     os._exit(0)  # as a crash would: no process-group teardown, no cleanup of our own
 """)
@@ -57,15 +57,18 @@ def _segments() -> set[str]:
 def test_launched_workers_leave_no_allreduce_segment_behind(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    before, lines = _segments(), []
+    lines: list[str] = []
     launch_workers(script, [], num_ranks=2, log_line=lines.append,
                    env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     # the two ranks share one pipe: their lines may interleave
-    reports = sorted(re.findall(r"rank \d sum \d segment (?:True|False)", "\n".join(lines)))
+    reports = sorted(re.findall(r"rank \d sum \d segment (?:True|False) name \S+", "\n".join(lines)))
     # the segments did exist while the ranks ran (so the check below can fail) ...
-    assert reports == ["rank 0 sum 2 segment True", "rank 1 sum 2 segment True"], lines[-20:]
-    # ... and none is left once the launch returns
-    assert _segments() - before == set()
+    assert [r.split(" name ")[0] for r in reports] == ["rank 0 sum 2 segment True", "rank 1 sum 2 segment True"], \
+        lines[-20:]
+    # ... and neither is left once the launch returns (only this launch's: tests running beside
+    # this one may hold segments of their own)
+    names = {r.split(" name ")[1] for r in reports}
+    assert names & _segments() == set()
 
 
 IN_PROCESS = textwrap.dedent("""
