@@ -71,7 +71,7 @@ not measured: no 8B model has run on this project's GPUs yet.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paravt_core.config import EVAL_SPLITS, PipelineConfig
@@ -348,9 +348,9 @@ def _sft_stage(cfg: PipelineConfig, shape: ModelShape, budget: int) -> StageMemo
     working = (("activations", acts), ("logits", logits)) if acts + logits >= states.step else \
         (("fp32 gradients at the step", states.step),)
     return StageMemory("SFT", f"each of {sft.num_ranks} training GPUs", states.gpu + working, budget,
-                       "turn on sft.gradient_checkpointing, lower sft.micro_batch_size or sft.max_seq_len, use "
-                       "sft.loss_impl chunked, raise sft.num_ranks with sft.zero_stage 3, or offload "
-                       "(sft.deepspeed.offload_optimizer)",
+                       ("" if sft.gradient_checkpointing else "turn on sft.gradient_checkpointing, ")
+                       + "lower sft.micro_batch_size or sft.max_seq_len, use sft.loss_impl chunked, raise "
+                         "sft.num_ranks with sft.zero_stage 3, or offload (sft.deepspeed.offload_optimizer)",
                        note=f"micro-batch {sft.micro_batch_size} x {sft.max_seq_len} tokens, {frames} frames each")
 
 
@@ -377,8 +377,8 @@ def _rl_policy_stage(cfg: PipelineConfig, shape: ModelShape, budget: int) -> Sta
     working = (("activations", acts), ("logits chunk", logits)) if acts + logits >= states.step else \
         (("fp32 gradients at the step", states.step),)
     return StageMemory("RL policy pass", f"each of {rl.num_ranks} training GPUs", states.gpu + extra + working, budget,
-                       "turn on rl.gradient_checkpointing, lower rl.micro_batch_size, raise rl.num_ranks, or offload "
-                       "(rl.deepspeed.offload_optimizer)",
+                       ("" if rl.gradient_checkpointing else "turn on rl.gradient_checkpointing, ")
+                       + "lower rl.micro_batch_size, raise rl.num_ranks, or offload (rl.deepspeed.offload_optimizer)",
                        note=f"micro-batch {rl.micro_batch_size} x {length} tokens (longest trajectory the protocol "
                             "allows); the reference and proximal passes hold the same without autograd")
 
@@ -461,10 +461,33 @@ def _eval_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes:
     return stages
 
 
+def _fitting_change(cfg: PipelineConfig, shape: ModelShape, budget: int, section: str, stage_of) -> str | None:
+    """The first of: checkpointing on, then each smaller micro-batch with it, that fits; named as settings."""
+    current = getattr(cfg, section)
+    candidates = [(True, m) for m in range(current.micro_batch_size, 0, -1)]
+    for checkpointing, micro in candidates:
+        changed = current.model_copy(update={"gradient_checkpointing": checkpointing, "micro_batch_size": micro})
+        stage = stage_of(cfg.model_copy(update={section: changed}), shape, budget)
+        if not stage.over:
+            settings = [f"{section}.gradient_checkpointing: true"] if not current.gradient_checkpointing else []
+            if micro != current.micro_batch_size:
+                settings.append(f"{section}.micro_batch_size: {micro}")
+            return f"set {' and '.join(settings)} (plans {stage.total / GB:.1f} GB)" if settings else None
+    return None
+
+
 def memory_plan(cfg: PipelineConfig, shape: ModelShape, gpus: int, gpu_bytes: int) -> MemoryPlan:
-    """Every GPU stage's bytes on `gpus` cards of `gpu_bytes` each; see the module docstring."""
+    """Every GPU stage's bytes on `gpus` cards of `gpu_bytes` each; see the module docstring.
+
+    An over-budget SFT or RL policy pass names the smallest change of checkpointing and
+    micro-batch that fits, before the other knobs."""
     budget = int(gpu_bytes * (1 - RESERVE_FRACTION))
-    stages = [_sft_stage(cfg, shape, budget), _rl_policy_stage(cfg, shape, budget),
+    trained = []
+    for section, stage_of in (("sft", _sft_stage), ("rl", _rl_policy_stage)):
+        stage = stage_of(cfg, shape, budget)
+        change = _fitting_change(cfg, shape, budget, section, stage_of) if stage.over else None
+        trained.append(replace(stage, knobs=f"{change}; otherwise {stage.knobs}") if change else stage)
+    stages = [*trained,
               *_rollout_stages(cfg, shape, budget, gpu_bytes), *_eval_stages(cfg, shape, budget, gpu_bytes)]
     problems = []
     needed = gpus_needed(cfg)
