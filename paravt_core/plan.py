@@ -61,8 +61,13 @@ plan's figure for the same shape and settings is checked by `tests/unit/test_pla
 | run at the 2B shape (2.13 B) | measured | this plan |
 |---|---:|---:|
 | stock forward+backward, 5,150 tokens, 64 frames, no checkpointing, no optimizer | 42.5 GiB | 45.7 GiB |
-| SFT ZeRO-2 on one GPU, micro 1, checkpointing, `loss_impl: logits` | 43.7 GiB | 44.7 GiB |
-| RL ZeRO-3 policy + reference + `hf` copy on one GPU, micro 4, checkpointing | 48.1 GiB | 48.1-48.6 GiB |
+| SFT ZeRO-2 on one GPU, micro 1, checkpointing, `loss_impl: logits` | 43.7 GiB | 44.6 GiB |
+| RL ZeRO-3 policy + reference + `hf` copy on one GPU, micro 4, checkpointing | 48.1 GiB | 49.2 GiB |
+
+The RL row is the step's transient (4Ψ fp32 gradients on one rank) on top of the states:
+its short trajectories (16 frames, 128 new tokens) kept fewer bytes of activations, so it
+checks the states' accounting more than the activations'. The first row checks the activation
+and logits counts alone (7.5 % high); the SFT row both.
 
 Everything else (the 8B rows, SGLang's pool, the grammar check) is derived from these counts,
 not measured: no 8B model has run on this project's GPUs yet.
