@@ -79,8 +79,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from paravt_core.config import EVAL_SPLITS, PipelineConfig
-from paravt_core.sft.grammar import PER_SPLIT
+from paravt_core.config import EVAL_SPLITS, DeepSpeedConfig, PipelineConfig
 
 GB = 10**9
 GIB = 2**30
@@ -92,7 +91,9 @@ TOOL_RESPONSE_WRAP_TOKENS = 16  # <tool_response> tags and the turn's chat marke
 SFT_LOSS_CHUNK = 1024  # rows per [chunk, V] block of sft.loss_impl chunked / liger
 RESERVE_FRACTION = 0.10  # of each card, kept out of the budget
 SERVER_FRACTION = 0.80  # static pool of a server started without a fraction (SGLang sizes its own; vLLM's is 0.9)
-GRAMMAR_PROMPTS = PER_SPLIT * len(EVAL_SPLITS)  # the grammar check's held-out prompts (56)
+# The grammar check's held-out prompts: sft/grammar.py's PER_SPLIT (8, not imported: it brings
+# torch) per eval split, 56; tests/unit/test_plan.py keeps the two equal.
+GRAMMAR_PROMPTS = 8 * len(EVAL_SPLITS)
 
 
 class PlanError(ValueError):
@@ -220,6 +221,7 @@ class MemoryPlan:
     gpu_bytes: int
     stages: tuple[StageMemory, ...]
     problems: tuple[str, ...]  # placement that cannot work on these cards (too few GPUs)
+    unplanned: tuple[str, ...] = ()  # GPU memory the plan does not count, and why
 
     @property
     def refusals(self) -> list[str]:
@@ -245,6 +247,8 @@ class MemoryPlan:
         notes = [f"  {s.stage}: {s.note}" for s in self.stages if s.note]
         if notes:
             lines += ["", "Notes:", *notes]
+        if self.unplanned:
+            lines += ["", "Not planned:", *(f"  {u}" for u in self.unplanned)]
         if self.refusals:
             lines += ["", "Over budget:", *(f"  - {r}" for r in self.refusals)]
         return "\n".join(lines)
@@ -256,9 +260,12 @@ class _States:
     step: int  # the optimizer step's transient on the card
 
 
-def _model_states(psi: int, ranks: int, stage: int, ds, shape: ModelShape) -> _States:
+def _model_states(psi: int, ranks: int, stage: int, ds: DeepSpeedConfig, shape: ModelShape) -> _States:
     """ZeRO accounting per rank (module docstring)."""
-    split = lambda n, from_stage: n / ranks if stage >= from_stage else n  # noqa: E731
+
+    def split(size: int, from_stage: int) -> float:
+        return size / ranks if stage >= from_stage else size
+
     weights = 0 if ds.offload_param != "none" else split(2 * psi, 3)
     optimizer = 0 if ds.offload_optimizer != "none" else split(12 * psi, 1)
     buffers = 2 * ds.reduce_bucket_size
@@ -402,11 +409,9 @@ def _rollout_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_byt
                             budget, "lower rl.group_size or rl.rollout.max_new_tokens, or serve the rollouts "
                                     "(rl.rollout.engine sglang)",
                             note=f"{episodes} episodes of up to {length} tokens generated together")]
-    if ro.engine == "vllm":
-        return []
     sg = ro.sglang
-    if sg.url is not None:
-        return []
+    if ro.engine == "vllm" or sg.url is not None:
+        return []  # named in MemoryPlan.unplanned
     if sg.placement == "split":
         pool = int((sg.mem_fraction_static or SERVER_FRACTION) * gpu_bytes)
         weights = 2 * shape.params // sg.tp_size
@@ -469,9 +474,8 @@ def _eval_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes:
 def _fitting_change(cfg: PipelineConfig, shape: ModelShape, budget: int, section: str, stage_of) -> str | None:
     """The first of: checkpointing on, then each smaller micro-batch with it, that fits; named as settings."""
     current = getattr(cfg, section)
-    candidates = [(True, m) for m in range(current.micro_batch_size, 0, -1)]
-    for checkpointing, micro in candidates:
-        changed = current.model_copy(update={"gradient_checkpointing": checkpointing, "micro_batch_size": micro})
+    for micro in range(current.micro_batch_size, 0, -1):
+        changed = current.model_copy(update={"gradient_checkpointing": True, "micro_batch_size": micro})
         stage = stage_of(cfg.model_copy(update={section: changed}), shape, budget)
         if not stage.over:
             settings = [f"{section}.gradient_checkpointing: true"] if not current.gradient_checkpointing else []
@@ -500,4 +504,13 @@ def memory_plan(cfg: PipelineConfig, shape: ModelShape, gpus: int, gpu_bytes: in
         problems.append(f"the config places work on {needed} GPUs (sft.num_ranks {cfg.sft.num_ranks}, "
                         f"rl.num_ranks {cfg.rl.num_ranks} + the rollout server's rl.rollout.sglang.gpus) but "
                         f"{gpus} are given: lower the ranks or run on more GPUs")
-    return MemoryPlan(shape.name, shape.params, gpus, gpu_bytes, tuple(stages), tuple(problems))
+    return MemoryPlan(shape.name, shape.params, gpus, gpu_bytes, tuple(stages), tuple(problems), _unplanned(cfg))
+
+
+def _unplanned(cfg: PipelineConfig) -> tuple[str, ...]:
+    ro = cfg.rl.rollout
+    if ro.engine == "vllm":
+        return ("RL rollout server (vLLM): started with vLLM's own memory settings, which this plan does not model",)
+    if ro.engine == "sglang" and ro.sglang.url is not None:
+        return (f"RL rollout server at {ro.sglang.url}: runs on GPUs this config does not place",)
+    return ()

@@ -24,7 +24,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from paravt_core.config import PipelineConfig
-from paravt_core.plan import GB, GIB, MemoryPlan, PlanError, gpus_needed, memory_plan, model_shape
+from paravt_core.plan import GB, GIB, MemoryPlan, ModelShape, PlanError, gpus_needed, memory_plan, model_shape
 
 SUPPORTED_PYTHONS = ((3, 11), (3, 12))
 # The oldest Linux driver each CUDA major release runs on (NVIDIA's CUDA toolkit release notes,
@@ -205,11 +205,7 @@ def _packages(cfg: PipelineConfig, probes: Probes) -> list[Check]:
     return checks
 
 
-def _memory(cfg: PipelineConfig, facts: CudaFacts) -> tuple[Check, MemoryPlan | None]:
-    try:
-        shape = model_shape(cfg.model.base)
-    except PlanError as err:
-        return Check("memory plan", False, str(err), "give model.base as a local model folder"), None
+def _memory(cfg: PipelineConfig, shape: ModelShape, facts: CudaFacts) -> tuple[Check, MemoryPlan | None]:
     if not facts.device_bytes:
         return Check("memory plan", False, "no GPU to plan for",
                      "see `cuda`; `paravt plan --gpus N --gpu-memory-gib M` prints the plan for given cards"), None
@@ -222,16 +218,14 @@ def _memory(cfg: PipelineConfig, facts: CudaFacts) -> tuple[Check, MemoryPlan | 
 def run_preflight(cfg: PipelineConfig, probes: Probes) -> Preflight:
     """Every check (none is skipped after a failure, so one run lists all that is missing)."""
     facts = probes.cuda()
-    shape_params = None
-    try:
-        shape_params = model_shape(cfg.model.base).params
-    except PlanError:
-        pass
     checks = [_python(probes), _cuda(facts), _gpu_count(cfg, facts), _driver(facts, probes.driver_version())]
-    if shape_params is not None:
-        checks.append(_disk(cfg, shape_params, probes))
-    checks += _packages(cfg, probes)
-    memory, plan = _memory(cfg, facts)
+    try:
+        shape = model_shape(cfg.model.base)
+    except PlanError as err:
+        checks.append(Check("model shape", False, str(err), "give model.base as a local model folder"))
+        return Preflight((*checks, *_packages(cfg, probes)))
+    checks += [_disk(cfg, shape.params, probes), *_packages(cfg, probes)]
+    memory, plan = _memory(cfg, shape, facts)
     return Preflight((*checks, memory), plan)
 
 

@@ -102,6 +102,14 @@ def test_all_56_grammar_episodes_in_one_generate_do_not_fit_one_card():
     assert refusal.startswith("SFT grammar check") and "sft.grammar_batch" in refusal
 
 
+def test_the_plan_counts_the_grammar_checks_prompts():
+    from paravt_core.config import EVAL_SPLITS
+    from paravt_core.plan import GRAMMAR_PROMPTS
+    from paravt_core.sft.grammar import PER_SPLIT
+
+    assert GRAMMAR_PROMPTS == PER_SPLIT * len(EVAL_SPLITS) == 56
+
+
 def test_too_few_gpus_for_the_ranks_and_the_server_are_refused():
     (refusal,) = _plan(gpus=4).refusals
     assert "8 GPUs" in refusal and "4 are given" in refusal
@@ -172,3 +180,9 @@ def test_paravt_plan_refuses_what_it_cannot_plan_with_exit_2(args, message, caps
     monkeypatch.chdir(REPO)
     assert main(["plan", *args, "--gpus", "8", "--gpu-memory-gib", "79"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_vllm_rollout_server_is_listed_as_not_planned():
+    plan = _plan(["rl.rollout.engine=vllm", "rl.rollout.sglang.placement=colocated", "rl.rollout.sglang.gpus=[]"])
+    assert not [s for s in plan.stages if s.stage.startswith("RL rollout")]
+    assert "vLLM" in plan.format().split("Not planned:")[1]

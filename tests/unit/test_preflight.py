@@ -128,3 +128,8 @@ def test_the_flows_preflight_task_raises_with_the_list(monkeypatch):
     monkeypatch.setattr("tasks.preflight.system_probes", lambda: ready(driver_version=lambda: "535.1"))
     with pytest.raises(PreflightFailed, match="FAIL  driver"):
         preflight.fn(load_config(CONFIG_8B))
+
+
+def test_a_model_of_unknown_shape_is_named_and_the_other_checks_still_run():
+    problems = failed(ready(), ["model.base=someone/else"])
+    assert set(problems) == {"model shape"} and "no shape known" in problems["model shape"].detail
