@@ -114,6 +114,7 @@ def test_paravt_preflight_exits_2_on_a_config_that_does_not_load(capsys):
 
 
 def test_paravt_run_refuses_an_unready_machine_before_any_stage(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(REPO)  # the flows' default parameters name conf/pipeline/tiny.yaml from the root
     monkeypatch.setattr(pf, "system_probes", lambda: ready(python_version=lambda: (3, 10, 12)))
     out = tmp_path / "run"
     assert main(["run", "--config", CONFIG_8B, "--set", f"run.output_dir={out}"]) == 2
