@@ -134,3 +134,40 @@ def test_the_flows_preflight_task_raises_with_the_list(monkeypatch):
 def test_a_model_of_unknown_shape_is_named_and_the_other_checks_still_run():
     problems = failed(ready(), ["model.base=someone/else"])
     assert set(problems) == {"model shape"} and "no shape known" in problems["model shape"].detail
+
+
+# The real probes, on whatever machine runs the tests.
+def _script(folder: Path, name: str, body: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("body, driver", [("echo 580.159.04; echo 580.159.04", "580.159.04"),
+                                          ("echo 'NVIDIA-SMI has failed' >&2; exit 9", None)])
+def test_the_driver_is_read_from_nvidia_smi(tmp_path, monkeypatch, body, driver):
+    _script(tmp_path / "bin", "nvidia-smi", body)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert pf._nvidia_driver() == driver
+
+
+def test_no_nvidia_smi_is_no_driver(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert pf._nvidia_driver() is None
+
+
+def test_modules_are_looked_up_in_the_interpreter_named(tmp_path):
+    other = _script(tmp_path / "bin", "python", f'exec "{sys.executable}" "$@"')
+    assert pf._has_module(str(other), "json") and not pf._has_module(str(other), "no_such_module_paravt")
+    assert not pf._has_module(str(tmp_path / "missing" / "python"), "json")
+    assert pf._has_module(sys.executable, "json") and not pf._has_module(sys.executable, "no_such_module_paravt")
+
+
+def test_torch_facts_agree_with_torch():
+    import torch
+
+    facts = pf._torch_facts()
+    assert facts.torch_version == torch.__version__ and facts.cuda_build == torch.version.cuda
+    assert len(facts.device_bytes) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
