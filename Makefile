@@ -12,7 +12,10 @@ export PREFECT_HOME ?= $(CURDIR)/.prefect
 export TOKENIZERS_PARALLELISM ?= false
 
 # GPU profile: its own venv and constraints (requirements-gpu.txt), SGLang's CUDA torch.
-GPU_PYTHON ?= python3
+# requirements-gpu.txt resolves for Python 3.11 and 3.12 only, so not for a plain `python3` on
+# Ubuntu 22.04 (3.10): the first of python3.12 and python3.11 on PATH, else install-gpu says
+# what to install.
+GPU_PYTHON ?= $(firstword $(foreach p,python3.12 python3.11,$(shell command -v $(p) 2>/dev/null)))
 GPU_VENV := .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 # The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
@@ -31,6 +34,11 @@ install: $(STAMP)
 # SGLang first: it brings the CUDA torch that DeepSpeed's source build then imports
 # (no build isolation; DeepSpeed's CUDA ops are JIT-built on first use).
 $(GPU_STAMP): pyproject.toml requirements-gpu.txt
+	@$(GPU_PYTHON) -c 'import sys, ensurepip; sys.exit(sys.version_info[:2] not in ((3, 11), (3, 12)))' 2>/dev/null || { \
+	  echo "make install-gpu: needs Python 3.11 or 3.12 with its venv module (requirements-gpu.txt resolves for those"; \
+	  echo "only); GPU_PYTHON is '$(GPU_PYTHON)'. Install one, e.g. on Ubuntu 22.04 (python3 is 3.10):"; \
+	  echo "  sudo apt install python3.11 python3.11-venv   (from the deadsnakes PPA where apt has none)"; \
+	  echo "or point GPU_PYTHON at one: make install-gpu GPU_PYTHON=/path/to/python3.11"; exit 1; }
 	test -x $(GPU_VENV)/bin/python || $(GPU_PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
 	$(GPU_VENV)/bin/python -m pip install -q -c requirements-gpu.txt sglang

@@ -99,6 +99,10 @@ def _run(args: argparse.Namespace) -> int:
     if params is None:
         return 2
     cfg = params.load()
+    from paravt_core.preflight_cli import check_before_run
+
+    if not check_before_run("paravt run", cfg, args.config):  # a GPU config on an unready machine (#44)
+        return 2
 
     def show(outputs: dict[str, str]) -> None:
         print("\nPipeline finished. Outputs:")

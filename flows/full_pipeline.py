@@ -18,6 +18,7 @@ from flows.eval import eval_stage
 from flows.params import PipelineParams
 from flows.progress import PROGRESS
 from paravt_core.eval.report import format_table
+from paravt_core.preflight import needs_gpu
 from paravt_core.run_lock import hold_output_dir
 from paravt_core.set_aside import (
     format_set_aside,
@@ -28,6 +29,7 @@ from paravt_core.set_aside import (
     write_set_aside,
 )
 from tasks.model import base_stage
+from tasks.preflight import preflight
 from tasks.registry import promote, register
 from tasks.rl import rl
 from tasks.sft import sft, sft_grammar
@@ -40,6 +42,8 @@ def full_pipeline(params: PipelineParams = PipelineParams()) -> dict[str, str]:
         log = get_run_logger()
         log.info("pipeline %s -> %s", cfg.run.name, cfg.run.output_dir.resolve())
         PROGRESS.reset()  # also run outside the CLI (deployments): the record starts with this run
+        if needs_gpu(cfg):  # the machine and the memory plan, before any stage (#44)
+            preflight(cfg)
         data = data_stage(cfg)
         PROGRESS.stage("sft data", data.sft.path)
         base = base_stage(cfg)

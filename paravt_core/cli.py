@@ -13,11 +13,12 @@ import importlib
 import os
 import sys
 
-# In the order a user meets them: run the pipeline, inspect configs, data, models, evaluation,
-# rewards and RL replays, reports; then the miniature's own commands.
+# In the order a user meets them: run the pipeline, inspect configs, plan and check a GPU run, data,
+# models, evaluation, rewards and RL replays, reports; then the miniature's own commands.
 COMMAND_MODULES = (
     "flows.cli",
     "paravt_core.config_cli",
+    "paravt_core.preflight_cli",
     "paravt_core.data.cli",
     "paravt_core.model.cli",
     "paravt_core.eval.cli",

@@ -263,6 +263,10 @@ class SFTConfig(_Section):
     # Same values either way; off only to measure it.
     host_positions: bool = True
     checkpoint_every: int = Field(100, ge=1)
+    # Episodes per `generate` in the grammar check after SFT (sft/grammar.py). None: all its
+    # prompts at once (56 on the seven splits), which at 8B is ~260 k prefill tokens and ~55 GB of
+    # KV cache on one GPU, more than an 80 GB card holds (`paravt plan`, issue #44).
+    grammar_batch: int | None = Field(None, ge=1)
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
 
     @model_validator(mode="after")
@@ -523,7 +527,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
     ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
-    ("data.synth", "validation"), ("rl.gating", "draw_key"),
+    ("data.synth", "validation"), ("rl.gating", "draw_key"), ("sft", "grammar_batch"),
 )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +70,14 @@ def held_out_prompts(sft_rows: Sequence[dict], samples: Sequence) -> list[Episod
     return prompts
 
 
+def in_batches(prompts: Sequence[EpisodePrompt], size: int | None, run: Callable[[list], list]) -> list:
+    """`run` over `prompts` `size` at a time (all at once when None), results in prompt order.
+
+    One `generate` over all 56 prompts does not fit one GPU at 8B (`sft.grammar_batch`)."""
+    size = size or max(1, len(prompts))
+    return [episode for start in range(0, len(prompts), size) for episode in run(list(prompts[start:start + size]))]
+
+
 def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: PipelineConfig,
                    undecodable: set[str] | None = None) -> GrammarReport:
     """Greedy episodes of `model_dir` on `prompts`; a prompt whose video does not decode is set
@@ -90,8 +98,8 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
                        attn_implementation=cfg.model.attn_implementation)
     engine = HFEngine(model.eval(), processor)
     kept, episodes = run_dropping_undecodable(
-        prompts, lambda batch: run_episodes(engine, processor, batch, cfg.rl.rollout, cfg.video, group_size=1,
-                                            temperature=0.0),
+        prompts, lambda kept: in_batches(kept, cfg.sft.grammar_batch, lambda batch: run_episodes(
+            engine, processor, batch, cfg.rl.rollout, cfg.video, group_size=1, temperature=0.0)),
         lambda p: p.video_path, undecodable, logging.getLogger(__name__).warning, who="SFT grammar check")
     kept_ids = {p.prompt_id for p in kept}
     return GrammarReport(
@@ -104,8 +112,11 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
     )
 
 
+PER_SPLIT = 8  # held-out prompts per eval split (the memory plan counts them: paravt_core/plan.py)
+
+
 def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, eval_dir: Path,
-        per_split: int = 8) -> dict[str, GrammarReport]:
+        per_split: int = PER_SPLIT) -> dict[str, GrammarReport]:
     """Grammar of the base and SFT checkpoints on held-out eval-split questions.
 
     The first `per_split` samples of each of the seven splits with a video: 56 prompts on the

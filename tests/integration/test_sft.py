@@ -360,9 +360,11 @@ def test_a_damaged_frame_cache_entry_is_decoded_again(short_video: Path, tmp_pat
     assert entry.read_bytes() == data  # rewritten whole
 
 
+@pytest.mark.parametrize("grammar_batch", ["null", "1"])
 def test_the_grammar_check_sets_aside_a_held_out_video_that_does_not_decode(tiny_model_dir: Path, short_video: Path,
-                                                                           tmp_path: Path):
-    """Issue #33 item 1: one undecodable held-out video stopped `paravt run` in the sft-grammar task."""
+                                                                           tmp_path: Path, grammar_batch: str):
+    """Issue #33 item 1: one undecodable held-out video stopped `paravt run` in the sft-grammar task.
+    In batches (`sft.grammar_batch`), the failing batch's video is set aside and the check runs again."""
     from paravt_core.eval.samples import EvalSample
     from paravt_core.sft.grammar import grammar_report, held_out_prompts
 
@@ -374,7 +376,7 @@ def test_the_grammar_check_sets_aside_a_held_out_video_that_does_not_decode(tiny
     prompts = held_out_prompts([{"messages": conversation(short_video)}], samples)
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
         f"run.output_dir={tmp_path / 'out'}", "video.nframes=2", "video.max_pixels=3072",
-        "rl.rollout.max_new_tokens=8", "rl.rollout.max_turns=1"])
+        "rl.rollout.max_new_tokens=8", "rl.rollout.max_turns=1", f"sft.grammar_batch={grammar_batch}"])
     undecodable: set[str] = set()
     report = grammar_report(tiny_model_dir, prompts, cfg, undecodable)
     assert report.episodes == 2 and undecodable == {str(broken)}

@@ -76,3 +76,20 @@ def test_held_out_prompts_take_the_system_prompt_of_a_row_that_calls_tools(tmp_p
     assert prompt.messages[0]["content"][0]["text"] == "AGENTIC SYSTEM"
     (prompt,) = held_out_prompts([direct], [sample])
     assert prompt.messages[0]["content"][0]["text"] == "DIRECT SYSTEM"
+
+
+def test_the_grammar_check_generates_in_batches_of_sft_grammar_batch_in_prompt_order():
+    # At 8B all 56 episodes in one generate need ~105 GB on one GPU (paravt plan); sft.grammar_batch
+    # bounds a generate. None keeps the former single generate.
+    from paravt_core.sft.grammar import in_batches
+
+    calls = []
+
+    def run(batch):
+        calls.append(list(batch))
+        return [f"episode {p}" for p in batch]
+
+    assert in_batches(list(range(7)), 3, run) == [f"episode {i}" for i in range(7)]
+    assert calls == [[0, 1, 2], [3, 4, 5], [6]]
+    calls.clear()
+    assert len(in_batches(list(range(7)), None, run)) == 7 and calls == [list(range(7))]

@@ -1,0 +1,516 @@
+"""The memory plan: bytes per GPU of every stage of a GPU run, before any stage runs (#44 item 3).
+
+`memory_plan(cfg, shape, gpus, gpu_bytes)` is a pure function of the typed config, the model's
+shape and the cards; `paravt plan` prints it and `paravt preflight` / `paravt run` refuse a
+config whose plan is over budget, naming the knob. Stages, per GPU:
+
+- SFT, each of `sft.num_ranks` ranks: model states + the larger of the micro-batch's
+  forward/backward and the optimizer step's transient.
+- RL policy pass, each of `rl.num_ranks` ranks: the policy's model states, the reference (when
+  `rl.kl_mode` is not none), the `hf` engine's whole rollout copy, + the larger of one
+  micro-batch's forward/backward and the step's transient. The reference and proximal passes
+  hold the same and run without autograd: never larger, so they share this row.
+- RL rollout: the `hf` engine on each rank (its copy, KV cache of the rank's episodes, the
+  prefill), or SGLang's server (`split`: its own GPUs; `colocated`: beside the trainer).
+- SFT grammar check (`paravt_core/sft/grammar.py`, `hf` on one GPU), and evaluation: the
+  `hf` evaluator (`eval.concurrency` episodes per generate) or the served model (`openai`).
+
+The formula (Ψ parameters, N ranks; bytes):
+
+- Model states, by the ZeRO paper's accounting (Rajbhandari et al. 2020, §3): bf16 weights
+  2Ψ, bf16 gradients 2Ψ, fp32 master weights and Adam's two moments 12Ψ. ZeRO-1 splits the
+  12Ψ over N, ZeRO-2 also the gradients, ZeRO-3 also the weights; optimizer offload moves
+  the 12Ψ to the host, parameter offload (ZeRO-3) the weights. At the optimizer step DeepSpeed
+  also holds an fp32 copy of the rank's gradient partition (4Ψ/N; on the host with optimizer
+  offload): a transient that meets no activations, so a pass costs max(activations, 4Ψ/N).
+  ZeRO buffers: the reduce bucket (2 bytes x `reduce_bucket_size`), with ZeRO-3 the prefetch
+  bucket and the largest gathered module (the embedding, V x h), with ZeRO-1/2 the all-gather
+  bucket.
+- Activations per token per text layer, counted from transformers' Qwen3-VL decoder layer
+  (SDPA): bf16 tensors kept for backward are the two RMSNorms' inputs and outputs (4h), q/k/v
+  projections, q/k after their norms and after rope, the attention output (4 q_dim + 4 kv_dim)
+  and the MLP's gate, up, SiLU and product (4I); each RMSNorm also keeps its float32 input and
+  normalized value (8 bytes x (2h + q_dim + kv_dim)). Total 24h + 16 q_dim + 16 kv_dim + 8I
+  bytes: 147 kB at the 2B shape, 279 kB at 8B (10.0 MB per token over 36 layers). Per vision
+  patch per block: LayerNorms, qkv, rope'd q/k (also in float32), attention output and the MLP
+  (34 vh + 4 vI bytes). Activation checkpointing keeps each layer's input (2h per token, 2 vh
+  per patch) and recomputes one layer at a time. Eager attention adds the [heads, L, L] scores
+  (6 bytes each); SDPA with padding (micro-batch > 1, not packed) a [B, L, L] mask (3 bytes).
+- Logits: `sft.loss_impl: logits` builds [T, V] bf16 logits, their float32 copy and float32
+  log-softmax (12 bytes x T x V); the chunked passes (`chunked`, `liger`, every RL pass) at
+  most four [chunk, V] blocks (16 bytes x chunk x V, chunk = `rl.logprob_chunk`, 1024 for SFT).
+- Generation (`hf`): whole bf16 weights (2Ψ), KV cache (2 x layers x kv_dim x 2 bytes per
+  token) of every sequence in the batch up to prompt + one turn's new tokens, and the prefill's
+  live set without autograd: the larger of the text layer's (12h + 6I bytes per prompt token)
+  and a vision block's (8 vh + 4 vI per patch). Servers (SGLang, vLLM) hold weights and KV
+  cache inside their static fraction of the card (`mem_fraction_static`; `paravt eval serve`
+  leaves it to the server, planned here at `SERVER_FRACTION`) and queue what does not fit, so
+  a server is over budget only when its pool cannot hold one longest request.
+- Lengths are the protocol's bounds (SPEC §3): frames of at most `video.max_pixels` (16-pixel
+  patches, 2x2 merged into a token, `FRAME_TEXT_TOKENS` for its timestamp), the overview's
+  largest gated K, every turn generating `max_new_tokens` and every tool round returning
+  `max_parallel` responses of `tool_response_max_tokens`; `PROMPT_TEXT_TOKENS` for the system
+  prompt and question. A micro-batch is left-padded to its longest trajectory.
+- Budget: the card's memory less `RESERVE_FRACTION`, which max_memory_allocated (what the
+  calibration figures are) does not see: the CUDA context, NCCL buffers, the allocator's
+  fragmentation.
+
+Measured against derived (one H100 80 GB, `docs/gpu_check.md`, max_memory_allocated; the
+plan's figure for the same shape and settings is checked by `tests/unit/test_plan.py`):
+
+| run at the 2B shape (2.13 B) | measured | this plan |
+|---|---:|---:|
+| stock forward+backward, 5,150 tokens, 64 frames, no checkpointing, no optimizer | 42.5 GiB | 45.7 GiB |
+| SFT ZeRO-2 on one GPU, micro 1, checkpointing, `loss_impl: logits` | 43.7 GiB | 44.6 GiB |
+| RL ZeRO-3 policy + reference + `hf` copy on one GPU, micro 4, checkpointing | 48.1 GiB | 49.2 GiB |
+
+The RL row is the step's transient (4Ψ fp32 gradients on one rank) on top of the states:
+its short trajectories (16 frames, 128 new tokens) kept fewer bytes of activations, so it
+checks the states' accounting more than the activations'. The first row checks the activation
+and logits counts alone (7.5 % high); the SFT row both.
+
+Everything else (the 8B rows, SGLang's pool, the grammar check) is derived from these counts,
+not measured: no 8B model has run on this project's GPUs yet.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from paravt_core.config import EVAL_SPLITS, DeepSpeedConfig, PipelineConfig
+
+GB = 10**9
+GIB = 2**30
+PATCH = 16  # Qwen3-VL's vision patch side (pixels)
+MERGE = 2  # 2x2 patches merge into one LLM token
+FRAME_TEXT_TOKENS = 8  # a frame's timestamp and vision markers: ~6 in the 2B benchmark sample (5,150 tokens)
+PROMPT_TEXT_TOKENS = 1024  # system prompt + question allowance (the agentic prompts are a few hundred)
+TOOL_RESPONSE_WRAP_TOKENS = 16  # <tool_response> tags and the turn's chat markers, per call
+SFT_LOSS_CHUNK = 1024  # rows per [chunk, V] block of sft.loss_impl chunked / liger
+RESERVE_FRACTION = 0.10  # of each card, kept out of the budget
+SERVER_FRACTION = 0.80  # static pool of a server started without a fraction (SGLang sizes its own; vLLM's is 0.9)
+# The grammar check's held-out prompts: sft/grammar.py's PER_SPLIT (8, not imported: it brings
+# torch) per eval split, 56; tests/unit/test_plan.py keeps the two equal.
+GRAMMAR_PROMPTS = 8 * len(EVAL_SPLITS)
+
+
+class PlanError(ValueError):
+    """No plan can be made (the model's shape is unknown); the message says what to give."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes the plan needs of a Qwen3-VL model (text stack + vision tower)."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    vision_hidden: int
+    vision_depth: int
+    vision_intermediate: int
+    vision_out: int
+    deepstack: int
+    vision_positions: int = 2304
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def params(self) -> int:
+        """Parameter count from the module shapes (2.13 B at 2B, 8.77 B at 8B, as GPU.md's models)."""
+        h, vh, vi = self.hidden, self.vision_hidden, self.vision_intermediate
+        layer = 2 * h * self.q_dim + 2 * h * self.kv_dim + 2 * self.head_dim + 3 * h * self.intermediate + 2 * h
+        text = self.vocab * h * (1 if self.tied else 2) + self.layers * layer + h
+        block = 4 * vh + 3 * vh * vh + 3 * vh + vh * vh + vh + 2 * vh * vi + vi + vh
+
+        def merger(norm: int) -> int:
+            return 2 * norm + 16 * vh * vh + 4 * vh + 4 * vh * self.vision_out + self.vision_out
+
+        vision = 3 * 2 * PATCH * PATCH * vh + vh + self.vision_positions * vh + self.vision_depth * block
+        return text + vision + merger(vh) + self.deepstack * merger(4 * vh)
+
+    @property
+    def text_layer_bytes(self) -> int:
+        """Bytes kept for backward per token per text layer (module docstring)."""
+        return 24 * self.hidden + 16 * self.q_dim + 16 * self.kv_dim + 8 * self.intermediate
+
+    @property
+    def vision_block_bytes(self) -> int:
+        """Bytes kept for backward per patch per vision block."""
+        return 34 * self.vision_hidden + 4 * self.vision_intermediate
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_dim * 2
+
+
+QWEN3_VL_2B = ModelShape("Qwen3-VL-2B", hidden=2048, layers=28, heads=16, kv_heads=8, head_dim=128,
+                         intermediate=6144, vocab=151936, tied=True, vision_hidden=1024, vision_depth=24,
+                         vision_intermediate=4096, vision_out=2048, deepstack=3)
+QWEN3_VL_8B = ModelShape("Qwen3-VL-8B", hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128,
+                         intermediate=12288, vocab=151936, tied=False, vision_hidden=1152, vision_depth=27,
+                         vision_intermediate=4304, vision_out=4096, deepstack=3)
+KNOWN_SHAPES = {f"Qwen/Qwen3-VL-{size}-{kind}": shape for size, shape in (("2B", QWEN3_VL_2B), ("8B", QWEN3_VL_8B))
+                for kind in ("Instruct", "Thinking")}
+
+
+def model_shape(base: str) -> ModelShape:
+    """The shape of `model.base`: a known hub id, or a local model folder's config.json."""
+    if base in KNOWN_SHAPES:
+        return KNOWN_SHAPES[base]
+    config = Path(base) / "config.json"
+    if not config.is_file():
+        raise PlanError(f"model.base {base!r}: no shape known for it and no {config} to read one from; give a local "
+                        f"model folder, or one of {sorted(KNOWN_SHAPES)}")
+    try:
+        raw = json.loads(config.read_text())
+        text, vision = raw["text_config"], raw["vision_config"]
+        return ModelShape(
+            name=str(base), hidden=text["hidden_size"], layers=text["num_hidden_layers"],
+            heads=text["num_attention_heads"], kv_heads=text["num_key_value_heads"],
+            head_dim=text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"],
+            intermediate=text["intermediate_size"], vocab=text["vocab_size"],
+            tied=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            vision_hidden=vision["hidden_size"], vision_depth=vision["depth"],
+            vision_intermediate=vision["intermediate_size"], vision_out=vision["out_hidden_size"],
+            deepstack=len(vision.get("deepstack_visual_indexes", ())),
+            vision_positions=vision.get("num_position_embeddings", 2304))
+    except (ValueError, KeyError, TypeError) as err:
+        raise PlanError(f"{config}: not a Qwen3-VL config ({type(err).__name__}: {err}); the plan needs its "
+                        "text_config and vision_config") from None
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One stage's bytes on its busiest GPU; `parts` add up to the total."""
+
+    stage: str
+    where: str
+    parts: tuple[tuple[str, int], ...]
+    budget: int
+    knobs: str  # what lowers it, named in the refusal
+    note: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(size for _, size in self.parts)
+
+    @property
+    def over(self) -> bool:
+        return self.total > self.budget
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: str
+    params: int
+    gpus: int
+    gpu_bytes: int
+    stages: tuple[StageMemory, ...]
+    problems: tuple[str, ...]  # placement that cannot work on these cards (too few GPUs)
+    unplanned: tuple[str, ...] = ()  # GPU memory the plan does not count, and why
+
+    @property
+    def refusals(self) -> list[str]:
+        over = [f"{s.stage} ({s.where}) needs {s.total / GB:.1f} GB of a {s.budget / GB:.1f} GB budget: "
+                f"{s.knobs}" for s in self.stages if s.over]
+        return [*self.problems, *over]
+
+    @property
+    def fits(self) -> bool:
+        return not self.refusals
+
+    def format(self) -> str:
+        head = (f"Memory plan: {self.model} ({self.params / 1e9:.2f} B parameters) on {self.gpus} GPU(s) of "
+                f"{self.gpu_bytes / GIB:.1f} GiB; budget per card {1 - RESERVE_FRACTION:.0%} of it "
+                f"(GB = 10^9 bytes; derived, see paravt_core/plan.py)")
+        rows = [("stage", "where", "needs GB", "budget GB", "verdict", "largest parts")]
+        for s in self.stages:
+            largest = sorted(s.parts, key=lambda p: -p[1])[:3]
+            rows.append((s.stage, s.where, f"{s.total / GB:.1f}", f"{s.budget / GB:.1f}",
+                         "OVER" if s.over else "fits", ", ".join(f"{n} {b / GB:.1f}" for n, b in largest)))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [head, ""] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[5] for r in rows]
+        notes = [f"  {s.stage}: {s.note}" for s in self.stages if s.note]
+        if notes:
+            lines += ["", "Notes:", *notes]
+        if self.unplanned:
+            lines += ["", "Not planned:", *(f"  {u}" for u in self.unplanned)]
+        if self.refusals:
+            lines += ["", "Over budget:", *(f"  - {r}" for r in self.refusals)]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _States:
+    gpu: tuple[tuple[str, int], ...]  # resident on the card for the whole stage
+    step: int  # the optimizer step's transient on the card
+
+
+def _model_states(psi: int, ranks: int, stage: int, ds: DeepSpeedConfig, shape: ModelShape) -> _States:
+    """ZeRO accounting per rank (module docstring)."""
+
+    def split(size: int, from_stage: int) -> float:
+        return size / ranks if stage >= from_stage else size
+
+    weights = 0 if ds.offload_param != "none" else split(2 * psi, 3)
+    optimizer = 0 if ds.offload_optimizer != "none" else split(12 * psi, 1)
+    buffers = 2 * ds.reduce_bucket_size
+    if stage == 3:
+        buffers += 2 * ds.stage3_prefetch_bucket_size + 2 * shape.vocab * shape.hidden
+    elif stage in (1, 2):
+        buffers += 2 * ds.allgather_bucket_size
+    step = 0 if ds.offload_optimizer != "none" else split(4 * psi, 1)
+    return _States((("weights", int(weights)), ("gradients", int(split(2 * psi, 2))),
+                    ("optimizer", int(optimizer)), ("ZeRO buffers", int(buffers))), int(step))
+
+
+def _activations(shape: ModelShape, batch: int, length: int, patches: int, checkpointing: bool,
+                 attention: str, packed: bool = False) -> int:
+    """Bytes kept for one forward/backward of `batch` sequences of `length` tokens and `patches` patches."""
+    tokens = batch * length
+    if checkpointing:
+        text = tokens * (shape.layers * 2 * shape.hidden + shape.text_layer_bytes)
+        vision = patches * (shape.vision_depth * 2 * shape.vision_hidden + shape.vision_block_bytes)
+        kept_layers = 1
+    else:
+        text = tokens * shape.layers * shape.text_layer_bytes
+        vision = patches * shape.vision_depth * shape.vision_block_bytes
+        kept_layers = shape.layers
+    if attention == "eager":
+        text += kept_layers * batch * shape.heads * length * length * 6
+    elif attention == "sdpa" and batch > 1 and not packed:
+        text += batch * length * length * 3
+    return text + vision
+
+
+def _prefill(shape: ModelShape, prompt_tokens: int, patches: int) -> int:
+    """The live set of a prefill without autograd: one text layer or one vision block at a time."""
+    text = prompt_tokens * (12 * shape.hidden + 6 * shape.intermediate)
+    vision = patches * (8 * shape.vision_hidden + 4 * shape.vision_intermediate)
+    return max(text, vision)
+
+
+def frame_tokens(cfg: PipelineConfig) -> tuple[int, int]:
+    """(patches, LLM tokens) of one frame at most `video.max_pixels` pixels, timestamp included."""
+    patches = cfg.video.max_pixels // (PATCH * PATCH)
+    return patches, patches // (MERGE * MERGE) + FRAME_TEXT_TOKENS
+
+
+def overview_frames(cfg: PipelineConfig) -> int:
+    """The most overview frames an RL prompt gets: the largest gated K (SPEC §5), else video.nframes."""
+    return max(cfg.rl.gating.choices) if cfg.rl.gating.enabled else cfg.video.nframes
+
+
+def rl_trajectory_tokens(cfg: PipelineConfig) -> tuple[int, int, int]:
+    """(longest trajectory, its prompt, patches) of an RL rollout under the protocol's bounds (SPEC §3)."""
+    ro = cfg.rl.rollout
+    patches, per_frame = frame_tokens(cfg)
+    k = overview_frames(cfg)
+    prompt = PROMPT_TEXT_TOKENS + k * per_frame
+    rounds = ro.max_turns * ro.max_parallel * (ro.tool_response_max_tokens + TOOL_RESPONSE_WRAP_TOKENS)
+    main = prompt + (ro.max_turns + 1) * ro.max_new_tokens + rounds
+    sub_prompt = PROMPT_TEXT_TOKENS + cfg.video.crop_max_frames * per_frame
+    sub = sub_prompt + ro.subagent_max_new_tokens if cfg.rl.train_subagents else 0
+    return max(main, sub), prompt, max(k, cfg.video.crop_max_frames) * patches
+
+
+def eval_request_tokens(cfg: PipelineConfig) -> tuple[int, int]:
+    """(longest evaluation episode, its prompt): frames-mode tool rounds return crops' frames (SPEC §7)."""
+    ev = cfg.eval
+    _, per_frame = frame_tokens(cfg)
+    prompt = PROMPT_TEXT_TOKENS + ev.nframes * per_frame
+    if ev.tool_mode == "frames":
+        per_call = cfg.video.crop_max_frames * per_frame
+    else:
+        per_call = cfg.rl.rollout.tool_response_max_tokens
+    rounds = ev.max_turns * ev.max_parallel * (per_call + TOOL_RESPONSE_WRAP_TOKENS)
+    return prompt + (ev.max_turns + 1) * ev.max_new_tokens + rounds, prompt
+
+
+def gpus_needed(cfg: PipelineConfig) -> int:
+    """GPUs one node needs: the training ranks, plus a split SGLang server's own GPUs."""
+    sg = cfg.rl.rollout.sglang
+    server = sg.gpus if cfg.rl.rollout.engine == "sglang" and sg.placement == "split" and sg.url is None else ()
+    return max(cfg.sft.num_ranks, cfg.rl.num_ranks + len(server), max(server, default=-1) + 1)
+
+
+def _sft_stage(cfg: PipelineConfig, shape: ModelShape, budget: int) -> StageMemory:
+    sft = cfg.sft
+    states = _model_states(shape.params, sft.num_ranks, sft.zero_stage, sft.deepspeed, shape)
+    patches, _ = frame_tokens(cfg)
+    frames = max(cfg.video.sft_max_frames, cfg.video.crop_max_frames)
+    acts = _activations(shape, sft.micro_batch_size, sft.max_seq_len, sft.micro_batch_size * frames * patches,
+                        sft.gradient_checkpointing, cfg.model.attn_implementation, sft.packing)
+    tokens = sft.micro_batch_size * sft.max_seq_len
+    logits = (12 * tokens if sft.loss_impl == "logits" else 16 * min(tokens, SFT_LOSS_CHUNK)) * shape.vocab
+    working = (("activations", acts), ("logits", logits)) if acts + logits >= states.step else \
+        (("fp32 gradients at the step", states.step),)
+    return StageMemory("SFT", f"each of {sft.num_ranks} training GPUs", states.gpu + working, budget,
+                       ("" if sft.gradient_checkpointing else "turn on sft.gradient_checkpointing, ")
+                       + "lower sft.micro_batch_size or sft.max_seq_len, use sft.loss_impl chunked, raise "
+                         "sft.num_ranks with sft.zero_stage 3, or offload (sft.deepspeed.offload_optimizer)",
+                       note=f"micro-batch {sft.micro_batch_size} x {sft.max_seq_len} tokens, {frames} frames each")
+
+
+def _rl_residents(cfg: PipelineConfig, shape: ModelShape) -> tuple[_States, tuple[tuple[str, int], ...]]:
+    rl = cfg.rl
+    states = _model_states(shape.params, rl.num_ranks, rl.zero_stage, rl.deepspeed, shape)
+    extra: list[tuple[str, int]] = []
+    if rl.kl_mode != "none":
+        whole = rl.zero_stage != 3
+        extra.append(("reference", 0 if rl.deepspeed.offload_param != "none" and not whole
+                      else 2 * shape.params // (1 if whole else rl.num_ranks)))
+    if rl.rollout.engine == "hf":
+        extra.append(("hf rollout copy", 2 * shape.params))
+    return states, tuple(extra)
+
+
+def _rl_policy_stage(cfg: PipelineConfig, shape: ModelShape, budget: int) -> StageMemory:
+    rl = cfg.rl
+    states, extra = _rl_residents(cfg, shape)
+    length, _, patches = rl_trajectory_tokens(cfg)
+    acts = _activations(shape, rl.micro_batch_size, length, rl.micro_batch_size * patches, rl.gradient_checkpointing,
+                        cfg.model.attn_implementation)
+    logits = 16 * rl.logprob_chunk * shape.vocab
+    working = (("activations", acts), ("logits chunk", logits)) if acts + logits >= states.step else \
+        (("fp32 gradients at the step", states.step),)
+    return StageMemory("RL policy pass", f"each of {rl.num_ranks} training GPUs", states.gpu + extra + working, budget,
+                       ("" if rl.gradient_checkpointing else "turn on rl.gradient_checkpointing, ")
+                       + "lower rl.micro_batch_size, raise rl.num_ranks, or offload (rl.deepspeed.offload_optimizer)",
+                       note=f"micro-batch {rl.micro_batch_size} x {length} tokens (longest trajectory the protocol "
+                            "allows); the reference and proximal passes hold the same without autograd")
+
+
+def _rollout_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes: int) -> list[StageMemory]:
+    rl, ro = cfg.rl, cfg.rl.rollout
+    length, prompt, patches = rl_trajectory_tokens(cfg)
+    kv_one = length * shape.kv_bytes_per_token
+    if ro.engine == "hf":
+        states, extra = _rl_residents(cfg, shape)
+        episodes = rl.prompts_per_step // rl.num_ranks * rl.group_size
+        kv = episodes * length * shape.kv_bytes_per_token
+        return [StageMemory("RL rollout (hf)", f"each of {rl.num_ranks} training GPUs",
+                            states.gpu + extra + (("KV cache", kv), ("prefill", _prefill(shape, episodes * prompt,
+                                                                                         episodes * patches))),
+                            budget, "lower rl.group_size or rl.rollout.max_new_tokens, or serve the rollouts "
+                                    "(rl.rollout.engine sglang)",
+                            note=f"{episodes} episodes of up to {length} tokens generated together")]
+    sg = ro.sglang
+    if ro.engine == "vllm" or sg.url is not None:
+        return []  # named in MemoryPlan.unplanned
+    if sg.placement == "split":
+        pool = int((sg.mem_fraction_static or SERVER_FRACTION) * gpu_bytes)
+        weights = 2 * shape.params // sg.tp_size
+        held = max(0, pool - weights) // max(1, kv_one // sg.tp_size)
+        return [StageMemory("RL rollout server (SGLang)", f"server GPU(s) {list(sg.gpus)}",
+                            (("weights", weights), ("one longest episode's KV", kv_one // sg.tp_size)), pool,
+                            "raise rl.rollout.sglang.mem_fraction_static or tp_size (with more sglang.gpus)",
+                            note=f"its {pool / GB:.1f} GB pool holds {held} episodes of {length} tokens at once "
+                                 f"({rl.prompts_per_step * rl.group_size} per step; SGLang queues the rest)")]
+    states, extra = _rl_residents(cfg, shape)
+    if sg.mem_fraction_static is None:
+        return [StageMemory("RL rollout server (SGLang, colocated)", f"each of {rl.num_ranks} training GPUs",
+                            states.gpu + extra, budget, "offload the trainer (rl.deepspeed)",
+                            note="the server takes the memory free at its start-up (no "
+                                 "rl.rollout.sglang.mem_fraction_static): set one to plan its KV cache")]
+    pool = int(sg.mem_fraction_static * gpu_bytes)
+    return [StageMemory("RL rollout server (SGLang, colocated)", f"each of {rl.num_ranks} training GPUs",
+                        states.gpu + extra + (("server pool", pool),), budget,
+                        "lower rl.rollout.sglang.mem_fraction_static, raise rl.num_ranks, or offload "
+                        "(rl.deepspeed.offload_optimizer)",
+                        note="the trainer's states stay on the card while the server generates")]
+
+
+def _generation_stage(name: str, shape: ModelShape, batch: int, prompt: int, new_tokens: int, patches: int,
+                      budget: int, knobs: str, note: str) -> StageMemory:
+    kv = batch * (prompt + new_tokens) * shape.kv_bytes_per_token
+    return StageMemory(name, "one GPU", (("weights", 2 * shape.params), ("KV cache", kv),
+                                         ("prefill", _prefill(shape, batch * prompt, batch * patches))),
+                       budget, knobs, note)
+
+
+def _eval_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes: int) -> list[StageMemory]:
+    patches, per_frame = frame_tokens(cfg)
+    grammar_prompt = PROMPT_TEXT_TOKENS + cfg.video.nframes * per_frame
+    batch = min(cfg.sft.grammar_batch or GRAMMAR_PROMPTS, GRAMMAR_PROMPTS)
+    stages = [_generation_stage(
+        "SFT grammar check (hf)", shape, batch, grammar_prompt, cfg.rl.rollout.max_new_tokens,
+        cfg.video.nframes * patches, budget, "lower sft.grammar_batch (episodes per generate)",
+        f"{batch} of its {GRAMMAR_PROMPTS} episodes per generate ({batch * grammar_prompt} prefill tokens), first turn")]
+    ev = cfg.eval
+    length, prompt = eval_request_tokens(cfg)
+    if ev.engine == "hf":
+        stages.append(_generation_stage(
+            "evaluation (hf)", shape, ev.concurrency, prompt, ev.max_new_tokens, ev.nframes * patches, budget,
+            "lower eval.concurrency", f"{ev.concurrency} samples per generate, first turn"))
+    else:
+        pool = int(SERVER_FRACTION * gpu_bytes)
+        kv_one = length * shape.kv_bytes_per_token
+        held = max(0, pool - 2 * shape.params) // kv_one
+        stages.append(StageMemory("evaluation server", "one GPU", (("weights", 2 * shape.params),
+                                                                   ("one longest request's KV", kv_one)),
+                                  pool, "lower eval.max_turns, eval.max_parallel or eval.max_new_tokens, or serve "
+                                        "with tensor parallelism",
+                                  note=f"planned at {SERVER_FRACTION:.0%} of the card; holds {held} requests of "
+                                       f"{length} tokens at once (eval.concurrency {ev.concurrency}; the server "
+                                       "queues the rest)"))
+    return stages
+
+
+def _fitting_change(cfg: PipelineConfig, shape: ModelShape, budget: int, section: str, stage_of) -> str | None:
+    """The first of: checkpointing on, then each smaller micro-batch with it, that fits; named as settings."""
+    current = getattr(cfg, section)
+    for micro in range(current.micro_batch_size, 0, -1):
+        changed = current.model_copy(update={"gradient_checkpointing": True, "micro_batch_size": micro})
+        stage = stage_of(cfg.model_copy(update={section: changed}), shape, budget)
+        if not stage.over:
+            settings = [f"{section}.gradient_checkpointing: true"] if not current.gradient_checkpointing else []
+            if micro != current.micro_batch_size:
+                settings.append(f"{section}.micro_batch_size: {micro}")
+            return f"set {' and '.join(settings)} (plans {stage.total / GB:.1f} GB)" if settings else None
+    return None
+
+
+def memory_plan(cfg: PipelineConfig, shape: ModelShape, gpus: int, gpu_bytes: int) -> MemoryPlan:
+    """Every GPU stage's bytes on `gpus` cards of `gpu_bytes` each; see the module docstring.
+
+    An over-budget SFT or RL policy pass names the smallest change of checkpointing and
+    micro-batch that fits, before the other knobs."""
+    budget = int(gpu_bytes * (1 - RESERVE_FRACTION))
+    trained = []
+    for section, stage_of in (("sft", _sft_stage), ("rl", _rl_policy_stage)):
+        stage = stage_of(cfg, shape, budget)
+        change = _fitting_change(cfg, shape, budget, section, stage_of) if stage.over else None
+        trained.append(replace(stage, knobs=f"{change}; otherwise {stage.knobs}") if change else stage)
+    stages = [*trained,
+              *_rollout_stages(cfg, shape, budget, gpu_bytes), *_eval_stages(cfg, shape, budget, gpu_bytes)]
+    problems = []
+    needed = gpus_needed(cfg)
+    if needed > gpus and cfg.sft.hostfile is None and cfg.rl.hostfile is None:
+        problems.append(f"the config places work on {needed} GPUs (sft.num_ranks {cfg.sft.num_ranks}, "
+                        f"rl.num_ranks {cfg.rl.num_ranks} + the rollout server's rl.rollout.sglang.gpus) but "
+                        f"{gpus} are given: lower the ranks or run on more GPUs")
+    return MemoryPlan(shape.name, shape.params, gpus, gpu_bytes, tuple(stages), tuple(problems), _unplanned(cfg))
+
+
+def _unplanned(cfg: PipelineConfig) -> tuple[str, ...]:
+    ro = cfg.rl.rollout
+    if ro.engine == "vllm":
+        return ("RL rollout server (vLLM): started with vLLM's own memory settings, which this plan does not model",)
+    if ro.engine == "sglang" and ro.sglang.url is not None:
+        return (f"RL rollout server at {ro.sglang.url}: runs on GPUs this config does not place",)
+    return ()
