@@ -61,8 +61,12 @@ install-serve: $(SERVE_STAMP)
 demo: $(STAMP)
 	$(BIN)/paravt run --config $(CONFIG) $(ARGS)
 
+# TEST_WORKERS: pytest-xdist workers (auto: one per core, at most 4; 0 runs in this process).
+TEST_WORKERS ?= auto
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal)
+
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not server"
+	$(BIN)/python -m pytest tests -m "not server" $(XDIST) --durations 15
 
 # The server tier: a real vLLM (from .venv-serve) serving tiny Qwen3-VL models; fails, not
 # skips, when the serve venv is missing (PARAVT_SERVER_TIER=1).

@@ -21,6 +21,14 @@ os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Under pytest-xdist (`make test` runs `-n auto`) each worker gets its share of the cores, so
+# N workers with torch's default of one thread per core do not oversubscribe the machine;
+# set before torch is imported (it reads OMP_NUM_THREADS once), and inherited by the
+# processes tests start (DeepSpeed ranks, servers).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_BENCHMARKS = REPO_ROOT.parent / "shared" / "benchmarks"
 
