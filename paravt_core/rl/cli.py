@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from paravt_core.agent.tool_calls import TOOL_NAME, ParsedBlock, parse_tool_calls
+from paravt_core.json_lines import BadLine, is_blank, load_json_line, raw_lines
 from paravt_core.rewards import OPEN_ENDED_MODES, QUESTION_TYPES, compute_reward
 
 _REQUIRED_STRINGS = ("completion", "answer")
@@ -93,14 +94,15 @@ def run_replay_command(args: argparse.Namespace) -> int:
 
 
 def run_rewards_command(args: argparse.Namespace) -> int:
-    return score_json_lines(sys.stdin, sys.stdout, sys.stderr)
+    return score_json_lines(raw_lines(sys.stdin), sys.stdout, sys.stderr)
 
 
-def score_json_lines(lines: Iterable[str], out: TextIO, err: TextIO) -> int:
-    """Score each non-blank JSON line of `lines`; returns the exit status (1 if any line was bad)."""
+def score_json_lines(lines: Iterable[bytes | str], out: TextIO, err: TextIO) -> int:
+    """Score each non-blank JSON line of `lines` (bytes are decoded line by line, so a line that is
+    not UTF-8 is that line's error); returns the exit status (1 if any line was bad)."""
     status = 0
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if is_blank(line):
             continue
         try:
             result = score_record(parse_record(line))
@@ -111,14 +113,12 @@ def score_json_lines(lines: Iterable[str], out: TextIO, err: TextIO) -> int:
     return status
 
 
-def parse_record(line: str) -> dict[str, object]:
+def parse_record(line: bytes | str) -> dict[str, object]:
     """Decode and check one input line; returns the record with the SPEC defaults filled in."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputLineError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
-    except (ValueError, RecursionError):  # an overlong number or too deep nesting
-        raise InputLineError("not valid JSON (a number is too long or nesting too deep)") from None
+        record = load_json_line(line)
+    except BadLine as exc:
+        raise InputLineError(str(exc)) from None
     if not isinstance(record, dict):
         raise InputLineError("expected a JSON object")
     unknown = sorted(set(record) - set(_KNOWN_KEYS))
