@@ -76,3 +76,16 @@ def test_held_out_prompts_take_the_system_prompt_of_a_row_that_calls_tools(tmp_p
     assert prompt.messages[0]["content"][0]["text"] == "AGENTIC SYSTEM"
     (prompt,) = held_out_prompts([direct], [sample])
     assert prompt.messages[0]["content"][0]["text"] == "DIRECT SYSTEM"
+
+
+def test_no_held_out_sample_is_said_so_before_any_model_loads(tmp_path):
+    """Issue #48 item 3: with no prepared benchmark split the check failed as if every video were undecodable."""
+    from paravt_core.config import PipelineConfig
+    from paravt_core.sft import grammar
+
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "eval").mkdir()
+    with pytest.raises(grammar.NoHeldOutPrompts, match=r"no held-out prompt: no benchmark split prepared under "
+                                                       r".*eval \(found: none\) .*eval.splits must name"):
+        # model folders that do not exist: the check must stop before loading any
+        grammar.run(PipelineConfig(), tmp_path / "no-base", tmp_path / "no-sft", tmp_path / "rows", tmp_path / "eval")
