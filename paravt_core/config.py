@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from paravt_core.atomic import folder_problem
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.model.tiny import TinyModelSpec
 
@@ -725,24 +725,3 @@ def _output_folders(cfg: PipelineConfig) -> list[tuple[str, Path]]:
     if cfg.data.hub_cache_dir is not None:
         folders.append(("data.hub_cache_dir", cfg.data.hub_cache_dir))
     return folders
-
-
-def folder_problem(folder: Path) -> str | None:
-    """Why `folder` cannot be used or created as a folder, or None when it can.
-
-    Checked at load, without creating anything, so that a path under a file fails before any
-    stage runs, not as a NotADirectoryError traceback when the run first writes there
-    (issue #48 item 9)."""
-    folder = folder.absolute()  # not normalized: `file/..` fails to be created, as it should here
-    try:
-        for place in (folder, *folder.parents):
-            if place.is_dir():
-                if not os.access(place, os.W_OK | os.X_OK):
-                    return "is not writable" if place == folder else f"{place} is not writable"
-                return None
-            if os.path.lexists(place):
-                kind = "a link to nothing" if place.is_symlink() and not place.exists() else "a file"
-                return f"is {kind}, not a folder" if place == folder else f"{place} is {kind}, not a folder"
-    except OSError as err:  # a name too long for the file system, a loop of links
-        return f"cannot be checked ({err.strerror})"
-    return None
