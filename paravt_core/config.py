@@ -693,9 +693,14 @@ def load_rl_row(path: str | Path) -> dict[str, Any]:
     try:
         RLConfig.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(f"rl.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
-        raise ConfigError(f"{path}: {problems}") from None
+        raise ConfigError(f"{path}: {_problems(err, 'rl.')}") from None
     return raw
+
+
+def _problems(err: ValidationError, prefix: str = "") -> str:
+    """Pydantic's errors on one line, each with its dotted key (without its "Value error, " lead)."""
+    return "; ".join(f"{prefix}{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in err.errors())
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None,
@@ -709,10 +714,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
-        )
-        raise ConfigError(f"{path}: {problems}") from None
+        raise ConfigError(f"{path}: {_problems(err)}") from None
     problems = [f"{key} {folder}: {why}" for key, folder in _output_folders(cfg) if (why := folder_problem(folder))]
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems) + "; choose a folder that can be created")
