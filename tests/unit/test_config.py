@@ -298,3 +298,10 @@ def test_any_command_refuses_a_config_that_does_not_load_in_one_line(tmp_path: P
     err = capsys.readouterr().err
     assert err.startswith(f"paravt report: {config}: run.output_dir ") and "is a file, not a folder" in err
     assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_an_empty_event_kind_list_is_refused_at_load():
+    # it passed, then the data stage failed drawing an event kind from nothing (random.choice of ())
+    with pytest.raises(ConfigError, match="data.synth.event_kinds: Tuple should have at least 1 item"):
+        load_config(CONF / "pipeline" / "tiny.yaml", ["data.synth.event_kinds=[]"])
+    assert load_config(CONF / "pipeline" / "tiny.yaml", ["data.synth.event_kinds=[digit]"]).data.synth.event_kinds
