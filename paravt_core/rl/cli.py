@@ -145,6 +145,11 @@ def score_record(record: dict[str, object]) -> dict[str, object]:
         oe_mode=record["mode"],
         question=record["question"],
     )
+    terms = (breakdown.acc, breakdown.format, breakdown.tool, breakdown.total)
+    if not all(math.isfinite(term) for term in terms):
+        # Each weight is finite, but their product can overflow: JSON has no inf to print.
+        raise InputLineError(f"anchor_weight {record['anchor_weight']} and format_weight {record['format_weight']} "
+                             "make the reward overflow a float; give weights of ordinary size")
     return {
         "answer": breakdown.answer,
         "acc": round(breakdown.acc, _DECIMALS),
@@ -174,5 +179,17 @@ def _check_record_types(record: dict[str, object]) -> None:
         raise InputLineError('"answer_suffix" must be true or false')
     for key in ("anchor_weight", "format_weight"):
         value = record[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise InputLineError(f'"{key}" must be a finite number, got {value!r}')
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _fits_a_float(value):
+            raise InputLineError(f'"{key}" must be a finite number, got {_short(value)}')
+
+
+def _fits_a_float(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # a JSON integer of hundreds of digits
+        return False
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"

@@ -78,3 +78,25 @@ def test_eval_score_prints_json_for_a_number_too_long_for_a_float(monkeypatch, c
     out = capsys.readouterr().out
     assert status == 0
     assert "Infinity" not in out and json.loads(out) == {"pred": None, "score": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        # a JSON integer too large for a float: math.isfinite raised OverflowError, ending the stream
+        ('{"completion": "x", "answer": "B", "question_type": "mcq", "anchor_weight": 1' + "0" * 400 + "}",
+         '"anchor_weight" must be a finite number, got 10000000000000000000...(401 characters)'),
+        # finite weights whose product is not: the line printed "total": -Infinity, which is not JSON
+        ('{"completion": "<think>abc", "answer": "B", "question_type": "mcq", "anchor_weight": 1e308, '
+         '"format_weight": 1e308}', "make the reward overflow a float"),
+    ],
+)
+def test_rewards_weights_too_large_are_that_lines_error(bad: str, message: str, monkeypatch, capsys) -> None:
+    byte_stdin(monkeypatch, [REWARDS_GOOD, bad.encode(), REWARDS_GOOD])
+    status = main(["rewards"])
+    out, err = capsys.readouterr()
+    assert "Infinity" not in out
+    outputs = [json.loads(line) for line in out.splitlines()]
+    assert status == 1 and len(outputs) == 3
+    assert outputs[1]["line"] == 2 and message in outputs[1]["error"]
+    assert outputs[2]["total"] == pytest.approx(1.6)
