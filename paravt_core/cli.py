@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INPUT_ERROR = 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -45,6 +48,15 @@ def main(argv: list[str] | None = None) -> int:
         # and keep the interpreter's final flush from failing on the closed pipe too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:
+        from paravt_core.config import ConfigError  # here, not at the top: it imports pydantic
+
+        if not isinstance(exc, ConfigError):
+            raise
+        # A config that does not load is the user's input, whichever command read it: one line
+        # naming the file and the key, never a traceback (issue #48 item 9).
+        print(f"paravt {args.command}: {exc}", file=sys.stderr)
+        return INPUT_ERROR
 
 
 if __name__ == "__main__":

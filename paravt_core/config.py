@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from paravt_core.atomic import folder_problem
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.model.tiny import TinyModelSpec
 
@@ -492,6 +493,11 @@ class EvalConfig(_Section):
 
     @model_validator(mode="after")
     def _known_splits(self) -> EvalConfig:
+        # An empty list passed here and failed only after SFT had trained: the data stage prepares
+        # eval.splits, and the SFT grammar check takes its held-out prompts from them (issue #48 item 3).
+        if not self.splits:
+            raise ValueError(f"eval.splits is empty; list at least one of {list(EVAL_SPLITS)} (the SFT grammar "
+                             "check and the evaluation run on them)")
         unknown = sorted(set(self.splits) - set(KNOWN_SPLITS))
         if unknown:
             raise ValueError(f"eval.splits has unknown split(s) {unknown}; known: {list(KNOWN_SPLITS)}")
@@ -591,6 +597,11 @@ class ConfigError(ValueError):
     """A config file that does not load; the message names the file and the bad keys."""
 
 
+# The shipped configs are under 6 KB; a file this large is not a config, and parsing 50 MB of
+# YAML took a minute and 1.8 GB before pydantic refused it (issue #48 item 9).
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = tree
@@ -658,7 +669,15 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{what} file {path} does not exist (see conf/ for the shipped ones)")
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)  # never more, however large the file is
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, too large for a {what} file (at most "
+                          f"{MAX_CONFIG_BYTES:,} bytes; the shipped ones are a few KB); point at a {what} YAML")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 text (byte {err.start} is {err.object[err.start]:#04x}); "
                           "save the file as UTF-8") from None
@@ -678,9 +697,14 @@ def load_rl_row(path: str | Path) -> dict[str, Any]:
     try:
         RLConfig.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(f"rl.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
-        raise ConfigError(f"{path}: {problems}") from None
+        raise ConfigError(f"{path}: {_problems(err, 'rl.')}") from None
     return raw
+
+
+def _problems(err: ValidationError, prefix: str = "") -> str:
+    """Pydantic's errors on one line, each with its dotted key (without its "Value error, " lead)."""
+    return "; ".join(f"{prefix}{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in err.errors())
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None,
@@ -692,9 +716,18 @@ def load_config(path: str | Path, overrides: list[str] | None = None,
         raw = _merge(raw, {"rl": load_rl_row(rl_row)})
     raw = _merge(raw, parse_overrides(overrides or []))
     try:
-        return PipelineConfig.model_validate(raw)
+        cfg = PipelineConfig.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
-        )
-        raise ConfigError(f"{path}: {problems}") from None
+        raise ConfigError(f"{path}: {_problems(err)}") from None
+    problems = [f"{key} {folder}: {why}" for key, folder in _output_folders(cfg) if (why := folder_problem(folder))]
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems) + "; choose a folder that can be created")
+    return cfg
+
+
+def _output_folders(cfg: PipelineConfig) -> list[tuple[str, Path]]:
+    """The folders a run creates, by config key (everything else it writes lies under run.output_dir)."""
+    folders = [("run.output_dir", cfg.run.output_dir)]
+    if cfg.data.hub_cache_dir is not None:
+        folders.append(("data.hub_cache_dir", cfg.data.hub_cache_dir))
+    return folders

@@ -18,6 +18,12 @@ with them. Where the SPEC §7 wording leaves a choice open we decide as follows:
   must follow the keyword directly, after an optional "time" and ":".
 - A pair taken from the keyword or first-two-numbers rules is returned as written, even
   reversed; a reversed interval has IoU 0.
+- A chosen pair holding a number too long for a float (the release's `float` gives inf,
+  e.g. a 400-digit run) is no prediction: it scored IoU 0 there as well, and inf has no JSON
+  form, so `eval score` printed `Infinity`, which JSON readers refuse (issue #48 item 4).
+  The later rules are not tried, which could score a pair the release never looked at.
+- Numbers are digit runs, as in the release's rules: "1e308 to 1e309" reads 1 and 308 (no
+  rule reads an exponent), kept because the paper's grounding numbers were scored so.
 - Aggregates are fractions in [0, 1] (the paper prints percentages) and refuse an empty
   list rather than invent a value.
 
@@ -29,6 +35,7 @@ start where a digit run starts (`(?<!\d)`), which keeps the leftmost match they 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -198,14 +205,13 @@ def extract_grounding_times(response: str) -> tuple[float, float] | None:
     Rules in order, on the `<time>` body if there is one, then on the whole response:
     `M:SS(.f) - M:SS(.f)` kept if start < end < 3600; `a - b` seconds kept if b > a;
     the numbers after start/begin and end/finish keywords if both exist; the first two
-    numbers in the text.
+    numbers in the text. A pair holding a number too long for a float is no prediction.
     """
     body = first_tag_body(response, "time")
-    if body is not None:
-        times = _times_in(body)
-        if times is not None:
-            return times
-    return _times_in(response)
+    times = _times_in(body) if body is not None else None
+    if times is None:
+        times = _times_in(response)
+    return times if times is None or all(math.isfinite(t) for t in times) else None
 
 
 def score_grounding(response: str, gt: tuple[float, float]) -> Scored:

@@ -407,12 +407,17 @@ def run_dropping_undecodable(prompts: Sequence[PromptT], run: Callable[[list[Pro
     of a grammar check) skips those videos at once.
 
     Raises:
+        ValueError: no prompts were given (not a decoding failure: there was nothing to decode).
         VideoDecodeError: no prompt is left, or the failing video is not one of the prompts'.
     """
+    if not prompts:
+        # Told apart from "every video failed": an empty list used to read "no prompt has a video
+        # that decodes ... undecodable so far: []" (issue #48 item 3).
+        raise ValueError(f"{who}: given no prompts at all, so there is nothing to roll out")
     kept = [p for p in prompts if str(video_of(p)) not in undecodable]
     while True:
         if not kept:
-            raise VideoDecodeError(video_of(prompts[0]) if prompts else "-",
+            raise VideoDecodeError(video_of(prompts[0]),
                                    f"no prompt of this {who} has a video that decodes",
                                    f"Check the videos; undecodable so far: {sorted(undecodable)}")
         try:

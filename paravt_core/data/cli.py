@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from paravt_core.atomic import output_folder
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -19,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="generate the synthetic long-video world (ParaVT and benchmark repos) as a local hub cache",
         description=__doc__.splitlines()[0],
     )
-    parser.add_argument("--out", required=True, type=Path, help="output folder; the hub cache goes to OUT/hub")
+    parser.add_argument("--out", required=True, type=output_folder, help="output folder; the hub cache goes to OUT/hub")
     parser.add_argument("--seed", type=int, default=None, help="random seed (overrides the config's)")
     parser.add_argument("--config", type=Path, default=None, help="YAML file with SynthConfig fields")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.eval.samples import SPLITS, EvalSample, read_split
+from paravt_core.json_lines import is_blank, load_json_line, raw_lines
 from paravt_core.scoring import Scored, score_grounding, score_mcq
 
 INPUT_ERROR = 2
@@ -160,12 +161,12 @@ def score_stdin(args: argparse.Namespace) -> int:
     """One output line per non-blank input line; a bad line gets {"pred": null, "score": null,
     "error": ...} (and its reason on stderr) and scoring goes on; exit 2 if any line was bad."""
     bad = 0
-    for number, line in enumerate(sys.stdin, start=1):
-        if not line.strip():
+    for number, line in enumerate(raw_lines(sys.stdin), start=1):
+        if is_blank(line):
             continue
         try:
-            scored = score_record(json.loads(line))
-        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            scored = score_record(load_json_line(line))
+        except ValueError as exc:  # BadLine is a ValueError
             print(f"paravt eval score: stdin line {number}: {exc}", file=sys.stderr)
             print(json.dumps({"pred": None, "score": None, "error": f"line {number}: {exc}"}))
             bad += 1

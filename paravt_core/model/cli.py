@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from paravt_core.atomic import output_folder
+
 
 def _tiny_model(args: argparse.Namespace) -> int:
     from paravt_core.model.tiny import TinyModelSpec, build_tiny_model
@@ -18,6 +20,6 @@ def _tiny_model(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("tiny-model", help="write a tiny random-weight Qwen3-VL model directory")
-    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--out", required=True, type=output_folder, help="output model directory")
     p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (same seed, same files)")
     p.set_defaults(func=_tiny_model)

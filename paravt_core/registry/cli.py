@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from paravt_core.atomic import output_folder
+
 
 def _report(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
@@ -29,5 +31,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--experiment", required=True, help="MLflow experiment name (mlflow.experiment in the config)")
     p.add_argument("--config", default="conf/pipeline/tiny.yaml", help="pipeline YAML whose MLflow store to read")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the config's)")
-    p.add_argument("--out", default=None, help="output folder (default outputs/report/<experiment>)")
+    p.add_argument("--out", default=None, type=output_folder,
+                   help="output folder (default outputs/report/<experiment>)")
     p.set_defaults(func=_report)

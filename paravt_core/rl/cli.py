@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from paravt_core.agent.tool_calls import TOOL_NAME, ParsedBlock, parse_tool_calls
+from paravt_core.json_lines import BadLine, is_blank, load_json_line, raw_lines
 from paravt_core.rewards import OPEN_ENDED_MODES, QUESTION_TYPES, compute_reward
 
 _REQUIRED_STRINGS = ("completion", "answer")
@@ -93,14 +94,15 @@ def run_replay_command(args: argparse.Namespace) -> int:
 
 
 def run_rewards_command(args: argparse.Namespace) -> int:
-    return score_json_lines(sys.stdin, sys.stdout, sys.stderr)
+    return score_json_lines(raw_lines(sys.stdin), sys.stdout, sys.stderr)
 
 
-def score_json_lines(lines: Iterable[str], out: TextIO, err: TextIO) -> int:
-    """Score each non-blank JSON line of `lines`; returns the exit status (1 if any line was bad)."""
+def score_json_lines(lines: Iterable[bytes | str], out: TextIO, err: TextIO) -> int:
+    """Score each non-blank JSON line of `lines` (bytes are decoded line by line, so a line that is
+    not UTF-8 is that line's error); returns the exit status (1 if any line was bad)."""
     status = 0
     for number, line in enumerate(lines, start=1):
-        if not line.strip():
+        if is_blank(line):
             continue
         try:
             result = score_record(parse_record(line))
@@ -111,14 +113,12 @@ def score_json_lines(lines: Iterable[str], out: TextIO, err: TextIO) -> int:
     return status
 
 
-def parse_record(line: str) -> dict[str, object]:
+def parse_record(line: bytes | str) -> dict[str, object]:
     """Decode and check one input line; returns the record with the SPEC defaults filled in."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputLineError(f"not valid JSON ({exc.msg} at character {exc.pos})") from None
-    except (ValueError, RecursionError):  # an overlong number or too deep nesting
-        raise InputLineError("not valid JSON (a number is too long or nesting too deep)") from None
+        record = load_json_line(line)
+    except BadLine as exc:
+        raise InputLineError(str(exc)) from None
     if not isinstance(record, dict):
         raise InputLineError("expected a JSON object")
     unknown = sorted(set(record) - set(_KNOWN_KEYS))
@@ -145,6 +145,11 @@ def score_record(record: dict[str, object]) -> dict[str, object]:
         oe_mode=record["mode"],
         question=record["question"],
     )
+    terms = (breakdown.acc, breakdown.format, breakdown.tool, breakdown.total)
+    if not all(math.isfinite(term) for term in terms):
+        # Each weight is finite, but their product can overflow: JSON has no inf to print.
+        raise InputLineError(f"anchor_weight {record['anchor_weight']} and format_weight {record['format_weight']} "
+                             "make the reward overflow a float; give weights of ordinary size")
     return {
         "answer": breakdown.answer,
         "acc": round(breakdown.acc, _DECIMALS),
@@ -174,5 +179,17 @@ def _check_record_types(record: dict[str, object]) -> None:
         raise InputLineError('"answer_suffix" must be true or false')
     for key in ("anchor_weight", "format_weight"):
         value = record[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise InputLineError(f'"{key}" must be a finite number, got {value!r}')
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _fits_a_float(value):
+            raise InputLineError(f'"{key}" must be a finite number, got {_short(value)}')
+
+
+def _fits_a_float(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # a JSON integer of hundreds of digits
+        return False
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"

@@ -23,6 +23,10 @@ from paravt_core.config import PipelineConfig
 ANSWER = re.compile(r"<answer>\s*\S.*?</answer>", re.S)
 
 
+class NoHeldOutPrompts(ValueError):
+    """No prepared benchmark split has a sample with its video, so there is nothing to check."""
+
+
 @dataclass(frozen=True)
 class GrammarReport:
     episodes: int
@@ -132,6 +136,12 @@ def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, 
         split_json = Path(eval_dir) / split / "split.json"
         if split_json.is_file():
             samples += [s for s in load_split_file(split_json) if not s.video_missing][:per_split]
+    if not samples:
+        # Before any model loads, and not as a decoding failure: there was nothing to decode.
+        prepared = sorted(p.parent.name for p in Path(eval_dir).glob("*/split.json"))
+        raise NoHeldOutPrompts(f"SFT grammar check: no held-out prompt: no benchmark split prepared under {eval_dir} "
+                               f"(found: {prepared or 'none'}) has a sample whose video is there; eval.splits must "
+                               f"name at least one of {list(EVAL_SPLITS)} and the data stage must fetch its videos")
     prompts = held_out_prompts(rows, samples)
     undecodable: set[str] = set()  # a video that fails for the base model is skipped for the SFT one
     base = grammar_report(base_dir, prompts, cfg, undecodable)

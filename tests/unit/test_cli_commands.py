@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import re
 
+import pytest
+
 from paravt_core.cli import build_parser
 
 
@@ -80,3 +82,18 @@ def test_report_names_the_experiments_there_are_when_asked_for_another(tmp_path,
     assert "no MLflow experiment 'paravt'" in err and "paravt-tiny" in err
     assert main(["miniature", "report", "--experiment", "paravt", "--tracking-uri", uri]) == 2
     assert "paravt-tiny" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["report", "--experiment", "x"], ["synth"], ["tiny-model"]])
+def test_an_out_folder_under_a_file_is_a_usage_error(tmp_path, capsys, argv):
+    """Issue #48 item 9: these ended in a NotADirectoryError / FileExistsError traceback at the first write."""
+    from paravt_core.cli import main
+
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "out"
+    with pytest.raises(SystemExit) as ended:
+        main([*argv, "--out", str(out)])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --out: {out}: {tmp_path / 'a_file'} is a file, not a folder" in err
+    assert "Traceback" not in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,86 @@ def test_paravt_run_refuses_a_bad_config_in_one_line(tmp_path: Path, capsys):
     assert err.startswith(f"paravt run: {path}: not valid YAML (line 3") and "Traceback" not in err
     assert main(["reproduce", "--config", str(path)]) == 2
     assert capsys.readouterr().err.startswith("paravt reproduce: ")
+
+
+# --- load-time checks for what could only fail late (issue #48 items 3 and 9) ----------
+
+
+def test_an_empty_split_list_is_refused_at_load_naming_the_key():
+    # it used to pass, train SFT, then fail in the grammar check as if every video were undecodable
+    with pytest.raises(ConfigError, match=r"eval.splits is empty; list at least one of \['videomme'"):
+        load_config(CONF / "pipeline" / "tiny.yaml", ["eval.splits=[]"])
+
+
+def test_a_file_too_large_for_a_config_is_refused_before_parsing(tmp_path: Path):
+    import time
+
+    from paravt_core.config import MAX_CONFIG_BYTES
+
+    huge = tmp_path / "huge.yaml"
+    # valid YAML throughout, so only the size can refuse it (a parse took ~1 s per MB)
+    huge.write_text("run:\n  name: x\n" + "# padding\n" * (3 * MAX_CONFIG_BYTES // 10))
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=rf"huge.yaml: 3,145,7\d\d bytes, too large for a config file \(at most "
+                                          rf"{MAX_CONFIG_BYTES:,} bytes"):
+        load_config(huge)
+    assert time.perf_counter() - started < 1.0
+    with pytest.raises(ConfigError, match="huge.yaml: .* too large for a RL row file"):
+        load_config(CONF / "pipeline" / "tiny.yaml", rl_row=huge)
+
+
+def test_a_config_at_the_size_limit_still_loads(tmp_path: Path):
+    from paravt_core.config import MAX_CONFIG_BYTES
+
+    body = (CONF / "pipeline" / "tiny.yaml").read_bytes()
+    padded = tmp_path / "padded.yaml"
+    padded.write_bytes(body + b"\n" + b"#" * (MAX_CONFIG_BYTES - len(body) - 2) + b"\n")
+    assert padded.stat().st_size == MAX_CONFIG_BYTES
+    assert load_config(padded).run.name == load_config(CONF / "pipeline" / "tiny.yaml").run.name
+
+
+@pytest.mark.parametrize(
+    ("key", "under", "problem"),
+    [
+        ("run.output_dir", "a_file/out", r"/a_file is a file, not a folder"),
+        ("run.output_dir", "a_file", r"is a file, not a folder"),
+        ("run.output_dir", "a_file/../out", r"/a_file is a file, not a folder"),
+        ("data.hub_cache_dir", "a_file/deeper/cache", r"/a_file is a file, not a folder"),
+        ("run.output_dir", "dangling/out", r"/dangling is a link to nothing, not a folder"),
+    ],
+)
+def test_an_output_folder_that_cannot_be_created_is_refused_at_load(tmp_path: Path, key: str, under: str,
+                                                                   problem: str):
+    (tmp_path / "a_file").write_text("not a folder")
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    folder = tmp_path / under
+    with pytest.raises(ConfigError, match=rf"tiny.yaml: {key} {re.escape(str(folder))}: .*{problem}; choose a "
+                                          "folder that can be created"):
+        load_config(CONF / "pipeline" / "tiny.yaml", [f"{key}={folder}"])
+
+
+def test_an_output_folder_yet_to_be_made_loads_and_nothing_is_created(tmp_path: Path):
+    folder = tmp_path / "new" / "deeper"
+    cfg = load_config(CONF / "pipeline" / "tiny.yaml", [f"run.output_dir={folder}",
+                                                        f"data.hub_cache_dir={tmp_path / 'cache'}"])
+    assert cfg.run.output_dir == folder and not (tmp_path / "new").exists() and not (tmp_path / "cache").exists()
+
+
+def test_any_command_refuses_a_config_that_does_not_load_in_one_line(tmp_path: Path, capsys):
+    """`paravt report` reads the config without catching ConfigError itself: exit 2, no traceback."""
+    from paravt_core.cli import main
+
+    (tmp_path / "a_file").write_text("")
+    config = tmp_path / "c.yaml"
+    config.write_text(f"run:\n  output_dir: {tmp_path / 'a_file' / 'out'}\n")
+    assert main(["report", "--experiment", "x", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"paravt report: {config}: run.output_dir ") and "is a file, not a folder" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_an_empty_event_kind_list_is_refused_at_load():
+    # it passed, then the data stage failed drawing an event kind from nothing (random.choice of ())
+    with pytest.raises(ConfigError, match="data.synth.event_kinds: Tuple should have at least 1 item"):
+        load_config(CONF / "pipeline" / "tiny.yaml", ["data.synth.event_kinds=[]"])
+    assert load_config(CONF / "pipeline" / "tiny.yaml", ["data.synth.event_kinds=[digit]"]).data.synth.event_kinds

@@ -157,3 +157,30 @@ def test_grounding_summary() -> None:
 def test_aggregates_refuse_empty_input(aggregate) -> None:
     with pytest.raises(ValueError, match="zero samples"):
         aggregate([])
+
+
+# --- hostile responses (issue #48 item 4) ----------------------------------------------
+
+LONG_NUMBER = "9" * 400  # float() of it is inf
+
+
+@pytest.mark.parametrize(
+    "response",
+    [f"from 1 to {LONG_NUMBER}", f"1 - {LONG_NUMBER}", f"<time>start 2 end {LONG_NUMBER}</time>"],
+)
+def test_a_time_too_long_for_a_float_is_no_prediction(response: str) -> None:
+    # the release's float() gives inf and IoU 0; inf has no JSON form, so no prediction (score 0)
+    assert extract_grounding_times(response) is None
+    assert score_grounding(response, (1.0, 5.0)) == (None, 0.0)
+
+
+def test_a_too_long_chosen_pair_is_not_replaced_by_a_later_rule() -> None:
+    # the seconds range wins (as in the release); the first-two-numbers rule's (3, 4) is never used
+    assert extract_grounding_times(f"3 4 then 1 - {LONG_NUMBER}") is None
+
+
+def test_release_quirks_kept_for_hostile_responses() -> None:
+    # SPEC §7 as the release scores it (paravt/eval/utils.py): numbers are digit runs, so an
+    # exponent is not read; an <answer> body without a letter falls to rule 5, the first character
+    assert extract_grounding_times("1e308 to 1e309") == (1.0, 308.0)
+    assert score_mcq("<answer>AAAA</answer>", "A") == ("<", 0.0)

@@ -92,5 +92,6 @@ def test_long_adversarial_texts_score_well_under_a_second(text):
 def test_results_on_long_inputs_are_unchanged():
     assert rewards.extract_answer("<answer>" * 20_000 + "B</answer>") == "<answer>" * 19_999 + "B"
     assert scoring.score_mcq("<answer>" * 20_000 + "B", "B").score == 1.0  # rule 4 on the whole text
-    assert scoring.extract_grounding_times("9" * 400 + " - " + "9" * 401) == (float("9" * 400), float("9" * 401))
+    # 300 digits still fit a float; 400 give inf, no prediction since issue #48 (test_eval_scoring.py)
+    assert scoring.extract_grounding_times("9" * 300 + " - " + "9" * 301) == (float("9" * 300), float("9" * 301))
     assert rewards.tvg_accuracy("[1, 2]" + "9" * 40_000, "[1, 2]") == 1.0

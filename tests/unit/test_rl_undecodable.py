@@ -53,3 +53,10 @@ def test_a_step_of_only_undecodable_videos_is_an_error_naming_them(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(VideoDecodeError, match="no prompt of this RL step has a video that decodes"):
         rollout_dropping_undecodable([_prompt(empty)], opening_rollout([]), set(), lambda line: None)
+
+
+def test_no_prompts_at_all_is_not_taken_for_undecodable_videos():
+    # issue #48 item 3: an empty list read "no prompt ... has a video that decodes ... undecodable so far: []"
+    with pytest.raises(ValueError, match="RL step: given no prompts at all") as raised:
+        rollout_dropping_undecodable([], opening_rollout([]), set(), lambda line: None)
+    assert not isinstance(raised.value, VideoDecodeError)

@@ -93,3 +93,16 @@ def test_the_grammar_check_generates_in_batches_of_sft_grammar_batch_in_prompt_o
     assert calls == [[0, 1, 2], [3, 4, 5], [6]]
     calls.clear()
     assert len(in_batches(list(range(7)), None, run)) == 7 and calls == [list(range(7))]
+
+
+def test_no_held_out_sample_is_said_so_before_any_model_loads(tmp_path):
+    """Issue #48 item 3: with no prepared benchmark split the check failed as if every video were undecodable."""
+    from paravt_core.config import PipelineConfig
+    from paravt_core.sft import grammar
+
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "eval").mkdir()
+    with pytest.raises(grammar.NoHeldOutPrompts, match=r"no held-out prompt: no benchmark split prepared under "
+                                                       r".*eval \(found: none\) .*eval.splits must name"):
+        # model folders that do not exist: the check must stop before loading any
+        grammar.run(PipelineConfig(), tmp_path / "no-base", tmp_path / "no-sft", tmp_path / "rows", tmp_path / "eval")

@@ -78,6 +78,7 @@ class SynthConfig(BaseModel):
     max_crop_s: float = Field(16.0, ge=4.0, le=16.0, description="teacher windows fit 16 frames at 1 fps (SPEC §3)")
     event_kinds: tuple[Literal["shape", "digit", "motion"], ...] | None = Field(
         None,
+        min_length=1,  # an empty tuple passed and failed in the data stage (random.choice of nothing)
         description="event kinds drawn (a kind may then repeat within a video; colours and shapes stay distinct). "
         "None: up to one event of each kind per video",
     )
