@@ -11,10 +11,12 @@ workers therefore meet through a `FileStore` in a private temporary folder
 (`init_method=file://...`) and gloo / NCCL bind their sockets to the loopback interface
 (`rendezvous_env`); multi-node runs (a hostfile) keep `env://` TCP at the master address
 the DeepSpeed runner documents (the first host of the hostfile).
-Checkpoints are DeepSpeed's own (model, optimizer, scheduler and our client state);
-DeepSpeed writes the `latest` pointer only after a tag is complete, so an interrupted
-save never becomes the resume point. A tag damaged after the fact (a truncated or
-corrupted file) is skipped on resume for the newest intact older one (`resume`).
+Checkpoints are DeepSpeed's own (model, optimizer, scheduler and our client state). Each
+saved tag gets a manifest of its files' sizes and sha256 (`paravt_checkpoint.json`, as
+exported models get theirs in `model/integrity.py`), and only then does `latest` name it,
+so an interrupted save never becomes the resume point. A tag damaged after the fact (a
+truncated, corrupted or replaced file) is skipped on resume for the newest intact older
+one (`resume`), and replay refuses it (`rl/replay.py`).
 """
 
 from __future__ import annotations
@@ -354,13 +356,74 @@ class CheckpointError(RuntimeError):
     """No intact checkpoint to resume from; the message names the folder and the fix."""
 
 
-def checkpoint_damage(tag_dir: Path) -> str | None:
+CHECKPOINT_MANIFEST = "paravt_checkpoint.json"
+
+
+def _tag_files(tag_dir: Path) -> dict[str, Path]:
+    """Every file of a saved tag but its manifest (DeepSpeed's .pt files, NVMe-offloaded
+    tensors), by path relative to the tag, sorted."""
+    files = sorted(p for p in tag_dir.rglob("*") if p.is_file() and p.name != CHECKPOINT_MANIFEST)
+    return {f.relative_to(tag_dir).as_posix(): f for f in files}
+
+
+def write_checkpoint_manifest(tag_dir: Path) -> None:
+    """Record every file of a finished tag (size, sha256) in its `paravt_checkpoint.json`.
+
+    Collective: every rank hashes its share of the files (the tag folder is shared, as the
+    ZeRO-3 consolidation on rank 0 already needs) and rank 0 writes the manifest."""
+    from paravt_core.atomic import atomic_write_text
+    from paravt_core.refs import file_hash
+
+    rank, world = _rank(), _world()
+    names = list(_tag_files(tag_dir).items())
+    entries = {name: {"bytes": f.stat().st_size, "sha256": file_hash(f)} for name, f in names[rank::world]}
+    if world > 1:
+        import torch.distributed as dist
+
+        shares: list[Any] = [None] * world
+        dist.all_gather_object(shares, entries)
+        entries = {name: entry for share in shares for name, entry in share.items()}
+    if rank == 0:
+        atomic_write_text(tag_dir / CHECKPOINT_MANIFEST, json.dumps({"files": dict(sorted(entries.items()))},
+                                                                    indent=1) + "\n")
+
+
+def _manifest_damage(tag_dir: Path, checksums: bool, share: tuple[int, int]) -> str | None:
+    """Why the tag's files are not the ones its manifest recorded at save, or None (also for a
+    tag saved before manifests were written: the CRC checks alone apply to it)."""
+    from paravt_core.refs import file_hash
+
+    path = tag_dir / CHECKPOINT_MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        files_recorded = json.loads(path.read_text())["files"]
+        recorded = {name: (int(e["bytes"]), str(e["sha256"])) for name, e in files_recorded.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"{path} is not a readable checkpoint manifest ({error!r})"
+    files = _tag_files(tag_dir)
+    if set(files) != set(recorded):
+        missing, extra = sorted(set(recorded) - set(files)), sorted(set(files) - set(recorded))
+        return (f"{tag_dir} does not hold the files saved there ({CHECKPOINT_MANIFEST}): "
+                f"missing {missing or 'none'}, not saved there {extra or 'none'}")
+    rank, world = share
+    for i, (name, f) in enumerate(files.items()):
+        size, sha256 = recorded[name]
+        if f.stat().st_size != size or (checksums and i % world == rank and file_hash(f) != sha256):
+            return f"{f} changed since it was saved (its size or sha256 differs from {CHECKPOINT_MANIFEST})"
+    return None
+
+
+def checkpoint_damage(tag_dir: Path, checksums: bool = True, share: tuple[int, int] = (0, 1)) -> str | None:
     """Why a DeepSpeed checkpoint folder cannot be loaded, or None when it looks intact.
 
     Every `.pt` file is a torch zip archive whose members carry CRC-32s: they are checked
     without unpickling anything, so a truncated or bit-flipped file ("PytorchStreamReader
     failed ... corrupted") is found before the engine touches it. A folder without model
-    states was never finished.
+    states was never finished. Where the tag has a manifest (`write_checkpoint_manifest`),
+    its files must be the ones saved: same names, sizes and (with `checksums`) sha256, which
+    also catches a whole file replaced by another valid one. `share=(rank, world)`: hash only
+    this rank's share of the files (`resume` combines the ranks' verdicts).
     """
     import zipfile
 
@@ -377,7 +440,7 @@ def checkpoint_damage(tag_dir: Path) -> str | None:
             return f"{file} is not a complete torch file ({error})"
         if bad is not None:
             return f"{file} is corrupted (member {bad} fails its CRC check)"
-    return None
+    return _manifest_damage(tag_dir, checksums, share)
 
 
 def _latest_tag(checkpoint_dir: Path) -> str | None:
@@ -407,6 +470,12 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def _intact_on_every_rank(intact: bool) -> bool:
     import torch.distributed as dist
 
@@ -433,7 +502,7 @@ def resume(engine, checkpoint_dir: Path, warn: LogLine = print) -> dict[str, Any
     if _latest_tag(checkpoint_dir) is None:
         damaged.append(f"{checkpoint_dir / 'latest'} (empty, unreadable or naming no step folder)")
     for tag in resume_candidates(checkpoint_dir):
-        problem = checkpoint_damage(checkpoint_dir / tag)
+        problem = checkpoint_damage(checkpoint_dir / tag, share=(_rank(), _world()))
         if _intact_on_every_rank(problem is None):
             if damaged:
                 warn(f"warning: resuming from {checkpoint_dir / tag}, the newest intact checkpoint; skipped the "
@@ -472,7 +541,19 @@ def trim_step_log(path: Path, resumed_step: int) -> None:
 
 
 def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any]) -> None:
-    engine.save_checkpoint(str(checkpoint_dir), tag=f"step{step:07d}", client_state=client_state)
+    """Save tag `step<N>`, its manifest, then point `latest` at it (collective: every rank calls it)."""
+    import torch.distributed as dist
+
+    from paravt_core.atomic import atomic_write_text
+
+    tag = f"step{step:07d}"
+    # `latest` is ours to write: a tag becomes the resume point only once its manifest exists
+    engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state=client_state, save_latest=False)
+    write_checkpoint_manifest(Path(checkpoint_dir) / tag)
+    if _rank() == 0:
+        atomic_write_text(Path(checkpoint_dir) / "latest", tag)
+    if _world() > 1:
+        dist.barrier()
 
 
 def full_state_dict(engine, checkpoint_dir: Path, zero_stage: int) -> dict[str, Any] | None:

@@ -116,12 +116,15 @@ def _report(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
     from paravt_core.miniature import reproduce
 
+    source_dir = None
     if args.from_dir:
+        source_dir = Path(args.from_dir)
         source = f"the measurements in {args.from_dir}"
-        out = Path(args.out or args.from_dir)
-        title = f"Miniature reproduction: `{Path(args.from_dir).resolve().parent.name}`"
+        # never the folder read: a rebuild that fails half-way there would damage the measurements (#48)
+        out = Path(args.out) if args.out else source_dir.resolve().with_name(f"{source_dir.resolve().name}-rebuilt")
+        title = f"Miniature reproduction: `{source_dir.resolve().parent.name}`"
         try:
-            runs, budget = reproduce.read_report_dir(Path(args.from_dir))
+            runs, budget = reproduce.read_report_dir(source_dir)
         except ValueError as exc:
             print(f"paravt miniature report: {exc}", file=sys.stderr)
             return 2
@@ -137,7 +140,11 @@ def _report(args: argparse.Namespace) -> int:
         except ValueError as exc:  # no such experiment, or no reproduction logged in it
             print(f"paravt miniature report: {exc}", file=sys.stderr)
             return 2
-    path = reproduce.write_report(runs, out, title, budget=budget)
+    try:
+        path = reproduce.rebuild_report(runs, out, title, budget, source_dir)
+    except reproduce.MeasurementsError as exc:
+        print(f"paravt miniature report: {exc}", file=sys.stderr)
+        return 2
     print(path.read_text())
     print(f"report written to {path} (figure and measurements beside it), from {source}")
     return 0
@@ -226,12 +233,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_visibility)
 
     p = commands.add_parser("report", help="the reproduction's table (95 %% intervals over seeds), findings and "
-                                           "per-step figure, rebuilt from an MLflow experiment or a report folder")
+                                           "per-step figure, rebuilt from an MLflow experiment or a report folder",
+                               description="Rebuild the reproduction's report from the measurements (runs.json, "
+                                           "budget.json) logged in MLflow or kept in a report folder. Exit 0: report "
+                                           "written; 2: the measurements are missing or invalid (the message names "
+                                           "the file and the entry), or --out would overwrite the folder read or "
+                                           "files that are not a report's.")
     p.add_argument("--experiment", default=None, help="MLflow experiment name (mlflow.experiment in the config)")
     p.add_argument("--from", dest="from_dir", default=None,
                    help="a report folder (<run.output_dir>/report) to rebuild from its runs.json and budget.json "
-                        "instead of MLflow; written back there unless --out")
+                        "instead of MLflow; written to <DIR>-rebuilt unless --out, never into DIR itself")
     p.add_argument("--config", default="conf/pipeline/reproduce.yaml", help="pipeline YAML whose MLflow store to read")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the config's)")
-    p.add_argument("--out", default=None, help="output folder (default outputs/report/<experiment>)")
+    p.add_argument("--out", default=None, help="output folder, a new one or an earlier report's, replaced whole "
+                                               "(default outputs/report/<experiment>)")
     p.set_defaults(func=_report)

@@ -29,12 +29,23 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 LAST_STEPS = 3
 # Two-sided 95 % Student t quantiles by degrees of freedom (n seeds - 1).
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 STEP_METRICS = (("f_tau_fixed", "fτ (fixed R_fmt, τ = 0.7)"), ("kappa", "κ (tool calls per rollout)"),
                 ("reward_acc", "accuracy of the rollouts (R_acc)"))
+
+# What runs.json / budget.json may hold, checked when they are read back (#48 item 6): a NaN,
+# a string or an accuracy above 1 would otherwise print as a table cell such as "nan ± nan".
+# Strict: a number written as a string is an error, not a value. Per-step training metrics are
+# kept as logged (a NaN there is a measurement of a diverged step, shown as such).
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+MEASUREMENTS = ConfigDict(strict=True, extra="forbid")
 
 
 @dataclass(frozen=True)
@@ -60,16 +71,18 @@ class ModelRun:
         gating_draw_key: the RL run's `rl.gating.draw_key` (None for SFT).
     """
 
+    __pydantic_config__ = MEASUREMENTS
+
     row: str
     seed: int | None
-    accuracy: float
-    accuracy_direct: float
-    eval_tool_calls: float
-    steps: list[dict[str, float]] = field(default_factory=list)
-    answer_tag_rate: float | None = None
-    by_group: dict[str, dict[str, float]] = field(default_factory=dict)
-    accuracy_val: float | None = None
-    accuracy_direct_val: float | None = None
+    accuracy: Fraction
+    accuracy_direct: Fraction
+    eval_tool_calls: NonNegative
+    steps: list[dict[str, int | float]] = field(default_factory=list)
+    answer_tag_rate: Fraction | None = None
+    by_group: dict[str, dict[str, int | float]] = field(default_factory=dict)
+    accuracy_val: Fraction | None = None
+    accuracy_direct_val: Fraction | None = None
     correct: dict[str, bool] = field(default_factory=dict)
     gating_draw_key: int | None = None
 
@@ -95,12 +108,14 @@ class BudgetPoint:
         n: the split's videos.
     """
 
-    k: int
-    accuracy: float
-    accuracy_direct: float
-    eval_tool_calls: float
-    visible: float
-    n: int
+    __pydantic_config__ = MEASUREMENTS
+
+    k: Annotated[int, Field(ge=1)]
+    accuracy: Fraction
+    accuracy_direct: Fraction
+    eval_tool_calls: NonNegative
+    visible: Fraction
+    n: Annotated[int, Field(ge=1)]
 
 
 @dataclass(frozen=True)
@@ -498,8 +513,38 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
     ]) + "\n"
 
 
-def runs_from_json(text: str) -> list[ModelRun]:
-    return [ModelRun(**item) for item in json.loads(text)]
+class MeasurementsError(ValueError):
+    """A runs.json or budget.json that is not what `write_report` writes; the message names the
+    file, the entry and the field."""
+
+
+def _validated(adapter: TypeAdapter, data: str | bytes, source: str) -> list:
+    try:
+        return adapter.validate_json(data)
+    except ValidationError as error:
+        problems = []
+        for e in error.errors()[:3]:
+            # the JSON path of the value, e.g. [2].accuracy: the third run's accuracy
+            where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in e["loc"]) or "the file"
+            got = "" if e["type"] == "json_invalid" else f" (got {json.dumps(e.get('input'), default=str)[:40]})"
+            problems.append(f"{where}: {e['msg']}{got}")
+        more = f"; and {error.error_count() - 3} more" if error.error_count() > 3 else ""
+        raise MeasurementsError(f"{source}: not a measurements file as `paravt reproduce` writes it: "
+                                f"{'; '.join(problems)}{more}. Restore it from the run's MLflow artifacts "
+                                "(`paravt miniature report --experiment`) or run `paravt reproduce` again") from None
+
+
+_RUNS = TypeAdapter(list[ModelRun])
+_BUDGET = TypeAdapter(list[BudgetPoint])
+
+
+def runs_from_json(text: str | bytes, source: str = "runs.json") -> list[ModelRun]:
+    """The runs of a runs.json, checked (`MeasurementsError` names `source`, the run and the field)."""
+    runs = _validated(_RUNS, text, source)
+    if not runs:
+        raise MeasurementsError(f"{source}: holds no runs, so there is nothing to report; give the report folder "
+                                "of a finished `paravt reproduce`")
+    return runs
 
 
 def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], list[BudgetPoint]]:
@@ -515,10 +560,12 @@ def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], l
                          "run `paravt reproduce` first")
     client, run_id = _client(tracking_uri), logged[-1].info.run_id
     with tempfile.TemporaryDirectory() as tmp:
-        runs = runs_from_json(Path(client.download_artifacts(run_id, "reproduce/runs.json", tmp)).read_text())
+        source = f"the runs.json of MLflow run {run_id}"
+        runs = runs_from_json(Path(client.download_artifacts(run_id, "reproduce/runs.json", tmp)).read_bytes(),
+                              source)
         names = {Path(f.path).name for f in client.list_artifacts(run_id, "reproduce")}
-        budget = budget_from_json(Path(client.download_artifacts(run_id, "reproduce/budget.json", tmp)).read_text()) \
-            if "budget.json" in names else []
+        budget = budget_from_json(Path(client.download_artifacts(run_id, "reproduce/budget.json", tmp)).read_bytes(),
+                                  f"the budget.json of MLflow run {run_id}") if "budget.json" in names else []
     return runs, budget
 
 
@@ -529,12 +576,52 @@ def read_report_dir(folder: Path) -> tuple[list[ModelRun], list[BudgetPoint]]:
         raise ValueError(f"{runs_file} does not exist: give the report folder `paravt reproduce` wrote "
                          "(<run.output_dir>/report)")
     budget_file = Path(folder) / "budget.json"
-    return runs_from_json(runs_file.read_text()), \
-        budget_from_json(budget_file.read_text()) if budget_file.is_file() else []
+    try:
+        return runs_from_json(runs_file.read_bytes(), str(runs_file)), \
+            budget_from_json(budget_file.read_bytes(), str(budget_file)) if budget_file.is_file() else []
+    except OSError as error:
+        raise MeasurementsError(f"cannot read the report folder {folder}: {error}") from None
 
 
-def budget_from_json(text: str) -> list[BudgetPoint]:
-    return [BudgetPoint(**item) for item in json.loads(text)]
+def budget_from_json(text: str | bytes, source: str = "budget.json") -> list[BudgetPoint]:
+    """The budget sweep of a budget.json ([] when it measured none), checked like `runs_from_json`."""
+    return _validated(_BUDGET, text, source)
+
+
+def rebuilt_report_dir(out_dir: Path, source_dir: Path | None = None) -> Path:
+    """`out_dir` checked as the folder a rebuilt report replaces whole (`rebuild_report`).
+
+    Raises:
+        MeasurementsError: `out_dir` is, holds or lies inside the folder read (a rebuild never
+            writes where it reads: a failure there would damage the measurements themselves), or
+            it exists and is not a report folder (its files would be replaced).
+    """
+    out = Path(out_dir).resolve()
+    if source_dir is not None:
+        source = Path(source_dir).resolve()
+        if out == source or source in out.parents or out in source.parents:
+            raise MeasurementsError(f"--out {out_dir} would write into the folder the report is rebuilt from "
+                                    f"({source_dir}); give a new folder")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "report.md").is_file())):
+        raise MeasurementsError(f"--out {out_dir} exists and is not a report folder (no report.md); its files would "
+                                "be replaced: give a new folder")
+    return out
+
+
+def rebuild_report(runs: Sequence[ModelRun], out_dir: Path, title: str, budget: Sequence[BudgetPoint] = (),
+                   source_dir: Path | None = None) -> Path:
+    """`write_report` into a fresh folder that replaces `out_dir` in one rename, so a failure
+    leaves the old report (or none), never a half-written one. Returns the report's path.
+
+    Raises:
+        MeasurementsError: see `rebuilt_report_dir`.
+    """
+    from paravt_core.atomic import atomic_dir
+
+    out = rebuilt_report_dir(out_dir, source_dir)
+    with atomic_dir(out) as tmp:
+        write_report(runs, tmp, title, budget=budget)
+    return out / "report.md"
 
 
 def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_uri: str | None = None,

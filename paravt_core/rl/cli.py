@@ -63,7 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Each RL step logs its draws (prompts, frame budgets K, sampler seed, weight version) in "
                     "<run>/draws/. This rebuilds the step's rollout on this rank from that log with the weights "
                     "it used (the SFT model for step 1, else the checkpoint written after the step before) and "
-                    "compares the rollouts' digest with the logged one. Exit 0: identical; 1: they differ.",
+                    "compares the rollouts' digest with the logged one. The log is checked first against the "
+                    "run (its step, prompts, videos, K, seed and weight version) and the checkpoint against its "
+                    "manifest. Exit 0: identical; 1: they differ; 2: the run folder, its log, data, model or "
+                    "checkpoint cannot be used as it is (the message names the file).",
     )
     replay.add_argument("--run-dir", required=True, help="the RL run folder (<output_dir>/rl/<row>-<key>)")
     replay.add_argument("--step", type=int, required=True, help="the step to replay (1-based, as metrics.jsonl)")

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from paravt_core.config import PipelineConfig
 from paravt_core.dist import StepLog
 from paravt_core.rl.grpo import Moments
 from paravt_core.rl.job import RLJob
@@ -47,6 +48,22 @@ def step_prompts(prompts: list, step: int, per_step: int, rank: int, world: int,
     first = step * per_rank * world + rank * per_rank
     picked = [prompts[sample_index(first + k, len(prompts), seed, orders)] for k in range(per_rank)]
     return picked, first // len(prompts)
+
+
+def step_plan(prompts: list, cfg: PipelineConfig, step: int, rank: int, world: int) -> tuple[list, int]:
+    """This rank's prompts of `step` (0-based) with their frame budget K set (nFrames gating,
+    SPEC §5; None without gating), and the epoch: what the step draws before its rollout, and
+    what replay checks a draws log against (`rl/replay.py`)."""
+    from paravt_core.rl.grpo import frame_budget
+
+    picked, epoch = step_prompts(prompts, step, cfg.rl.prompts_per_step, rank, world, cfg.run.seed)
+    gating = cfg.rl.gating
+    planned = []
+    for p in picked:
+        k = frame_budget(cfg.run.seed, p.prompt.prompt_id, epoch, gating.choices, gating.draw_key) \
+            if gating.enabled else None
+        planned.append(dataclasses.replace(p, prompt=dataclasses.replace(p.prompt, nframes=k)))
+    return planned, epoch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,16 +158,9 @@ class Trainer:
         """(prompts kept, their episodes) of this rank's step; its draws are logged (`rl/replay.py`)."""
         from paravt_core.agent.rollout import run_episodes
         from paravt_core.rl.data import rollout_dropping_undecodable
-        from paravt_core.rl.grpo import frame_budget
         from paravt_core.rl.replay import PromptDraw, StepDraws, rollout_digest, sampler_seed, write_draws
 
-        picked, epoch = step_prompts(self.prompts, step, self.rl.prompts_per_step, self.rank, self.world,
-                                     self.cfg.run.seed)
-        gating = self.rl.gating
-        prompts = []
-        for p in picked:
-            k = frame_budget(self.cfg.run.seed, p.prompt.prompt_id, epoch, gating.choices, gating.draw_key) if gating.enabled else None
-            prompts.append(dataclasses.replace(p, prompt=dataclasses.replace(p.prompt, nframes=k)))
+        prompts, epoch = step_plan(self.prompts, self.cfg, step, self.rank, self.world)
         seed = sampler_seed(self.cfg.run.seed, step, self.rank)
 
         def run(batch: list) -> list:

@@ -101,6 +101,18 @@ def test_two_output_folders_give_identical_gated_runs_and_steps_replay(tmp_path,
     assert "identical" in capsys.readouterr().out
     assert main(["rl-replay", "--run-dir", str(job_a.out_dir), "--step", "7"]) == 2
     assert "no draws log" in capsys.readouterr().err
+    # #48 item 5: the checkpoint carries its manifest, and a log whose video was rewritten (it replayed
+    # "identical": the logged video was never compared) is refused before anything is rolled out
+    from paravt_core.dist import CHECKPOINT_MANIFEST, checkpoint_damage
+    from paravt_core.rl.replay import draws_path
+
+    tag = job_b.out_dir / "checkpoints" / "step0000001"
+    assert (tag / CHECKPOINT_MANIFEST).is_file() and checkpoint_damage(tag) is None
+    log = json.loads(draws_path(job_a.out_dir, 1, 0).read_text())
+    log["prompts"][0]["video"] = "paravt/selfqa/another.mp4"
+    draws_path(job_a.out_dir, 1, 0).write_text(json.dumps(log))
+    assert main(["rl-replay", "--run-dir", str(job_a.out_dir), "--step", "1"]) == 2
+    assert "logs video 'paravt/selfqa/another.mp4'" in capsys.readouterr().err
 
     # A replay that rolls out with other weights (the SFT model for step 2) differs: the check can fail.
     from paravt_core.rl import replay as R

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,13 +25,14 @@ class RecordingEngine:
         return folder, {"step": step}
 
 
-def write_checkpoints(folder: Path, steps: list[int]) -> None:
+def write_checkpoints(folder: Path, steps: list[int], latest: bool = True) -> None:
     for step in steps:
         tag = folder / f"step{step:07d}"
         tag.mkdir(parents=True)
         torch.save({"w": torch.full((64, 64), float(step))}, tag / "mp_rank_00_model_states.pt")
         torch.save({"m": torch.zeros(64, 64)}, tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
-    (folder / "latest").write_text(f"step{steps[-1]:07d}")
+    if latest:
+        (folder / "latest").write_text(f"step{steps[-1]:07d}")
 
 
 def flip_a_byte(path: Path) -> None:
@@ -99,3 +102,47 @@ def test_a_resumed_step_log_keeps_steps_up_to_the_checkpoint_and_drops_a_torn_li
     assert log.read_text() == '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'
     trim_step_log(tmp_path / "absent.jsonl", 5)  # nothing to trim
     assert not (tmp_path / "absent.jsonl").exists()
+
+
+class SavingEngine(RecordingEngine):
+    """Stands in for a DeepSpeed engine's save: writes a tag's files, and `latest` when asked."""
+
+    def save_checkpoint(self, folder: str, tag: str, client_state: dict, save_latest: bool = True):
+        write_checkpoints(Path(folder), [int(tag.removeprefix("step"))], latest=save_latest)
+
+
+def test_a_saved_checkpoint_records_its_files_and_a_replaced_file_is_refused(tmp_path):
+    """#48 item 5: a checkpoint file swapped for another valid torch file passed every check (its CRCs hold)."""
+    from paravt_core.dist import CHECKPOINT_MANIFEST, save
+
+    for step in (10, 20):
+        save(SavingEngine(), tmp_path, step, {"step": step})
+    assert (tmp_path / "latest").read_text() == "step0000020"
+    recorded = json.loads((tmp_path / "step0000020" / CHECKPOINT_MANIFEST).read_text())["files"]
+    assert sorted(recorded) == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    assert checkpoint_damage(tmp_path / "step0000020") is None
+    weights = "mp_rank_00_model_states.pt"
+    shutil.copy(tmp_path / "step0000010" / weights, tmp_path / "step0000020" / weights)  # intact, but step 10's
+    assert checkpoint_damage(tmp_path / "step0000020", checksums=False) is None  # same size: only the sha256 tells
+    assert f"step0000020/{weights} changed since it was saved" in checkpoint_damage(tmp_path / "step0000020")
+    warnings: list[str] = []
+    engine = RecordingEngine()
+    assert resume(engine, tmp_path, warn=warnings.append) == {"step": 10}
+    assert engine.loaded == ["step0000010"] and "changed since it was saved" in warnings[0]
+    (tmp_path / "step0000010" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    assert "missing ['zero_pp_rank_0_mp_rank_00_optim_states.pt']" in checkpoint_damage(tmp_path / "step0000010")
+    (tmp_path / "step0000010" / CHECKPOINT_MANIFEST).write_text("{")
+    assert "not a readable checkpoint manifest" in checkpoint_damage(tmp_path / "step0000010")
+
+
+def test_a_tag_is_named_latest_only_once_its_manifest_is_written(tmp_path, monkeypatch):
+    from paravt_core import dist
+
+    def interrupted(tag_dir):
+        raise KeyboardInterrupt  # killed while hashing
+
+    monkeypatch.setattr(dist, "write_checkpoint_manifest", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        dist.save(SavingEngine(), tmp_path, 10, {"step": 10})
+    assert not (tmp_path / "latest").exists()
+    assert resume(RecordingEngine(), tmp_path) == {}  # nothing finished: the stage starts over

@@ -317,3 +317,81 @@ def test_report_command_rebuilds_from_mlflow_or_a_report_folder_with_the_budget_
     assert (tmp_path / "from-mlflow" / "budget.json").read_text() == (tmp_path / "report" / "budget.json").read_text()
     args = parser.parse_args(["miniature", "report", "--from", str(tmp_path / "nowhere")])
     assert args.func(args) == 2 and "runs.json does not exist" in capsys.readouterr().err
+
+
+def _report_command(*argv: str):
+    import argparse
+
+    from paravt_core.miniature import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["miniature", "report", *argv])
+    return args.func(args)
+
+
+def _folder_bytes(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+_NAN_ACCURACY = '[{"row": "sft", "seed": null, "accuracy": NaN, "accuracy_direct": 0.2, "eval_tool_calls": 2.8}]'
+_STRING_ACCURACY = '[{"row": "sft", "seed": null, "accuracy": "0.5", "accuracy_direct": 0.2, "eval_tool_calls": 2.8}]'
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("runs.json", b"[]", "holds no runs"),
+    ("runs.json", _NAN_ACCURACY.encode(), "[0].accuracy: Input should be a finite number"),
+    ("runs.json", _STRING_ACCURACY.encode(), '[0].accuracy: Input should be a valid number (got "0.5")'),
+    ("runs.json", b'[{"row": "sft", "seed": null, "accur', "Invalid JSON"),  # truncated
+    ("runs.json", b"\x00\xff\x13\x80binary", "Invalid JSON"),
+    ("budget.json", b'[{"k": 2, "accuracy": 0.7', "Invalid JSON"),
+    ("budget.json", b'[{"k": 2, "accuracy": 1.5, "accuracy_direct": 0.2, "eval_tool_calls": 1, "visible": 0, "n": 8}]',
+     "[0].accuracy: Input should be less than or equal to 1"),
+])
+def test_report_from_a_damaged_folder_exits_2_naming_the_file_and_writes_nothing(tmp_path, capsys, name, content,
+                                                                                   message):
+    """#48 item 6: `[]` or a NaN accuracy gave exit 0 and "nan ± nan"; a garbled budget.json a traceback
+    naming no file; a string accuracy a half-rewritten folder."""
+    write_report(_runs(), tmp_path / "report", "t")
+    (tmp_path / "report" / name).write_bytes(content)
+    before = _folder_bytes(tmp_path / "report")
+    assert _report_command("--from", str(tmp_path / "report")) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'report' / name}: " in err and message in err and "Traceback" not in err
+    assert _folder_bytes(tmp_path / "report") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # no rebuilt folder, no leftovers
+
+
+def test_report_from_never_writes_into_the_folder_it_reads(tmp_path, capsys):
+    write_report(_runs(), tmp_path / "report", "t")
+    before = _folder_bytes(tmp_path / "report")
+    assert _report_command("--from", str(tmp_path / "report")) == 0
+    assert "Miniature reproduction" in (tmp_path / "report-rebuilt" / "report.md").read_text()
+    assert _folder_bytes(tmp_path / "report") == before
+    assert _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "report-rebuilt")) == 0  # again
+    for out in (tmp_path / "report", tmp_path / "report" / "sub", tmp_path):
+        capsys.readouterr()
+        assert _report_command("--from", str(tmp_path / "report"), "--out", str(out)) == 2
+        assert "would write into the folder the report is rebuilt from" in capsys.readouterr().err
+    assert _folder_bytes(tmp_path / "report") == before
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    assert _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "notes")) == 2
+    assert "is not a report folder" in capsys.readouterr().err and (tmp_path / "notes" / "todo.txt").is_file()
+
+
+def test_a_rebuild_that_fails_half_way_leaves_the_earlier_report_whole(tmp_path, monkeypatch):
+    from paravt_core.miniature import reproduce
+
+    write_report(_runs(), tmp_path / "report", "t")
+    write_report(_runs()[:1], tmp_path / "out", "earlier")  # other measurements than the rebuild's
+    before = _folder_bytes(tmp_path / "out")
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(reproduce, "report_markdown", fail)  # after the figure and runs.json are written
+    with pytest.raises(RuntimeError, match="disk full"):
+        _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "out"))
+    assert _folder_bytes(tmp_path / "out") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "report"]
