@@ -205,7 +205,8 @@ class OpenAIChatClient:
             try:
                 return self._post_once(body, timeout)
             except _Retryable as exc:
-                timeouts += exc.timed_out and timeout == self.timeout_s  # a cut-short attempt proves nothing
+                if exc.timed_out and timeout == self.timeout_s:  # one cut short by the deadline proves nothing
+                    timeouts += 1
                 spent = time.monotonic() - started
                 if timeouts == SILENT_ATTEMPTS:
                     raise ChatError(
