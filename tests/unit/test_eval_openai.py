@@ -511,13 +511,14 @@ def test_eval_serve_without_sglang_or_vllm_names_the_missing_piece(tmp_path, cap
     from paravt_core.cli import main
 
     model = fake_checkpoint(tmp_path / "ckpt", "w")
+    serve = ["eval", "serve", "--model", str(model.path), "--port", "0"]  # 0: whatever else holds 30000 here
     # The project's own interpreter has neither server (they live in .venv-serve).
-    assert main(["eval", "serve", "--model", str(model.path), "--python", sys.executable]) == 2
+    assert main([*serve, "--python", sys.executable]) == 2
     err = capsys.readouterr().err
     assert "neither SGLang nor vLLM is installed for" in err and "make install-serve" in err
-    assert main(["eval", "serve", "--model", str(model.path), "--python", sys.executable, "--server", "vllm"]) == 2
+    assert main([*serve, "--python", sys.executable, "--server", "vllm"]) == 2
     assert "vllm is not installed for" in capsys.readouterr().err
-    assert main(["eval", "serve", "--model", str(model.path), "--python", str(tmp_path / "no" / "python")]) == 2
+    assert main([*serve, "--python", str(tmp_path / "no" / "python")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "make install-serve" in err
 
