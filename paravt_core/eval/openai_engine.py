@@ -247,8 +247,9 @@ class OpenAIChatClient:
         except (ConnectionError, http.client.IncompleteRead) as error:  # dropped mid-reply: a restart, a crash
             raise _Retryable(f"the connection broke: {type(error).__name__}: {error}") from error
         except http.client.HTTPException as error:
-            raise ChatError(f"{self.url} did not answer in HTTP ({type(error).__name__}: {str(error)[:REPLY_SHOWN]!r}); "
-                            "check that eval.endpoint names the server's HTTP port and /v1 root") from None
+            shown = str(error)[:REPLY_SHOWN]
+            raise ChatError(f"{self.url} did not answer in HTTP ({type(error).__name__}: {shown!r}); check that "
+                            "eval.endpoint names the server's HTTP port and /v1 root") from None
 
 
 def frame_items(frames: Frames) -> list[Message]:
