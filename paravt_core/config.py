@@ -481,7 +481,9 @@ class EvalConfig(_Section):
     engine: Literal["hf", "openai"] = "hf"
     # openai engine: an OpenAI-compatible server (SGLang / vLLM) serving the checkpoint. The
     # API key is never put in config: PARAVT_EVAL_API_KEY. Env vars PARAVT_EVAL_ENDPOINT /
-    # PARAVT_EVAL_MODEL_NAME / PARAVT_EVAL_TIMEOUT_S fill fields left unset.
+    # PARAVT_EVAL_MODEL_NAME / PARAVT_EVAL_TIMEOUT_S fill fields left unset. request_timeout_s
+    # is per HTTP request; a request with its retries ends by 2 x request_timeout_s plus the
+    # backoff delays (62 s), and a second timeout ends it at once (eval/openai_engine.py).
     endpoint: str | None = Field(None, pattern=r"^https?://")
     served_model_name: str | None = None
     request_timeout_s: float | None = Field(None, gt=0)

@@ -17,8 +17,10 @@ Used by `paravt eval serve` (`eval/serve.py`), the `vllm` rollout engine
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -97,6 +99,35 @@ def pick_server(asked: str, python: ServerPython) -> str:
                          "checkpoint; run `make install-serve` (vLLM in .venv-serve, the CPU build without a GPU), "
                          "or evaluate with eval.engine=hf")
     return python.installed[0]
+
+
+def serving_port(port: int, host: str = "127.0.0.1") -> int:
+    """The port a server is to bind on `host`: `port` once checked free, or for 0 a free one
+    the operating system picks now.
+
+    For 0 we pick the port and pass it on, rather than let the server bind one of its own
+    choosing: that one would be named only in the server's log, and we would poll /health on
+    port 0 until the start-up timeout (issue #48 item 7). Another process can still take the
+    port between this check and the server's bind; the server then exits during start-up and
+    `start_server` reports it with the server's log.
+
+    Raises:
+        ServeError: the port is outside 0-65535, in use, or cannot be bound.
+    """
+    if not 0 <= port <= 65535:
+        raise ServeError(f"port {port} is not a TCP port (0-65535); pick another --port, or --port 0 for a free one")
+    with socket.socket() as probe:
+        # vLLM and SGLang (uvicorn) bind with SO_REUSEADDR: a port left in TIME_WAIT is free to them.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ServeError(f"port {port} on {host} is in use (another server?); stop what listens there, pick "
+                                 "another --port, or pass --port 0 for a free one") from None
+            raise ServeError(f"port {port} on {host} cannot be bound ({exc.strerror}); pick another --port, or pass "
+                             "--port 0 for a free one") from None
+        return probe.getsockname()[1]
 
 
 def server_command(server: str, model_path: Path, port: int, served_model_name: str, *, python: str | None = None,

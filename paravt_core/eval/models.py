@@ -1,7 +1,9 @@
 """Which checkpoint to evaluate: an MLflow alias, a version number, "base", or a local folder.
 
 `resolve_model(cfg, reference)` turns the reference into a typed `ArtifactRef` (STYLE §3):
-- an existing local folder: used in place (its content hash is computed);
+- an existing local folder: used in place (its content hash is computed); a reference that
+  can only be a path (it holds a path separator, or starts with "." or "~") and names no
+  folder is refused as a missing folder, not looked up as an alias;
 - "base": the model stage's base model (`paravt_core.model.stage.run`);
 - digits ("3"): that version of `model.registered_name` in the MLflow registry;
 - anything else: a registry alias ("champion", "candidate", "sft").
@@ -11,6 +13,7 @@ A registry version is downloaded once into `<output_dir>/eval/models/<name>-v<ve
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -77,12 +80,24 @@ def downloaded_version(cfg: PipelineConfig, version: registry.ModelVersion) -> A
     return ArtifactRef(kind="model", path=folder.resolve(), sha256=sha256)
 
 
+def _is_path(reference: str) -> bool:
+    """Whether `reference` can only mean a path: registry aliases and version numbers hold no
+    separator and do not start with "." or "~"."""
+    separators = [os.sep, *([os.altsep] if os.altsep else [])]
+    return any(sep in reference for sep in separators) or reference.startswith((".", "~"))
+
+
 def resolve_model(cfg: PipelineConfig, reference: str) -> ResolvedModel:
     """The checkpoint a reference names (module docstring)."""
     local = Path(reference).expanduser()
     if local.is_dir():
         artifact = ArtifactRef(kind="model", path=local.resolve(), sha256=content_hash(local))
         return ResolvedModel(artifact=artifact, label=local.name)
+    if _is_path(reference):
+        what = "is a file, not a model folder" if local.exists() else "does not exist"
+        raise ModelReferenceError(f"model folder {local}: it {what}; pass an existing model folder (config.json and "
+                                  "weights), or a registry alias (sft, candidate, champion), a version number or "
+                                  "'base'")
     if reference == "base":
         from paravt_core.model import stage as model_stage
 

@@ -26,9 +26,19 @@ plays the same protocol at the message level:
   prefix, so run prompt modes without one there, or check the server's version.
 - At start, `check_server_rendering` holds the server's chat template and image handling
   to ours (a mismatch stops the run with the diff).
-- Greedy decoding (temperature 0). Each HTTP request has a timeout; timeouts, refused
-  connections and HTTP 408/429/500/502/503/504 are retried with exponential backoff;
-  other errors fail at once with the server's message.
+- Greedy decoding (temperature 0). Each HTTP request has a timeout (`timeout_s`,
+  `eval.request_timeout_s`); timeouts, refused or dropped connections and HTTP
+  408/429/500/502/503/504 are retried with exponential backoff; other errors fail at once
+  with the server's message. A completion's retries are bounded in time, not only in count
+  (issue #48 item 8): a second timed-out attempt gives up (the endpoint accepts
+  connections and does not answer), and all attempts and backoff delays together end by
+  the deadline `2 * timeout_s + the max_retries backoff delays` (`OpenAIChatClient.deadline_s`:
+  1262 s at the defaults 600 s and 5 retries, 72 s at 5 s), each attempt's timeout cut to
+  what is left of it. A reply that is not a chat completion (not HTTP, not JSON, or JSON
+  of another shape) fails at once, naming the endpoint and showing the reply's start.
+  Every failure is a `ChatError`; the evaluator stops the run on it (finished samples are
+  kept, a re-run resumes), since the fault is the server's, not the sample's: scoring the
+  sample 0 would lower the benchmark without a word.
 
 Tested against a local stub server (tests/unit/test_eval_openai.py) and, in the `server`
 tier (tests/server/, `make test-server`), against a real vLLM (its CPU build) serving a
@@ -37,6 +47,7 @@ tiny Qwen3-VL that calls tools. Not yet against SGLang, which has no CPU build.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import time
@@ -48,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, Field, StrictInt, ValidationError
 
 from paravt_core.agent.context import THINK_PREFIX, ChatRenderer
 from paravt_core.agent.dispatch import (
@@ -70,6 +82,10 @@ from paravt_core.video import Frames, VideoFile, sample_overview_frames
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# A timed-out attempt is tried once more (a server busy for a moment); a second timeout
+# means the endpoint accepts connections and does not answer, and more tries only wait longer.
+SILENT_ATTEMPTS = 2
+REPLY_SHOWN = 200  # bytes of a malformed reply quoted in the error
 Message = dict[str, Any]
 
 
@@ -79,6 +95,31 @@ class ChatError(RuntimeError):
 
 class _Retryable(Exception):
     """A failure worth another attempt (timeout, refused connection, 429 / 5xx)."""
+
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class _ReplyMessage(BaseModel):
+    content: str | None = None  # None when a server parsed the text into tool_calls itself
+
+
+class _ReplyChoice(BaseModel):
+    message: _ReplyMessage
+    finish_reason: str | None = None
+
+
+class _ReplyUsage(BaseModel):
+    prompt_tokens: StrictInt | None = None
+
+
+class _Completion(BaseModel):
+    """The fields of an OpenAI chat-completions reply this client reads (others are ignored)."""
+
+    choices: list[_ReplyChoice] = Field(min_length=1)
+    usage: _ReplyUsage | None = None
+    prompt_token_ids: list[StrictInt] | None = None  # vLLM's, with `return_token_ids`
 
 
 @dataclass(frozen=True)
@@ -100,6 +141,9 @@ class OpenAIChatClient:
         backoff_s: first retry delay; doubled each retry, capped at `max_backoff_s`.
         api_key: sent as a bearer token when given.
         sleep: the delay function (tests pass a recorder).
+
+    One `complete` call ends by `deadline_s` (module docstring), whatever the server does
+    short of dripping bytes slower than `timeout_s` apart.
     """
 
     def __init__(self, base_url: str, model: str, *, timeout_s: float = 600.0, max_retries: int = 5,
@@ -111,6 +155,15 @@ class OpenAIChatClient:
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.api_key = api_key
         self.sleep = sleep
+
+    @property
+    def deadline_s(self) -> float:
+        """The most one completion may take, retries included: `SILENT_ATTEMPTS` timeouts plus
+        every backoff delay of `max_retries` retries."""
+        return SILENT_ATTEMPTS * self.timeout_s + sum(self._backoff(retry) for retry in range(self.max_retries))
+
+    def _backoff(self, retry: int) -> float:
+        return min(self.backoff_s * 2**retry, self.max_backoff_s)
 
     def complete(self, messages: Sequence[Message], *, max_tokens: int,
                  tools: Sequence[Mapping[str, Any]] = (), continue_final_message: bool = False,
@@ -127,49 +180,76 @@ class OpenAIChatClient:
             payload["continue_final_message"], payload["add_generation_prompt"] = True, False
         return self._reply(self._post(payload))
 
-    def _reply(self, data: Any) -> ChatReply:
+    def _reply(self, raw: bytes) -> ChatReply:
+        """The reply's text and counts, or a `ChatError` quoting its start when it is not a chat completion."""
         try:
-            choice = data["choices"][0]
-            usage = data.get("usage") or {}
-            ids = data.get("prompt_token_ids")
-            return ChatReply(choice["message"].get("content") or "", choice.get("finish_reason") or "stop",
-                             usage.get("prompt_tokens"), tuple(int(i) for i in ids) if ids is not None else None)
-        except (KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise ChatError(f"{self.url} answered without choices[0].message: {str(data)[:300]}") from exc
+            data = _Completion.model_validate_json(raw)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"]) or "the reply"
+            raise ChatError(f"{self.url} answered with something that is not a chat completion ({where}: "
+                            f"{error['msg']}); the reply begins {raw[:REPLY_SHOWN]!r}. Check that eval.endpoint is the "
+                            "/v1 root of an OpenAI-compatible server (SGLang or vLLM, as `paravt eval serve` prints "
+                            "it)") from None
+        choice = data.choices[0]
+        ids = tuple(data.prompt_token_ids) if data.prompt_token_ids is not None else None
+        return ChatReply(choice.message.content or "", choice.finish_reason or "stop",
+                         data.usage.prompt_tokens if data.usage else None, ids)
 
-    def _post(self, payload: Mapping[str, Any]) -> Any:
+    def _post(self, payload: Mapping[str, Any]) -> bytes:
+        """The body of a 200 reply to `payload`, retrying within `max_retries` and `deadline_s`."""
         body = json.dumps(payload).encode()
+        started, timeouts = time.monotonic(), 0
         for attempt in range(self.max_retries + 1):
+            timeout = max(min(self.timeout_s, self.deadline_s - (time.monotonic() - started)), 0.1)
             try:
-                return self._post_once(body)
+                return self._post_once(body, timeout)
             except _Retryable as exc:
-                if attempt == self.max_retries:
-                    raise ChatError(f"{self.url}: gave up after {attempt + 1} attempts: {exc}") from exc
-                delay = min(self.backoff_s * 2**attempt, self.max_backoff_s)
+                if exc.timed_out and timeout == self.timeout_s:  # one cut short by the deadline proves nothing
+                    timeouts += 1
+                spent = time.monotonic() - started
+                if timeouts == SILENT_ATTEMPTS:
+                    raise ChatError(
+                        f"{self.url} did not answer within {self.timeout_s:g} s, {timeouts} times ({spent:.0f} s in "
+                        f"all): it accepts no request or answers none. Check that the server there is up and serving "
+                        f"(`paravt eval serve` prints its endpoint), or raise eval.request_timeout_s if its "
+                        f"generations take longer") from None
+                delay = self._backoff(attempt)
+                if attempt == self.max_retries or spent + delay >= self.deadline_s:
+                    raise ChatError(
+                        f"{self.url}: gave up after {attempt + 1} attempts: {exc} ({spent:.0f} s in all; the deadline "
+                        f"of one request with its retries is {self.deadline_s:.0f} s: 2 x eval.request_timeout_s and "
+                        "the backoff delays). Check that the server there is up and serving (`paravt eval serve` "
+                        "prints its endpoint)") from None
                 logger.warning("%s: %s; retry %d/%d in %.1f s", self.url, exc, attempt + 1, self.max_retries,
                                delay)
                 self.sleep(delay)
         raise AssertionError("unreachable: the loop returns or raises")
 
-    def _post_once(self, body: bytes) -> Any:
+    def _post_once(self, body: bytes, timeout_s: float) -> bytes:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return response.read()
         except urllib.error.HTTPError as error:
             detail = error.read().decode(errors="replace")[:500]
             if error.code in RETRYABLE_STATUS:
                 raise _Retryable(f"HTTP {error.code}: {detail}") from error
-            raise ChatError(f"{self.url} answered HTTP {error.code}: {detail}") from error
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-            raise _Retryable(f"{type(error).__name__}: {error}") from error
-        try:
-            return json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ChatError(f"{self.url} answered with non-JSON: {raw[:200]!r}") from exc
+            raise ChatError(f"{self.url} answered HTTP {error.code}: {detail}") from None
+        except TimeoutError as error:  # a read timeout: connected, and no answer in time
+            raise _Retryable(f"no answer within {timeout_s:g} s", timed_out=True) from error
+        except urllib.error.URLError as error:
+            timed_out = isinstance(error.reason, TimeoutError)  # the connect itself timed out
+            raise _Retryable(f"{type(error.reason).__name__}: {error.reason}", timed_out=timed_out) from error
+        except (ConnectionError, http.client.IncompleteRead) as error:  # dropped mid-reply: a restart, a crash
+            raise _Retryable(f"the connection broke: {type(error).__name__}: {error}") from error
+        except http.client.HTTPException as error:
+            shown = str(error)[:REPLY_SHOWN]
+            raise ChatError(f"{self.url} did not answer in HTTP ({type(error).__name__}: {shown!r}); check that "
+                            "eval.endpoint names the server's HTTP port and /v1 root") from None
 
 
 def frame_items(frames: Frames) -> list[Message]:

@@ -8,8 +8,10 @@ Reads the splits the data stage prepared under `<output_dir>/data/eval/`, evalua
 `<output_dir>/eval/<model>-<settings>/` (resuming from the split logs) and prints the
 Table-1-shaped table. It holds the output directory's run lock (`paravt_core.run_lock`),
 so it is refused while another run uses that directory. Exit status 2 when the config,
-the model reference or the prepared data is not usable, or the directory is in use, with
-the reason on stderr.
+the model reference or the prepared data is not usable, or the directory is in use; 1 when
+the server of `eval.engine=openai` fails (no answer by the request deadline, an HTTP error,
+or a reply that is not a chat completion: `eval/openai_engine.py`); finished samples are
+kept and a re-run resumes. Either way the reason is on stderr.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import sys
 
 INPUT_ERROR = 2
+SERVER_FAILED = 1
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -26,6 +29,7 @@ def run_command(args: argparse.Namespace) -> int:
     from paravt_core.eval import stage
     from paravt_core.eval.evaluator import EvalError
     from paravt_core.eval.models import ModelReferenceError, resolve_model
+    from paravt_core.eval.openai_engine import ChatError
     from paravt_core.refs import ArtifactRef, content_hash
     from paravt_core.run_lock import OutputDirBusy, hold_output_dir
 
@@ -42,6 +46,9 @@ def run_command(args: argparse.Namespace) -> int:
     except (ConfigError, ModelReferenceError, EvalError, OutputDirBusy) as exc:
         print(f"paravt eval run: {exc}", file=sys.stderr)
         return INPUT_ERROR
+    except ChatError as exc:  # the server's fault, not the input's
+        print(f"paravt eval run: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
+        return SERVER_FAILED
     print(stage.format_table({report.label: report}))
     print(f"results: {report.results_dir}")
     return 0

@@ -17,8 +17,13 @@ SIGTERM), then stops the server's whole process group (`agent.server_process`).
 Without a CUDA GPU (vLLM's CPU build) the server gets that build's settings (float32, eager,
 a bounded `--max-model-len`; `agent/server_launch.py`).
 
-Exit status 2, with the reason on stderr, when no server is installed for the interpreter
-or the model reference does not resolve.
+Before anything starts, the model folder is checked whole (`model/integrity.py`: config,
+every weight file, safetensors headers, the recorded sizes and sha256) and the port free on
+127.0.0.1; `--port 0` serves on a free port picked then (`server_launch.serving_port`).
+
+Exit status 2, with the reason on stderr, when no server is installed for the interpreter,
+the model reference does not resolve, the model folder is not whole, or the port is not a
+free TCP port; 1 when the server fails to start.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     serve.add_argument("--model", required=True,
                        help='MLflow alias (champion, candidate, sft), version number, "base" or a model folder')
-    serve.add_argument("--port", type=int, default=30000)
+    serve.add_argument("--port", type=int, default=30000, help="port on 127.0.0.1 (0: a free one, picked at start)")
     serve.add_argument("--server", choices=("auto", *SERVERS), default="auto")
     serve.add_argument("--python", default=None,
                        help=f"the server's interpreter (default: eval.server_python, ${PYTHON_ENV}, .venv-serve)")
@@ -62,8 +67,10 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def serve_command(args: argparse.Namespace) -> int:
+    from paravt_core.agent.server_launch import serving_port
     from paravt_core.config import ConfigError, load_config
     from paravt_core.eval.models import ModelReferenceError, resolve_model
+    from paravt_core.model.integrity import ModelFolderError, verify_model_dir
 
     def progress(line: str) -> None:
         print(f"paravt eval serve: {line}", file=sys.stderr, flush=True)
@@ -71,8 +78,10 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, args.set)
         model = resolve_model(cfg, args.model).artifact
+        verify_model_dir(model.path)  # here, not in the server's log after minutes of start-up
+        port = serving_port(args.port)
         python = server_python_path(args.python, cfg.eval.server_python)
-    except (ConfigError, ModelReferenceError) as exc:
+    except (ConfigError, ModelReferenceError, ModelFolderError, ServeError) as exc:
         print(f"paravt eval serve: {exc}", file=sys.stderr)
         return INPUT_ERROR
     name = f"{cfg.model.registered_name}-{model.sha256[:12]}"
@@ -80,7 +89,7 @@ def serve_command(args: argparse.Namespace) -> int:
     running: ServerProcess | None = None
     try:
         progress(f"starting a server on {model.path} with {python}")
-        server, running = launch(Path(model.path), name, port=args.port, server=args.server, python=python,
+        server, running = launch(Path(model.path), name, port=port, server=args.server, python=python,
                                  max_model_len=args.max_model_len, startup_timeout_s=args.startup_timeout_s,
                                  progress=progress)
         endpoint = f"{running.url}/v1"

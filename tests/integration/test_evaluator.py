@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -357,6 +358,45 @@ def test_eval_run_command_prints_the_table(tmp_path, eval_data, tiny_model_dir, 
 
     code = main(["eval", "run", *common, "--set", f"run.output_dir={tmp_path / 'nothing'}"])
     assert code == 2 and "no prepared evaluation splits under" in capsys.readouterr().err
+
+
+def _held_connections_server() -> socket.socket:
+    """A listening socket whose connections the kernel accepts and nobody answers."""
+    return socket.create_server(("127.0.0.1", 0), backlog=64)
+
+
+@pytest.mark.parametrize("server", ["silent", "garbage"])
+def test_eval_run_against_a_broken_server_exits_1_naming_it_without_a_traceback(tmp_path, eval_data, tiny_model_dir,
+                                                                               capsys, server):
+    import threading
+
+    from paravt_core.cli import main
+
+    listener = _held_connections_server()
+    if server == "garbage":
+        def answer_garbage() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(1 << 16)
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+        threading.Thread(target=answer_garbage, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    world_dir = eval_data.path.parent.parent
+    sets = [f"run.output_dir={world_dir}", "eval.engine=openai", f"eval.endpoint={endpoint}",
+            "eval.request_timeout_s=0.5", "eval.max_samples_per_split=1", "video.nframes=4", "eval.nframes=4"]
+    try:
+        code = main(["eval", "run", "--config", str(REPO / "conf/pipeline/tiny.yaml"), "--model", str(tiny_model_dir),
+                     *[arg for item in sets for arg in ("--set", item)], "--split", "lvbench"])
+    finally:
+        listener.close()
+    err = capsys.readouterr().err
+    assert code == 1 and f"{endpoint}/chat/completions" in err, err
+    assert ("did not answer within 0.5 s, 2 times" if server == "silent" else "SSH-2.0-OpenSSH_9.6") in err
 
 
 # --- the paravt-eval flow --------------------------------------------------------------------------

@@ -53,3 +53,15 @@ def test_unknown_alias_and_version_name_what_to_pass(cfg, tmp_path, fake_checkpo
         resolve_model(cfg, "candidate")
     with pytest.raises(ModelReferenceError, match="has no version 9"):
         resolve_model(cfg, "9")
+
+
+@pytest.mark.parametrize("reference", ["outputs/tiny/sft/model", "./model", "~/no-such-model", "/no/such/model"])
+def test_a_path_that_names_no_folder_is_a_missing_folder_not_an_unknown_alias(cfg, reference):
+    with pytest.raises(ModelReferenceError, match="model folder .*: it does not exist; pass an existing model folder"):
+        resolve_model(cfg, reference)
+
+
+def test_a_file_given_as_the_model_is_named_as_a_file(cfg, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(ModelReferenceError, match="model.safetensors: it is a file, not a model folder"):
+        resolve_model(cfg, str(tmp_path / "model.safetensors"))

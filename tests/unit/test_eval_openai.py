@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -137,6 +138,103 @@ def test_a_refused_connection_is_retried_then_reported():
         client.complete([{"role": "user", "content": "Q"}], max_tokens=8)
     assert delays == [0.1, 0.2]
 
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 that answers every connection with `reply` bytes and closes it,
+    or, with `reply=None`, accepts connections and never answers (a hung or mis-aimed endpoint)."""
+
+    def __init__(self, reply: bytes | None):
+        self.reply, self.connections = reply, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed by __exit__
+                return
+            self.connections += 1
+            if self.reply is None:
+                self.held.append(conn)
+                continue
+            conn.recv(1 << 16)
+            conn.sendall(self.reply)
+            conn.close()
+
+    def __enter__(self) -> RawServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def http_200(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def test_an_endpoint_that_never_answers_is_given_up_after_two_timeouts_naming_it():
+    delays: list[float] = []
+    with RawServer(None) as server:
+        client = OpenAIChatClient(server.base_url, "m", timeout_s=0.5, max_retries=5, backoff_s=0.1,
+                                  sleep=delays.append)
+        started = time.monotonic()
+        with pytest.raises(ChatError) as failure:
+            client.complete([{"role": "user", "content": "Q"}], max_tokens=8)
+        elapsed = time.monotonic() - started
+    message = str(failure.value)
+    assert server.base_url in message and "did not answer within 0.5 s, 2 times" in message
+    assert "eval.request_timeout_s" in message  # what to do
+    assert server.connections == 2 and delays == [0.1] and elapsed < 5.0
+
+
+def test_retries_end_by_the_deadline_however_many_are_left():
+    # Each attempt is answered 503 after 0.4 s: never a timeout, so only the deadline
+    # (2 x 1.0 s + 20 x 0.01 s of backoff) stops 21 attempts (8.4 s) early.
+    with StubChatServer(lambda number, body: (503, {"error": "overloaded"}, 0.4)) as server:
+        client = OpenAIChatClient(server.base_url, "m", timeout_s=1.0, max_retries=20, backoff_s=0.01,
+                                  max_backoff_s=0.01, sleep=lambda s: None)
+        assert client.deadline_s == pytest.approx(2.2)
+        started = time.monotonic()
+        with pytest.raises(ChatError, match="gave up after .* attempts: .*the deadline of one request"):
+            client.complete([{"role": "user", "content": "Q"}], max_tokens=8)
+        elapsed = time.monotonic() - started
+    assert elapsed < 4.0 and len(server.requests) < 10
+
+
+def test_the_default_deadline_is_two_timeouts_and_the_backoffs():
+    assert OpenAIChatClient("http://x/v1", "m", timeout_s=600).deadline_s == 2 * 600 + 2 + 4 + 8 + 16 + 32
+    assert OpenAIChatClient("http://x/v1", "m", timeout_s=5).deadline_s == 72
+
+
+@pytest.mark.parametrize(("reply", "shown"), [
+    (b"hello there\r\n\r\n", "hello there"),  # not HTTP
+    (http_200(b"<html><body>Welcome</body></html>"), "<html><body>Welcome"),  # a web page
+    (http_200(b'{"choices": [{"message": {"content": "\xff\xfe"}}]}'), '{"choices"'),  # not UTF-8
+    (http_200(b'{"choices": [{"message": {"content": 5}}]}'), '"content": 5'),  # content not text
+    (http_200(b'{"choices": []}'), '{"choices": []}'),
+    (http_200(b'[{"message": {"content": "a"}}]'), '[{"message"'),
+    (http_200(b'{"choices": [{"message": {"content": "a"}}], "prompt_token_ids": ["x"]}'), '"prompt_token_ids"'),
+    (http_200(b'{"choices": [{"message": {"content": "a"}}], "usage": {"prompt_tokens": "12"}}'), '"usage"'),
+])
+def test_a_reply_that_is_not_a_chat_completion_names_the_endpoint_and_shows_its_start(reply, shown):
+    with RawServer(reply) as server:
+        client = OpenAIChatClient(server.base_url, "m", timeout_s=5, sleep=lambda s: pytest.fail("must not retry"))
+        with pytest.raises(ChatError) as failure:
+            client.complete([{"role": "user", "content": "Q"}], max_tokens=8)
+    message = str(failure.value)
+    assert server.base_url in message and shown in message, message
+    assert server.connections == 1
 
 def test_tools_are_listed_but_not_parsed_and_the_think_prefix_is_continued():
     with StubChatServer(lambda number, body: (200, completion("ok"), 0.0)) as server:
@@ -413,13 +511,14 @@ def test_eval_serve_without_sglang_or_vllm_names_the_missing_piece(tmp_path, cap
     from paravt_core.cli import main
 
     model = fake_checkpoint(tmp_path / "ckpt", "w")
+    serve = ["eval", "serve", "--model", str(model.path), "--port", "0"]  # 0: whatever else holds 30000 here
     # The project's own interpreter has neither server (they live in .venv-serve).
-    assert main(["eval", "serve", "--model", str(model.path), "--python", sys.executable]) == 2
+    assert main([*serve, "--python", sys.executable]) == 2
     err = capsys.readouterr().err
     assert "neither SGLang nor vLLM is installed for" in err and "make install-serve" in err
-    assert main(["eval", "serve", "--model", str(model.path), "--python", sys.executable, "--server", "vllm"]) == 2
+    assert main([*serve, "--python", sys.executable, "--server", "vllm"]) == 2
     assert "vllm is not installed for" in capsys.readouterr().err
-    assert main(["eval", "serve", "--model", str(model.path), "--python", str(tmp_path / "no" / "python")]) == 2
+    assert main([*serve, "--python", str(tmp_path / "no" / "python")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "make install-serve" in err
 

@@ -5,8 +5,10 @@ worker of its own (as vLLM's engine core does)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -118,3 +120,72 @@ def test_start_server_reports_progress_and_a_server_that_dies_names_its_log(fake
     failing = [sys.executable, "-c", "import sys; print('no such model folder'); sys.exit(3)"]
     with pytest.raises(ServerStartError, match="(?s)exited with status 3.*no such model folder"):
         start_server(failing, f"http://127.0.0.1:{free_port()}", 30, log_path=tmp_path / "failing.log")
+
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_CONFIG = str(REPO / "conf" / "pipeline" / "tiny.yaml")
+
+
+def _serve_env(fake_vllm: Path, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{fake_vllm}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "FAKE_PIDS": str(tmp_path / "pids"), "FAKE_DELAY_S": "0"}
+
+
+def _serve_args(model: Path, port: int, tmp_path: Path) -> list[str]:
+    return ["--model", str(model), "--config", TINY_CONFIG, "--set", f"run.output_dir={tmp_path / 'out'}",
+            "--python", sys.executable, "--server", "vllm", "--port", str(port), "--startup-timeout-s", "20"]
+
+
+def test_eval_serve_on_port_0_serves_on_a_free_port_and_prints_it(fake_vllm, fake_checkpoint, tmp_path):
+    from paravt_core.agent.server_process import server_healthy
+
+    model = fake_checkpoint(tmp_path / "ckpt", "w")
+    paravt, lines = start_eval_serve(_serve_args(model.path, 0, tmp_path), env=_serve_env(fake_vllm, tmp_path))
+    try:
+        endpoints = [re.fullmatch(r"endpoint: http://127\.0\.0\.1:(\d+)/v1\n", line) for line in lines]
+        ports = [int(found.group(1)) for found in endpoints if found]
+        assert len(ports) == 1 and ports[0] != 0, (lines, paravt.poll())
+        assert server_healthy(f"http://127.0.0.1:{ports[0]}")
+        paravt.send_signal(signal.SIGTERM)
+        assert paravt.wait(timeout=60) == 0
+    finally:
+        if paravt.poll() is None:
+            paravt.kill()
+
+
+def test_eval_serve_refuses_a_port_in_use_before_starting_a_server(fake_vllm, fake_checkpoint, tmp_path, monkeypatch,
+                                                                   capsys):
+    from paravt_core.cli import main
+
+    model = fake_checkpoint(tmp_path / "ckpt", "w")
+    for name, value in _serve_env(fake_vllm, tmp_path).items():
+        monkeypatch.setenv(name, value)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code = main(["eval", "serve", *_serve_args(model.path, port, tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"port {port} on 127.0.0.1 is in use" in err and "--port 0" in err, err
+    assert not (tmp_path / "pids").exists(), "a server was started"
+    for bad in (-1, 65536):
+        assert main(["eval", "serve", *_serve_args(model.path, bad, tmp_path)]) == 2
+        assert f"port {bad} is not a TCP port" in capsys.readouterr().err
+
+
+def test_eval_serve_refuses_a_folder_without_weights_before_starting_a_server(fake_vllm, fake_checkpoint, tmp_path):
+    model = fake_checkpoint(tmp_path / "ckpt", "w")
+    (model.path / "model.safetensors").unlink()
+    # In a process of its own: before the check, the stand-in server started and served on.
+    done = subprocess.run([sys.executable, "-m", "paravt_core.cli", "eval", "serve",
+                           *_serve_args(model.path, 0, tmp_path)], env=_serve_env(fake_vllm, tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"{model.path}: no weights" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "pids").exists()
+
+
+def test_eval_serve_names_a_missing_model_folder_not_an_unknown_alias(tmp_path, capsys):
+    from paravt_core.cli import main
+
+    missing = tmp_path / "no" / "model"
+    assert main(["eval", "serve", *_serve_args(missing, 0, tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"model folder {missing}: it does not exist" in err and "alias '" not in err, err
