@@ -667,9 +667,25 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# The project root: the shipped configs (`conf/`) are named relative to it.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def config_file(path: str | Path) -> Path:
+    """`path` as given when it exists (or is absolute); else, for a relative path, the same path
+    under the project root when it exists there, so the shipped `conf/...` names (the commands'
+    defaults, the flows' parameters) work from any working directory."""
+    path = Path(path)
+    if path.is_absolute() or path.exists():
+        return path
+    in_project = PROJECT_ROOT / path
+    return in_project if in_project.exists() else path
+
+
 def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     if not path.is_file():
-        raise ConfigError(f"{what} file {path} does not exist (see conf/ for the shipped ones)")
+        raise ConfigError(f"{what} file {path} does not exist in {Path.cwd()} nor in the project {PROJECT_ROOT} "
+                          "(see conf/ for the shipped ones)")
     try:
         with path.open("rb") as file:
             data = file.read(MAX_CONFIG_BYTES + 1)  # never more, however large the file is
@@ -694,7 +710,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
 
 def load_rl_row(path: str | Path) -> dict[str, Any]:
     """An RL ablation row (`conf/rl/*.yaml`): a partial `rl` section, validated on its own."""
-    path = Path(path)
+    path = config_file(path)
     raw = read_yaml_mapping(path, "RL row")
     try:
         RLConfig.model_validate(raw)
@@ -712,7 +728,7 @@ def _problems(err: ValidationError, prefix: str = "") -> str:
 def load_config(path: str | Path, overrides: list[str] | None = None,
                 rl_row: str | Path | None = None) -> PipelineConfig:
     """Read a pipeline YAML, lay an RL row over its `rl` section, apply `key=value` overrides, validate."""
-    path = Path(path)
+    path = config_file(path)
     raw = read_yaml_mapping(path, "config")
     if rl_row is not None:
         raw = _merge(raw, {"rl": load_rl_row(rl_row)})
