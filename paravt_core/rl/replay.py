@@ -115,10 +115,10 @@ def read_draws(run_dir: Path, step: int, rank: int = 0) -> StepDraws:
 
 def check_draws(draws: StepDraws, path: Path, step: int, rank: int, job: RLJob, prompts: Sequence[RLPrompt]) -> None:
     """Raise `ReplayError` unless the log at `path` is the one of `step` and `rank` and every
-    field replay reads agrees with what the run draws at that step (`rl.worker.step_plan`):
+    field replay reads agrees with what the run draws at that step (`rl.schedule.step_plan`):
     the prompts (those of the plan, in its order; a prompt whose video did not decode is left
     out of the log), each prompt's video and K, the epoch, the sampler seed, the weights."""
-    from paravt_core.rl.worker import step_plan
+    from paravt_core.rl.schedule import step_plan
 
     def wrong(what: str) -> ReplayError:
         return ReplayError(f"{path}: {what}; the log was edited or belongs to another run, so it does not say "

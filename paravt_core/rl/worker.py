@@ -21,7 +21,6 @@ available; `reward.scope: transcript` is a row of its own (SPEC §4.5).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -31,39 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paravt_core.config import PipelineConfig
 from paravt_core.dist import StepLog
 from paravt_core.rl.grpo import Moments
 from paravt_core.rl.job import RLJob
-
-
-def step_prompts(prompts: list, step: int, per_step: int, rank: int, world: int, seed: int) -> tuple[list, int]:
-    """This rank's prompts for `step` (a pure function of step: resumable) and the epoch."""
-    from paravt_core.sft.worker import sample_index
-
-    orders: dict[int, np.ndarray] = {}
-    if per_step % world:
-        raise ValueError(f"rl.prompts_per_step ({per_step}) is not a multiple of the {world} ranks")
-    per_rank = per_step // world
-    first = step * per_rank * world + rank * per_rank
-    picked = [prompts[sample_index(first + k, len(prompts), seed, orders)] for k in range(per_rank)]
-    return picked, first // len(prompts)
-
-
-def step_plan(prompts: list, cfg: PipelineConfig, step: int, rank: int, world: int) -> tuple[list, int]:
-    """This rank's prompts of `step` (0-based) with their frame budget K set (nFrames gating,
-    SPEC §5; None without gating), and the epoch: what the step draws before its rollout, and
-    what replay checks a draws log against (`rl/replay.py`)."""
-    from paravt_core.rl.grpo import frame_budget
-
-    picked, epoch = step_prompts(prompts, step, cfg.rl.prompts_per_step, rank, world, cfg.run.seed)
-    gating = cfg.rl.gating
-    planned = []
-    for p in picked:
-        k = frame_budget(cfg.run.seed, p.prompt.prompt_id, epoch, gating.choices, gating.draw_key) \
-            if gating.enabled else None
-        planned.append(dataclasses.replace(p, prompt=dataclasses.replace(p.prompt, nframes=k)))
-    return planned, epoch
+from paravt_core.rl.schedule import step_plan
 
 
 def main(argv: list[str] | None = None) -> int:

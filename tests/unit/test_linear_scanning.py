@@ -77,16 +77,18 @@ ADVERSARIAL = {
 
 
 @pytest.mark.parametrize("text", list(ADVERSARIAL.values()), ids=list(ADVERSARIAL))
-def test_long_adversarial_texts_score_well_under_a_second(text):
-    started = time.perf_counter()
+def test_long_adversarial_texts_score_in_linear_time(text):
+    # This process's CPU time, not the wall clock: the bound must hold however loaded the
+    # machine is (tests run beside each other). Here about 0.3 s; a quadratic scan takes tens of seconds.
+    started = time.process_time()
     rewards.compute_reward(text, "A", "mcq")
     rewards.compute_reward(text, "[1, 2]", "tvg")
     rewards.compute_reward("[1, 2]", text, "tvg")  # a 40k-digit ground truth
     rewards.compute_reward(text, "a dog", "oe")
     scoring.score_mcq(text, "A")
     scoring.score_grounding(text, (1.0, 2.0))
-    elapsed = time.perf_counter() - started
-    assert elapsed < 0.5, f"{elapsed:.2f} s"
+    elapsed = time.process_time() - started
+    assert elapsed < 1.0, f"{elapsed:.2f} s of CPU"
 
 
 def test_results_on_long_inputs_are_unchanged():

@@ -21,7 +21,7 @@ from paravt_core.config import load_config
 from paravt_core.rl.data import read_rl_prompts
 from paravt_core.rl.job import RLJob
 from paravt_core.rl.replay import PromptDraw, StepDraws, draws_path, sampler_seed, write_draws
-from paravt_core.rl.worker import step_plan
+from paravt_core.rl.schedule import step_plan
 
 REPO = Path(__file__).resolve().parents[2]
 
