@@ -462,8 +462,9 @@ def test_openai_engine_evaluates_a_split_against_a_served_checkpoint(tmp_path, e
     tests/sglang_stub.py, rendering with the checkpoint's own template and processor)."""
     from sglang_stub import TinySGLangServer
 
-    with TinySGLangServer(tiny_ref.path, served_model_name="paravt-tiny") as server:
-        cfg = world_config(tmp_path, engine="openai", endpoint=f"{server.url}/v1", served_model_name="paravt-tiny",
+    name = f"paravt-tiny-{tiny_ref.sha256[:12]}"  # as `paravt eval serve` names it: the served-model check reads it
+    with TinySGLangServer(tiny_ref.path, served_model_name=name) as server:
+        cfg = world_config(tmp_path, engine="openai", endpoint=f"{server.url}/v1", served_model_name=name,
                            max_samples_per_split=2)
         result = eval_stage.evaluate_prepared_split(cfg, tiny_ref, eval_data, "videomme", progress=False)
     assert result.evaluated == 2 and result.summary["n"] == 2

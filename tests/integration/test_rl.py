@@ -413,11 +413,13 @@ def test_a_config_asking_for_sglang_never_gets_hf(monkeypatch, tmp_path, tiny_mo
     monkeypatch.setattr("paravt_core.agent.sglang_engine.sglang_installed", lambda: False)
     with pytest.raises(ConfigError, match="SGLang is not installed; install the GPU profile or set "
                                           "rl.rollout.engine=hf"):
-        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path)
+        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path,
+                                                  content_hash(tiny_model_dir))
     with TinySGLangServer(tiny_model_dir) as server:
         served = load_config(REPO / "conf/pipeline/tiny.yaml",
                              ["rl.rollout.engine=sglang", f"rl.rollout.sglang.url={server.url}"])
-        backend = rollout_engine.build_rollout_engine(served, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path)
+        backend = rollout_engine.build_rollout_engine(served, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path,
+                                                  content_hash(tiny_model_dir))
     assert isinstance(backend.engine, SGLangEngine) and backend.pushes_weights and backend.server is None
 
 
