@@ -37,7 +37,6 @@ def test_the_probe_passes_the_policys_weights_and_stops_another_checkpoints(tiny
     other = HFEngine(load_model(other_dir).eval(), tiny_processor)
     probe = draw_probe(other, tokenizer, temperature=0.7, seed=3)
     wrong = logprob_gap(probe, trainer_logprobs(policy, probe, 0.7, "cpu"))
-    print(f"probe gap: same weights {gap:.2e}, another checkpoint {wrong:.2e}")
     assert wrong > 10 * TOLERANCE["float32"], wrong
     with pytest.raises(ServedPolicyMismatch, match=r"the rollout server at http://127.0.0.1:1 does not serve the "
                                                    r"policy: .* differ from the trainer's by [\d.e-]+ nats per token"):
