@@ -139,3 +139,20 @@ def test_the_openai_evaluator_refuses_another_model_before_its_first_request(sft
         with pytest.raises(EvalError, match=expected):
             open_runner(cfg, model)
     assert [method for method, _, _ in server.requests] == ["GET"]  # no chat request reached it
+
+
+def test_rl_rollouts_on_a_server_serving_another_checkpoint_stop_before_any_request(sft_and_base, tmp_path):
+    from paravt_core.config import load_config
+    from paravt_core.rl.rollout_engine import build_rollout_engine
+
+    (sft, sft_sha), (base, base_sha) = sft_and_base
+    with ModelsStandIn([{"id": str(base), "root": str(base)}]) as server:  # `vllm serve <base folder>`
+        url = server.api_root.removesuffix("/v1")
+        for engine in ("vllm", "sglang"):
+            cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [f"rl.rollout.engine={engine}",
+                                                                 f"rl.rollout.{engine}.url={url}"])
+            with pytest.raises(ServedModelMismatch, match=re.escape(
+                    f"rl.rollout: the server at {url}/v1 serves '{base}' (root '{base}'), which is not {sft} "
+                    f"(sha256 {sft_sha[:12]})")):
+                build_rollout_engine(cfg, sft, None, "cpu", 0, 1, tmp_path / "weights", sft_sha)
+    assert [path for _, path, _ in server.requests] == ["/v1/models", "/v1/models"]  # no /health, no generate
