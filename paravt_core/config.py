@@ -439,6 +439,9 @@ class RLConfig(_Section):
     num_ranks: int = Field(1, ge=1)
     hostfile: str | None = None
     checkpoint_every: int = Field(10, ge=1)
+    # Before step 1 a rollout server's log-probs of a fixed probe must equal the trainer's within
+    # this many nats per token (`rl/served_policy.py`); None: 1e-3 in float32 (measured), 0.1 in bf16.
+    served_logprob_tolerance: float | None = Field(None, gt=0)
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -536,6 +539,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
     ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
     ("data.synth", "validation"), ("rl.gating", "draw_key"), ("sft", "grammar_batch"),
+    ("rl", "served_logprob_tolerance"),
 )
 
 

@@ -220,7 +220,9 @@ class TinySGLangServer:
         gets = {
             "/health": lambda: None,
             "/get_model_info": lambda: {"model_path": str(server.model_dir), "weight_version": server.weight_version},
-            "/v1/models": lambda: {"object": "list", "data": [{"id": server.served_model_name, "object": "model"}]},
+            # As SGLang answers: root is the served name too (vLLM's is the folder it loaded).
+            "/v1/models": lambda: {"object": "list", "data": [{"id": server.served_model_name, "object": "model",
+                                                               "root": server.served_model_name}]},
         }
 
         class Handler(BaseHTTPRequestHandler):

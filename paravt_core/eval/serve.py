@@ -33,6 +33,7 @@ import signal
 import sys
 from pathlib import Path
 
+from paravt_core.agent.served_model import served_model_name
 from paravt_core.agent.server_launch import CPU_MAX_MODEL_LEN, PYTHON_ENV, SERVERS, ServeError, launch, server_python_path
 from paravt_core.agent.server_process import ServerProcess, ServerStartError
 
@@ -84,7 +85,7 @@ def serve_command(args: argparse.Namespace) -> int:
     except (ConfigError, ModelReferenceError, ModelFolderError, ServeError) as exc:
         print(f"paravt eval serve: {exc}", file=sys.stderr)
         return INPUT_ERROR
-    name = f"{cfg.model.registered_name}-{model.sha256[:12]}"
+    name = served_model_name(cfg.model.registered_name, model.sha256)  # what `eval run` checks (issue #48)
     previous = {sig: signal.signal(sig, _interrupt) for sig in _STOP_SIGNALS}
     running: ServerProcess | None = None
     try:

@@ -21,7 +21,10 @@ settings, the code that words the prompts and the split's data are all unchanged
   re-prepared with other rows), or a log has no readable pin, the old log and JSON are set
   aside as `<split>.jsonl.stale-<old hash or "unpinned">` and the split starts over.
 
-At the `openai` engine's start, `openai_engine.check_server_rendering` holds the server's
+At the `openai` engine's start, before any other request, `agent.served_model.check_served_model`
+holds what the server says it serves (`/v1/models`) to the checkpoint: a served name carrying
+its sha256[:12] or a root folder with its content, else the run stops naming both (issue #48).
+Then `openai_engine.check_server_rendering` holds the server's
 chat template and image handling to ours on a probe request; a mismatch stops the run.
 The `openai` engine's server comes from `eval.endpoint` / `eval.served_model_name` /
 `eval.request_timeout_s`, or from PARAVT_EVAL_ENDPOINT / PARAVT_EVAL_MODEL_NAME /
@@ -157,6 +160,18 @@ def _openai_client(model: ArtifactRef, eval_cfg: EvalConfig) -> Any:
     return OpenAIChatClient(endpoint, name, timeout_s=timeout, api_key=os.environ.get(API_KEY_ENV))
 
 
+def check_serves_checkpoint(client: Any, model: ArtifactRef) -> None:
+    """Refuse a server that serves another checkpoint than `model` (`agent/served_model.py`):
+    its answers would be scored and cached under this checkpoint's key (issue #48)."""
+    from paravt_core.agent.served_model import ServedModelMismatch, check_served_model
+
+    api_root = client.url.removesuffix("/chat/completions")
+    try:
+        check_served_model(api_root, client.model, model.path, model.sha256, api_key=client.api_key)
+    except ServedModelMismatch as exc:
+        raise EvalError(f"eval.engine=openai: {exc}") from exc
+
+
 class LazyRunner:
     """Opens the real runner (loads the model) only once a sample is left to run, so a
     finished split re-summarized after a restart costs no model load."""
@@ -180,7 +195,9 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef) -> SampleRunner:
         from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
         from paravt_core.model.loading import load_processor
 
-        client, processor = _openai_client(model, cfg.eval), load_processor(model.path)
+        client = _openai_client(model, cfg.eval)
+        check_serves_checkpoint(client, model)
+        processor = load_processor(model.path)
         try:
             check_server_rendering(client, processor, settings.rollout_for(cfg.eval.prompt_mode).think_prefix)
         except ServerRenderingMismatch as exc:

@@ -14,6 +14,12 @@
   loaded from a snapshot after each step (`paravt_core/agent/vllm_engine.py`). Runs on
   vLLM's CPU build too (the server tier trains on it).
 
+On a server (sglang, vllm), before the first request, `agent.served_model.check_served_model`
+holds what it says it serves (`/v1/models`) to the RL stage's starting checkpoint, and the
+trainer then pushes the policy's weights and probes the served log-probs before step 1 on
+every run (`rl/served_policy.py`, issue #48): a server's name says what it was started on,
+not what a previous run loaded into it since.
+
 A config that asks for a server never falls back to `hf`: `check_rollout_engine` (called
 before any worker starts) raises a `ConfigError` naming the missing piece when there is no
 url to connect to and nothing to launch one with.
@@ -56,6 +62,8 @@ class RolloutBackend:
 
     engine: RolloutEngine
     pushes_weights: bool  # False on the ranks that share rank 0's server
+    served: bool = False  # a server's weights: pushed and probed before step 1 (issue #48)
+    url: str | None = None  # the server's, for messages
     releases_memory: bool = False  # co-located server: free its memory while training
     world: int = 1
     server: Any = None  # a `ServerProcess` (SGLang) this rank launched; stopped by `close`
@@ -91,23 +99,39 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
-def _shared_url(url: str | None, rank: int, world: int) -> str:
-    """Rank 0's server url on every rank."""
+def _shared_url(url: str | None, rank: int, world: int, checkpoint: Path, sha256: str) -> str:
+    """Rank 0's server url on every rank, once rank 0 found that it serves `checkpoint`; every
+    rank raises rank 0's `ServedModelMismatch`, so none is left waiting for the others."""
     import torch.distributed as dist
 
-    if world == 1 or not dist.is_initialized():
+    from paravt_core.agent.served_model import ServedModelMismatch, check_served_model
+
+    problem = None
+    if rank == 0:
         assert url is not None
-        return url
-    box = [url if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+        try:
+            check_served_model(f"{url.rstrip('/')}/v1", None, checkpoint, sha256)
+        except ServedModelMismatch as exc:
+            problem = str(exc)
+    if world > 1 and dist.is_initialized():
+        box = [(url, problem) if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        url, problem = box[0]
+    if problem is not None:
+        raise ServedModelMismatch(f"rl.rollout: {problem}")
+    assert url is not None
+    return url
 
 
 def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, device: str, rank: int, world: int,
-                         staging_dir: Path) -> RolloutBackend:
+                         staging_dir: Path, init_sha256: str) -> RolloutBackend:
     """This rank's rollout backend for `rl.rollout.engine` (module docstring).
 
+    Args:
+        init_model: the RL stage's starting checkpoint; `init_sha256` its content hash.
+
     Raises:
+        ServedModelMismatch: the server serves another checkpoint (module docstring).
         ConfigError: sglang or vllm asked for without a url where the server cannot be launched.
         SGLangUnavailable: a server must be launched but there is no CUDA GPU.
         SGLangServerError: the configured server does not answer.
@@ -125,7 +149,7 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
 
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if rollout.engine == "vllm":
-        return _vllm_backend(cfg, init_model, processor, rank, world, staging_dir, dtype)
+        return _vllm_backend(cfg, init_model, processor, rank, world, staging_dir, dtype, init_sha256)
 
     from paravt_core.agent.sglang_engine import SGLangEngine, launch_sglang_server
 
@@ -140,13 +164,14 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
             init_model, free_port(), tp_size=server_cfg.tp_size, mem_fraction_static=server_cfg.mem_fraction_static,
             enable_memory_saver=colocated, cuda_devices=server_cfg.gpus, startup_timeout_s=server_cfg.startup_timeout_s)
         url = server.url
-    url = _shared_url(url, rank, world)
+    url = _shared_url(url, rank, world, init_model, init_sha256)
     engine = SGLangEngine(url, init_model, staging_dir, dtype=dtype, timeout_s=server_cfg.request_timeout_s)
-    return RolloutBackend(engine, pushes_weights=rank == 0, releases_memory=colocated, world=world, server=server)
+    return RolloutBackend(engine, pushes_weights=rank == 0, served=True, url=url, releases_memory=colocated,
+                          world=world, server=server)
 
 
 def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: int, world: int, staging_dir: Path,
-                  dtype: Any) -> RolloutBackend:
+                  dtype: Any, init_sha256: str) -> RolloutBackend:
     from paravt_core.agent.vllm_engine import VLLMEngine, launch_vllm_rollout_server
 
     server_cfg = cfg.rl.rollout.vllm
@@ -160,7 +185,7 @@ def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: i
                                             max_model_len=server_cfg.max_model_len,
                                             log_path=staging_dir.parent / "vllm-server.log")
         url = server.url
-    url = _shared_url(url, rank, world)
+    url = _shared_url(url, rank, world, init_model, init_sha256)
     engine = VLLMEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,
                                       timeout_s=server_cfg.request_timeout_s)
-    return RolloutBackend(engine, pushes_weights=rank == 0, world=world, server=server)
+    return RolloutBackend(engine, pushes_weights=rank == 0, served=True, url=url, world=world, server=server)

@@ -6,6 +6,9 @@ score them (SPEC §4), score the reference and (decoupled PPO) the policy before
 turn rewards into token advantages by the release's five steps (SPEC §5; batch statistics
 summed over all ranks), and take one PPO-clip step over the episodes and (with
 `train_subagents`) their sub-agent runs. The rollout engine is then given the new weights.
+A rollout server is also given them before step 1, on every run, and must then serve the
+policy's log-probs on a fixed probe (`rl/served_policy.py`, issue #48): it holds whatever
+weights it was last given, which need not be the ones it names.
 
 On several ranks (SPEC §5): the ranks agree on the number of micro-batches of every pass
 that runs collectives (the ZeRO-3 reference, the policy) and a rank with fewer runs
@@ -75,7 +78,7 @@ class Trainer:
         policy.train()
         # rl.rollout.engine decides; a config asking for sglang never gets hf (rl/rollout_engine.py).
         self.rollout_backend = build_rollout_engine(self.cfg, job.init_model, self.processor, self.device, self.rank,
-                                                    self.world, job.out_dir / "rollout_weights")
+                                                    self.world, job.out_dir / "rollout_weights", job.init_model_sha256)
         self.engine = self.rollout_backend.engine
         self.ref_model = None
         if self.rl.kl_mode != "none":
@@ -98,8 +101,12 @@ class Trainer:
         self.start = int(pdist.resume(self.policy, self.ckpt_dir).get("step", 0))
         if self.rank == 0:
             pdist.trim_step_log(job.out_dir / "metrics.jsonl", self.start)  # re-run steps are logged once
-        if self.start:
+        # A server holds whatever it was last given (another run's weights, issue #48): it gets
+        # the policy's before step 1 on every run, then must serve its log-probs.
+        if self.start or self.rollout_backend.served:
             self.push_weights()
+        if self.rollout_backend.served:
+            self.check_served_policy()
 
     def _reference(self, job: RLJob, attention: str, zero3: dict | None):
         """The frozen reference: whole on the device, or under ZeRO-3 its own partitioned inference
@@ -123,6 +130,29 @@ class Trainer:
         state = pdist.gathered_state_dict(self.policy, self.rl.zero_stage)
         self.rollout_backend.update_weights(state)
         self.policy.module.train()
+
+    def check_served_policy(self) -> None:
+        """Stop unless the rollout server's log-probs of a fixed probe are the policy's
+        (`rl/served_policy.py`): rank 0 draws it, every rank scores it (a ZeRO-3 forward
+        gathers on all ranks) and all stop together on the largest gap."""
+        import torch.distributed as dist
+
+        from paravt_core.rl import served_policy as S
+
+        probe = None
+        if self.rank == 0:
+            probe = S.draw_probe(self.engine, self.processor.tokenizer, self.rl.temperature, self.cfg.run.seed)
+        if self.world > 1 and dist.is_initialized():
+            box = [probe]
+            dist.broadcast_object_list(box, src=0)
+            probe = box[0]
+        trainer = S.trainer_logprobs(self.policy, probe, self.rl.temperature, self.device)
+        gap = self._all_ranks(S.logprob_gap(probe, trainer), op="max")[0]
+        if self.rank == 0:
+            print(f"rl: the rollout server serves the policy (probe log-prob gap {gap:.2e} nats per token)",
+                  file=sys.stderr, flush=True)
+        S.check_gap(gap, S.probe_tolerance(self.cfg.model.dtype, self.rl.served_logprob_tolerance),
+                    self.rollout_backend.url or "the configured url")
 
     def rollout(self, step: int):
         """(prompts kept, their episodes) of this rank's step; its draws are logged (`rl/replay.py`)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams
-from paravt_core.config import EVAL_SPLITS, EvalConfig, PipelineConfig, RolloutConfig, VideoConfig
+from paravt_core.config import EVAL_SPLITS, EvalConfig, PipelineConfig, RolloutConfig, VideoConfig, load_config
 from paravt_core.eval import stage as eval_stage
 from paravt_core.eval.evaluator import EvalSettings, HFSampleRunner, evaluate_split
 from paravt_core.eval.prompting import AGENTIC_MINIMAL_SYSTEM, FORCED_GROUNDING, FORCED_MCQ, SEQUENTIAL_INSTRUCTION
@@ -399,6 +400,40 @@ def test_eval_run_against_a_broken_server_exits_1_naming_it_without_a_traceback(
     assert ("did not answer within 0.5 s, 2 times" if server == "silent" else "SSH-2.0-OpenSSH_9.6") in err
 
 
+def test_eval_run_refuses_a_server_serving_another_checkpoint(tmp_path, eval_data, tiny_model_dir, capsys):
+    """Issue #48 item 1: the server serves the base model, the SFT model is asked for. Before,
+    the run scored the base model's answers and cached them under the SFT model's key."""
+    from safetensors.torch import load_file, save_file
+    from sglang_stub import TinySGLangServer
+
+    from paravt_core.cli import main
+    from paravt_core.model.integrity import write_manifest
+
+    base = tmp_path / "base"  # another checkpoint with the same tokenizer and processor
+    shutil.copytree(tiny_model_dir, base)
+    weights = load_file(base / "model.safetensors")
+    save_file({name: value * 1.01 if value.is_floating_point() else value for name, value in weights.items()},
+              str(base / "model.safetensors"), metadata={"format": "pt"})
+    write_manifest(base)
+    base_name = f"paravt-{content_hash(base)[:12]}"  # as `paravt eval serve --model base` names it
+    sft_sha = content_hash(tiny_model_dir)
+    world_dir = eval_data.path.parent.parent
+    with TinySGLangServer(base, served_model_name=base_name) as server:
+        sets = ["video.nframes=4", "video.max_pixels=6144", "eval.nframes=4", "eval.max_new_tokens=8",
+                "eval.max_samples_per_split=1", f"run.output_dir={world_dir}", "eval.engine=openai",
+                f"eval.endpoint={server.url}/v1", f"eval.served_model_name={base_name}"]
+        code = main(["eval", "run", "--config", str(REPO / "conf/pipeline/tiny.yaml"), "--model",
+                     str(tiny_model_dir), *[arg for item in sets for arg in ("--set", item)], "--split", "lvbench"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"serves '{base_name}' (root '{base_name}'), which is not {tiny_model_dir} (sha256 {sft_sha[:12]})" in err
+    assert f"paravt eval serve --model {tiny_model_dir}" in err and "Traceback" not in err
+    assert "/v1/chat/completions" not in server.calls  # refused before the first request
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", sets)
+    sft = ArtifactRef(kind="model", path=tiny_model_dir, sha256=sft_sha)
+    assert not (eval_stage.results_dir(cfg, sft) / "lvbench.jsonl").exists()  # nothing cached under its key
+
+
 # --- the paravt-eval flow --------------------------------------------------------------------------
 
 
@@ -502,8 +537,9 @@ def test_openai_engine_evaluates_a_split_against_a_served_checkpoint(tmp_path, e
     tests/sglang_stub.py, rendering with the checkpoint's own template and processor)."""
     from sglang_stub import TinySGLangServer
 
-    with TinySGLangServer(tiny_ref.path, served_model_name="paravt-tiny") as server:
-        cfg = world_config(tmp_path, engine="openai", endpoint=f"{server.url}/v1", served_model_name="paravt-tiny",
+    name = f"paravt-tiny-{tiny_ref.sha256[:12]}"  # as `paravt eval serve` names it: the served-model check reads it
+    with TinySGLangServer(tiny_ref.path, served_model_name=name) as server:
+        cfg = world_config(tmp_path, engine="openai", endpoint=f"{server.url}/v1", served_model_name=name,
                            max_samples_per_split=2)
         result = eval_stage.evaluate_prepared_split(cfg, tiny_ref, eval_data, "videomme", progress=False)
     assert result.evaluated == 2 and result.summary["n"] == 2

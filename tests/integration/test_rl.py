@@ -353,17 +353,19 @@ def test_rl_on_the_sglang_server_pushes_each_steps_weights_into_the_served_model
         tokens_after, served_after = _served_logprobs(server.url, init.path, probe)
         calls = [c for c in server.calls if c not in ("/health",)]
 
-    # Every rollout went to the server (never a silent hf engine), and each step ended with a
-    # push: release after the rollouts (co-located), resume, then the new weights.
-    assert calls.count("/update_weights_from_disk") == 2
-    step_calls = calls[1:-1]  # between the two probes
+    # Before step 1 the server is checked (what it serves), given the policy and probed
+    # (issue #48). Every rollout went to the server (never a silent hf engine), and each step
+    # ended with a push: release after the rollouts (co-located), resume, then the new weights.
+    assert calls.count("/update_weights_from_disk") == 3
+    assert calls[1:4] == ["/v1/models", "/update_weights_from_disk", "/generate"]
+    step_calls = calls[4:-1]  # between the policy probe and the test's last probe
     for step in range(2):
         end = step_calls.index("/update_weights_from_disk")
         head, step_calls = step_calls[: end + 1], step_calls[end + 1:]
         assert head[-3:] == ["/release_memory_occupation", "/resume_memory_occupation", "/update_weights_from_disk"]
         assert set(head[:-3]) == {"/generate"}  # one call per main turn (and per sub-agent batch)
     assert step_calls == []
-    assert not (job.out_dir / "rollout_weights" / "v1").exists() and (job.out_dir / "rollout_weights" / "v2").is_dir()
+    assert sorted(p.name for p in (job.out_dir / "rollout_weights").iterdir()) == ["v3"]
 
     # The served log-probs are the trained policy's, not the initial model's.
     trained, initial = load_model(job.out_dir / "model"), load_model(init.path)
@@ -395,11 +397,37 @@ def test_a_killed_server_fails_the_step_clearly_and_the_run_resumes_from_its_che
         finished = _run_worker(resumed, tmp)
         calls = [c for c in second.calls if c != "/health"]
     assert finished.returncode == 0, finished.stderr[-3000:]
-    # The fresh server gets the step-1 policy before it serves any rollout, then step 2 runs.
-    assert calls[0] == "/update_weights_from_disk" and calls.count("/update_weights_from_disk") == 2
+    # The fresh server is checked, gets the step-1 policy and is probed before any rollout, then step 2 runs.
+    assert calls[:3] == ["/v1/models", "/update_weights_from_disk", "/generate"]
+    assert calls.count("/update_weights_from_disk") == 2
     assert calls.count("/release_memory_occupation") == 1
     rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2] and (job.out_dir / "model" / "config.json").exists()
+
+
+def test_a_server_holding_another_runs_weights_rolls_out_the_policy_from_step_1(rl_setup):
+    """Issue #48 item 2: a running server still names the starting checkpoint after a previous
+    run loaded its own weights into it; step 1 must still be rolled out by the policy."""
+    from sglang_stub import TinySGLangServer
+
+    from paravt_core.agent.sglang_engine import SGLangEngine
+    from paravt_core.model.loading import load_model
+    from paravt_core.rl import stage
+
+    init, rl_data, tmp = rl_setup
+    noise = torch.Generator().manual_seed(1)  # a previous run's weights: the same shapes, moved
+    previous = {name: value + 0.05 * torch.randn(value.shape, generator=noise) if value.is_floating_point() else value
+                for name, value in load_model(init.path).state_dict().items()}
+    with TinySGLangServer(init.path) as server:
+        SGLangEngine(server.url, init.path, tmp / "previous-run-weights").update_weights(previous)
+        job = stage.make_job(_served_config(tmp, server.url, "rl.max_steps=1"), init, rl_data, with_mlflow=False)
+        worker = _run_worker(job, tmp)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert re.search(r"the rollout server serves the policy \(probe log-prob gap \S+ nats per token\)", worker.stderr)
+    (row,) = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+    # Rollout and reference are the same weights at the same temperature: k1 is zero up to float noise
+    # (the previous run's weights gave a KL of several nats, issue #48).
+    assert abs(row["kl"]) < 1e-3, row["kl"]
 
 
 def test_a_config_asking_for_sglang_never_gets_hf(monkeypatch, tmp_path, tiny_model_dir, tiny_processor):
@@ -413,11 +441,13 @@ def test_a_config_asking_for_sglang_never_gets_hf(monkeypatch, tmp_path, tiny_mo
     monkeypatch.setattr("paravt_core.agent.sglang_engine.sglang_installed", lambda: False)
     with pytest.raises(ConfigError, match="SGLang is not installed; install the GPU profile or set "
                                           "rl.rollout.engine=hf"):
-        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path)
+        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path,
+                                                  content_hash(tiny_model_dir))
     with TinySGLangServer(tiny_model_dir) as server:
         served = load_config(REPO / "conf/pipeline/tiny.yaml",
                              ["rl.rollout.engine=sglang", f"rl.rollout.sglang.url={server.url}"])
-        backend = rollout_engine.build_rollout_engine(served, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path)
+        backend = rollout_engine.build_rollout_engine(served, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path,
+                                                  content_hash(tiny_model_dir))
     assert isinstance(backend.engine, SGLangEngine) and backend.pushes_weights and backend.server is None
 
 

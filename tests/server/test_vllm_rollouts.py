@@ -2,7 +2,9 @@
 
 One server, started with the rollout flags on the tiny random-weight model, answers token ids
 with images, returns sampled-token log-probabilities equal to the trainer's teacher-forced
-ones, and after two RL steps serves the trained policy's log-probabilities.
+ones, and after two RL steps serves the trained policy's log-probabilities. Issue #48: what
+its `/v1/models` says it serves is held to the checkpoint meant (evaluation and rollouts),
+and a server holding a previous run's weights rolls out the policy from step 1.
 """
 
 from __future__ import annotations
@@ -115,4 +117,100 @@ def test_rl_on_vllm_loads_each_steps_weights_into_the_served_model(rollout_serve
     moved = (_teacher_forced(initial, probe, tokens_after) - served_after).abs().max()
     assert moved > 1e-3, f"the served log-probs did not change after two steps ({moved:.2e})"
     snapshots = sorted(p.name for p in (job.out_dir / "rollout_weights").iterdir())
-    assert snapshots == ["v2"], snapshots  # one snapshot per step, the older one dropped once loaded
+    # One snapshot before step 1 (issue #48) and one per step, the older ones dropped once loaded.
+    assert snapshots == ["v3"], snapshots
+
+
+def _moved_copy(model_dir: Path, out: Path) -> tuple[Path, dict]:
+    """A checkpoint of the same shapes and tokenizer as `model_dir`, its weights moved (another
+    run's, or the base of an SFT model); returns (its folder, its state dict)."""
+    from safetensors.torch import load_file, save_file
+
+    from paravt_core.model.integrity import write_manifest
+
+    shutil.copytree(model_dir, out)
+    noise = torch.Generator().manual_seed(1)
+    weights = {name: value + 0.05 * torch.randn(value.shape, generator=noise) if value.is_floating_point() else value
+               for name, value in load_file(out / "model.safetensors").items()}
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_manifest(out)
+    return out, weights
+
+
+def test_what_vllm_says_it_serves_is_held_to_the_checkpoint_in_evaluation(rollout_server, tmp_path):
+    from paravt_core.agent.served_model import ServedModelMismatch, check_served_model
+    from paravt_core.config import load_config
+    from paravt_core.eval.evaluator import EvalError
+    from paravt_core.eval.stage import open_runner
+    from paravt_core.refs import ArtifactRef, content_hash
+    from tests.integration.test_rl import REPO
+
+    server, model_dir = rollout_server
+    api_root = f"{server.url}/v1"
+    sha = content_hash(model_dir)
+    served = check_served_model(api_root, "paravt-rollout", model_dir, sha)
+    assert (served.id, served.root) == ("paravt-rollout", str(model_dir))  # vLLM: root is the folder it loaded
+    elsewhere = tmp_path / "same-content"
+    shutil.copytree(model_dir, elsewhere)
+    assert check_served_model(api_root, None, elsewhere, content_hash(elsewhere)).root == str(model_dir)
+
+    other, _ = _moved_copy(model_dir, tmp_path / "other")
+    other_sha = content_hash(other)
+    with pytest.raises(ServedModelMismatch, match=rf"serves 'paravt-rollout' \(root '{model_dir}'\), which is not "
+                                                  rf"{other} \(sha256 {other_sha[:12]}\)"):
+        check_served_model(api_root, None, other, other_sha)
+    # `paravt eval run` of the other checkpoint on this server stops before its first request.
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp_path / 'out'}", "eval.engine=openai", f"eval.endpoint={api_root}",
+        "eval.served_model_name=paravt-rollout"])
+    with pytest.raises(EvalError, match=rf"eval.engine=openai: the server at {api_root} serves 'paravt-rollout'"):
+        open_runner(cfg, ArtifactRef(kind="model", path=other, sha256=other_sha))
+
+
+def test_rl_on_a_vllm_holding_a_previous_runs_weights_rolls_out_the_policy_from_step_1(rollout_server,
+                                                                                      tiny_processor, short_video,
+                                                                                      tmp_path):
+    """Issue #48 item 2: the server still names the starting checkpoint (its /v1/models root)
+    but holds another run's weights; before, step 1 was rolled out by those."""
+    import json
+    import re
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.integration.test_rl import REPO, _rl_rows, _run_worker
+
+    from paravt_core.agent.vllm_engine import VLLMEngine
+    from paravt_core.config import load_config
+    from paravt_core.model.loading import load_model
+    from paravt_core.refs import ArtifactRef, content_hash
+    from paravt_core.rl import stage
+
+    server, model_dir = rollout_server
+    _, previous = _moved_copy(model_dir, tmp_path / "previous-run")
+    pusher = VLLMEngine.for_processor(server.url, model_dir, tmp_path / "previous-weights", tiny_processor)
+    pusher.update_weights(previous)
+    try:
+        data = tmp_path / "rl"
+        data.mkdir()
+        pq.write_table(pa.Table.from_pylist(_rl_rows(short_video, 4)), data / "rl.parquet")
+        init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
+        rl_data = ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
+        cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+            f"run.output_dir={tmp_path / 'out'}", "rl.max_steps=1", "rl.prompts_per_step=2", "rl.group_size=2",
+            "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
+            "video.nframes=4", "video.max_pixels=3072", "rl.checkpoint_every=1", "rl.zero_stage=0",
+            "rl.temperature=1.0", "rl.rollout.engine=vllm", f"rl.rollout.vllm.url={server.url}"])
+        job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+        worker = _run_worker(job, tmp_path)
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        gap = re.search(r"the rollout server serves the policy \(probe log-prob gap (\S+) nats per token\)",
+                        worker.stderr)
+        (row,) = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+        print(f"\nserved-policy probe gap {gap.group(1) if gap else None} nats per token; step-1 KL {row['kl']:.2e}",
+              flush=True)
+        # Rollout and reference: the same weights at the same temperature, so k1 is float noise.
+        assert abs(row["kl"]) < 1e-2, row["kl"]
+        assert gap is not None, worker.stderr[-3000:]
+    finally:  # the module's server goes back to its own weights
+        pusher.update_weights(load_model(model_dir).state_dict())

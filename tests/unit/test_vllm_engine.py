@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from paravt_core.agent.engine import GenerationRequest, SamplingParams, VisionInputs
+from paravt_core.refs import content_hash
 
 PAD, OTHER = 9, 5
 MEDIA = {"<|image_pad|>": PAD, "<|vision_start|>": 7, "<|vision_end|>": 8}
@@ -147,6 +148,7 @@ def test_a_vllm_rollout_with_nothing_to_launch_is_a_config_error(monkeypatch, tm
     cfg = load_config("conf/pipeline/tiny.yaml", ["rl.rollout.engine=vllm"])
     with pytest.raises(ConfigError, match=r"rl.rollout.engine is vllm with no rl.rollout.vllm.url to connect to, and "
                                           r"no vLLM to launch one: neither SGLang nor vLLM|vllm is not installed"):
-        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path)
+        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path,
+                                                  content_hash(tiny_model_dir))
     with pytest.raises(ValueError, match="rl.rollout.vllm.url is set but rl.rollout.engine is hf"):
         load_config("conf/pipeline/tiny.yaml", ["rl.rollout.vllm.url=http://127.0.0.1:1"])
