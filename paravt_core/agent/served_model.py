@@ -25,6 +25,7 @@ that starts its own server per checkpoint can call it too.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -36,6 +37,11 @@ from paravt_core.refs import content_hash
 
 class ServedModelMismatch(RuntimeError):
     """The server serves another model than the checkpoint meant, or cannot say which."""
+
+
+class ServerUnanswered(ServedModelMismatch):
+    """The server gave no model list: no answer in time, refused, not HTTP, not JSON. The
+    server's fault, not the request's (the evaluation exits 1 for it, 2 for a mismatch)."""
 
 
 @dataclass(frozen=True)
@@ -68,9 +74,11 @@ def served_models(api_root: str, *, api_key: str | None = None, timeout_s: float
         reason = f"HTTP {error.code}"
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
         reason = str(getattr(error, "reason", error))
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
-        reason = f"an answer without a model list ({type(error).__name__}: {error})"
-    raise ServedModelMismatch(f"cannot tell which model the server at {api_root} serves: GET {url} gave {reason}; "
+    except http.client.HTTPException as error:  # e.g. BadStatusLine: something that does not speak HTTP
+        reason = f"no HTTP answer ({type(error).__name__}: {str(error)[:200]})"
+    except (ValueError, KeyError, TypeError, AttributeError) as error:  # JSON (also not UTF-8), its shape
+        reason = f"an answer without a model list ({type(error).__name__}: {str(error)[:200]})"
+    raise ServerUnanswered(f"cannot tell which model the server at {api_root} serves: GET {url} gave {reason}; "
                               "serve the checkpoint with vLLM or SGLang (`paravt eval serve --model ...`)")
 
 

@@ -163,11 +163,15 @@ def _openai_client(model: ArtifactRef, eval_cfg: EvalConfig) -> Any:
 def check_serves_checkpoint(client: Any, model: ArtifactRef) -> None:
     """Refuse a server that serves another checkpoint than `model` (`agent/served_model.py`):
     its answers would be scored and cached under this checkpoint's key (issue #48)."""
-    from paravt_core.agent.served_model import ServedModelMismatch, check_served_model
+    from paravt_core.agent.served_model import ServedModelMismatch, ServerUnanswered, check_served_model
+    from paravt_core.eval.openai_engine import ChatError
 
     api_root = client.url.removesuffix("/chat/completions")
     try:
-        check_served_model(api_root, client.model, model.path, model.sha256, api_key=client.api_key)
+        check_served_model(api_root, client.model, model.path, model.sha256, api_key=client.api_key,
+                           timeout_s=client.timeout_s)
+    except ServerUnanswered as exc:  # the server's fault, as a failed chat request is
+        raise ChatError(f"eval.engine=openai: {exc}") from exc
     except ServedModelMismatch as exc:
         raise EvalError(f"eval.engine=openai: {exc}") from exc
 
