@@ -39,18 +39,38 @@ def test_dry_run_passes_with_the_wheels_and_prints_every_step(tmp_path: Path, ca
     assert len(shards) == len(gpu_check.TEST_SHARDS) == 5  # side by side
 
 
-def _collected(*args: str) -> list[str]:
+# One process collects the gpu tier once without -k and once per shard expression: pytest's own
+# -k, the test modules imported once instead of in six processes.
+COLLECT = """
+import json, sys
+import pytest
+
+class Collected:
+    def pytest_collection_finish(self, session):
+        self.ids = [item.nodeid for item in session.items]
+
+files, expressions, out = json.loads(sys.argv[1])
+found = []
+for extra in [[], *[["-k", e] for e in expressions]]:
+    grab = Collected()
+    code = pytest.main([*files, "-m", "gpu", *extra, "--collect-only", "-q", "-p", "no:cacheprovider"], plugins=[grab])
+    if code != 0:
+        sys.exit(f"collection {extra} ended with {code}")
+    found.append(grab.ids)
+open(out, "w").write(json.dumps(found))
+"""
+
+
+def test_the_shards_split_the_gpu_tier_without_gap_or_overlap(tmp_path):
+    import json
     import subprocess
 
     files = [str(p.relative_to(REPO)) for p in gpu_check.gpu_test_files()]
-    out = subprocess.run([sys.executable, "-m", "pytest", *files, "-m", "gpu", *args, "--collect-only", "-q",
-                          "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if "::" in line]
-
-
-def test_the_shards_split_the_gpu_tier_without_gap_or_overlap():
-    everything = _collected()
-    shards = [_collected("-k", expression) for expression in gpu_check.TEST_SHARDS]
+    out = tmp_path / "collected.json"
+    done = subprocess.run([sys.executable, "-c", COLLECT, json.dumps([files, list(gpu_check.TEST_SHARDS), str(out)])],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    everything, *shards = json.loads(out.read_text())
     assert all(shards) and sorted(sum(shards, [])) == sorted(everything) and len(everything) >= 10
 
 
