@@ -141,7 +141,8 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
             enable_memory_saver=colocated, cuda_devices=server_cfg.gpus, startup_timeout_s=server_cfg.startup_timeout_s)
         url = server.url
     url = _shared_url(url, rank, world)
-    engine = SGLangEngine(url, init_model, staging_dir, dtype=dtype, timeout_s=server_cfg.request_timeout_s)
+    engine = SGLangEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,
+                                        timeout_s=server_cfg.request_timeout_s)
     return RolloutBackend(engine, pushes_weights=rank == 0, releases_memory=colocated, world=world, server=server)
 
 
