@@ -14,8 +14,8 @@ contract gate, request parse, tokenizer manager and feature hash):
 - Per request, `image_data` is a list of PNG data URLs, one per frame in prompt order,
   and `input_ids` holds ONE `<|image_pad|>` per image (`media.collapse_pads`). SGLang's
   Qwen-VL processor decodes the images with the checkpoint's image processor and expands
-  each single pad to that image's count, keeping every other id of ours; an already
-  expanded run would be expanded again (an IndexError in `build_input_ids`). PNG is
+  each single pad to that image's count, keeping every other id of ours; ids with the
+  runs already expanded fail there (an AssertionError in `build_input_ids`). PNG is
   lossless, so the server's pixels are the trainer's. `return_prompt_token_ids` makes the
   server return the expanded ids, which must equal ours id for id on every request
   (`SGLangTokenMismatch` otherwise): a server whose image processor resized a frame
@@ -59,7 +59,6 @@ from paravt_core.agent.server_process import ServerProcess, server_healthy, star
 from paravt_core.agent.weight_snapshots import drop_older_snapshots, latest_snapshot_version, write_weight_snapshot
 
 DEFAULT_PORT = 30000
-MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 
 
 class SGLangUnavailable(RuntimeError):
@@ -186,9 +185,8 @@ class SGLangEngine:
     @classmethod
     def for_processor(cls, url: str, model_path: str | Path, staging_dir: str | Path, processor: Any,
                       **kwargs: Any) -> SGLangEngine:
-        ids = {token: processor.tokenizer.convert_tokens_to_ids(token) for token in MEDIA_TOKENS}
-        return cls(url, model_path, staging_dir, {t: i for t, i in ids.items() if isinstance(i, int) and i >= 0},
-                   **kwargs)
+        pad = "<|image_pad|>"
+        return cls(url, model_path, staging_dir, {pad: processor.tokenizer.convert_tokens_to_ids(pad)}, **kwargs)
 
     def payload(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> dict[str, Any]:
         """The `/generate` body of a batch: per request collapsed ids and its frames as PNG."""

@@ -175,7 +175,12 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
     print(f"\n/generate body: {len(json.dumps(generate.get('image_data')).encode()) / frames:.0f} bytes of "
           "image_data JSON per frame")
 
-    served = run_request_side(sglang_packages, tiny_model_dir, bodies, tmp_path)
+    # The first request's ids as the trainer holds them (each image's pads expanded), which
+    # is why the client collapses them: SGLang would expand each pad of the run again.
+    expanded = {**generate, "input_ids": [list(requests[0].prompt_ids)], "image_data": generate["image_data"][:1]}
+    served = run_request_side(sglang_packages, tiny_model_dir, [*bodies, {"path": "/generate", "body": expanded}],
+                              tmp_path)
+    assert "AssertionError" in served[4]["requests"][0]["error"], served[4]
 
     # /generate: past the contract gate and the parse; per request SGLang's expanded ids are
     # ours id for id, one image item per frame with our grid, each feature hashed.
@@ -196,7 +201,7 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
         assert expanded_request(tiny_processor, ids, images).prompt_ids == result["input_ids"]
 
     # The memory and weight bodies parse into the routes' own types, with what we sent.
-    assert all("parse_error" not in result for result in served[1:]), served[1:]
+    assert all("parse_error" not in result for result in served[1:4]), served[1:4]
     parsed = served[3]["parsed"]
     assert parsed["model_path"] == weights["model_path"] and Path(parsed["model_path"]).name == "v1"
     assert parsed["weight_version"] == "1" and parsed["flush_cache"] is True
