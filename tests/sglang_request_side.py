@@ -1,10 +1,11 @@
 """SGLang's own request-side code run on request bodies, in a process of its own (issue 44).
 
 `python tests/sglang_request_side.py JOB.json` with SGLang's wheel (and the few light
-packages its modules import) on PYTHONPATH; `tests/unit/test_sglang_request_side.py`
+packages its modules import) on PYTHONPATH; `tests/integration/test_sglang_request_side.py`
 installs them and runs this. JOB holds `model_dir` (a Qwen3-VL checkpoint, for its config
 and processor) and `bodies`: a list of {"path": "/generate" | "/update_weights_from_disk"
-| "/release_memory_occupation" | "/resume_memory_occupation", "body": {...}}. Prints one
+| "/release_memory_occupation" | "/resume_memory_occupation" | "/generate response",
+"body": {...}}. Prints one
 JSON line: per body what SGLang made of it, each stage's error (as SGLang raised it) or
 its result.
 
@@ -17,6 +18,8 @@ Every function called here is SGLang's, unmodified, as its HTTP server calls it:
   and `mm_utils.hash_feature` on every image feature it built (what the scheduler hashes
   to key the prefix cache; `MultimodalDataItem.set_pad_value`).
 - the weight and memory routes: the pydantic parse FastAPI does into the route's body type.
+- a `/generate` answer ("/generate response"): SGLang's generated API schema decoder
+  (`sglang.api.v1.api_types.GenerateResponse`), the shape its servers answer in.
 
 The tokenizer manager is made with `object.__new__` and given only the attributes that
 `_tokenize_one_request` reads: its `__init__` opens the ZMQ sockets to a scheduler, which
@@ -161,6 +164,20 @@ def parse_body(path: str, body: dict[str, Any]) -> dict[str, Any]:
     return {"parsed": msgspec.structs.asdict(parsed)}
 
 
+def decode_response(body: dict[str, Any]) -> dict[str, Any]:
+    """A `/generate` answer decoded with SGLang's generated API schema (`GenerateResponse`)."""
+    from sglang.api.v1.api_types import GenerateResponse
+
+    try:
+        response = GenerateResponse.from_json_value(body)
+    except Exception as error:
+        return {"decode_error": _error(error)}
+    meta = response.meta_info
+    return {"finish_reason": type(meta.finish_reason).__name__,
+            "output_token_logprobs": [[entry.logprob, entry.token_id] for entry in meta.output_token_logprobs or []],
+            "prompt_token_ids": response.prompt_token_ids}
+
+
 def main(job_path: str) -> None:
     _stub_notebook_display()
     job = json.loads(Path(job_path).read_text())
@@ -170,6 +187,8 @@ def main(job_path: str) -> None:
         if entry["path"] == "/generate":
             side = side or RequestSide(job["model_dir"])
             results.append(side.generate(entry["body"]))
+        elif entry["path"] == "/generate response":
+            results.append(decode_response(entry["body"]))
         else:
             results.append(parse_body(entry["path"], entry["body"]))
     print("RESULTS " + json.dumps(results, default=str), flush=True)

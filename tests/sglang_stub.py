@@ -8,8 +8,9 @@ Native API (what `paravt_core/agent/sglang_engine.py` sends):
   `sampling_seed`), `return_logprob`, `return_prompt_token_ids`. Each pad is expanded to
   its image's count from the checkpoint's image processor, as SGLang's Qwen-VL processor
   does; that this stand-in expands a body exactly as SGLang 0.5.23 does (and that SGLang
-  takes the body at all) is not this file's word: `tests/unit/test_sglang_request_side.py`
-  runs SGLang's own request-side code on the client's bodies and compares. Answers per
+  takes the body at all) is not this file's word: `tests/integration/test_sglang_request_side.py`
+  runs SGLang's own request-side code on the client's bodies and compares, and decodes
+  this stub's answers with SGLang's generated response schema. Answers per
   request `text`, `output_ids`, `prompt_token_ids` (when asked) and `meta_info` with
   `output_token_logprobs` ([logprob, token id, null] per token), `finish_reason`
   ({"type": "stop", "matched": id} or {"type": "length", "length": n}), token counts and

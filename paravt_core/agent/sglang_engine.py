@@ -9,7 +9,7 @@ rollout engine proven end to end is `vllm` (`vllm_engine.py`); this one is a swi
 request bodies are held to SGLang's own request-side code (below).
 
 How frames go (SGLang 0.5.23, read from its source and run on CPU by
-`tests/unit/test_sglang_request_side.py`, which feeds this client's bodies to SGLang's
+`tests/integration/test_sglang_request_side.py`, which feeds this client's bodies to SGLang's
 contract gate, request parse, tokenizer manager and feature hash):
 - Per request, `image_data` is a list of PNG data URLs, one per frame in prompt order,
   and `input_ids` holds ONE `<|image_pad|>` per image (`media.collapse_pads`). SGLang's

@@ -7,8 +7,9 @@ import its pure-Python modules on a CPU. `tests/sglang_request_side.py` then run
 process of its own, the functions SGLang's HTTP server runs on a `/generate` body (its JSON
 contract gate, the request parse, the tokenizer manager's image loading and pad expansion
 with the checkpoint's processor, the sampling parameters' checks, the feature hash) and the
-parse of the weight-update and memory bodies, on exactly the bodies our client sends.
-Skipped, saying why, when the wheel cannot be installed (no package registry).
+parse of the weight-update and memory bodies, on exactly the bodies our client sends; and
+decodes the CPU stand-in server's answers (`tests/sglang_stub.py`) with SGLang's response
+schema. Skipped, saying why, when the wheel cannot be installed (no package registry).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -152,9 +154,9 @@ def rollout_requests(processor) -> list[GenerationRequest]:
 
 def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_packages, tiny_model_dir,
                                                                       tiny_processor, tmp_path):
-    from sglang_stub import expanded_request
+    from sglang_stub import TinySGLangServer, expanded_request
 
-    from paravt_core.agent.sglang_engine import SGLangEngine
+    from paravt_core.agent.sglang_engine import SGLangEngine, parse_generation
 
     requests = rollout_requests(tiny_processor)
     recorder = Recorder([list(request.prompt_ids) for request in requests])
@@ -178,9 +180,20 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
     # The first request's ids as the trainer holds them (each image's pads expanded), which
     # is why the client collapses them: SGLang would expand each pad of the run again.
     expanded = {**generate, "input_ids": [list(requests[0].prompt_ids)], "image_data": generate["image_data"][:1]}
-    served = run_request_side(sglang_packages, tiny_model_dir, [*bodies, {"path": "/generate", "body": expanded}],
-                              tmp_path)
+    # The CPU stand-in server's answers to our body, for SGLang's response schema.
+    with TinySGLangServer(tiny_model_dir) as stub:
+        stub_request = urllib.request.Request(f"{stub.url}/generate", data=json.dumps(generate).encode(),
+                                              headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(stub_request, timeout=600) as answer:
+            answers = json.loads(answer.read())
+    served = run_request_side(sglang_packages, tiny_model_dir, [
+        *bodies, {"path": "/generate", "body": expanded},
+        *({"path": "/generate response", "body": answer} for answer in answers)], tmp_path)
     assert "AssertionError" in served[4]["requests"][0]["error"], served[4]
+    for request, answer, decoded in zip(requests, answers, served[5:]):
+        assert "decode_error" not in decoded and decoded["finish_reason"] in ("FinishStop", "FinishLength"), decoded
+        assert decoded["prompt_token_ids"] == list(request.prompt_ids)
+        assert [entry[1] for entry in decoded["output_token_logprobs"]] == parse_generation(answer).token_ids
 
     # /generate: past the contract gate and the parse; per request SGLang's expanded ids are
     # ours id for id, one image item per frame with our grid, each feature hashed.
