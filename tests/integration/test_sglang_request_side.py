@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -180,26 +181,25 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
     # The first request's ids as the trainer holds them (each image's pads expanded), which
     # is why the client collapses them: SGLang would expand each pad of the run again.
     expanded = {**generate, "input_ids": [list(requests[0].prompt_ids)], "image_data": generate["image_data"][:1]}
-    # The CPU stand-in server's answers to our body, for SGLang's response schema.
+    # The CPU stand-in server's answers to our body, for SGLang's response schema (asserted
+    # after SGLang's verdict on the body itself, which says more when both fail).
     with TinySGLangServer(tiny_model_dir) as stub:
         stub_request = urllib.request.Request(f"{stub.url}/generate", data=json.dumps(generate).encode(),
                                               headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(stub_request, timeout=600) as answer:
-            answers = json.loads(answer.read())
+        try:
+            with urllib.request.urlopen(stub_request, timeout=600) as answer:
+                answers, stub_refusal = json.loads(answer.read()), None
+        except urllib.error.HTTPError as error:
+            answers, stub_refusal = [], error.read().decode()
     served = run_request_side(sglang_packages, tiny_model_dir, [
         *bodies, {"path": "/generate", "body": expanded},
         *({"path": "/generate response", "body": answer} for answer in answers)], tmp_path)
-    assert "AssertionError" in served[4]["requests"][0]["error"], served[4]
-    for request, answer, decoded in zip(requests, answers, served[5:]):
-        assert "decode_error" not in decoded and decoded["finish_reason"] in ("FinishStop", "FinishLength"), decoded
-        assert decoded["prompt_token_ids"] == list(request.prompt_ids)
-        assert [entry[1] for entry in decoded["output_token_logprobs"]] == parse_generation(answer).token_ids
 
     # /generate: past the contract gate and the parse; per request SGLang's expanded ids are
     # ours id for id, one image item per frame with our grid, each feature hashed.
     assert served[0]["contract_error"] is None and "parse_error" not in served[0], served[0]
-    for request, ids, images, result in zip(requests, generate["input_ids"], generate.get("image_data"),
-                                            served[0]["requests"]):
+    for request, ids, images, result in zip(requests, generate["input_ids"], generate["image_data"],
+                                            served[0]["requests"], strict=True):
         assert "error" not in result, result
         assert result["input_ids"] == list(request.prompt_ids)
         grids = [] if request.vision.image_grid_thw is None else request.vision.image_grid_thw.tolist()
@@ -212,6 +212,13 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
                                       "skip_special_tokens": False, "sampling_seed": 11}
         # The CPU stand-in server of the integration tests expands a body as SGLang does.
         assert expanded_request(tiny_processor, ids, images).prompt_ids == result["input_ids"]
+
+    assert "AssertionError" in served[4]["requests"][0]["error"], served[4]
+    assert stub_refusal is None, stub_refusal
+    for request, answer, decoded in zip(requests, answers, served[5:], strict=True):
+        assert "decode_error" not in decoded and decoded["finish_reason"] in ("FinishStop", "FinishLength"), decoded
+        assert decoded["prompt_token_ids"] == list(request.prompt_ids)
+        assert [entry[1] for entry in decoded["output_token_logprobs"]] == parse_generation(answer).token_ids
 
     # The memory and weight bodies parse into the routes' own types, with what we sent.
     assert all("parse_error" not in result for result in served[1:4]), served[1:4]
