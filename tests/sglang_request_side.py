@@ -56,7 +56,7 @@ def _error(error: BaseException) -> str:
 class RequestSide:
     """SGLang's request-side objects for one checkpoint (module docstring)."""
 
-    def __init__(self, model_dir: str):
+    def __init__(self, model_dir: str, mm_process_config: dict[str, Any] | None):
         from transformers import AutoConfig, AutoProcessor
 
         from sglang.srt.configs.model_config import ModelConfig
@@ -67,7 +67,7 @@ class RequestSide:
         from sglang.srt.sampling.sampling_params import SamplingParams
         from sglang.srt.server_args import ServerArgs
 
-        server_args = ServerArgs(model_path=model_dir, device="cpu")
+        server_args = ServerArgs(model_path=model_dir, device="cpu", mm_process_config=mm_process_config)
         publish(server_args, role="tokenizer")
         processor = AutoProcessor.from_pretrained(model_dir)
         hf_config = AutoConfig.from_pretrained(model_dir)
@@ -181,12 +181,15 @@ def decode_response(body: dict[str, Any]) -> dict[str, Any]:
 def main(job_path: str) -> None:
     _stub_notebook_display()
     job = json.loads(Path(job_path).read_text())
-    side = None
+    sides: dict[str, RequestSide] = {}  # one per server launch flag `--mm-process-config`
     results = []
     for entry in job["bodies"]:
         if entry["path"] == "/generate":
-            side = side or RequestSide(job["model_dir"])
-            results.append(side.generate(entry["body"]))
+            flag = entry.get("mm_process_config")
+            key = json.dumps(flag, sort_keys=True)
+            if key not in sides:
+                sides[key] = RequestSide(job["model_dir"], flag)
+            results.append(sides[key].generate(entry["body"]))
         elif entry["path"] == "/generate response":
             results.append(decode_response(entry["body"]))
         else:

@@ -54,8 +54,13 @@ class StubRequestError(ValueError):
     """A request the stub refuses (answered with HTTP 400 and this message)."""
 
 
-def expanded_request(processor: Any, input_ids: list[int], images: list[str] | None) -> GenerationRequest:
-    """One request's ids with each `<|image_pad|>` expanded to its image's count, and its pixels."""
+def expanded_request(processor: Any, input_ids: list[int], images: list[str] | None,
+                     mm_process_config: dict[str, Any] | None = None) -> GenerationRequest:
+    """One request's ids with each `<|image_pad|>` expanded to its image's count, and its pixels.
+
+    `mm_process_config` is SGLang's launch flag of that name: its "image" entry goes to the
+    image processor as keywords (the pixel bounds, `sglang_engine.mm_process_config`).
+    """
     images = list(images or [])
     pad_id = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     if input_ids.count(pad_id) != len(images):
@@ -64,7 +69,8 @@ def expanded_request(processor: Any, input_ids: list[int], images: list[str] | N
     if not images:
         return GenerationRequest(list(input_ids))
     image_processor = processor.image_processor
-    batch = image_processor(images=[_decoded_image(url) for url in images], return_tensors="pt")
+    batch = image_processor(images=[_decoded_image(url) for url in images], return_tensors="pt",
+                            **(mm_process_config or {}).get("image", {}))
     counts = iter((batch["image_grid_thw"].prod(-1) // image_processor.merge_size**2).tolist())
     expanded: list[int] = []
     for token in input_ids:
@@ -90,10 +96,11 @@ class TinySGLangServer:
         model_dir: the checkpoint to serve (loaded on the CPU in float32).
         served_model_name: the name the OpenAI API answers to (default: the folder path).
         crash_on: (path, n): die on the n-th request to `path` (module docstring).
+        mm_process_config: SGLang's launch flag of that name (`expanded_request`).
     """
 
     def __init__(self, model_dir: str | Path, served_model_name: str | None = None,
-                 crash_on: tuple[str, int] | None = None):
+                 crash_on: tuple[str, int] | None = None, mm_process_config: dict[str, Any] | None = None):
         from paravt_core.model.loading import load_model, load_processor
 
         self.model_dir = Path(model_dir)
@@ -104,6 +111,7 @@ class TinySGLangServer:
         self.weight_version = "initial"
         self.released = False
         self.crash_on = crash_on
+        self.mm_process_config = mm_process_config
         self._model_lock = threading.Lock()  # one generation or weight load at a time
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
@@ -144,7 +152,8 @@ class TinySGLangServer:
                                 top_p=float(sampling.get("top_p", 1.0)),
                                 stop_token_ids=tuple(sampling.get("stop_token_ids") or ()),
                                 seed=sampling.get("sampling_seed"))
-        requests = [expanded_request(self.processor, list(ids), items) for ids, items in zip(prompts, images)]
+        requests = [expanded_request(self.processor, list(ids), items, self.mm_process_config)
+                    for ids, items in zip(prompts, images)]
         with self._model_lock:
             generations = self.engine.generate(requests, params)
         results = []

@@ -16,15 +16,16 @@ contract gate, request parse, tokenizer manager and feature hash):
   Qwen-VL processor decodes the images with the checkpoint's image processor and expands
   each single pad to that image's count, keeping every other id of ours; ids with the
   runs already expanded fail there (an AssertionError in `build_input_ids`). PNG is
-  lossless, so the server's pixels are the trainer's. `return_prompt_token_ids` makes the
-  server return the expanded ids, which must equal ours id for id on every request
-  (`SGLangTokenMismatch` otherwise): a server whose image processor resized a frame
-  differently from the trainer's is refused, never trained on.
+  lossless, so the server's pixels are the trainer's, and the server is launched with
+  our per-frame pixel bounds (`mm_process_config`) so that its processor resizes as the
+  trainer's did. `return_prompt_token_ids` makes the server return the expanded ids,
+  which must equal ours id for id on every request (`SGLangTokenMismatch` otherwise): a
+  server whose image processor resized a frame differently is refused, never trained on.
 - Sent before: the processed pixels as a "processor_output" item of nested float lists.
   SGLang refuses it at its JSON contract gate (`MediaRef` rejects unknown fields), and past
   that its `hash_feature` raises `TypeError: object supporting the buffer API required` on
-  a list of floats; as JSON it also cost about 5.7 MB per 8B-model frame against tens of kB
-  of PNG.
+  a list of floats; as JSON it also cost 6.3 MB per 8B-model frame (224x224) against
+  0.13-0.20 MB as a PNG data URL (docs/serving.md).
 
 STATUS: the request bodies are checked against SGLang's own code on CPU; generations are
 exercised against `tests/sglang_stub.py` (the tiny HF model), not yet against a real
@@ -217,7 +218,8 @@ class SGLangEngine:
                 raise SGLangTokenMismatch(
                     f"SGLang at {self.url} expanded a rollout prompt into other token ids than ours: "
                     f"{first_difference(request.prompt_ids, served)}; its image processor's pixel bounds or the "
-                    "checkpoint's processor differ from the trainer's")
+                    "checkpoint's processor differ from the trainer's (a server not launched by the pipeline needs "
+                    "--mm-process-config with video.min_pixels / video.max_pixels, see sglang_engine.mm_process_config)")
         return [parse_generation(item) for item in results]
 
     def update_weights(self, state_dict: dict[str, Any]) -> None:
@@ -257,15 +259,28 @@ class SGLangEngine:
         _post_json(f"{self.url}/resume_memory_occupation", {}, self.timeout_s)
 
 
+def mm_process_config(pixel_bounds: tuple[int, int]) -> dict[str, Any]:
+    """SGLang's `--mm-process-config`: its image processor's per-image (min, max) pixels.
+
+    The rollout renders frames with our bounds (SPEC §3, `ChatRenderer`); SGLang runs the
+    checkpoint's image processor with the checkpoint's own (Qwen3-VL's shortest_edge is
+    65536, so a 50176-pixel frame would be upscaled into more pads) unless this flag hands it
+    ours: then it expands each image to our count (`tests/integration/test_sglang_request_side.py`).
+    """
+    return {"image": {"size": {"shortest_edge": pixel_bounds[0], "longest_edge": pixel_bounds[1]}}}
+
+
 def launch_sglang_server(model_path: str | Path, port: int = DEFAULT_PORT, *, host: str = "127.0.0.1",
                          tp_size: int = 1, mem_fraction_static: float | None = None,
                          enable_memory_saver: bool = False, cuda_devices: Sequence[int] = (),
-                         served_model_name: str | None = None, extra_args: Sequence[str] = (),
-                         startup_timeout_s: float = 900.0) -> ServerProcess:
+                         pixel_bounds: tuple[int, int] | None = None, served_model_name: str | None = None,
+                         extra_args: Sequence[str] = (), startup_timeout_s: float = 900.0) -> ServerProcess:
     """Start `python -m sglang.launch_server` on `model_path` and wait until it answers /health.
 
     `cuda_devices` (split placement) pins the server to those GPUs; `enable_memory_saver`
-    (co-located placement) lets `release_memory` / `resume_memory` free and retake its memory.
+    (co-located placement) lets `release_memory` / `resume_memory` free and retake its memory;
+    `pixel_bounds` (the rollouts' per-frame pixels) goes to its image processor
+    (`mm_process_config`).
 
     Raises:
         SGLangUnavailable: no CUDA or no sglang package.
@@ -278,6 +293,8 @@ def launch_sglang_server(model_path: str | Path, port: int = DEFAULT_PORT, *, ho
         command += ["--mem-fraction-static", str(mem_fraction_static)]
     if enable_memory_saver:
         command.append("--enable-memory-saver")
+    if pixel_bounds is not None:
+        command += ["--mm-process-config", json.dumps(mm_process_config(pixel_bounds))]
     if served_model_name:
         command += ["--served-model-name", served_model_name]
     command += list(extra_args)

@@ -138,7 +138,8 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
 
         server = launch_sglang_server(
             init_model, free_port(), tp_size=server_cfg.tp_size, mem_fraction_static=server_cfg.mem_fraction_static,
-            enable_memory_saver=colocated, cuda_devices=server_cfg.gpus, startup_timeout_s=server_cfg.startup_timeout_s)
+            enable_memory_saver=colocated, cuda_devices=server_cfg.gpus,
+            pixel_bounds=(cfg.video.min_pixels, cfg.video.max_pixels), startup_timeout_s=server_cfg.startup_timeout_s)
         url = server.url
     url = _shared_url(url, rank, world)
     engine = SGLangEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,

@@ -126,6 +126,12 @@ class Recorder:
         self.httpd.server_close()
 
 
+# Rollout frame bounds unlike the tiny checkpoint's own image processor's (784, 50176), as
+# the 8B config's (784, 50176) are unlike Qwen3-VL's (65536, ...): the 32x64 crop frames
+# are upscaled by the trainer, and must be by the server too.
+PIXEL_BOUNDS = (4096, 12288)
+
+
 def rollout_requests(processor) -> list[GenerationRequest]:
     """A main-agent prompt over four frames, a text-only one, and a context that gained two crop
     frames in a later turn (the vision of two encodes merged), as rollouts build them."""
@@ -133,7 +139,7 @@ def rollout_requests(processor) -> list[GenerationRequest]:
     from paravt_core.agent.media import with_frames
     from paravt_core.video import Frames
 
-    renderer = ChatRenderer(processor, think_prefix=True)
+    renderer = ChatRenderer(processor, think_prefix=True, pixel_bounds=PIXEL_BOUNDS)
     rng = np.random.default_rng(0)
 
     def clip(n: int, height: int, width: int) -> Frames:
@@ -157,7 +163,7 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
                                                                       tiny_processor, tmp_path):
     from sglang_stub import TinySGLangServer, expanded_request
 
-    from paravt_core.agent.sglang_engine import SGLangEngine, parse_generation
+    from paravt_core.agent.sglang_engine import SGLangEngine, mm_process_config, parse_generation
 
     requests = rollout_requests(tiny_processor)
     recorder = Recorder([list(request.prompt_ids) for request in requests])
@@ -183,7 +189,8 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
     expanded = {**generate, "input_ids": [list(requests[0].prompt_ids)], "image_data": generate["image_data"][:1]}
     # The CPU stand-in server's answers to our body, for SGLang's response schema (asserted
     # after SGLang's verdict on the body itself, which says more when both fail).
-    with TinySGLangServer(tiny_model_dir) as stub:
+    launch_flag = mm_process_config(PIXEL_BOUNDS)  # what launch_sglang_server passes
+    with TinySGLangServer(tiny_model_dir, mm_process_config=launch_flag) as stub:
         stub_request = urllib.request.Request(f"{stub.url}/generate", data=json.dumps(generate).encode(),
                                               headers={"Content-Type": "application/json"})
         try:
@@ -192,8 +199,10 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
         except urllib.error.HTTPError as error:
             answers, stub_refusal = [], error.read().decode()
     served = run_request_side(sglang_packages, tiny_model_dir, [
-        *bodies, {"path": "/generate", "body": expanded},
-        *({"path": "/generate response", "body": answer} for answer in answers)], tmp_path)
+        {**bodies[0], "mm_process_config": launch_flag}, *bodies[1:],
+        {"path": "/generate", "body": expanded, "mm_process_config": launch_flag},
+        *({"path": "/generate response", "body": answer} for answer in answers),
+        {**bodies[0], "mm_process_config": None}], tmp_path)
 
     # /generate: past the contract gate and the parse; per request SGLang's expanded ids are
     # ours id for id, one image item per frame with our grid, each feature hashed.
@@ -211,11 +220,16 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
                                       "frequency_penalty": 0.0, "stop_token_ids": [5, 7],
                                       "skip_special_tokens": False, "sampling_seed": 11}
         # The CPU stand-in server of the integration tests expands a body as SGLang does.
-        assert expanded_request(tiny_processor, ids, images).prompt_ids == result["input_ids"]
+        assert expanded_request(tiny_processor, ids, images, launch_flag).prompt_ids == result["input_ids"]
+    # A server launched without our bounds upscales the crops less: other ids, which the
+    # client's check refuses.
+    unbounded = served[-1]["requests"]
+    assert [result["input_ids"] == list(request.prompt_ids) for request, result in zip(requests, unbounded)] == [
+        True, True, False]
 
     assert "AssertionError" in served[4]["requests"][0]["error"], served[4]
     assert stub_refusal is None, stub_refusal
-    for request, answer, decoded in zip(requests, answers, served[5:], strict=True):
+    for request, answer, decoded in zip(requests, answers, served[5:-1], strict=True):
         assert "decode_error" not in decoded and decoded["finish_reason"] in ("FinishStop", "FinishLength"), decoded
         assert decoded["prompt_token_ids"] == list(request.prompt_ids)
         assert [entry[1] for entry in decoded["output_token_logprobs"]] == parse_generation(answer).token_ids
