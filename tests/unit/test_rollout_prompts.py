@@ -150,3 +150,27 @@ def test_the_sglang_client_refuses_a_url_where_no_server_answers():
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(SGLangServerError, match=f"no healthy SGLang server at {url}"):
         SGLangEngine(url, "model-dir", "staging", {"<|image_pad|>": PAD})
+
+
+def test_the_pipelines_sglang_server_gets_the_rollouts_pixel_bounds(monkeypatch, tmp_path):
+    """Without `--mm-process-config` SGLang resizes frames by the checkpoint's own bounds, so
+    its pad counts would differ from the trainer's (tests/integration/test_sglang_request_side.py)."""
+    from paravt_core.agent import sglang_engine
+    from paravt_core.config import load_config
+    from paravt_core.rl import rollout_engine
+
+    launched = {}
+
+    def record_command(command, url, startup_timeout_s, cuda_devices=()):
+        launched["command"] = list(command)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(sglang_engine, "require_sglang", lambda: None)
+    monkeypatch.setattr(sglang_engine, "wait_until_healthy", record_command)
+    monkeypatch.setattr(sglang_engine, "sglang_installed", lambda: True)
+    cfg = load_config(Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml",
+                      ["rl.rollout.engine=sglang", "video.min_pixels=1024", "video.max_pixels=8192"])
+    with pytest.raises(RuntimeError, match="recorded"):
+        rollout_engine.build_rollout_engine(cfg, tmp_path, None, "cpu", 0, 1, tmp_path)
+    flag = launched["command"][launched["command"].index("--mm-process-config") + 1]
+    assert json.loads(flag) == {"image": {"size": {"shortest_edge": 1024, "longest_edge": 8192}}}
