@@ -101,7 +101,7 @@ def main() -> None:
 
             stub = TinySGLangServer(model_dir).start()
         url = args.url or stub.url
-        server = SGLangEngine(url, model_dir, Path(tmp) / "weights")
+        server = SGLangEngine.for_processor(url, model_dir, Path(tmp) / "weights", processor)
         print(f"{args.prompts} prompts x {args.group} episodes, {args.calls} crop calls each, "
               f"{args.main_tokens}/{args.subagent_tokens} max new tokens (main/sub-agent), torch threads "
               f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")

@@ -2,11 +2,16 @@
 answered by the tiny HF model through `HFEngine` (issue 14).
 
 Native API (what `paravt_core/agent/sglang_engine.py` sends):
-- `POST /generate`: `input_ids` (one list, or a list of lists), `image_data` (per request a
-  list of "processor_output" items holding `pixel_values` / `image_grid_thw` /
-  `pixel_values_videos` / `video_grid_thw` as nested lists), `sampling_params`
-  (`max_new_tokens`, `temperature`, `top_p`, `stop_token_ids`, `sampling_seed`),
-  `return_logprob`. Answers per request `text`, `output_ids` and `meta_info` with
+- `POST /generate`: `input_ids` (one list, or a list of lists) holding one `<|image_pad|>`
+  per image, `image_data` (per request a list of PNG/JPEG data URLs, one per pad),
+  `sampling_params` (`max_new_tokens`, `temperature`, `top_p`, `stop_token_ids`,
+  `sampling_seed`), `return_logprob`, `return_prompt_token_ids`. Each pad is expanded to
+  its image's count from the checkpoint's image processor, as SGLang's Qwen-VL processor
+  does; that this stand-in expands a body exactly as SGLang 0.5.23 does (and that SGLang
+  takes the body at all) is not this file's word: `tests/integration/test_sglang_request_side.py`
+  runs SGLang's own request-side code on the client's bodies and compares, and decodes
+  this stub's answers with SGLang's generated response schema. Answers per
+  request `text`, `output_ids`, `prompt_token_ids` (when asked) and `meta_info` with
   `output_token_logprobs` ([logprob, token id, null] per token), `finish_reason`
   ({"type": "stop", "matched": id} or {"type": "length", "length": n}), token counts and
   `weight_version`. A batch answers a list, a single request an object, as SGLang does.
@@ -44,22 +49,34 @@ import torch
 from paravt_core.agent.engine import GenerationRequest, SamplingParams, VisionInputs
 from paravt_core.agent.hf_engine import HFEngine
 
-_VISION_DTYPES = {"pixel_values": torch.float32, "pixel_values_videos": torch.float32,
-                  "image_grid_thw": torch.long, "video_grid_thw": torch.long}
-
 
 class StubRequestError(ValueError):
     """A request the stub refuses (answered with HTTP 400 and this message)."""
 
 
-def _vision(items: list[dict[str, Any]] | None) -> VisionInputs:
-    vision = VisionInputs()
-    for item in items or []:
-        if item.get("format") != "processor_output":
-            raise StubRequestError(f"image_data item format {item.get('format')!r}; this server takes processor_output")
-        fields = {name: torch.tensor(item[name], dtype=dtype) for name, dtype in _VISION_DTYPES.items() if name in item}
-        vision = vision.merged_with(VisionInputs(**fields))
-    return vision
+def expanded_request(processor: Any, input_ids: list[int], images: list[str] | None,
+                     mm_process_config: dict[str, Any] | None = None) -> GenerationRequest:
+    """One request's ids with each `<|image_pad|>` expanded to its image's count, and its pixels.
+
+    `mm_process_config` is SGLang's launch flag of that name: its "image" entry goes to the
+    image processor as keywords (the pixel bounds, `sglang_engine.mm_process_config`).
+    """
+    images = list(images or [])
+    pad_id = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    if input_ids.count(pad_id) != len(images):
+        raise StubRequestError(f"prompt has {input_ids.count(pad_id)} image placeholder token(s) but "
+                               f"{len(images)} image(s) were provided")
+    if not images:
+        return GenerationRequest(list(input_ids))
+    image_processor = processor.image_processor
+    batch = image_processor(images=[_decoded_image(url) for url in images], return_tensors="pt",
+                            **(mm_process_config or {}).get("image", {}))
+    counts = iter((batch["image_grid_thw"].prod(-1) // image_processor.merge_size**2).tolist())
+    expanded: list[int] = []
+    for token in input_ids:
+        expanded += [pad_id] * next(counts) if token == pad_id else [token]
+    return GenerationRequest(expanded, VisionInputs(pixel_values=batch["pixel_values"],
+                                                    image_grid_thw=batch["image_grid_thw"]))
 
 
 def _decoded_image(url: str):
@@ -79,10 +96,11 @@ class TinySGLangServer:
         model_dir: the checkpoint to serve (loaded on the CPU in float32).
         served_model_name: the name the OpenAI API answers to (default: the folder path).
         crash_on: (path, n): die on the n-th request to `path` (module docstring).
+        mm_process_config: SGLang's launch flag of that name (`expanded_request`).
     """
 
     def __init__(self, model_dir: str | Path, served_model_name: str | None = None,
-                 crash_on: tuple[str, int] | None = None):
+                 crash_on: tuple[str, int] | None = None, mm_process_config: dict[str, Any] | None = None):
         from paravt_core.model.loading import load_model, load_processor
 
         self.model_dir = Path(model_dir)
@@ -93,6 +111,7 @@ class TinySGLangServer:
         self.weight_version = "initial"
         self.released = False
         self.crash_on = crash_on
+        self.mm_process_config = mm_process_config
         self._model_lock = threading.Lock()  # one generation or weight load at a time
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
@@ -124,7 +143,7 @@ class TinySGLangServer:
         single = bool(body["input_ids"]) and isinstance(body["input_ids"][0], int)
         prompts = [body["input_ids"]] if single else body["input_ids"]
         images = body.get("image_data") or [None] * len(prompts)
-        images = [images] if single else images
+        images = [images] if single and body.get("image_data") else images
         if len(images) != len(prompts):
             raise StubRequestError(f"{len(images)} image_data entries for {len(prompts)} prompts")
         sampling = body.get("sampling_params") or {}
@@ -133,7 +152,8 @@ class TinySGLangServer:
                                 top_p=float(sampling.get("top_p", 1.0)),
                                 stop_token_ids=tuple(sampling.get("stop_token_ids") or ()),
                                 seed=sampling.get("sampling_seed"))
-        requests = [GenerationRequest(list(ids), _vision(items)) for ids, items in zip(prompts, images)]
+        requests = [expanded_request(self.processor, list(ids), items, self.mm_process_config)
+                    for ids, items in zip(prompts, images)]
         with self._model_lock:
             generations = self.engine.generate(requests, params)
         results = []
@@ -145,7 +165,10 @@ class TinySGLangServer:
                     "weight_version": self.weight_version}
             if body.get("return_logprob"):
                 meta["output_token_logprobs"] = [[lp, token, None] for lp, token in zip(generation.logprobs, ids)]
-            results.append({"text": self.processor.tokenizer.decode(ids), "output_ids": ids, "meta_info": meta})
+            result = {"text": self.processor.tokenizer.decode(ids), "output_ids": ids, "meta_info": meta}
+            if body.get("return_prompt_token_ids"):
+                result["prompt_token_ids"] = request.prompt_ids
+            results.append(result)
         return results[0] if single else results
 
     def update_weights_from_disk(self, body: dict[str, Any]) -> dict[str, Any]:

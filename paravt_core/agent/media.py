@@ -59,6 +59,29 @@ def png_data_url(frame: np.ndarray) -> str:
     return _data_url(frame, "PNG", compress_level=1)
 
 
+def collapse_pads(token_ids: Sequence[int], pad_id: int) -> tuple[list[int], int]:
+    """(`token_ids` with every run of `pad_id` cut to one pad, the number of runs).
+
+    What a server that expands each image's pads itself (vLLM, SGLang) must be sent: one
+    pad per image, the image beside it, never our expanded run.
+    """
+    out: list[int] = []
+    runs = 0
+    for token in token_ids:
+        if token == pad_id and out and out[-1] == pad_id:
+            continue
+        runs += token == pad_id
+        out.append(int(token))
+    return out, runs
+
+
+def first_difference(ours: Sequence[int], theirs: Sequence[int]) -> str:
+    """Where a server's prompt ids part from ours, for the mismatch error."""
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    return (f"ours {len(ours)} ids, the server's {len(theirs)}; first difference at position {first} "
+            f"(ours {list(ours[first:first + 5])}, the server's {list(theirs[first:first + 5])})")
+
+
 def jpeg_image(frame: np.ndarray) -> dict[str, Any]:
     """An OpenAI chat image item holding the frame (server path)."""
     return {"type": "image_url", "image_url": {"url": jpeg_data_url(frame)}}

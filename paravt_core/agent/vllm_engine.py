@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams
-from paravt_core.agent.media import png_data_url
+from paravt_core.agent.media import collapse_pads, first_difference, png_data_url
 from paravt_core.agent.server_process import ServerProcess, server_healthy
 from paravt_core.agent.weight_snapshots import drop_older_snapshots, latest_snapshot_version, write_weight_snapshot
 
@@ -88,24 +88,6 @@ def _post(url: str, payload: dict[str, Any] | None, timeout_s: float) -> Any:
             f"vLLM server at {url} is unreachable ({reason}); restart it (or set rl.rollout.vllm.url to a live one) "
             "and re-run: the RL stage resumes from its latest checkpoint") from error
     return json.loads(raw) if raw.strip() else None
-
-
-def collapse_pads(token_ids: Sequence[int], pad_id: int) -> tuple[list[int], int]:
-    """(`token_ids` with every run of `pad_id` cut to one pad, the number of runs)."""
-    out: list[int] = []
-    runs = 0
-    for token in token_ids:
-        if token == pad_id and out and out[-1] == pad_id:
-            continue
-        runs += token == pad_id
-        out.append(int(token))
-    return out, runs
-
-
-def _first_difference(ours: Sequence[int], theirs: Sequence[int]) -> str:
-    first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    return (f"ours {len(ours)} ids, the server's {len(theirs)}; first difference at position {first} "
-            f"(ours {list(ours[first:first + 5])}, the server's {list(theirs[first:first + 5])})")
 
 
 class VLLMEngine:
@@ -182,7 +164,7 @@ class VLLMEngine:
         served = data.get("prompt_token_ids")
         if served is not None and list(served) != list(request.prompt_ids):
             raise VLLMTokenMismatch(f"vLLM at {self.url} expanded a rollout prompt into other token ids than ours: "
-                                    f"{_first_difference(request.prompt_ids, served)}; its image processor's pixel "
+                                    f"{first_difference(request.prompt_ids, served)}; its image processor's pixel "
                                     "bounds or chat template differ from the trainer's")
         choice = data["choices"][0]
         token_ids = [int(t) for t in choice["token_ids"]]

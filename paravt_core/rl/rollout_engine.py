@@ -162,10 +162,12 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
 
         server = launch_sglang_server(
             init_model, free_port(), tp_size=server_cfg.tp_size, mem_fraction_static=server_cfg.mem_fraction_static,
-            enable_memory_saver=colocated, cuda_devices=server_cfg.gpus, startup_timeout_s=server_cfg.startup_timeout_s)
+            enable_memory_saver=colocated, cuda_devices=server_cfg.gpus,
+            pixel_bounds=(cfg.video.min_pixels, cfg.video.max_pixels), startup_timeout_s=server_cfg.startup_timeout_s)
         url = server.url
     url = _shared_url(url, rank, world, init_model, init_sha256)
-    engine = SGLangEngine(url, init_model, staging_dir, dtype=dtype, timeout_s=server_cfg.request_timeout_s)
+    engine = SGLangEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,
+                                        timeout_s=server_cfg.request_timeout_s)
     return RolloutBackend(engine, pushes_weights=rank == 0, served=True, url=url, releases_memory=colocated,
                           world=world, server=server)
 

@@ -323,8 +323,9 @@ def _served_logprobs(url: str, model_dir: Path, prompt_ids: list[int]):
     """(tokens, log-probs) of a greedy generation on the server."""
     from paravt_core.agent.engine import GenerationRequest, SamplingParams
     from paravt_core.agent.sglang_engine import SGLangEngine
+    from paravt_core.model.loading import load_processor
 
-    engine = SGLangEngine(url, model_dir, model_dir / "unused")
+    engine = SGLangEngine.for_processor(url, model_dir, model_dir / "unused", load_processor(model_dir))
     (generation,) = engine.generate([GenerationRequest(prompt_ids)], SamplingParams(max_new_tokens=6))
     return generation.token_ids, torch.tensor(generation.logprobs)
 

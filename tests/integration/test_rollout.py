@@ -510,7 +510,7 @@ def test_sglang_greedy_matches_hf(tiny_model_dir, tiny_processor, mixed_requests
 
     server = launch_sglang_server(tiny_model_dir, port=30123, mem_fraction_static=0.3)
     try:
-        sglang = SGLangEngine(server.url, tiny_model_dir, tmp_path / "weights")
+        sglang = SGLangEngine.for_processor(server.url, tiny_model_dir, tmp_path / "weights", tiny_processor)
         hf = HFEngine(load_model(tiny_model_dir, device="cuda"), tiny_processor)
         params = SamplingParams(max_new_tokens=16)
         for ours, theirs in zip(hf.generate(mixed_requests, params), sglang.generate(mixed_requests, params)):

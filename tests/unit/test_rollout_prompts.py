@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from paravt_core.agent.engine import SamplingParams, VisionInputs
+from paravt_core.agent.engine import GenerationRequest, SamplingParams, VisionInputs
 from paravt_core.agent.prompts import (
     EpisodePrompt,
     format_clock,
@@ -56,13 +60,26 @@ def test_episode_prompt_needs_exactly_one_video(content):
         EpisodePrompt("row-9", Path("v.mp4"), messages_from_rl_prompt([{"role": "user", "content": content}]))
 
 
-def test_sglang_payloads_and_parsing():
-    from paravt_core.agent.sglang_engine import parse_generation, sampling_payload, vision_payload
+PAD = 9
 
-    assert vision_payload(VisionInputs()) == []
-    vision = VisionInputs(pixel_values_videos=torch.ones(2, 3), video_grid_thw=torch.tensor([[1, 1, 2]]))
-    (item,) = vision_payload(vision)
-    assert item["format"] == "processor_output" and item["video_grid_thw"] == [[1, 1, 2]]
+
+def two_frame_request() -> GenerationRequest:
+    frames = tuple(np.full((32, 32, 3), value, dtype=np.uint8) for value in (10, 200))
+    ids = [1, 7, PAD, PAD, PAD, 8, 2, 7, PAD, PAD, PAD, 8, 3]
+    return GenerationRequest(ids, VisionInputs(pixel_values=torch.zeros(6, 4), image_grid_thw=torch.ones(2, 3),
+                                               frames=frames))
+
+
+def test_sglang_payloads_and_parsing():
+    from paravt_core.agent.sglang_engine import parse_generation, request_images, sampling_payload
+
+    ids, images = request_images(two_frame_request(), PAD)
+    assert ids == [1, 7, PAD, 8, 2, 7, PAD, 8, 3]  # one pad per image: SGLang expands it itself
+    assert [image[:22] for image in images] == ["data:image/png;base64,"] * 2
+    assert request_images(GenerationRequest([1, 2]), PAD) == ([1, 2], [])
+    with pytest.raises(ValueError, match="2 image-pad runs and 1 frames"):
+        request = two_frame_request()
+        request_images(GenerationRequest(request.prompt_ids, VisionInputs(frames=request.vision.frames[:1])), PAD)
     payload = sampling_payload(SamplingParams(max_new_tokens=7, temperature=0.7, stop_token_ids=(5,), seed=3))
     assert payload["max_new_tokens"] == 7 and payload["stop_token_ids"] == [5] and payload["top_k"] == -1
     result = {"meta_info": {"output_token_logprobs": [[-0.1, 11, None], [-0.2, 5, None]],
@@ -70,6 +87,48 @@ def test_sglang_payloads_and_parsing():
     generation = parse_generation(result)
     assert generation.token_ids == [11, 5] and generation.logprobs == [-0.1, -0.2]
     assert generation.finish_reason == "stop"
+
+
+def test_the_sglang_client_refuses_prompt_ids_the_server_expanded_otherwise(tmp_path):
+    from paravt_core.agent.sglang_engine import SGLangEngine, SGLangTokenMismatch
+
+    request = two_frame_request()
+    served = {"ids": list(request.prompt_ids)}
+    bodies = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def do_POST(self):
+            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            data = json.dumps([{"output_ids": [5], "prompt_token_ids": served["ids"],
+                                "meta_info": {"output_token_logprobs": [[-0.5, 5, None]],
+                                              "finish_reason": {"type": "stop", "matched": 5}}}]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        engine = SGLangEngine(f"http://127.0.0.1:{httpd.server_address[1]}", tmp_path, tmp_path / "w",
+                              {"<|image_pad|>": PAD})
+        (generation,) = engine.generate([request], SamplingParams(max_new_tokens=4))
+        assert generation.token_ids == [5]
+        assert bodies[-1]["input_ids"] == [[1, 7, PAD, 8, 2, 7, PAD, 8, 3]]
+        assert bodies[-1]["return_prompt_token_ids"] is True and len(bodies[-1]["image_data"][0]) == 2
+        served["ids"] = request.prompt_ids[:3] + [PAD] + request.prompt_ids[3:]  # a frame resized larger
+        with pytest.raises(SGLangTokenMismatch, match="first difference at position 5"):
+            engine.generate([request], SamplingParams(max_new_tokens=4))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None,
@@ -90,4 +149,28 @@ def test_the_sglang_client_refuses_a_url_where_no_server_answers():
 
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(SGLangServerError, match=f"no healthy SGLang server at {url}"):
-        SGLangEngine(url, "model-dir", "staging")
+        SGLangEngine(url, "model-dir", "staging", {"<|image_pad|>": PAD})
+
+
+def test_the_pipelines_sglang_server_gets_the_rollouts_pixel_bounds(monkeypatch, tmp_path):
+    """Without `--mm-process-config` SGLang resizes frames by the checkpoint's own bounds, so
+    its pad counts would differ from the trainer's (tests/integration/test_sglang_request_side.py)."""
+    from paravt_core.agent import sglang_engine
+    from paravt_core.config import load_config
+    from paravt_core.rl import rollout_engine
+
+    launched = {}
+
+    def record_command(command, url, startup_timeout_s, cuda_devices=()):
+        launched["command"] = list(command)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(sglang_engine, "require_sglang", lambda: None)
+    monkeypatch.setattr(sglang_engine, "wait_until_healthy", record_command)
+    monkeypatch.setattr(sglang_engine, "sglang_installed", lambda: True)
+    cfg = load_config(Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml",
+                      ["rl.rollout.engine=sglang", "video.min_pixels=1024", "video.max_pixels=8192"])
+    with pytest.raises(RuntimeError, match="recorded"):
+        rollout_engine.build_rollout_engine(cfg, tmp_path, None, "cpu", 0, 1, tmp_path)
+    flag = launched["command"][launched["command"].index("--mm-process-config") + 1]
+    assert json.loads(flag) == {"image": {"size": {"shortest_edge": 1024, "longest_edge": 8192}}}
