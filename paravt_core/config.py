@@ -263,6 +263,9 @@ class SFTConfig(_Section):
     # Same values either way; off only to measure it.
     host_positions: bool = True
     checkpoint_every: int = Field(100, ge=1)
+    # Step folders kept in the run's checkpoints/ (`dist.prune_checkpoints`); None keeps every one.
+    # At 8B a ZeRO-3 checkpoint is ~105 GB (issue #44). Never part of a cache key (NEVER_HASHED).
+    keep_last: int | None = Field(None, ge=1)
     # Episodes per `generate` in the grammar check after SFT (sft/grammar.py). None: all its
     # prompts at once (56 on the seven splits), which at 8B is ~260 k prefill tokens and ~55 GB of
     # KV cache on one GPU, more than an 80 GB card holds (`paravt plan`, issue #44).
@@ -438,6 +441,7 @@ class RLConfig(_Section):
     num_ranks: int = Field(1, ge=1)
     hostfile: str | None = None
     checkpoint_every: int = Field(10, ge=1)
+    keep_last: int | None = Field(None, ge=1)  # as sft.keep_last; replay needs the step before a replayed one
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -531,6 +535,12 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
 )
 
 
+# (section, field) of knobs that never change what a stage produces (how much disk it keeps, how
+# many processes probe the media): never hashed, so changing one keeps the stage's cache key
+# and resumes its run folder instead of starting it over.
+NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"))
+
+
 class PipelineConfig(_Section):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
@@ -567,7 +577,8 @@ class PipelineConfig(_Section):
         """Stable hash of some sections (all when none given): a cache key for stages.
 
         A knob added to a section after stages were cached under it is left out while at its
-        default (`HASHED_ONLY_WHEN_SET`), so configs that do not use it keep their cache keys."""
+        default (`HASHED_ONLY_WHEN_SET`), so configs that do not use it keep their cache keys;
+        knobs that do not change a stage's output are never hashed (`NEVER_HASHED`)."""
         dumped = self.model_dump(mode="json")
         for section, field in HASHED_ONLY_WHEN_SET:  # section: a dotted path, e.g. "rl.rollout"
             owner, values = self, dumped
@@ -578,6 +589,8 @@ class PipelineConfig(_Section):
                 default = default.model_dump(mode="json")
             if field in values and values[field] == default:
                 del values[field]
+        for section, field in NEVER_HASHED:
+            dumped[section].pop(field, None)
         chosen = {n: dumped[n] for n in (names or tuple(dumped))}
         return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
 

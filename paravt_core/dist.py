@@ -15,6 +15,8 @@ Checkpoints are DeepSpeed's own (model, optimizer, scheduler and our client stat
 DeepSpeed writes the `latest` pointer only after a tag is complete, so an interrupted
 save never becomes the resume point. A tag damaged after the fact (a truncated or
 corrupted file) is skipped on resume for the newest intact older one (`resume`).
+With `sft/rl.keep_last`, older tags are pruned once a newer one is complete and `latest`
+names it (`prune_checkpoints`; issue #44: ~105 GB per ZeRO-3 checkpoint at 8B).
 """
 
 from __future__ import annotations
@@ -471,8 +473,49 @@ def trim_step_log(path: Path, resumed_step: int) -> None:
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
 
-def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any]) -> None:
+def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any], keep_last: int | None = None,
+         warn: LogLine = print) -> None:
+    """Save the tag `step%07d`, then, with `keep_last`, prune the older ones (`prune_checkpoints`).
+
+    DeepSpeed's `save_checkpoint` ends in a barrier, so when it returns every rank has written
+    its shards and rank 0 has written `latest`: only then does rank 0 prune.
+    """
     engine.save_checkpoint(str(checkpoint_dir), tag=f"step{step:07d}", client_state=client_state)
+    if keep_last is not None and _rank() == 0:
+        prune_checkpoints(checkpoint_dir, keep_last, saved=f"step{step:07d}", warn=warn)
+
+
+PRUNING_PREFIX = ".pruning-"
+
+
+def prune_checkpoints(checkpoint_dir: Path, keep_last: int, saved: str, warn: LogLine = print) -> list[str]:
+    """Delete all but the newest `keep_last` step folders up to the one `latest` names.
+
+    Nothing is deleted unless `latest` names `saved`, the tag just written (so the newest
+    complete checkpoint is never among the doomed), and tags newer than `latest` (an
+    interrupted save's leftovers, which the run overwrites when it gets there) are left alone.
+    Crash safety: each doomed folder is first renamed to `.pruning-<tag>` in one atomic rename,
+    so it stops being a resume candidate whole, and only then deleted; a kill mid-delete
+    leaves a partial `.pruning-*` folder that `resume` never looks at, never a partial `step*`
+    one, and the next prune deletes it. Returns the tags pruned, oldest first.
+    """
+    import shutil
+
+    latest = _latest_tag(checkpoint_dir)
+    if latest != saved:
+        warn(f"warning: not pruning {checkpoint_dir}: `latest` names {latest or 'no step folder'}, not the tag "
+             f"just saved ({saved}); every checkpoint is kept")
+        return []
+    finished = sorted(p.name for p in checkpoint_dir.glob("step*") if p.is_dir() and p.name <= latest)
+    doomed = finished[:-keep_last]
+    for tag in doomed:
+        (checkpoint_dir / tag).rename(checkpoint_dir / f"{PRUNING_PREFIX}{tag}")
+    for leftover in sorted(checkpoint_dir.glob(f"{PRUNING_PREFIX}*")):
+        try:
+            shutil.rmtree(leftover)
+        except OSError as error:  # disk kept, training goes on; the next prune tries again
+            warn(f"warning: could not delete the pruned checkpoint {leftover} ({error}); delete it by hand")
+    return doomed
 
 
 def full_state_dict(engine, checkpoint_dir: Path, zero_stage: int) -> dict[str, Any] | None:
