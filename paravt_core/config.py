@@ -165,6 +165,20 @@ class DataConfig(_Section):
     benchmark_revisions: dict[str, str] = Field(default_factory=dict)
     download_retries: int = Field(3, ge=0)
     on_bad_rows: Literal["fail", "quarantine"] = "fail"
+    # Under quarantine, the most a contract may set aside: the share of a kind's rows (SFT, RL,
+    # each eval split). One bad video among ~10^5 rows is set aside instead of failing hours of
+    # checks; a broken archive or a bad mirror, which takes many, still stops the stage. None: no ceiling.
+    max_quarantine_share: float | None = Field(None, ge=0, le=1)
+    # Processes probing the videos of the media-health rule (`paravt_core.video.health`); None: one
+    # per CPU core. Changes no verdict (NEVER_HASHED).
+    probe_workers: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _ceiling_needs_quarantine(self) -> DataConfig:
+        if self.max_quarantine_share is not None and self.on_bad_rows != "quarantine":
+            raise ValueError("data.max_quarantine_share caps what on_bad_rows: quarantine sets aside; set "
+                             "data.on_bad_rows: quarantine, or drop the ceiling")
+        return self
 
     @model_validator(mode="after")
     def _pins_name_benchmark_repos(self) -> DataConfig:
@@ -532,13 +546,14 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
     ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
     ("data.synth", "validation"), ("rl.gating", "draw_key"), ("sft", "grammar_batch"),
+    ("data", "max_quarantine_share"),
 )
 
 
 # (section, field) of knobs that never change what a stage produces (how much disk it keeps, how
 # many processes probe the media): never hashed, so changing one keeps the stage's cache key
 # and resumes its run folder instead of starting it over.
-NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"))
+NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"), ("data", "probe_workers"))
 
 
 class PipelineConfig(_Section):
