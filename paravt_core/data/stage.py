@@ -221,7 +221,7 @@ def contracts_version() -> str:
 
 def check_contract(
     cfg: PipelineConfig, kind: str, table: Path, report_dir: Path, split: str | None = None,
-    media: SplitMedia | None = None, media_root: Path | None = None,
+    media: SplitMedia | None = None, media_root: Path | None = None, progress: bool = False,
 ) -> tuple[Path, list[SetAside], int]:
     """Run one data contract; returns the table to go on with (the kept rows on quarantine),
     the quarantined rows grouped by reason (none unless rows were quarantined) and the
@@ -240,7 +240,7 @@ def check_contract(
         media_dirs = {"video_dir": media.video_dir, "subtitle_dir": subtitle_dir}
     media_dirs["media_health"] = media_health_dir(cfg)
     result = validate_contract(kind, table, split=split, on_bad_rows=cfg.data.on_bad_rows, report_dir=report_dir,
-                               **media_dirs)
+                               probe_workers=cfg.data.probe_workers, progress=progress, **media_dirs)
     if result.quarantine_path is None:
         return Path(result.kept_path), [], result.n_rows
     by_problem: dict[str, set[int]] = {}
@@ -279,12 +279,13 @@ def check_quarantine_ceiling(cfg: PipelineConfig, where: str, rows: int, set_asi
         )
 
 
-def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef,
-                      media_root: Path) -> tuple[ArtifactRef, list[SetAside]]:
+def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef, media_root: Path,
+                      progress: bool) -> tuple[ArtifactRef, list[SetAside]]:
     """Check every shard of one kind; if any lost rows, write the kept shards to validated/<kind>/."""
     reports = validated_dir(cfg) / "reports" / kind
     shards = sorted(Path(ref.path).glob("*.parquet"))
-    checked = {shard: check_contract(cfg, kind, shard, reports, media_root=media_root) for shard in shards}
+    checked = {shard: check_contract(cfg, kind, shard, reports, media_root=media_root, progress=progress)
+               for shard in shards}
     quarantined = [rows for _, set_aside, _ in checked.values() for rows in set_aside]
     check_quarantine_ceiling(cfg, kind, sum(n for _, _, n in checked.values()), quarantined, reports)
     out = validated_dir(cfg) / kind
@@ -298,23 +299,26 @@ def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef,
     return ArtifactRef(kind=ref.kind, path=out.resolve(), sha256=content_hash(out)), quarantined
 
 
-def _validated_eval_rows(cfg: PipelineConfig, split: str, downloads: Downloads,
-                         media: Media) -> tuple[ArtifactRef, list[SetAside]]:
+def _validated_eval_rows(cfg: PipelineConfig, split: str, downloads: Downloads, media: Media,
+                         progress: bool) -> tuple[ArtifactRef, list[SetAside]]:
     rows = downloads.benchmark(split).path / LAYOUTS[split].annotation_file
     if not rows.is_file():
         raise DataStageError(f"validate: {split} annotation rows {rows} are missing; re-run the download step")
     reports = validated_dir(cfg) / "reports" / "eval" / split
-    kept, quarantined, count = check_contract(cfg, "eval", rows, reports, split=split, media=media.splits[split])
+    kept, quarantined, count = check_contract(cfg, "eval", rows, reports, split=split, media=media.splits[split],
+                                              progress=progress)
     check_quarantine_ceiling(cfg, f"eval/{split}", count, quarantined, reports)
     return ArtifactRef(kind=f"eval_rows_{split}", path=kept.absolute(), sha256=content_hash(kept)), quarantined
 
 
-def validate(cfg: PipelineConfig, tables: Materialized, downloads: Downloads, media: Media) -> Validated:
-    """Step 4: the contracts of every SFT and RL shard and of each split's annotation rows."""
+def validate(cfg: PipelineConfig, tables: Materialized, downloads: Downloads, media: Media,
+             progress: bool = True) -> Validated:
+    """Step 4: the contracts of every SFT and RL shard and of each split's annotation rows (their
+    videos probed by `data.probe_workers` processes)."""
     validated_dir(cfg).mkdir(parents=True, exist_ok=True)
-    sft, sft_aside = _validated_folder(cfg, "sft", tables.sft, media.paravt_root)
-    rl, rl_aside = _validated_folder(cfg, "rl", tables.rl, media.paravt_root)
-    eval_rows = {split: _validated_eval_rows(cfg, split, downloads, media) for split in cfg.eval.splits}
+    sft, sft_aside = _validated_folder(cfg, "sft", tables.sft, media.paravt_root, progress)
+    rl, rl_aside = _validated_folder(cfg, "rl", tables.rl, media.paravt_root, progress)
+    eval_rows = {split: _validated_eval_rows(cfg, split, downloads, media, progress) for split in cfg.eval.splits}
     eval_aside = [rows for _, set_aside in eval_rows.values() for rows in set_aside]
     return Validated(sft=sft, rl=rl, eval_rows={split: ref for split, (ref, _) in eval_rows.items()},
                      quarantined=(*sft_aside, *rl_aside, *eval_aside))
@@ -386,6 +390,6 @@ def run(cfg: PipelineConfig, progress: bool = True) -> DataBundle:
     downloads = download(cfg, progress)
     media = unzip(cfg, downloads, progress)
     tables = materialize(cfg, downloads, media, progress)
-    checked = validate(cfg, tables, downloads, media)
+    checked = validate(cfg, tables, downloads, media, progress)
     eval_ref = prepare_eval(cfg, downloads, media, checked)
     return bundle(tables, checked, eval_ref)
