@@ -16,11 +16,14 @@ remembered per (path, size, mtime).
 
 `MediaHealthCache.check_all` hashes and probes many videos over a pool of processes, with a
 progress bar and rate: the data stage's checks of ~10^5 videos ran one at a time (issue #44).
-Processes, not threads: PyAV releases the GIL inside libavcodec calls, but the reader's
-per-packet work (demuxing, picking the frames to decode) is Python, and on the two cores of
-the development machine a thread pool of two probed no faster than one thread (measured
-with `bench/media_probe.py --videos`); a crashing decoder also takes down a worker, not the
-caller. Verdicts are the same as `check`'s, one video at a time.
+Processes, not threads: PyAV releases the GIL only inside its libavcodec calls, while the
+reader's per-packet work (demuxing, choosing the frames to decode) is Python; and a decoder
+crashing on a hostile file takes down a worker, not the stage. Not measured where it
+matters: on the shared two-core development machine nothing parallel paid (`bench/media_probe.py
+--videos 8 --minutes 20`: 14.8 s one at a time, 14.6 s with two threads, 18.5 s with two
+processes; two pure-Python loops ran no faster in two processes either: its CPU was taken).
+A pool starts only with `MIN_VIDEOS_PER_WORKER` unknown videos per process, since each
+process first imports PyAV and NumPy (~1 s). Verdicts are `check`'s, one video at a time.
 
 The data contracts call this for every SFT, RL and evaluation video when the data stage
 asks them to (`data_contracts.rules.video_health_problem`).
@@ -113,6 +116,9 @@ def _check_in_worker(path: str, folder: str | None) -> tuple[FileKey, VideoHealt
     return key, MediaHealthCache(folder).check(path)
 
 
+MIN_VIDEOS_PER_WORKER = 4
+
+
 def default_workers() -> int:
     """One probe process per CPU this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -147,8 +153,9 @@ class MediaHealthCache:
                   progress: bool = False) -> list[VideoHealth | None]:
         """The verdicts of many videos, in order (None for a path that is not a file); each
         distinct file not seen by this process yet is hashed and probed in one of `workers`
-        processes (None: one per CPU; 1: here, one at a time). Afterwards `check` answers for
-        these paths without hashing or probing again."""
+        processes (None: one per CPU; 1: here, one at a time; fewer when there are fewer than
+        `MIN_VIDEOS_PER_WORKER` videos for each). Afterwards `check` answers for these paths
+        without hashing or probing again."""
         paths = [Path(p) for p in paths]
         keys = {}
         for path in dict.fromkeys(paths):
@@ -157,7 +164,7 @@ class MediaHealthCache:
             except OSError:
                 continue  # absent: not this check's to report (the existence rule is)
         todo = [path for path, key in keys.items() if _hashes.get(key) not in self._memory]
-        workers = min(workers or default_workers(), len(todo))
+        workers = min(workers or default_workers(), len(todo) // MIN_VIDEOS_PER_WORKER)
         if workers > 1:
             self._probe_in_pool(todo, workers, progress)
         verdicts: dict[Path, VideoHealth] = {}
@@ -177,7 +184,8 @@ class MediaHealthCache:
         started = time.perf_counter()
         folder = None if self.folder is None else str(self.folder)
         # spawn: a fork of a threaded caller (a Prefect worker, a DeepSpeed launcher) can deadlock.
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        try:
             futures = [pool.submit(_check_in_worker, str(path), folder) for path in paths]
             for future in tqdm(as_completed(futures), total=len(futures), desc="media health", unit="video",
                                disable=not progress, mininterval=2.0):
@@ -187,6 +195,9 @@ class MediaHealthCache:
                     continue
                 _hashes[key] = health.sha256
                 self._memory[health.sha256] = health
+        finally:
+            # Interrupted (Ctrl-C, a cancelled flow): the queued probes are dropped, not run to the end.
+            pool.shutdown(wait=True, cancel_futures=True)
         elapsed = time.perf_counter() - started
         log.info("media health: probed %d videos in %.0f s (%.1f videos/s, %d processes)", len(paths), elapsed,
                  len(paths) / max(elapsed, 1e-9), workers)

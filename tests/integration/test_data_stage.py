@@ -144,8 +144,9 @@ def test_planted_empty_videos_are_quarantined_with_their_rows_and_named(tmp_path
     # Issue #44 item 9: one video of eight is far more than a 1% ceiling allows.
     capped = small_config(tmp_path, planted, on_bad_rows="quarantine", max_quarantine_share=0.01)
     listing = tmp_path / "data" / "validated" / "reports" / "sft" / stage.QUARANTINE_LISTING
-    with pytest.raises(stage.DataStageError, match=rf"the sft contracts set aside {sft_rows} of \d+ rows .* more than "
-                       rf"data.max_quarantine_share allows \(1.00%\); each is listed with why in {re.escape(str(listing))}"):
+    with pytest.raises(stage.DataStageError, match=rf"the sft contracts set aside {sft_rows} of \d+ rows .* more "
+                       rf"than data.max_quarantine_share allows \(1.00%\); each is listed with why in "
+                       rf"{re.escape(str(listing))}"):
         stage.validate(capped, tables, downloads, media)
     assert train_video in listing.read_text()
 

@@ -551,10 +551,15 @@ def test_an_undecodable_eval_video_is_quarantined_with_its_row(tmp_path):
     assert result.kept_path.read_text().splitlines() == [json.dumps(rows[0])]
 
 
-def test_probing_videos_in_processes_reports_what_a_serial_run_reports(good_rows, media_root, tmp_path, caplog):
+def test_probing_videos_in_processes_reports_what_a_serial_run_reports(good_rows, media_root, tmp_path, caplog,
+                                                                       monkeypatch):
     """Issue #44 item 9: `probe_workers` probes a table's videos in a process pool before the
     rules run; the failures (rows, rules, messages, order) and the kept rows are the serial run's."""
     import logging
+
+    from paravt_core.video import health as health_module
+
+    monkeypatch.setattr(health_module, "MIN_VIDEOS_PER_WORKER", 1)  # a pool however few the videos
 
     bad = tmp_path / "media" / "selfqa"
     bad.mkdir(parents=True)
@@ -581,6 +586,8 @@ def test_probing_videos_in_processes_reports_what_a_serial_run_reports(good_rows
 
 def test_the_probe_pool_never_reads_a_video_outside_the_media_root(good_rows, media_root, tmp_path, monkeypatch):
     from paravt_core.video import health as health_module
+
+    monkeypatch.setattr(health_module, "MIN_VIDEOS_PER_WORKER", 1)
 
     outside = tmp_path / "elsewhere" / "huge.mp4"
     outside.parent.mkdir()

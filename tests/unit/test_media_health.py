@@ -98,6 +98,7 @@ def test_probing_in_a_pool_gives_the_serial_verdicts_in_order(videos, tmp_path, 
     serial = MediaHealthCache(tmp_path / "serial")
     expected = [serial.check(path) if path.exists() else None for path in order]
     pooled = MediaHealthCache(tmp_path / "pooled")
+    monkeypatch.setattr(health_module, "MIN_VIDEOS_PER_WORKER", 1)  # a pool for four videos
     with caplog.at_level(logging.INFO, logger=health_module.__name__):
         assert pooled.check_all(order, workers=2) == expected
     assert "media health: probed 4 videos" in caplog.text and "2 processes" in caplog.text
