@@ -167,18 +167,13 @@ class DataConfig(_Section):
     on_bad_rows: Literal["fail", "quarantine"] = "fail"
     # Under quarantine, the most a contract may set aside: the share of a kind's rows (SFT, RL,
     # each eval split). One bad video among ~10^5 rows is set aside instead of failing hours of
-    # checks; a broken archive or a bad mirror, which takes many, still stops the stage. None: no ceiling.
+    # checks; a broken archive or a bad mirror, which takes many, still stops the stage. None: no
+    # ceiling. Moot under `fail`, which sets nothing aside (so `--set data.on_bad_rows=fail` alone
+    # makes the 8B config strict).
     max_quarantine_share: float | None = Field(None, ge=0, le=1)
     # Processes probing the videos of the media-health rule (`paravt_core.video.health`); None: one
     # per CPU core. Changes no verdict (NEVER_HASHED).
     probe_workers: int | None = Field(None, ge=1)
-
-    @model_validator(mode="after")
-    def _ceiling_needs_quarantine(self) -> DataConfig:
-        if self.max_quarantine_share is not None and self.on_bad_rows != "quarantine":
-            raise ValueError("data.max_quarantine_share caps what on_bad_rows: quarantine sets aside; set "
-                             "data.on_bad_rows: quarantine, or drop the ceiling")
-        return self
 
     @model_validator(mode="after")
     def _pins_name_benchmark_repos(self) -> DataConfig:
