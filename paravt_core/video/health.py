@@ -17,9 +17,9 @@ remembered per (path, size, mtime).
 `MediaHealthCache.check_all` hashes and probes many videos over a pool of processes, with a
 progress bar and rate: the data stage's checks of ~10^5 videos ran one at a time (issue #44).
 Processes, not threads: PyAV releases the GIL only inside its libavcodec calls, while the
-reader's per-packet work (demuxing, choosing the frames to decode) is Python; and a decoder
-crashing on a hostile file takes down a worker, not the stage. Not measured where it
-matters: on the shared two-core development machine nothing parallel paid (`bench/media_probe.py
+reader's per-packet work (demuxing, choosing the frames to decode) is Python. A video whose
+worker fails (or a pool that breaks) is probed again in the caller by `check`. Not measured
+where it matters: on the shared two-core development machine nothing parallel paid (`bench/media_probe.py
 --videos 8 --minutes 20`: 14.8 s one at a time, 14.6 s with two threads, 18.5 s with two
 processes; two pure-Python loops ran no faster in two processes either: its CPU was taken).
 A pool starts only with `MIN_VIDEOS_PER_WORKER` unknown videos per process, since each
@@ -40,9 +40,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from paravt_core.atomic import atomic_write_text
 from paravt_core.video.errors import VideoDecodeError
 from paravt_core.video.hashing import video_sha256
+
+log = logging.getLogger(__name__)
 
 # Bumped when what `check_video` checks changes, so older cached verdicts are not reused.
 PROBE_VERSION = 2  # 2: every keyframe and 64 spread frames, not only the first and last
@@ -92,8 +96,6 @@ def _probe(path: Path) -> tuple[int, float, str | None]:
         return 0, 0.0, f"it does not decode ({type(error).__name__}: {error})"
     return info.num_frames, info.duration, None
 
-
-log = logging.getLogger(__name__)
 
 FileKey = tuple[str, int, int]  # (resolved path, size, mtime_ns): a file's content, unless rewritten in place
 _hashes: dict[FileKey, str] = {}  # this process's content hashes, also those computed by `check_all`'s workers
@@ -168,7 +170,8 @@ class MediaHealthCache:
         if workers > 1:
             self._probe_in_pool(todo, workers, progress)
         verdicts: dict[Path, VideoHealth] = {}
-        for path in keys:
+        for path in tqdm(keys, desc="media health", unit="video", disable=not progress or workers > 1,
+                         mininterval=2.0):  # one at a time: the bar is this loop's
             try:
                 verdicts[path] = self.check(path)
             except OSError:
@@ -178,8 +181,6 @@ class MediaHealthCache:
     def _probe_in_pool(self, paths: list[Path], workers: int, progress: bool) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        from tqdm import tqdm
 
         started = time.perf_counter()
         folder = None if self.folder is None else str(self.folder)
