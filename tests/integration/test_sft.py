@@ -113,10 +113,14 @@ def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_vide
     from paravt_core.sft import stage
 
     config, base, sft_data = sft_setup
-    cfg = config("sft.max_steps=4", "sft.num_ranks=2", "sft.zero_stage=3", "sft.checkpoint_every=2")
+    # keep_last=1: rank 0 prunes step 2 once both ranks wrote step 4; the export reads step 4's shards.
+    cfg = config("sft.max_steps=4", "sft.num_ranks=2", "sft.zero_stage=3", "sft.checkpoint_every=2", "sft.keep_last=1")
     ref = stage.run(cfg, base, sft_data, log_line=lambda line: None)
     losses = _losses(stage.run_dir(cfg, base, sft_data))
     assert sorted(losses) == [1, 2, 3, 4]
+    checkpoints = stage.run_dir(cfg, base, sft_data) / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == ["step0000004"]
+    assert len(list((checkpoints / "step0000004").glob("*optim_states.pt"))) == 2  # one shard per rank
     for rank in (0, 1):
         memory = {row["when"]: row for row in
                   json.loads((stage.run_dir(cfg, base, sft_data) / "memory" / f"rank{rank}.json").read_text())}
