@@ -100,6 +100,39 @@ def _settle(table, result: ContractResult, on_bad_rows: str, report_dir: Path, s
     return replace(result, kept_path=kept_path, quarantine_path=quarantine_path)
 
 
+def _probe_videos(frame, kind: str, split: str | None, video_dir: Path | None, media_root: Path | None,
+                  media_health: Path, workers: int | None, progress: bool) -> None:
+    """Probe every video the media-health rule will ask about, `workers` processes at a time
+    (`MediaHealthCache.check_all`), before the suite runs: the rule asks one cell at a time and
+    now finds each verdict made. The rule itself decides, so the verdicts and the order of the
+    failures are those of a serial run; the same filters choose the files (nothing outside
+    the media root is read)."""
+    from paravt_core.video.health import health_cache
+
+    from data_contracts import rules, suites
+
+    paths: list[Path] = []
+    if kind == "eval":
+        if video_dir is None:
+            return
+        columns = [c for c in sorted(suites.row_format(kind, split, frame.columns).columns) if c in frame.columns]
+        for row in frame[columns].to_dict("records"):
+            try:
+                path = rules.eval_health_path(row, split, str(video_dir))
+            except Exception:  # noqa: BLE001 - the rule reports what it cannot read; this only warms the cache
+                continue
+            paths += [path] if path is not None else []
+    elif "videos" in frame.columns:
+        root = str(media_root) if media_root is not None else None
+        for value in frame["videos"].tolist():
+            try:
+                paths += rules.health_paths(value, root)
+            except Exception:  # noqa: BLE001 - as above
+                continue
+    if paths:
+        health_cache(str(media_health)).check_all(paths, workers=workers, progress=progress)
+
+
 def validate(
     kind: str,
     table_path: Path,
@@ -111,6 +144,8 @@ def validate(
     subtitle_dir: Path | None = None,
     media_root: Path | None = None,
     media_health: Path | None = None,
+    probe_workers: int | None = 1,
+    progress: bool = False,
 ) -> ContractResult:
     """Check every row of a table against its data contract.
 
@@ -129,6 +164,9 @@ def validate(
         media_health: a folder caching video probes by content hash; given, every video
             (SFT / RL `videos`, an eval row's video) must decode, with frames and a
             duration. None skips the probes.
+        probe_workers: processes probing those videos before the rules ask for them (None:
+            one per CPU; 1: the rule probes each when it gets to it). Same verdicts either way.
+        progress: show the probes' progress bar.
 
     Returns:
         The `ContractResult`; with bad rows in quarantine mode, `kept_path` is the table
@@ -148,6 +186,8 @@ def validate(
         frame = frame.assign(messages=frame["messages"].map(rules.decoded_messages))
     fmt = suites.row_format(kind, split, frame.columns)
     frame = tables.with_row_ids(frame, fmt.identity, suites.ROW_ID)
+    if media_health is not None and probe_workers != 1:
+        _probe_videos(frame, kind, split, video_dir, media_root, media_health, probe_workers, progress)
     runtime.batch_definition()  # GX suites need the context to exist first
     suite = suites.build_suite(kind, split, list(frame.columns), video_dir, subtitle_dir, media_root, media_health)
     gx_result = runtime.run_suite(frame, suite)

@@ -281,16 +281,26 @@ def _health_problem(path: Path, health_cache: str) -> Problem:
     return None if verdict.ok else f"video {path} cannot be used: {verdict.problem}"
 
 
+def health_paths(value: Any, media_root: str | None = None) -> list[Path]:
+    """The files `video_health_problem` reads for a cell: its existing local references, and
+    with `media_root` only those inside it."""
+    paths = []
+    for reference in media_references(value):
+        path = local_path(reference)
+        if path is None or (media_root is not None and outside_root_problem(path, media_root)):
+            continue
+        if path.is_file():
+            paths.append(path)
+    return paths
+
+
 def video_health_problem(value: Any, health_cache: str, media_root: str | None = None) -> Problem:
     """Every existing local video the cell names decodes, with frames and a duration.
     References that are not local existing files, or (with `media_root`) lie outside the
     media root, are left to `media_files_problem`: containment is checked before a file is
     read, so a row pointing at a huge or hostile file elsewhere is never hashed or decoded."""
-    for reference in media_references(value):
-        path = local_path(reference)
-        if path is None or (media_root is not None and outside_root_problem(path, media_root)):
-            continue
-        if path.is_file() and (problem := _health_problem(path, health_cache)):
+    for path in health_paths(value, media_root):
+        if problem := _health_problem(path, health_cache):
             return problem
     return None
 
@@ -532,15 +542,19 @@ def subtitle_path(row: Mapping[str, Any], subtitle_dir: str) -> Path:
     return Path(subtitle_dir) / f"{str(row.get('videoID')).strip()}.srt"
 
 
-def eval_video_health_problem(row: Mapping[str, Any], split: str, video_dir: str, health_cache: str) -> Problem:
-    """The row's video, when the loader finds it, decodes with frames and a duration."""
+def eval_health_path(row: Mapping[str, Any], split: str, video_dir: str) -> Path | None:
+    """The file `eval_video_health_problem` reads for a row: its video, when the loader finds it."""
     try:
         sample = build_sample(row, split, video_dir)
     except (samples.RowError, ValueError):
         return None
-    if sample.video_missing:
-        return None
-    return _health_problem(sample.video_path, health_cache)
+    return None if sample.video_missing else sample.video_path
+
+
+def eval_video_health_problem(row: Mapping[str, Any], split: str, video_dir: str, health_cache: str) -> Problem:
+    """The row's video, when the loader finds it, decodes with frames and a duration."""
+    path = eval_health_path(row, split, video_dir)
+    return None if path is None else _health_problem(path, health_cache)
 
 
 def media_exist_problem(row: Mapping[str, Any], split: str, video_dir: str, subtitle_dir: str | None = None) -> Problem:

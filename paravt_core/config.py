@@ -166,6 +166,15 @@ class DataConfig(_Section):
     benchmark_revisions: dict[str, str] = Field(default_factory=dict)
     download_retries: int = Field(3, ge=0)
     on_bad_rows: Literal["fail", "quarantine"] = "fail"
+    # Under quarantine, the most a contract may set aside: the share of a kind's rows (SFT, RL,
+    # each eval split). One bad video among ~10^5 rows is set aside instead of failing hours of
+    # checks; a broken archive or a bad mirror, which takes many, still stops the stage. None: no
+    # ceiling. Moot under `fail`, which sets nothing aside (so `--set data.on_bad_rows=fail` alone
+    # makes the 8B config strict).
+    max_quarantine_share: float | None = Field(None, ge=0, le=1)
+    # Processes probing the videos of the media-health rule (`paravt_core.video.health`); None: one
+    # per CPU core. Changes no verdict (NEVER_HASHED).
+    probe_workers: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _pins_name_benchmark_repos(self) -> DataConfig:
@@ -264,6 +273,9 @@ class SFTConfig(_Section):
     # Same values either way; off only to measure it.
     host_positions: bool = True
     checkpoint_every: int = Field(100, ge=1)
+    # Step folders kept in the run's checkpoints/ (`dist.prune_checkpoints`); None keeps every one.
+    # At 8B a ZeRO-3 checkpoint is ~105 GB (issue #44). Never part of a cache key (NEVER_HASHED).
+    keep_last: int | None = Field(None, ge=1)
     # Episodes per `generate` in the grammar check after SFT (sft/grammar.py). None: all its
     # prompts at once (56 on the seven splits), which at 8B is ~260 k prefill tokens and ~55 GB of
     # KV cache on one GPU, more than an 80 GB card holds (`paravt plan`, issue #44).
@@ -442,6 +454,7 @@ class RLConfig(_Section):
     # Before step 1 a rollout server's log-probs of a fixed probe must equal the trainer's within
     # this many nats per token (`rl/served_policy.py`); None: 1e-3 in float32 (measured), 0.1 in bf16.
     served_logprob_tolerance: float | None = Field(None, gt=0)
+    keep_last: int | None = Field(None, ge=1)  # as sft.keep_last; replay needs the step before a replayed one
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -540,7 +553,14 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
     ("data.synth", "validation"), ("rl.gating", "draw_key"), ("sft", "grammar_batch"),
     ("rl", "served_logprob_tolerance"),
+    ("data", "max_quarantine_share"),
 )
+
+
+# (section, field) of knobs that never change what a stage produces (how much disk it keeps, how
+# many processes probe the media): never hashed, so changing one keeps the stage's cache key
+# and resumes its run folder instead of starting it over.
+NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"), ("data", "probe_workers"))
 
 
 class PipelineConfig(_Section):
@@ -579,7 +599,8 @@ class PipelineConfig(_Section):
         """Stable hash of some sections (all when none given): a cache key for stages.
 
         A knob added to a section after stages were cached under it is left out while at its
-        default (`HASHED_ONLY_WHEN_SET`), so configs that do not use it keep their cache keys."""
+        default (`HASHED_ONLY_WHEN_SET`), so configs that do not use it keep their cache keys;
+        knobs that do not change a stage's output are never hashed (`NEVER_HASHED`)."""
         dumped = self.model_dump(mode="json")
         for section, field in HASHED_ONLY_WHEN_SET:  # section: a dotted path, e.g. "rl.rollout"
             owner, values = self, dumped
@@ -590,6 +611,8 @@ class PipelineConfig(_Section):
                 default = default.model_dump(mode="json")
             if field in values and values[field] == default:
                 del values[field]
+        for section, field in NEVER_HASHED:
+            dumped[section].pop(field, None)
         chosen = {n: dumped[n] for n in (names or tuple(dumped))}
         return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
 

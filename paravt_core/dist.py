@@ -17,6 +17,8 @@ exported models get theirs in `model/integrity.py`), and only then does `latest`
 so an interrupted save never becomes the resume point. A tag damaged after the fact (a
 truncated, corrupted or replaced file) is skipped on resume for the newest intact older
 one (`resume`), and replay refuses it (`rl/replay.py`).
+With `sft/rl.keep_last`, older tags are pruned once a newer one is complete and `latest`
+names it (`prune_checkpoints`; issue #44: ~105 GB per ZeRO-3 checkpoint at 8B).
 """
 
 from __future__ import annotations
@@ -540,8 +542,10 @@ def trim_step_log(path: Path, resumed_step: int) -> None:
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
 
-def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any]) -> None:
-    """Save tag `step<N>`, its manifest, then point `latest` at it (collective: every rank calls it)."""
+def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any], keep_last: int | None = None,
+         warn: LogLine = print) -> None:
+    """Save tag `step<N>`, its manifest, then point `latest` at it (collective: every rank calls it);
+    with `keep_last`, rank 0 then prunes the older tags (`prune_checkpoints`)."""
     import torch.distributed as dist
 
     from paravt_core.atomic import atomic_write_text
@@ -553,7 +557,42 @@ def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any]) 
     if _rank() == 0:
         atomic_write_text(Path(checkpoint_dir) / "latest", tag)
     if _world() > 1:
-        dist.barrier()
+        dist.barrier()  # every rank's files and the manifest are written before anything is pruned
+    if keep_last is not None and _rank() == 0:
+        prune_checkpoints(Path(checkpoint_dir), keep_last, saved=tag, warn=warn)
+
+
+PRUNING_PREFIX = ".pruning-"
+
+
+def prune_checkpoints(checkpoint_dir: Path, keep_last: int, saved: str, warn: LogLine = print) -> list[str]:
+    """Delete all but the newest `keep_last` step folders up to the one `latest` names.
+
+    Nothing is deleted unless `latest` names `saved`, the tag just written (so the newest
+    complete checkpoint is never among the doomed), and tags newer than `latest` (an
+    interrupted save's leftovers, which the run overwrites when it gets there) are left alone.
+    Crash safety: each doomed folder is first renamed to `.pruning-<tag>` in one atomic rename,
+    so it stops being a resume candidate whole, and only then deleted; a kill mid-delete
+    leaves a partial `.pruning-*` folder that `resume` never looks at, never a partial `step*`
+    one, and the next prune deletes it. Returns the tags pruned, oldest first.
+    """
+    import shutil
+
+    latest = _latest_tag(checkpoint_dir)
+    if latest != saved:
+        warn(f"warning: not pruning {checkpoint_dir}: `latest` names {latest or 'no step folder'}, not the tag "
+             f"just saved ({saved}); every checkpoint is kept")
+        return []
+    finished = sorted(p.name for p in checkpoint_dir.glob("step*") if p.is_dir() and p.name <= latest)
+    doomed = finished[:-keep_last]
+    for tag in doomed:
+        (checkpoint_dir / tag).rename(checkpoint_dir / f"{PRUNING_PREFIX}{tag}")
+    for leftover in sorted(checkpoint_dir.glob(f"{PRUNING_PREFIX}*")):
+        try:
+            shutil.rmtree(leftover)
+        except OSError as error:  # disk kept, training goes on; the next prune tries again
+            warn(f"warning: could not delete the pruned checkpoint {leftover} ({error}); delete it by hand")
+    return doomed
 
 
 def full_state_dict(engine, checkpoint_dir: Path, zero_stage: int) -> dict[str, Any] | None:

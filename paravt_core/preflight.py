@@ -31,7 +31,8 @@ SUPPORTED_PYTHONS = ((3, 11), (3, 12))
 # "minor version compatibility": CUDA 12.x needs >= 525.60.13; CUDA 13.x needs >= 580).
 MIN_DRIVER = {12: (525, 60, 13), 13: (580,)}
 # One DeepSpeed checkpoint: the bf16 module weights (2 bytes per parameter) and the fp32 master
-# weights with Adam's two moments (12); every `checkpoint_every` step keeps one, none is pruned.
+# weights with Adam's two moments (12); every `checkpoint_every` step writes one, and a stage
+# keeps them all unless its `keep_last` prunes the older ones (`checkpoints_kept`).
 CHECKPOINT_BYTES_PER_PARAM = 14
 EXPORTED_MODELS = 3  # the base model's copy, the SFT and the RL exports, bf16 each
 
@@ -150,11 +151,19 @@ def _driver(facts: CudaFacts, driver: str | None) -> Check:
                  "older driver torch sees no GPU and DeepSpeed falls back to the CPU")
 
 
+def checkpoints_kept(max_steps: int, checkpoint_every: int, keep_last: int | None) -> int:
+    """The most checkpoints one stage holds at once: every save, or with `keep_last` that many
+    plus the newest, which is written whole before the oldest is pruned (`dist.prune_checkpoints`)."""
+    saves = math.ceil(max_steps / checkpoint_every)
+    return saves if keep_last is None else min(saves, keep_last + 1)
+
+
 def checkpoint_bytes(cfg: PipelineConfig, params: int) -> int:
-    """Bytes of the checkpoints and exports a run leaves in `run.output_dir`."""
-    saves = math.ceil(cfg.sft.max_steps / cfg.sft.checkpoint_every) + math.ceil(cfg.rl.max_steps /
-                                                                                 cfg.rl.checkpoint_every)
-    return saves * CHECKPOINT_BYTES_PER_PARAM * params + EXPORTED_MODELS * 2 * params
+    """Bytes of the checkpoints and exports a run leaves in `run.output_dir` at its peak (the SFT
+    stage's checkpoints stay while RL writes its own)."""
+    kept = sum(checkpoints_kept(stage.max_steps, stage.checkpoint_every, stage.keep_last)
+               for stage in (cfg.sft, cfg.rl))
+    return kept * CHECKPOINT_BYTES_PER_PARAM * params + EXPORTED_MODELS * 2 * params
 
 
 def _existing(path: Path) -> Path:
@@ -169,9 +178,10 @@ def _disk(cfg: PipelineConfig, params: int, probes: Probes) -> Check:
     needed, free = checkpoint_bytes(cfg, params), probes.free_disk(where)
     return Check("disk", free >= needed,
                  f"{free / GB:.0f} GB free at {where}, the run keeps {needed / GB:.0f} GB (DeepSpeed checkpoints every "
-                 f"sft/rl.checkpoint_every steps, {CHECKPOINT_BYTES_PER_PARAM * params / GB:.0f} GB each, and 3 models)",
-                 f"free {(needed - free) / GB:.0f} GB there, point run.output_dir at a larger disk, or raise "
-                 "sft.checkpoint_every / rl.checkpoint_every")
+                 f"sft/rl.checkpoint_every steps, at most sft/rl.keep_last + 1 at once, "
+                 f"{CHECKPOINT_BYTES_PER_PARAM * params / GB:.0f} GB each, and 3 models)",
+                 f"free {(needed - free) / GB:.0f} GB there, point run.output_dir at a larger disk, lower "
+                 "sft.keep_last / rl.keep_last, or raise sft.checkpoint_every / rl.checkpoint_every")
 
 
 def _local(url: str | None) -> bool:

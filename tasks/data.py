@@ -46,7 +46,8 @@ def _validate_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     # The step's own code (which probes go with which contract, what it records) is in the key too.
     step_code = source_digest("paravt_core.data", only=("stage.py",))
     return stage_key("data-validate", tables.sft.sha256, tables.rl.sha256, eval_inputs, cfg.data.on_bad_rows,
-                     data_stage.contracts_version(), step_code, output=data_stage.validated_dir(cfg))
+                     cfg.data.max_quarantine_share, data_stage.contracts_version(), step_code,
+                     output=data_stage.validated_dir(cfg))
 
 
 def _eval_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

@@ -20,7 +20,9 @@
    named with its row; with `quarantine` a contract hands back the
    table of kept rows, and a kind whose shards lost rows is rewritten whole (kept shards
    plus the untouched ones, names kept) into `<output_dir>/data/validated/<kind>/`, which
-   the bundle then points at instead of the materialized folder.
+   the bundle then points at instead of the materialized folder. `data.max_quarantine_share`
+   caps the share of a kind's rows (SFT, RL, each split) set aside: above it the stage stops
+   (`DataStageError`) naming `reports/<kind>/quarantined.json`, which lists them.
 5. `prepare_eval`: per SPEC §7 split, `<output_dir>/data/eval/<split>/` with the (kept)
    annotation rows under their original file name, a `split.json` {"split", "rows",
    "video_dir", "subtitle_dir"} of absolute paths (`paravt_core.eval.samples.load_split`'s
@@ -42,7 +44,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from paravt_core.atomic import atomic_dir
+from paravt_core.atomic import atomic_dir, atomic_write_text
 from paravt_core.config import PipelineConfig
 from paravt_core.layout import data_dir, eval_dir, materialized_dir, media_dir, media_health_dir, validated_dir  # noqa: F401
 from paravt_core.data.archives import extract_all
@@ -219,10 +221,11 @@ def contracts_version() -> str:
 
 def check_contract(
     cfg: PipelineConfig, kind: str, table: Path, report_dir: Path, split: str | None = None,
-    media: SplitMedia | None = None, media_root: Path | None = None,
-) -> tuple[Path, list[SetAside]]:
-    """Run one data contract; returns the table to go on with (the kept rows on quarantine)
-    and the quarantined rows grouped by reason (none unless rows were quarantined).
+    media: SplitMedia | None = None, media_root: Path | None = None, progress: bool = False,
+) -> tuple[Path, list[SetAside], int]:
+    """Run one data contract; returns the table to go on with (the kept rows on quarantine),
+    the quarantined rows grouped by reason (none unless rows were quarantined) and the
+    table's row count.
 
     `data_contracts.validate` raises `ContractError` (naming the table, the failing rows and
     the report) when `data.on_bad_rows` is "fail" and a row breaks the contract. Evaluation
@@ -237,51 +240,85 @@ def check_contract(
         media_dirs = {"video_dir": media.video_dir, "subtitle_dir": subtitle_dir}
     media_dirs["media_health"] = media_health_dir(cfg)
     result = validate_contract(kind, table, split=split, on_bad_rows=cfg.data.on_bad_rows, report_dir=report_dir,
-                               **media_dirs)
+                               probe_workers=cfg.data.probe_workers, progress=progress, **media_dirs)
     if result.quarantine_path is None:
-        return Path(result.kept_path), []
+        return Path(result.kept_path), [], result.n_rows
     by_problem: dict[str, set[int]] = {}
     for failure in result.failures:
         by_problem.setdefault(failure.value, set()).add(failure.row)
     where = kind if split is None else f"{kind}/{split}"
     return Path(result.kept_path), [SetAside(kind=where, table=Path(table).absolute(), rows=tuple(sorted(rows)),
-                                             problem=problem) for problem, rows in by_problem.items()]
+                                             problem=problem) for problem, rows in by_problem.items()], result.n_rows
 
 
-def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef,
-                      media_root: Path) -> tuple[ArtifactRef, list[SetAside]]:
+QUARANTINE_LISTING = "quarantined.json"
+
+
+def check_quarantine_ceiling(cfg: PipelineConfig, where: str, rows: int, set_aside: list[SetAside],
+                             report_dir: Path) -> None:
+    """Refuse a quarantine that set aside more than `data.max_quarantine_share` of `rows`.
+
+    What was set aside is listed in `<report_dir>/quarantined.json` (table, rows, why) whenever
+    anything was, so the refusal can name one file however many shards the rows came from.
+
+    Raises:
+        DataStageError: naming the count, the share, the ceiling and the listing.
+    """
+    count = len({(aside.table, row) for aside in set_aside for row in aside.rows})  # a row may break two rules
+    if not count:
+        return
+    listing = atomic_write_text(report_dir / QUARANTINE_LISTING,
+                                json.dumps([aside.model_dump(mode="json") for aside in set_aside], indent=1) + "\n")
+    ceiling = cfg.data.max_quarantine_share
+    if ceiling is not None and count > ceiling * rows:
+        raise DataStageError(
+            f"validate: the {where} contracts set aside {count} of {rows} rows ({count / rows:.2%}), more than "
+            f"data.max_quarantine_share allows ({ceiling:.2%}); each is listed with why in {listing}. Fix or replace "
+            f"the files they name and run again, or raise data.max_quarantine_share if training without them is "
+            f"acceptable"
+        )
+
+
+def _validated_folder(cfg: PipelineConfig, kind: str, ref: ArtifactRef, media_root: Path,
+                      progress: bool) -> tuple[ArtifactRef, list[SetAside]]:
     """Check every shard of one kind; if any lost rows, write the kept shards to validated/<kind>/."""
     reports = validated_dir(cfg) / "reports" / kind
     shards = sorted(Path(ref.path).glob("*.parquet"))
-    checked = {shard: check_contract(cfg, kind, shard, reports, media_root=media_root) for shard in shards}
-    quarantined = [rows for _, set_aside in checked.values() for rows in set_aside]
+    checked = {shard: check_contract(cfg, kind, shard, reports, media_root=media_root, progress=progress)
+               for shard in shards}
+    quarantined = [rows for _, set_aside, _ in checked.values() for rows in set_aside]
+    check_quarantine_ceiling(cfg, kind, sum(n for _, _, n in checked.values()), quarantined, reports)
     out = validated_dir(cfg) / kind
-    if all(table == shard for shard, (table, _) in checked.items()):
+    if all(table == shard for shard, (table, _, _) in checked.items()):
         shutil.rmtree(out, ignore_errors=True)  # a quarantine of an earlier run no longer applies
         return ref, quarantined
     with atomic_dir(out) as tmp:
-        for shard, (table, _) in checked.items():
+        for shard, (table, _, _) in checked.items():
             shutil.copyfile(table, tmp / shard.name)
     log.warning("%s shards lost rows to their contracts (quarantined); continuing with %s", kind, out)
     return ArtifactRef(kind=ref.kind, path=out.resolve(), sha256=content_hash(out)), quarantined
 
 
-def _validated_eval_rows(cfg: PipelineConfig, split: str, downloads: Downloads,
-                         media: Media) -> tuple[ArtifactRef, list[SetAside]]:
+def _validated_eval_rows(cfg: PipelineConfig, split: str, downloads: Downloads, media: Media,
+                         progress: bool) -> tuple[ArtifactRef, list[SetAside]]:
     rows = downloads.benchmark(split).path / LAYOUTS[split].annotation_file
     if not rows.is_file():
         raise DataStageError(f"validate: {split} annotation rows {rows} are missing; re-run the download step")
     reports = validated_dir(cfg) / "reports" / "eval" / split
-    kept, quarantined = check_contract(cfg, "eval", rows, reports, split=split, media=media.splits[split])
+    kept, quarantined, count = check_contract(cfg, "eval", rows, reports, split=split, media=media.splits[split],
+                                              progress=progress)
+    check_quarantine_ceiling(cfg, f"eval/{split}", count, quarantined, reports)
     return ArtifactRef(kind=f"eval_rows_{split}", path=kept.absolute(), sha256=content_hash(kept)), quarantined
 
 
-def validate(cfg: PipelineConfig, tables: Materialized, downloads: Downloads, media: Media) -> Validated:
-    """Step 4: the contracts of every SFT and RL shard and of each split's annotation rows."""
+def validate(cfg: PipelineConfig, tables: Materialized, downloads: Downloads, media: Media,
+             progress: bool = True) -> Validated:
+    """Step 4: the contracts of every SFT and RL shard and of each split's annotation rows (their
+    videos probed by `data.probe_workers` processes)."""
     validated_dir(cfg).mkdir(parents=True, exist_ok=True)
-    sft, sft_aside = _validated_folder(cfg, "sft", tables.sft, media.paravt_root)
-    rl, rl_aside = _validated_folder(cfg, "rl", tables.rl, media.paravt_root)
-    eval_rows = {split: _validated_eval_rows(cfg, split, downloads, media) for split in cfg.eval.splits}
+    sft, sft_aside = _validated_folder(cfg, "sft", tables.sft, media.paravt_root, progress)
+    rl, rl_aside = _validated_folder(cfg, "rl", tables.rl, media.paravt_root, progress)
+    eval_rows = {split: _validated_eval_rows(cfg, split, downloads, media, progress) for split in cfg.eval.splits}
     eval_aside = [rows for _, set_aside in eval_rows.values() for rows in set_aside]
     return Validated(sft=sft, rl=rl, eval_rows={split: ref for split, (ref, _) in eval_rows.items()},
                      quarantined=(*sft_aside, *rl_aside, *eval_aside))
@@ -353,6 +390,6 @@ def run(cfg: PipelineConfig, progress: bool = True) -> DataBundle:
     downloads = download(cfg, progress)
     media = unzip(cfg, downloads, progress)
     tables = materialize(cfg, downloads, media, progress)
-    checked = validate(cfg, tables, downloads, media)
+    checked = validate(cfg, tables, downloads, media, progress)
     eval_ref = prepare_eval(cfg, downloads, media, checked)
     return bundle(tables, checked, eval_ref)

@@ -178,7 +178,7 @@ def replay_weights(run_dir: Path, version: int, zero_stage: int) -> dict[str, to
         kept = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step*"))
         raise ReplayError(f"step {version + 1} rolled out with the weights after step {version}, but there is no "
                           f"checkpoint {tag} (checkpoints kept: {kept or 'none'}); replay step 1 or a step right "
-                          f"after a checkpoint (rl.checkpoint_every)")
+                          f"after a kept checkpoint (rl.checkpoint_every, rl.keep_last)")
     problem = checkpoint_damage(tag)
     if problem:
         raise ReplayError(f"the checkpoint of step {version + 1}'s weights is damaged: {problem}; replay step 1 or "

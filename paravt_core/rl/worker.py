@@ -349,7 +349,7 @@ def _train_loop(trainer: Trainer, job: RLJob) -> None:
                           rollout_s=row["time_rollout_s"])
         done = step + 1
         if not job.steps_only and (done % rl.checkpoint_every == 0 or done == rl.max_steps):
-            pdist.save(trainer.policy, trainer.ckpt_dir, done, {"step": done})
+            pdist.save(trainer.policy, trainer.ckpt_dir, done, {"step": done}, keep_last=rl.keep_last)
         pdist.maybe_kill_for_test(done)
     if job.steps_only:
         metrics.finish()

@@ -160,7 +160,7 @@ def train(job: SFTJob) -> None:
             progress.step(step + 1, loss=loss_mean, lr=row["lr"], tok_s=row["tokens_per_s"])
         done = step + 1
         if not job.steps_only and (done % sft.checkpoint_every == 0 or done == sft.max_steps):
-            pdist.save(engine, ckpt_dir, done, {"step": done})
+            pdist.save(engine, ckpt_dir, done, {"step": done}, keep_last=sft.keep_last)
         pdist.maybe_kill_for_test(done)
 
     record_memory(job.out_dir, job.stage, "trained", rank, world, device, engine.module)

@@ -31,9 +31,9 @@ CLEAN_SYNTH = {**SMALL_SYNTH, "no_tool_share": 0.0}
 OVERRIDES = [f"data.synth.{key}={value}" for key, value in SMALL_SYNTH.items()]
 
 
-def small_config(output_dir: Path, synth: dict, on_bad_rows: str = "fail") -> PipelineConfig:
+def small_config(output_dir: Path, synth: dict, on_bad_rows: str = "fail", **data) -> PipelineConfig:
     return PipelineConfig.model_validate(
-        {"run": {"output_dir": str(output_dir)}, "data": {"synth": synth, "on_bad_rows": on_bad_rows}}
+        {"run": {"output_dir": str(output_dir)}, "data": {"synth": synth, "on_bad_rows": on_bad_rows, **data}}
     )
 
 
@@ -140,6 +140,15 @@ def test_planted_empty_videos_are_quarantined_with_their_rows_and_named(tmp_path
     strict = small_config(tmp_path, planted, on_bad_rows="fail")
     with pytest.raises(ContractError, match=re.escape(train_video)):
         stage.validate(strict, tables, downloads, media)
+
+    # Issue #44 item 9: one video of eight is far more than a 1% ceiling allows.
+    capped = small_config(tmp_path, planted, on_bad_rows="quarantine", max_quarantine_share=0.01)
+    listing = tmp_path / "data" / "validated" / "reports" / "sft" / stage.QUARANTINE_LISTING
+    with pytest.raises(stage.DataStageError, match=rf"the sft contracts set aside {sft_rows} of \d+ rows .* more "
+                       rf"than data.max_quarantine_share allows \(1.00%\); each is listed with why in "
+                       rf"{re.escape(str(listing))}"):
+        stage.validate(capped, tables, downloads, media)
+    assert train_video in listing.read_text()
 
 
 def test_the_data_flow_runs_then_hits_its_cache(prefect_harness, task_runs, tmp_path):

@@ -393,7 +393,8 @@ def test_a_killed_server_fails_the_step_clearly_and_the_run_resumes_from_its_che
     assert [row["step"] for row in rows] == [1] and not (job.out_dir / "model").exists()
 
     with TinySGLangServer(init.path) as second:
-        resumed = stage.make_job(_served_config(tmp, second.url), init, rl_data, with_mlflow=False)
+        # Issue #44 item 9: rl.keep_last is not part of the run's identity either, and prunes.
+        resumed = stage.make_job(_served_config(tmp, second.url, "rl.keep_last=1"), init, rl_data, with_mlflow=False)
         assert resumed.out_dir == job.out_dir  # the server's url is not part of the run's identity
         finished = _run_worker(resumed, tmp)
         calls = [c for c in second.calls if c != "/health"]
@@ -404,6 +405,7 @@ def test_a_killed_server_fails_the_step_clearly_and_the_run_resumes_from_its_che
     assert calls.count("/release_memory_occupation") == 1
     rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2] and (job.out_dir / "model" / "config.json").exists()
+    assert sorted(p.name for p in (job.out_dir / "checkpoints").iterdir() if p.is_dir()) == ["step0000002"]
 
 
 def test_a_server_holding_another_runs_weights_rolls_out_the_policy_from_step_1(rl_setup):

@@ -113,10 +113,14 @@ def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_vide
     from paravt_core.sft import stage
 
     config, base, sft_data = sft_setup
-    cfg = config("sft.max_steps=4", "sft.num_ranks=2", "sft.zero_stage=3", "sft.checkpoint_every=2")
+    # keep_last=1: rank 0 prunes step 2 once both ranks wrote step 4; the export reads step 4's shards.
+    cfg = config("sft.max_steps=4", "sft.num_ranks=2", "sft.zero_stage=3", "sft.checkpoint_every=2", "sft.keep_last=1")
     ref = stage.run(cfg, base, sft_data, log_line=lambda line: None)
     losses = _losses(stage.run_dir(cfg, base, sft_data))
     assert sorted(losses) == [1, 2, 3, 4]
+    checkpoints = stage.run_dir(cfg, base, sft_data) / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == ["step0000004"]
+    assert len(list((checkpoints / "step0000004").glob("*optim_states.pt"))) == 2  # one shard per rank
     for rank in (0, 1):
         memory = {row["when"]: row for row in
                   json.loads((stage.run_dir(cfg, base, sft_data) / "memory" / f"rank{rank}.json").read_text())}
@@ -191,6 +195,35 @@ def test_kill_then_resume_matches_uninterrupted(sft_setup, monkeypatch):
     # Issue #33 item 7: each step once, though step 3 ran twice (the checkpoint was step 2).
     logged = [json.loads(line)["step"] for line in (run_dir / "losses.jsonl").read_text().splitlines()]
     assert logged == [1, 2, 3, 4, 5]
+    for step in expected:
+        assert resumed[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
+
+
+def test_pruned_checkpoints_resume_exactly_in_the_same_run_folder(sft_setup, monkeypatch):
+    """Issue #44 item 9: with sft.keep_last only the newest checkpoints stay, a killed run
+    resumes from them to the same losses as an uninterrupted run that kept every one, and
+    keep_last is not part of the run's identity (the same folder is resumed)."""
+    from paravt_core.sft import stage
+
+    config, base, sft_data = sft_setup
+    straight = config("sft.max_steps=5", "sft.checkpoint_every=1", "run.name=straight")
+    stage.run(straight, base, sft_data, log_line=lambda line: None)
+    expected = _losses(stage.run_dir(straight, base, sft_data))
+
+    pruned = config("sft.max_steps=5", "sft.checkpoint_every=1", "run.name=pruned", "sft.keep_last=1")
+    run_dir = stage.run_dir(pruned, base, sft_data)
+    assert run_dir == stage.run_dir(config("sft.max_steps=5", "sft.checkpoint_every=1", "run.name=pruned"), base,
+                                    sft_data)
+    monkeypatch.setenv("PARAVT_TEST_KILL_AT_STEP", "4")
+    with pytest.raises(RuntimeError, match="exited with code"):
+        stage.run(pruned, base, sft_data, log_line=lambda line: None)
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == ["step0000004"]
+    monkeypatch.delenv("PARAVT_TEST_KILL_AT_STEP")
+    stage.run(pruned, base, sft_data, log_line=lambda line: None)
+    assert sorted(p.name for p in checkpoints.iterdir() if p.is_dir()) == ["step0000005"]
+    resumed = _losses(run_dir)
+    assert sorted(resumed) == [1, 2, 3, 4, 5]
     for step in expected:
         assert resumed[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
 

@@ -305,3 +305,17 @@ def test_an_empty_event_kind_list_is_refused_at_load():
     with pytest.raises(ConfigError, match="data.synth.event_kinds: Tuple should have at least 1 item"):
         load_config(CONF / "pipeline" / "tiny.yaml", ["data.synth.event_kinds=[]"])
     assert load_config(CONF / "pipeline" / "tiny.yaml", ["data.synth.event_kinds=[digit]"]).data.synth.event_kinds
+
+
+def test_retention_and_probe_workers_are_checked_at_load_and_never_change_a_cache_key():
+    """Issue #44 item 9: keeping fewer checkpoints or probing with more processes changes no
+    result, so a run folder (keyed by `section_hash`) is resumed, not started over, when
+    sft/rl.keep_last or data.probe_workers is set or changed."""
+    base = load_config(CONF / "pipeline" / "tiny.yaml")
+    kept = load_config(CONF / "pipeline" / "tiny.yaml", ["sft.keep_last=2", "rl.keep_last=1", "data.probe_workers=3"])
+    assert (kept.sft.keep_last, kept.rl.keep_last, base.sft.keep_last) == (2, 1, None)
+    assert kept.section_hash() == base.section_hash()
+    assert kept.section_hash("sft", "video", "run") == base.section_hash("sft", "video", "run")
+    for knob in ("sft.keep_last", "rl.keep_last", "data.probe_workers"):
+        with pytest.raises(ConfigError, match=knob):
+            load_config(CONF / "pipeline" / "tiny.yaml", [f"{knob}=0"])

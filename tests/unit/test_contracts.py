@@ -551,6 +551,60 @@ def test_an_undecodable_eval_video_is_quarantined_with_its_row(tmp_path):
     assert result.kept_path.read_text().splitlines() == [json.dumps(rows[0])]
 
 
+def test_probing_videos_in_processes_reports_what_a_serial_run_reports(good_rows, media_root, tmp_path, caplog,
+                                                                       monkeypatch):
+    """Issue #44 item 9: `probe_workers` probes a table's videos in a process pool before the
+    rules run; the failures (rows, rules, messages, order) and the kept rows are the serial run's."""
+    import logging
+
+    from paravt_core.video import health as health_module
+
+    monkeypatch.setattr(health_module, "MIN_VIDEOS_PER_WORKER", 1)  # a pool however few the videos
+
+    bad = tmp_path / "media" / "selfqa"
+    bad.mkdir(parents=True)
+    (bad / "zero.mp4").write_bytes(b"")
+    (bad / "text.mp4").write_text("not a video\n")
+    rows = copy.deepcopy(good_rows["sft"][:6])
+    rows[4]["videos"] = [f"file://{bad / 'zero.mp4'}"]
+    rows[1]["videos"] = [f"file://{bad / 'text.mp4'}"]
+    rows[2]["videos"] = [f"file://{bad / 'zero.mp4'}"]
+    table = _sft_table(rows, tmp_path / "shard.parquet")
+
+    def run(workers: int):
+        return validate("sft", table, report_dir=tmp_path / f"report{workers}", on_bad_rows="quarantine",
+                        media_health=tmp_path / f"health{workers}", probe_workers=workers)
+
+    serial = run(1)
+    with caplog.at_level(logging.INFO, logger="paravt_core.video.health"):
+        pooled = run(2)
+    assert "2 processes" in caplog.text
+    assert [f.row for f in serial.failures if "healthy" in f.rule] == [2, 3, 5]
+    assert pooled.failures == serial.failures
+    assert pq.read_table(pooled.kept_path).equals(pq.read_table(serial.kept_path))
+
+
+def test_the_probe_pool_never_reads_a_video_outside_the_media_root(good_rows, media_root, tmp_path, monkeypatch):
+    from paravt_core.video import health as health_module
+
+    monkeypatch.setattr(health_module, "MIN_VIDEOS_PER_WORKER", 1)
+
+    outside = tmp_path / "elsewhere" / "huge.mp4"
+    outside.parent.mkdir()
+    outside.write_bytes(b"\0" * 1024)
+    asked: list[str] = []
+    real = health_module.MediaHealthCache.check_all
+    monkeypatch.setattr(health_module.MediaHealthCache, "check_all",
+                        lambda self, paths, **kw: asked.extend(map(str, paths)) or real(self, paths, **kw))
+    rows = copy.deepcopy(good_rows["sft"][:3])
+    rows[1]["videos"] = [f"file://{outside}"]
+    result = validate("sft", _sft_table(rows, tmp_path / "shard.parquet"), report_dir=tmp_path / "report",
+                      on_bad_rows="quarantine", media_root=media_root, media_health=tmp_path / "health",
+                      probe_workers=2)
+    assert {f.row for f in result.failures} == {2}
+    assert asked and str(outside) not in asked
+
+
 @pytest.mark.parametrize(
     ("window", "problem"),
     [

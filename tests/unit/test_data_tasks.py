@@ -77,6 +77,10 @@ def test_validate_key_follows_tables_contracts_mode_and_media(inputs, tmp_path):
     assert key() == base
     quarantine = cfg.model_copy(update={"data": cfg.data.model_copy(update={"on_bad_rows": "quarantine"})})
     assert key(cfg=quarantine) != base
+    capped = quarantine.model_copy(update={"data": quarantine.data.model_copy(update={"max_quarantine_share": 0.01})})
+    assert key(cfg=capped) != key(cfg=quarantine)  # a cached pass under no ceiling is checked again
+    workers = quarantine.model_copy(update={"data": quarantine.data.model_copy(update={"probe_workers": 7})})
+    assert key(cfg=workers) == key(cfg=quarantine)  # how many processes probe changes no verdict
     assert key(tables=tables.model_copy(update={"sft": ref.model_copy(update={"sha256": "3" * 64})})) != base
     moved_videos = media.model_copy(update={"splits": {"mlvu": SplitMedia(video_dir=tmp_path / "elsewhere")}})
     assert key(media=moved_videos) != base

@@ -25,10 +25,10 @@ class RecordingEngine:
         return folder, {"step": step}
 
 
-def write_checkpoints(folder: Path, steps: list[int], latest: bool = True) -> None:
+def write_checkpoints(folder: Path, steps: list[int], latest: bool = True, exist_ok: bool = False) -> None:
     for step in steps:
         tag = folder / f"step{step:07d}"
-        tag.mkdir(parents=True)
+        tag.mkdir(parents=True, exist_ok=exist_ok)
         torch.save({"w": torch.full((64, 64), float(step))}, tag / "mp_rank_00_model_states.pt")
         torch.save({"m": torch.zeros(64, 64)}, tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     if latest:
@@ -108,7 +108,7 @@ class SavingEngine(RecordingEngine):
     """Stands in for a DeepSpeed engine's save: writes a tag's files, and `latest` when asked."""
 
     def save_checkpoint(self, folder: str, tag: str, client_state: dict, save_latest: bool = True):
-        write_checkpoints(Path(folder), [int(tag.removeprefix("step"))], latest=save_latest)
+        write_checkpoints(Path(folder), [int(tag.removeprefix("step"))], latest=save_latest, exist_ok=True)
 
 
 def test_a_saved_checkpoint_records_its_files_and_a_replaced_file_is_refused(tmp_path):
@@ -146,3 +146,78 @@ def test_a_tag_is_named_latest_only_once_its_manifest_is_written(tmp_path, monke
         dist.save(SavingEngine(), tmp_path, 10, {"step": 10})
     assert not (tmp_path / "latest").exists()
     assert resume(RecordingEngine(), tmp_path) == {}  # nothing finished: the stage starts over
+
+
+# ----- retention (issue #44 item 9: sft/rl.keep_last) ---------------------------------
+
+
+def step_folders(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_dir())
+
+
+def test_saving_with_keep_last_keeps_exactly_the_newest_and_resume_loads_the_newest(tmp_path):
+    from paravt_core.dist import save
+
+    engine = SavingEngine()
+    for step in (2, 4, 6, 8, 10):
+        save(engine, tmp_path, step, {"step": step}, keep_last=2, warn=pytest.fail)
+        assert step_folders(tmp_path)[-1] == f"step{step:07d}"
+        assert len(step_folders(tmp_path)) == min(2, step // 2)
+    assert step_folders(tmp_path) == ["step0000008", "step0000010"]
+    assert resume(RecordingEngine(), tmp_path) == {"step": 10}
+
+
+def test_without_keep_last_every_checkpoint_is_kept(tmp_path):
+    from paravt_core.dist import save
+
+    for step in (1, 2, 3):
+        save(SavingEngine(), tmp_path, step, {"step": step})
+    assert step_folders(tmp_path) == ["step0000001", "step0000002", "step0000003"]
+
+
+def test_nothing_is_pruned_unless_latest_names_the_tag_just_saved(tmp_path):
+    from paravt_core.dist import prune_checkpoints
+
+    write_checkpoints(tmp_path, [1, 2, 3])
+    (tmp_path / "latest").write_text("step0000002")  # DeepSpeed did not get to write it
+    warnings: list[str] = []
+    assert prune_checkpoints(tmp_path, 1, saved="step0000003", warn=warnings.append) == []
+    assert step_folders(tmp_path) == ["step0000001", "step0000002", "step0000003"]
+    assert "not pruning" in warnings[0] and "every checkpoint is kept" in warnings[0]
+
+
+def test_an_unfinished_newer_tag_is_neither_counted_nor_deleted(tmp_path):
+    """A run resumed at step 2 left step 9's half-written folder: it is not one of the kept."""
+    from paravt_core.dist import prune_checkpoints
+
+    write_checkpoints(tmp_path, [1, 2, 3])
+    (tmp_path / "step0000009").mkdir()
+    (tmp_path / "latest").write_text("step0000003")
+    assert prune_checkpoints(tmp_path, 2, saved="step0000003") == ["step0000001"]
+    assert step_folders(tmp_path) == ["step0000002", "step0000003", "step0000009"]
+
+
+def test_a_kill_while_pruning_never_leaves_a_partial_step_folder(tmp_path, monkeypatch):
+    """The order that makes a crash mid-prune safe: a doomed tag is renamed out of the `step*`
+    namespace whole before any of its files goes, so a half-deleted folder is never a resume
+    candidate, even when `latest` is damaged too; the next prune finishes the job."""
+    import shutil
+
+    from paravt_core import dist
+
+    write_checkpoints(tmp_path, [1, 2, 3])
+
+    def killed_mid_delete(path, *args, **kwargs):
+        next(Path(path).glob("*model_states.pt")).unlink()  # one file of the tag gone, then the kill
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "rmtree", killed_mid_delete)
+    with pytest.raises(KeyboardInterrupt):
+        dist.prune_checkpoints(tmp_path, 1, saved="step0000003")
+    for tag in (p for p in tmp_path.glob("step*")):
+        assert checkpoint_damage(tag) is None, tag
+    (tmp_path / "latest").write_bytes(b"")  # and `latest` lost too: the intact newest is still found
+    assert resume(RecordingEngine(), tmp_path, warn=lambda line: None) == {"step": 3}
+    monkeypatch.undo()
+    dist.prune_checkpoints(tmp_path, 1, saved="step0000003")
+    assert step_folders(tmp_path) == ["step0000003"]

@@ -85,3 +85,25 @@ def test_probe_indices_cover_every_keyframe_and_spread_frames():
     assert {0, 250, 500, 750, 999} <= set(indices) and len(indices) == len(set(indices))
     assert len(indices) >= 64 and indices == sorted(indices)
     assert health_module.probe_indices(1, [0]) == [0]
+
+
+def test_probing_in_a_pool_gives_the_serial_verdicts_in_order(videos, tmp_path, monkeypatch, caplog):
+    """Issue #44 item 9: `check_all` probes in worker processes; the verdicts are `check`'s one at
+    a time, in the order asked (a repeated path twice, an absent one None), and `check` then
+    answers from memory."""
+    import logging
+
+    order = [videos["truncated"], videos["good"], tmp_path / "absent.mp4", videos["empty"], videos["text"],
+             videos["good"]]
+    serial = MediaHealthCache(tmp_path / "serial")
+    expected = [serial.check(path) if path.exists() else None for path in order]
+    pooled = MediaHealthCache(tmp_path / "pooled")
+    monkeypatch.setattr(health_module, "MIN_VIDEOS_PER_WORKER", 1)  # a pool for four videos
+    with caplog.at_level(logging.INFO, logger=health_module.__name__):
+        assert pooled.check_all(order, workers=2) == expected
+    assert "media health: probed 4 videos" in caplog.text and "2 processes" in caplog.text
+    assert len(list((tmp_path / "pooled").glob("*.json"))) == 4  # stored by the workers, as `check` stores
+    monkeypatch.setattr(health_module, "_probe", lambda path: pytest.fail(f"probed {path} again"))
+    monkeypatch.setattr(health_module, "video_sha256", lambda path: pytest.fail(f"hashed {path} again"))
+    assert [pooled.check(path) for path in order if path.exists()] == [v for v in expected if v is not None]
+    assert pooled.check_all(order, workers=1) == expected

@@ -171,3 +171,17 @@ def test_torch_facts_agree_with_torch():
     facts = pf._torch_facts()
     assert facts.torch_version == torch.__version__ and facts.cuda_build == torch.version.cuda
     assert len(facts.device_bytes) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_the_disk_check_counts_only_the_checkpoints_keep_last_keeps():
+    """Issue #44 item 9: the 8B config keeps 2 checkpoints per stage (3 at once while the newest
+    is written), ~0.8 TB at its peak instead of ~2.6 TB for all 15 SFT and 6 RL checkpoints."""
+    params = pf.model_shape(load_config(CONFIG_8B).model.base).params
+    kept, every = load_config(CONFIG_8B), load_config(CONFIG_8B, ["sft.keep_last=null", "rl.keep_last=null"])
+    per_checkpoint = pf.CHECKPOINT_BYTES_PER_PARAM * params
+    models = pf.EXPORTED_MODELS * 2 * params
+    assert pf.checkpoint_bytes(kept, params) == (3 + 3) * per_checkpoint + models
+    assert pf.checkpoint_bytes(every, params) == (15 + 6) * per_checkpoint + models
+    one_tb = ready(free_disk=lambda path: 10**12)
+    assert "disk" not in failed(one_tb)
+    assert "sft.keep_last / rl.keep_last" in failed(one_tb, ["sft.keep_last=null", "rl.keep_last=null"])["disk"].fix
