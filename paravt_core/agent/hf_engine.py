@@ -212,9 +212,10 @@ class HFEngine:
         prefill tokens (one call when None); results in request order."""
         if not requests:
             return []
-        ranges = token_budget_batches([len(request.prompt_ids) for request in requests], self.max_batch_tokens)
-        return [generation for rows in ranges for generation in self._generate_batch(requests[rows.start:rows.stop],
-                                                                                      params)]
+        generations: list[Generation] = []
+        for rows in token_budget_batches([len(request.prompt_ids) for request in requests], self.max_batch_tokens):
+            generations += self._generate_batch(requests[rows.start:rows.stop], params)
+        return generations
 
     def _generate_batch(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
         batch = pad_requests(requests, self.pad_id, self.image_token_id, self.video_token_id)
