@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import to_jsonable_python
 
 from paravt_core.atomic import folder_problem
 from paravt_core.data.synth.config import SynthConfig
@@ -276,9 +277,10 @@ class SFTConfig(_Section):
     # Step folders kept in the run's checkpoints/ (`dist.prune_checkpoints`); None keeps every one.
     # At 8B a ZeRO-3 checkpoint is ~105 GB (issue #44). Never part of a cache key (NEVER_HASHED).
     keep_last: int | None = Field(None, ge=1)
-    # Episodes per `generate` in the grammar check after SFT (sft/grammar.py). None: all its
-    # prompts at once (56 on the seven splits), which at 8B is ~260 k prefill tokens and ~55 GB of
-    # KV cache on one GPU, more than an 80 GB card holds (`paravt plan`, issue #44).
+    # Episodes rolled out together in the grammar check after SFT (sft/grammar.py). None: all its
+    # prompts at once (56 on the seven splits). What one `generate` holds on the GPU is bounded by
+    # eval.hf_batch_tokens (a turn's 280 sub-agent prompts or 56 answer-turn contexts at 8B are far
+    # more than an 80 GB card holds without it: `paravt plan`, issue #44).
     grammar_batch: int | None = Field(None, ge=1)
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
 
@@ -345,6 +347,10 @@ class SGLangServerConfig(_Section):
         return self
 
 
+# VLLMServerConfig's knobs added after stage caches were keyed on the rollout section (issue #44).
+VLLM_PLACEMENT_KNOBS = ("placement", "gpus", "tp_size", "gpu_memory_utilization")
+
+
 class VLLMServerConfig(_Section):
     """Where the `vllm` rollout engine's server runs (`paravt_core/agent/vllm_engine.py`).
 
@@ -353,6 +359,17 @@ class VLLMServerConfig(_Section):
     the new weights into it after each step. `url` unset: rank 0 launches one from the
     serve venv (`python`, else as `paravt eval serve` finds it; `make install-serve`) and
     stops it at the end. On CPU this is vLLM's CPU build: float32, eager.
+
+    `placement` (issue #44 item 2), as for SGLang but with no memory released between phases:
+    - `colocated`: the server runs where rank 0 runs, seeing rank 0's devices (the CPU build;
+      on GPUs it takes `gpu_memory_utilization` of rank 0's card beside that rank's trainer).
+    - `split`: the server has GPUs of its own (`gpus`, CUDA device indices, given to it as
+      CUDA_VISIBLE_DEVICES) and the trainers the rest. The DeepSpeed launcher gives ranks
+      0..N-1 GPUs 0..N-1 (`--num_gpus N`), so the server's GPUs lie at N and above. The 8B
+      plan (`conf/pipeline/paravt_8b.yaml`) trains 7 ranks on GPUs 0-6 and serves on GPU 7.
+    `tp_size` GPUs serve one model (vLLM's tensor parallelism): a split server's `gpus` are
+    exactly that many. `gpu_memory_utilization` is the share of each of its cards vLLM may
+    take for weights, activations and KV cache (None: vLLM's own, 0.9).
     """
 
     url: str | None = Field(None, pattern=r"^https?://")
@@ -360,6 +377,25 @@ class VLLMServerConfig(_Section):
     max_model_len: int | None = Field(None, ge=256)
     startup_timeout_s: float = Field(900.0, gt=0)
     request_timeout_s: float = Field(3600.0, gt=0)
+    placement: Literal["colocated", "split"] = "colocated"
+    gpus: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    tp_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _placement_fits(self) -> VLLMServerConfig:
+        if self.placement == "colocated" and self.gpus:
+            raise ValueError("rl.rollout.vllm.gpus is for placement: split (a colocated server runs on rank 0's "
+                             "devices)")
+        if self.placement == "split" and self.url is None and not self.gpus:
+            raise ValueError("rl.rollout.vllm.placement is split but neither vllm.url (a running server) nor "
+                             "vllm.gpus (the CUDA devices to launch it on) is set")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"rl.rollout.vllm.gpus {list(self.gpus)} names a GPU twice")
+        if self.gpus and len(self.gpus) != self.tp_size:
+            raise ValueError(f"rl.rollout.vllm.gpus ({list(self.gpus)}) must be tp_size ({self.tp_size}) GPUs: one "
+                             "vLLM server shards the model over exactly its GPUs")
+        return self
 
 
 class RolloutConfig(_Section):
@@ -374,6 +410,13 @@ class RolloutConfig(_Section):
     engine: Literal["hf", "sglang", "vllm"] = "hf"
     sglang: SGLangServerConfig = SGLangServerConfig()
     vllm: VLLMServerConfig = VLLMServerConfig()
+
+    def cache_json(self) -> str:
+        """The section as the grammar check's cache key reads it (tasks/sft.py): its JSON, less
+        the vLLM placement knobs while at their defaults, so configs without them keep their key."""
+        default = VLLMServerConfig()
+        unset = {knob for knob in VLLM_PLACEMENT_KNOBS if getattr(self.vllm, knob) == getattr(default, knob)}
+        return self.model_dump_json(exclude={"vllm": unset})
 
     @model_validator(mode="after")
     def _server_only_for_its_engine(self) -> RolloutConfig:
@@ -474,6 +517,21 @@ class RLConfig(_Section):
         self.deepspeed.check_stage(self.zero_stage, "rl")
         return self
 
+    @model_validator(mode="after")
+    def _server_gpus_apart_from_trainers(self) -> RLConfig:
+        # The DeepSpeed launcher (`--num_gpus N`, dist.launch_workers) puts rank i on GPU i, so a
+        # server launched on one of GPUs 0..N-1 would share a trainer's card unplanned.
+        engine = self.rollout.engine
+        server = {"sglang": self.rollout.sglang, "vllm": self.rollout.vllm}.get(engine)
+        if server is None or server.url is not None or server.placement != "split" or self.hostfile is not None:
+            return self
+        shared = sorted(set(server.gpus) & set(range(self.num_ranks)))
+        if shared:
+            raise ValueError(f"rl.rollout.{engine}.gpus {list(server.gpus)} include GPU(s) {shared}, which the "
+                             f"trainers take (rl.num_ranks {self.num_ranks}: ranks on GPUs 0-{self.num_ranks - 1}); "
+                             f"put the server on GPU {self.num_ranks} or above, or lower rl.num_ranks")
+        return self
+
 
 EVAL_SPLITS = ("videomme", "videomme_wsub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades")
 # The miniature's validation split (Video-MME rows on videos of its own; data.synth.validation):
@@ -505,6 +563,12 @@ class EvalConfig(_Section):
     request_timeout_s: float | None = Field(None, gt=0)
     concurrency: int = Field(1, ge=1)
     max_samples_per_split: int | None = Field(None, ge=1)
+    # Prefill tokens per `generate` of the `hf` engine where it decodes greedily: the `hf`
+    # evaluation and the SFT grammar check (issue #44 item 6). A turn's requests are cut, in
+    # order, into sub-batches of at most this many left-padded prompt tokens (a longer prompt
+    # goes alone); greedy outputs are the same tokens as one batch's. None: one batch, as before.
+    # `paravt plan` shows what a budget holds.
+    hf_batch_tokens: int | None = Field(None, ge=1)
     # `paravt eval serve`: the interpreter that runs the server (a venv holding vLLM or SGLang;
     # default: $PARAVT_SERVE_PYTHON, then .venv-serve/bin/python from `make install-serve`).
     server_python: str | None = None
@@ -554,6 +618,8 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("data.synth", "validation"), ("rl.gating", "draw_key"), ("sft", "grammar_batch"),
     ("rl", "served_logprob_tolerance"),
     ("data", "max_quarantine_share"),
+    # After ("rl.rollout", "vllm"): a vllm section at its default is gone by then.
+    *(("rl.rollout.vllm", knob) for knob in VLLM_PLACEMENT_KNOBS), ("eval", "hf_batch_tokens"),
 )
 
 
@@ -606,9 +672,8 @@ class PipelineConfig(_Section):
             owner, values = self, dumped
             for part in section.split("."):
                 owner, values = getattr(owner, part), values.get(part, {})
-            default = type(owner).model_fields[field].default
-            if isinstance(default, BaseModel):
-                default = default.model_dump(mode="json")
+            # As the dump holds it: a model as a dict, a tuple as a list.
+            default = to_jsonable_python(type(owner).model_fields[field].default)
             if field in values and values[field] == default:
                 del values[field]
         for section, field in NEVER_HASHED:

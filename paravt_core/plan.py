@@ -11,9 +11,11 @@ config whose plan is over budget, naming the knob. Stages, per GPU:
   micro-batch's forward/backward and the step's transient. The reference and proximal passes
   hold the same and run without autograd: never larger, so they share this row.
 - RL rollout: the `hf` engine on each rank (its copy, KV cache of the rank's episodes, the
-  prefill), or SGLang's server (`split`: its own GPUs; `colocated`: beside the trainer).
+  prefill), or the SGLang or vLLM server (`split`: its own GPUs; `colocated`: beside the
+  trainer, every rank's for SGLang, rank 0's for vLLM).
 - SFT grammar check (`paravt_core/sft/grammar.py`, `hf` on one GPU), and evaluation: the
   `hf` evaluator (`eval.concurrency` episodes per generate) or the served model (`openai`).
+  Both generate at most `eval.hf_batch_tokens` left-padded prompt tokens at once when set.
 
 The formula (Ψ parameters, N ranks; bytes):
 
@@ -43,9 +45,10 @@ The formula (Ψ parameters, N ranks; bytes):
   token) of every sequence in the batch up to prompt + one turn's new tokens, and the prefill's
   live set without autograd: the larger of the text layer's (12h + 6I bytes per prompt token)
   and a vision block's (8 vh + 4 vI per patch). Servers (SGLang, vLLM) hold weights and KV
-  cache inside their static fraction of the card (`mem_fraction_static`; `paravt eval serve`
-  leaves it to the server, planned here at `SERVER_FRACTION`) and queue what does not fit, so
-  a server is over budget only when its pool cannot hold one longest request.
+  cache inside their static fraction of the card (SGLang's `mem_fraction_static`, vLLM's
+  `gpu_memory_utilization`, else vLLM's own 0.9; `paravt eval serve` leaves it to the server,
+  planned here at `SERVER_FRACTION`) and queue what does not fit, so a server is over budget
+  only when its pool cannot hold one longest request.
 - Lengths are the protocol's bounds (SPEC §3): frames of at most `video.max_pixels` (16-pixel
   patches, 2x2 merged into a token, `FRAME_TEXT_TOKENS` for its timestamp), the overview's
   largest gated K, every turn generating `max_new_tokens` and every tool round returning
@@ -69,7 +72,7 @@ its short trajectories (16 frames, 128 new tokens) kept fewer bytes of activatio
 checks the states' accounting more than the activations'. The first row checks the activation
 and logits counts alone (7.5 % high); the SFT row both.
 
-Everything else (the 8B rows, SGLang's pool, the grammar check) is derived from these counts,
+Everything else (the 8B rows, the servers' pools, the grammar check) is derived from these counts,
 not measured: no 8B model has run on this project's GPUs yet.
 """
 
@@ -79,7 +82,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from paravt_core.config import EVAL_SPLITS, DeepSpeedConfig, PipelineConfig
+from paravt_core.config import EVAL_SPLITS, DeepSpeedConfig, PipelineConfig, SGLangServerConfig, VLLMServerConfig
 
 GB = 10**9
 GIB = 2**30
@@ -91,6 +94,7 @@ TOOL_RESPONSE_WRAP_TOKENS = 16  # <tool_response> tags and the turn's chat marke
 SFT_LOSS_CHUNK = 1024  # rows per [chunk, V] block of sft.loss_impl chunked / liger
 RESERVE_FRACTION = 0.10  # of each card, kept out of the budget
 SERVER_FRACTION = 0.80  # static pool of a server started without a fraction (SGLang sizes its own; vLLM's is 0.9)
+VLLM_FRACTION = 0.90  # vLLM's default gpu_memory_utilization
 # The grammar check's held-out prompts: sft/grammar.py's PER_SPLIT (8, not imported: it brings
 # torch) per eval split, 56; tests/unit/test_plan.py keeps the two equal.
 GRAMMAR_PROMPTS = 8 * len(EVAL_SPLITS)
@@ -341,10 +345,17 @@ def eval_request_tokens(cfg: PipelineConfig) -> tuple[int, int]:
     return prompt + (ev.max_turns + 1) * ev.max_new_tokens + rounds, prompt
 
 
+def rollout_server(cfg: PipelineConfig) -> tuple[str, SGLangServerConfig | VLLMServerConfig] | None:
+    """(name, settings) of the rollout server `rl.rollout.engine` asks for; None for `hf`."""
+    ro = cfg.rl.rollout
+    servers: dict[str, SGLangServerConfig | VLLMServerConfig] = {"sglang": ro.sglang, "vllm": ro.vllm}
+    return (ro.engine, servers[ro.engine]) if ro.engine in servers else None
+
+
 def gpus_needed(cfg: PipelineConfig) -> int:
-    """GPUs one node needs: the training ranks, plus a split SGLang server's own GPUs."""
-    sg = cfg.rl.rollout.sglang
-    server = sg.gpus if cfg.rl.rollout.engine == "sglang" and sg.placement == "split" and sg.url is None else ()
+    """GPUs one node needs: the training ranks, plus a split rollout server's own GPUs."""
+    found = rollout_server(cfg)
+    server = found[1].gpus if found and found[1].placement == "split" and found[1].url is None else ()
     return max(cfg.sft.num_ranks, cfg.rl.num_ranks + len(server), max(server, default=-1) + 1)
 
 
@@ -407,10 +418,12 @@ def _rollout_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_byt
                             states.gpu + extra + (("KV cache", kv), ("prefill", _prefill(shape, episodes * prompt,
                                                                                          episodes * patches))),
                             budget, "lower rl.group_size or rl.rollout.max_new_tokens, or serve the rollouts "
-                                    "(rl.rollout.engine sglang)",
+                                    "(rl.rollout.engine vllm)",
                             note=f"{episodes} episodes of up to {length} tokens generated together")]
+    if ro.engine == "vllm":
+        return _vllm_stages(cfg, shape, budget, gpu_bytes, length, kv_one)
     sg = ro.sglang
-    if ro.engine == "vllm" or sg.url is not None:
+    if sg.url is not None:
         return []  # named in MemoryPlan.unplanned
     if sg.placement == "split":
         pool = int((sg.mem_fraction_static or SERVER_FRACTION) * gpu_bytes)
@@ -435,28 +448,111 @@ def _rollout_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_byt
                         note="the trainer's states stay on the card while the server generates")]
 
 
-def _generation_stage(name: str, shape: ModelShape, batch: int, prompt: int, new_tokens: int, patches: int,
-                      budget: int, knobs: str, note: str) -> StageMemory:
-    kv = batch * (prompt + new_tokens) * shape.kv_bytes_per_token
-    return StageMemory(name, "one GPU", (("weights", 2 * shape.params), ("KV cache", kv),
-                                         ("prefill", _prefill(shape, batch * prompt, batch * patches))),
-                       budget, knobs, note)
+def _vllm_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes: int, length: int,
+                 kv_one: int) -> list[StageMemory]:
+    """vLLM's pool is `gpu_memory_utilization` of each of its cards (weights, activations, KV
+    cache); nothing is released between phases, so a colocated one sits beside rank 0's trainer."""
+    rl, vl = cfg.rl, cfg.rl.rollout.vllm
+    if vl.url is not None:
+        return []  # named in MemoryPlan.unplanned
+    fraction = vl.gpu_memory_utilization or VLLM_FRACTION
+    pool = int(fraction * gpu_bytes)
+    if vl.placement == "split":
+        weights = 2 * shape.params // vl.tp_size
+        held = max(0, pool - weights) // max(1, kv_one // vl.tp_size)
+        return [StageMemory("RL rollout server (vLLM)", f"server GPU(s) {list(vl.gpus)}",
+                            (("weights", weights), ("one longest episode's KV", kv_one // vl.tp_size)), pool,
+                            "raise rl.rollout.vllm.gpu_memory_utilization or tp_size (with more vllm.gpus)",
+                            note=f"its {pool / GB:.1f} GB pool ({fraction:.0%} of the card) holds {held} episodes of "
+                                 f"{length} tokens at once ({rl.prompts_per_step * rl.group_size} per step; vLLM "
+                                 "queues the rest)")]
+    states, extra = _rl_residents(cfg, shape)
+    return [StageMemory("RL rollout server (vLLM, colocated)", "rank 0's training GPU",
+                        states.gpu + extra + (("server pool", pool),), budget,
+                        "use placement split (rl.rollout.vllm.gpus), or lower rl.rollout.vllm.gpu_memory_utilization",
+                        note=f"the server keeps {fraction:.0%} of the card (rl.rollout.vllm.gpu_memory_utilization) "
+                             "beside the trainer's states for the whole run")]
+
+
+@dataclass(frozen=True)
+class _Requests:
+    """One kind of `hf` generate call: `count` sequences of `prompt` tokens (`patches` vision
+    patches each), each continued by up to `new` tokens."""
+
+    what: str
+    count: int
+    prompt: int
+    new: int
+    patches: int
+
+
+def hf_rows(count: int, prompt: int, batch_tokens: int | None) -> int:
+    """Sequences per `generate` of the `hf` engine: `count`, cut to what `eval.hf_batch_tokens`
+    holds of prompts of `prompt` tokens (at least one: a longer prompt goes alone)."""
+    return count if batch_tokens is None else max(1, min(count, batch_tokens // prompt))
+
+
+def _hf_generation_stage(name: str, shape: ModelShape, kinds: list[_Requests], batch_tokens: int | None,
+                         budget: int, knobs: str, note: str) -> StageMemory:
+    """The largest of `kinds`' generate calls: whole bf16 weights, the KV cache of its rows up to
+    their last new token, and its prefill. Every turn re-prefills its whole context (the `hf`
+    engine keeps no cache between calls), so a later turn's longer contexts can be the largest."""
+
+    def call(kind: _Requests) -> tuple[int, tuple[tuple[str, int], ...]]:
+        rows = hf_rows(kind.count, kind.prompt, batch_tokens)
+        kv = rows * (kind.prompt + kind.new) * shape.kv_bytes_per_token
+        return rows, (("weights", 2 * shape.params), ("KV cache", kv),
+                      ("prefill", _prefill(shape, rows * kind.prompt, rows * kind.patches)))
+
+    worst = max(kinds, key=lambda kind: sum(size for _, size in call(kind)[1]))
+    rows, parts = call(worst)
+    return StageMemory(name, "one GPU", parts, budget, knobs,
+                       f"{note}; largest generate: {rows} of {worst.count} {worst.what} ({rows * worst.prompt} prefill "
+                       "tokens)")
+
+
+def _agent_requests(cfg: PipelineConfig, episodes: int, overview: int, turns: int, new: int, calls: int,
+                    per_call: int, call_patches: int, subagents: bool) -> list[_Requests]:
+    """The generate calls of `episodes` agentic episodes run together (SPEC §3): each main-agent
+    turn's contexts (`calls` tool responses of `per_call` tokens and `call_patches` patches a
+    round), and when tools run sub-agents, one turn's sub-agent prompts (the shortest crop packs
+    the most rows into a token budget, the longest is the largest without one)."""
+    patches, per_frame = frame_tokens(cfg)
+    first = PROMPT_TEXT_TOKENS + overview * per_frame
+    rounds = [k * (new + calls * (per_call + TOOL_RESPONSE_WRAP_TOKENS)) for k in range(turns + 1)]
+    kinds = [_Requests(f"turn-{k + 1} contexts", episodes, first + tokens, new, overview * patches + k * calls *
+                       call_patches) for k, tokens in enumerate(rounds)]
+    if subagents and turns:
+        for frames in sorted({cfg.video.crop_min_frames, cfg.video.crop_max_frames}):
+            kinds.append(_Requests(f"{frames}-frame sub-agent prompts", episodes * calls,
+                                   PROMPT_TEXT_TOKENS + frames * per_frame, cfg.rl.rollout.subagent_max_new_tokens,
+                                   frames * patches))
+    return kinds
 
 
 def _eval_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes: int) -> list[StageMemory]:
+    ro, ev = cfg.rl.rollout, cfg.eval
     patches, per_frame = frame_tokens(cfg)
-    grammar_prompt = PROMPT_TEXT_TOKENS + cfg.video.nframes * per_frame
-    batch = min(cfg.sft.grammar_batch or GRAMMAR_PROMPTS, GRAMMAR_PROMPTS)
-    stages = [_generation_stage(
-        "SFT grammar check (hf)", shape, batch, grammar_prompt, cfg.rl.rollout.max_new_tokens,
-        cfg.video.nframes * patches, budget, "lower sft.grammar_batch (episodes per generate)",
-        f"{batch} of its {GRAMMAR_PROMPTS} episodes per generate ({batch * grammar_prompt} prefill tokens), first turn")]
-    ev = cfg.eval
-    length, prompt = eval_request_tokens(cfg)
+    tokens = ev.hf_batch_tokens
+    knob = "" if tokens is None else f", eval.hf_batch_tokens {tokens}"
+    episodes = min(cfg.sft.grammar_batch or GRAMMAR_PROMPTS, GRAMMAR_PROMPTS)
+    # The grammar check plays the RL rollout protocol: sub-agents answer every call in text.
+    grammar = _agent_requests(cfg, episodes, cfg.video.nframes, ro.max_turns, ro.max_new_tokens, ro.max_parallel,
+                              ro.tool_response_max_tokens, 0, subagents=True)
+    stages = [_hf_generation_stage(
+        "SFT grammar check (hf)", shape, grammar, tokens, budget,
+        "set or lower eval.hf_batch_tokens (prompt tokens per generate), or lower sft.grammar_batch",
+        f"{episodes} of its {GRAMMAR_PROMPTS} episodes at once (sft.grammar_batch {cfg.sft.grammar_batch}{knob})")]
+    length, _ = eval_request_tokens(cfg)
     if ev.engine == "hf":
-        stages.append(_generation_stage(
-            "evaluation (hf)", shape, ev.concurrency, prompt, ev.max_new_tokens, ev.nframes * patches, budget,
-            "lower eval.concurrency", f"{ev.concurrency} samples per generate, first turn"))
+        frames = ev.tool_mode == "frames"
+        per_call = cfg.video.crop_max_frames * per_frame if frames else ro.tool_response_max_tokens
+        calls = ev.max_parallel if ev.dispatch == "parallel" else 1
+        requests = _agent_requests(cfg, ev.concurrency, ev.nframes, ev.max_turns, ev.max_new_tokens, calls, per_call,
+                                   cfg.video.crop_max_frames * patches if frames else 0, subagents=not frames)
+        stages.append(_hf_generation_stage(
+            "evaluation (hf)", shape, requests, tokens, budget, "set or lower eval.hf_batch_tokens, or lower "
+            "eval.concurrency", f"eval.concurrency {ev.concurrency} samples at once{knob}"))
     else:
         pool = int(SERVER_FRACTION * gpu_bytes)
         kv_one = length * shape.kv_bytes_per_token
@@ -499,18 +595,21 @@ def memory_plan(cfg: PipelineConfig, shape: ModelShape, gpus: int, gpu_bytes: in
     stages = [*trained,
               *_rollout_stages(cfg, shape, budget, gpu_bytes), *_eval_stages(cfg, shape, budget, gpu_bytes)]
     problems = []
+    vl, longest = cfg.rl.rollout.vllm, rl_trajectory_tokens(cfg)[0]
+    if cfg.rl.rollout.engine == "vllm" and vl.url is None and vl.max_model_len and vl.max_model_len < longest:
+        problems.append(f"rl.rollout.vllm.max_model_len {vl.max_model_len} is shorter than the longest trajectory the "
+                        f"rollout protocol allows ({longest} tokens), which vLLM would refuse: raise it")
     needed = gpus_needed(cfg)
     if needed > gpus and cfg.sft.hostfile is None and cfg.rl.hostfile is None:
         problems.append(f"the config places work on {needed} GPUs (sft.num_ranks {cfg.sft.num_ranks}, "
-                        f"rl.num_ranks {cfg.rl.num_ranks} + the rollout server's rl.rollout.sglang.gpus) but "
-                        f"{gpus} are given: lower the ranks or run on more GPUs")
+                        f"rl.num_ranks {cfg.rl.num_ranks} + the rollout server's "
+                        f"rl.rollout.{cfg.rl.rollout.engine}.gpus) but {gpus} are given: lower the ranks or run on "
+                        "more GPUs")
     return MemoryPlan(shape.name, shape.params, gpus, gpu_bytes, tuple(stages), tuple(problems), _unplanned(cfg))
 
 
 def _unplanned(cfg: PipelineConfig) -> tuple[str, ...]:
-    ro = cfg.rl.rollout
-    if ro.engine == "vllm":
-        return ("RL rollout server (vLLM): started with vLLM's own memory settings, which this plan does not model",)
-    if ro.engine == "sglang" and ro.sglang.url is not None:
-        return (f"RL rollout server at {ro.sglang.url}: runs on GPUs this config does not place",)
+    found = rollout_server(cfg)
+    if found and found[1].url is not None:
+        return (f"RL rollout server at {found[1].url}: runs on GPUs this config does not place",)
     return ()

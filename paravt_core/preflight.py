@@ -5,7 +5,7 @@ the interpreter's Python (requirements-gpu.txt resolves for 3.11 and 3.12 only),
 build seeing a GPU (without one DeepSpeed falls back to its CPU accelerator without a word),
 the GPU count against the ranks and the rollout server's GPUs, the NVIDIA driver against
 torch's CUDA build, free disk against the checkpoints the run keeps, the packages and servers
-the config starts (DeepSpeed, SGLang, the serve venv), and the memory plan
+the config starts (DeepSpeed, SGLang, vLLM for the rollout server, the serve venv), and the memory plan
 (`paravt_core/plan.py`) on the cards found. Every failure says what to do.
 
 The facts come from `Probes`, so tests give each failure without the machine having it.
@@ -127,7 +127,7 @@ def _gpu_count(cfg: PipelineConfig, facts: CudaFacts) -> Check:
                  f"{found} visible, {needed} needed (sft.num_ranks {cfg.sft.num_ranks}, rl.num_ranks "
                  f"{cfg.rl.num_ranks} + rollout server GPUs)",
                  f"run on a machine with {needed} GPUs, or lower sft.num_ranks / rl.num_ranks (and move "
-                 "rl.rollout.sglang.gpus)")
+                 f"rl.rollout.{cfg.rl.rollout.engine}.gpus)")
 
 
 def _version(text: str) -> tuple[int, ...]:

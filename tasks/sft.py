@@ -36,7 +36,7 @@ def _grammar_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     # (steps, rewards, a new ablation row with the same protocol) must not re-run it.
     cfg: PipelineConfig = parameters["cfg"]
     return stage_key("sft-grammar", parameters["base"].sha256, parameters["sft_model"].sha256,
-                     parameters["data"].eval.sha256, cfg.rl.rollout.model_dump_json(), cfg.section_hash("video"))
+                     parameters["data"].eval.sha256, cfg.rl.rollout.cache_json(), cfg.section_hash("video"))
 
 
 @task(name="sft-grammar", persist_result=True, cache_key_fn=_grammar_key)

@@ -4,7 +4,8 @@ One `generate` call continues several requests of different lengths and differen
 together: prompts are left-padded to one length, `mm_token_type_ids` marks each request's
 image (1) and video (2) placeholder tokens (M-RoPE positions need them), and the pixel
 values of all requests are concatenated in request order, which is the order in which
-the model scatters them into the placeholder tokens of the padded batch.
+the model scatters them into the placeholder tokens of the padded batch. With a token
+budget (`max_batch_tokens`) the requests are cut, in order, into several such calls.
 
 Log-probabilities are recorded step by step while decoding (one [B, V] buffer, not a
 [steps, B, V] stack, so long generations fit). They are the policy's log_softmax(logits / T)
@@ -77,6 +78,22 @@ def pad_requests(requests: Sequence[GenerationRequest], pad_id: int, image_token
     token_types[input_ids == image_token_id] = IMAGE_TOKEN_TYPE
     token_types[input_ids == video_token_id] = VIDEO_TOKEN_TYPE
     return PaddedBatch(input_ids, attention_mask, token_types, vision)
+
+
+def token_budget_batches(lengths: Sequence[int], max_tokens: int | None) -> list[range]:
+    """Consecutive index ranges of requests whose left-padded prefill (rows x longest prompt)
+    stays within `max_tokens`; a prompt longer than the budget goes alone. None: one range."""
+    if max_tokens is None or not lengths:
+        return [range(len(lengths))]
+    batches, start, longest = [], 0, 0
+    for index, length in enumerate(lengths):
+        longest_with = max(longest, length)
+        if index > start and (index - start + 1) * longest_with > max_tokens:
+            batches.append(range(start, index))
+            start, longest_with = index, length
+        longest = longest_with
+    batches.append(range(start, len(lengths)))
+    return batches
 
 
 def cut_at_stop(token_ids: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
@@ -172,10 +189,15 @@ class HFEngine:
     Args:
         model: a `Qwen3VLForConditionalGeneration` (the policy itself, or a copy of it).
         processor: its `Qwen3VLProcessor`; the tokenizer gives the pad and stop tokens.
+        max_batch_tokens: left-padded prompt tokens per `generate` (`token_budget_batches`), so
+            a turn's prefill and KV cache fit one card (`eval.hf_batch_tokens`); None: one batch.
+            Greedy outputs are the same tokens either way; with sampling each sub-batch draws its
+            own random numbers, so a seeded sample differs from the one-batch one.
     """
 
-    def __init__(self, model: Any, processor: Any):
+    def __init__(self, model: Any, processor: Any, max_batch_tokens: int | None = None):
         self.model = model
+        self.max_batch_tokens = max_batch_tokens
         tokenizer = processor.tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.default_stop_ids = (tokenizer.eos_token_id,)
@@ -186,9 +208,16 @@ class HFEngine:
                                 model.config.vision_start_token_id, model.config.vision_end_token_id]
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
-        """Continue every request in one batched `generate` call; results in request order."""
+        """Continue every request, in batched `generate` calls of at most `max_batch_tokens`
+        prefill tokens (one call when None); results in request order."""
         if not requests:
             return []
+        generations: list[Generation] = []
+        for rows in token_budget_batches([len(request.prompt_ids) for request in requests], self.max_batch_tokens):
+            generations += self._generate_batch(requests[rows.start:rows.stop], params)
+        return generations
+
+    def _generate_batch(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
         batch = pad_requests(requests, self.pad_id, self.image_token_id, self.video_token_id)
         stop_ids = params.stop_token_ids or self.default_stop_ids
         recorder = StepLogprobRecorder(params.temperature, self.media_token_ids)

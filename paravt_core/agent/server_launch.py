@@ -165,9 +165,10 @@ def server_env(server: str, cpu: bool) -> dict[str, str]:
 
 def launch(model_path: Path, served_model_name: str, *, port: int, server: str = "auto", python: str | None = None,
            max_model_len: int | None = None, startup_timeout_s: float = 900.0, log_path: Path | None = None,
-           extra: Sequence[str] = (), extra_env: Mapping[str, str] | None = None,
+           extra: Sequence[str] = (), extra_env: Mapping[str, str] | None = None, drop_env: Sequence[str] = (),
            progress: Callable[[str], None] | None = None) -> tuple[str, ServerProcess]:
-    """Start a server on `model_path` and return (its name, the healthy process).
+    """Start a server on `model_path` and return (its name, the healthy process); `extra_env`
+    is laid over its environment (`server_env`) and the variables in `drop_env` removed from it.
 
     Raises:
         ServeError: no interpreter or no server package.
@@ -178,7 +179,7 @@ def launch(model_path: Path, served_model_name: str, *, port: int, server: str =
     cpu = not interpreter.cuda
     command = server_command(name, model_path, port, served_model_name, python=interpreter.path, cpu=cpu,
                              max_model_len=max_model_len, extra=extra)
-    env = {**server_env(name, cpu), **(extra_env or {})}
+    env = {key: value for key, value in {**server_env(name, cpu), **(extra_env or {})}.items() if key not in drop_env}
     running = start_server(command, f"http://127.0.0.1:{port}", startup_timeout_s, env=env, log_path=log_path,
                            progress=progress)
     return name, running

@@ -63,6 +63,9 @@ ROLLOUT_ARGS = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs")
 ROLLOUT_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 MEDIA_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 MEDIA_RETRIES = 16
+# What the DeepSpeed launcher sets for each training rank (torch.distributed's env:// rendezvous):
+# a server that rank 0 starts is no member of that job, so it does not inherit them.
+TRAINER_RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 class VLLMServerError(RuntimeError):
@@ -203,10 +206,29 @@ class VLLMEngine:
         drop_older_snapshots(self.staging_dir, final)
 
 
+def placement_settings(cuda_devices: Sequence[int] = (), tp_size: int = 1,
+                       gpu_memory_utilization: float | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(extra server flags, extra environment) that put a rollout server on its GPUs.
+
+    `cuda_devices` (split placement, `rl.rollout.vllm.gpus`) become the server's
+    CUDA_VISIBLE_DEVICES, replacing the trainers' that rank 0 inherits from the DeepSpeed
+    launcher (ranks 0..N-1 on GPUs 0..N-1), so the server never lands on a trainer's card.
+    """
+    args: list[str] = []
+    if tp_size > 1:
+        args += ["--tensor-parallel-size", str(tp_size)]
+    if gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(device) for device in cuda_devices)} if cuda_devices else {}
+    return tuple(args), env
+
+
 def launch_vllm_rollout_server(model_path: str | Path, port: int, *, python: str | None = None,
                                startup_timeout_s: float = 900.0, log_path: Path | None = None,
-                               max_model_len: int | None = None) -> ServerProcess:
-    """Start vLLM on `model_path` for rollouts (`ROLLOUT_ARGS`, `ROLLOUT_ENV`) and wait for /health.
+                               max_model_len: int | None = None, cuda_devices: Sequence[int] = (), tp_size: int = 1,
+                               gpu_memory_utilization: float | None = None) -> ServerProcess:
+    """Start vLLM on `model_path` for rollouts (`ROLLOUT_ARGS`, `ROLLOUT_ENV`) and wait for /health;
+    on `cuda_devices` when given (`placement_settings`).
 
     Raises:
         ServeError: no interpreter with vLLM (`make install-serve`).
@@ -214,7 +236,8 @@ def launch_vllm_rollout_server(model_path: str | Path, port: int, *, python: str
     """
     from paravt_core.agent.server_launch import launch
 
+    args, env = placement_settings(cuda_devices, tp_size, gpu_memory_utilization)
     _, server = launch(Path(model_path), "paravt-rollout", port=port, server="vllm", python=python,
                        max_model_len=max_model_len, startup_timeout_s=startup_timeout_s, log_path=log_path,
-                       extra=ROLLOUT_ARGS, extra_env=ROLLOUT_ENV)
+                       extra=ROLLOUT_ARGS + args, extra_env={**ROLLOUT_ENV, **env}, drop_env=TRAINER_RANK_ENV)
     return server

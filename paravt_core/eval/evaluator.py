@@ -15,7 +15,8 @@
 Runners (the engine of `eval.engine`):
 - `HFSampleRunner`: `run_episodes` on an `HFEngine` (or any `RolloutEngine`), greedy,
   group size 1; `eval.concurrency` samples are batched into ONE `run_episodes` call, so
-  their generations of each turn share one batched `generate`.
+  their generations of each turn share one batched `generate` (cut into sub-batches of at
+  most `eval.hf_batch_tokens` prompt tokens when set; the same greedy tokens).
 - `OpenAISampleRunner`: `openai_engine.OpenAIAgent` per sample, `eval.concurrency`
   samples at a time on a thread pool (the server batches concurrent requests itself).
 

@@ -129,22 +129,25 @@ def load_samples(cfg: PipelineConfig, eval_data: ArtifactRef, split: str) -> Loa
 
 
 @functools.lru_cache(maxsize=1)
-def _loaded_hf_engine(model_path: str, sha256: str, dtype: str, device: str) -> tuple[Any, Any]:
-    from paravt_core.agent.hf_engine import HFEngine
+def _loaded_model(model_path: str, sha256: str, dtype: str, device: str) -> tuple[Any, Any]:
     from paravt_core.model.loading import load_model, load_processor
 
     logger.info("loading %s (sha256 %s) as %s on %s", model_path, sha256[:12], dtype, device)
     processor = load_processor(model_path)
-    return HFEngine(load_model(model_path, dtype, device), processor), processor
+    return load_model(model_path, dtype, device), processor
 
 
-def hf_engine(model: ArtifactRef, dtype: str) -> tuple[Any, Any]:
-    """(HFEngine, processor) of a checkpoint on CUDA when there is one, else the CPU; loaded
-    once per process and shared by all its splits (the last checkpoint loaded stays cached)."""
+def hf_engine(model: ArtifactRef, dtype: str, max_batch_tokens: int | None = None) -> tuple[Any, Any]:
+    """(HFEngine, processor) of a checkpoint on CUDA when there is one, else the CPU; the model is
+    loaded once per process and shared by all its splits (the last checkpoint loaded stays
+    cached). `max_batch_tokens`: `eval.hf_batch_tokens`."""
     import torch
 
+    from paravt_core.agent.hf_engine import HFEngine
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return _loaded_hf_engine(str(model.path), model.sha256, dtype, device)
+    loaded, processor = _loaded_model(str(model.path), model.sha256, dtype, device)
+    return HFEngine(loaded, processor, max_batch_tokens), processor
 
 
 def _openai_client(model: ArtifactRef, eval_cfg: EvalConfig) -> Any:
@@ -207,7 +210,7 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef) -> SampleRunner:
         except ServerRenderingMismatch as exc:
             raise EvalError(f"the server does not render prompts as {model.path} does: {exc}") from exc
         return OpenAISampleRunner(client, processor, settings)
-    engine, processor = hf_engine(model, cfg.model.dtype)
+    engine, processor = hf_engine(model, cfg.model.dtype, cfg.eval.hf_batch_tokens)
     return HFSampleRunner(engine, processor, settings)
 
 

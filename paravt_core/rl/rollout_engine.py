@@ -10,8 +10,9 @@
   released once every rank's rollout is done and taken back just before the push.
 
 - `vllm`: as `sglang`, on ONE vLLM server (`rl.rollout.vllm.url`, or one rank 0 launches
-  from the serve venv); token ids in and out on `/inference/v1/generate`, new weights
-  loaded from a snapshot after each step (`paravt_core/agent/vllm_engine.py`). Runs on
+  from the serve venv, on `rl.rollout.vllm.gpus` with the split placement); token ids in and
+  out on `/inference/v1/generate`, new weights loaded from a snapshot after each step
+  (`paravt_core/agent/vllm_engine.py`); nothing is released between phases. Runs on
   vLLM's CPU build too (the server tier trains on it).
 
 On a server (sglang, vllm), before the first request, `agent.served_model.check_served_model`
@@ -185,7 +186,9 @@ def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: i
         server = launch_vllm_rollout_server(init_model, free_port(), python=server_cfg.python,
                                             startup_timeout_s=server_cfg.startup_timeout_s,
                                             max_model_len=server_cfg.max_model_len,
-                                            log_path=staging_dir.parent / "vllm-server.log")
+                                            log_path=staging_dir.parent / "vllm-server.log",
+                                            cuda_devices=server_cfg.gpus, tp_size=server_cfg.tp_size,
+                                            gpu_memory_utilization=server_cfg.gpu_memory_utilization)
         url = server.url
     url = _shared_url(url, rank, world, init_model, init_sha256)
     engine = VLLMEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,

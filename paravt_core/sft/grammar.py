@@ -100,7 +100,7 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype=training_dtype(cfg.model.dtype, on_gpu), device="cuda" if on_gpu else "cpu",
                        attn_implementation=cfg.model.attn_implementation)
-    engine = HFEngine(model.eval(), processor)
+    engine = HFEngine(model.eval(), processor, cfg.eval.hf_batch_tokens)
     kept, episodes = run_dropping_undecodable(
         prompts, lambda kept: in_batches(kept, cfg.sft.grammar_batch, lambda batch: run_episodes(
             engine, processor, batch, cfg.rl.rollout, cfg.video, group_size=1, temperature=0.0)),

@@ -319,3 +319,56 @@ def test_retention_and_probe_workers_are_checked_at_load_and_never_change_a_cach
     for knob in ("sft.keep_last", "rl.keep_last", "data.probe_workers"):
         with pytest.raises(ConfigError, match=knob):
             load_config(CONF / "pipeline" / "tiny.yaml", [f"{knob}=0"])
+
+
+def test_the_8b_config_rolls_out_on_vllm_on_a_gpu_of_its_own():
+    # Issue #44 item 2: vLLM's whole server path has run here (server tier); SGLang's has not.
+    rollout = load_config(CONF / "pipeline" / "paravt_8b.yaml").rl.rollout
+    assert rollout.engine == "vllm" and rollout.vllm.url is None
+    assert (rollout.vllm.placement, rollout.vllm.gpus, rollout.vllm.tp_size) == ("split", (7,), 1)
+    assert rollout.vllm.gpu_memory_utilization == 0.85
+    sglang = load_config(CONF / "pipeline" / "paravt_8b.yaml", ["rl.rollout.engine=sglang"]).rl.rollout.sglang
+    assert (sglang.placement, sglang.gpus) == ("split", (7,))  # the other engine stays a switch away
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rl.rollout.vllm.placement=split"], "neither vllm.url (a running server) nor vllm.gpus"),
+    (["rl.rollout.vllm.gpus=[3]"], "rl.rollout.vllm.gpus is for placement: split"),
+    (["rl.rollout.vllm.placement=split", "rl.rollout.vllm.gpus=[2,3]"], "must be tp_size (1) GPUs"),
+    (["rl.rollout.vllm.placement=split", "rl.rollout.vllm.gpus=[3,3]", "rl.rollout.vllm.tp_size=2"], "twice"),
+    (["rl.rollout.vllm.placement=split", "rl.rollout.vllm.gpus=[-1]"], "rl.rollout.vllm.gpus.0"),
+    (["rl.rollout.vllm.gpu_memory_utilization=1.0"], "rl.rollout.vllm.gpu_memory_utilization"),
+])
+def test_a_vllm_placement_that_cannot_work_is_refused_at_load(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(CONF / "pipeline" / "tiny.yaml", ["rl.rollout.engine=vllm", *overrides])
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_launched_server_may_not_share_a_trainers_gpu(engine):
+    paper = CONF / "pipeline" / "paravt_8b.yaml"
+    with pytest.raises(ConfigError, match=re.escape(f"rl.rollout.{engine}.gpus [6] include GPU(s) [6], which the "
+                                                    "trainers take (rl.num_ranks 7: ranks on GPUs 0-6)")):
+        load_config(paper, [f"rl.rollout.engine={engine}", f"rl.rollout.{engine}.gpus=[6]"])
+    # a running server, a hostfile's placement, or the engine not in use: nothing launched here
+    load_config(paper, [f"rl.rollout.engine={engine}", f"rl.rollout.{engine}.gpus=[6]",
+                        f"rl.rollout.{engine}.url=http://10.0.0.2:30000"])
+    load_config(paper, [f"rl.rollout.engine={engine}", f"rl.rollout.{engine}.gpus=[6]", "rl.hostfile=hosts"])
+    load_config(paper, ["rl.rollout.engine=hf", f"rl.rollout.{engine}.gpus=[6]"])
+
+
+def test_the_vllm_placement_and_hf_batch_knobs_enter_the_cache_keys_only_when_set():
+    import hashlib
+
+    served = PipelineConfig(rl={"rollout": {"engine": "vllm", "vllm": {"url": "http://127.0.0.1:8000"}}})
+    # The keys of this config at 2872d50, before the knobs existed (section_hash; the grammar check's
+    # key hashes the rollout section's JSON).
+    assert (served.section_hash("rl"), served.section_hash("eval"), served.section_hash()) == (
+        "ae23182e9ce64598", "f3e899e57fde1f25", "128ecb301f991fea")
+    assert hashlib.sha256(served.rl.rollout.cache_json().encode()).hexdigest()[:16] == "0c9b33431ce383b4"
+    placed = PipelineConfig(rl={"num_ranks": 7, "rollout": {"engine": "vllm", "vllm": {"placement": "split",
+                                                                                       "gpus": [7]}}})
+    assert placed.section_hash("rl") != PipelineConfig(rl={"num_ranks": 7, "rollout": {"engine": "vllm"}}
+                                                       ).section_hash("rl")
+    assert '"gpus":[7]' in placed.rl.rollout.cache_json()
+    assert PipelineConfig(eval={"hf_batch_tokens": 4096}).section_hash("eval") != PipelineConfig().section_hash("eval")

@@ -18,6 +18,7 @@ from paravt_core.plan import (
     PlanError,
     _activations,
     _model_states,
+    gpus_needed,
     memory_plan,
     model_shape,
 )
@@ -79,7 +80,7 @@ def test_the_plan_reads_at_most_10_percent_above_the_measured_peaks_and_never_be
 def test_the_8b_config_as_shipped_fits_one_node_of_eight_h100s():
     plan = _plan()
     assert plan.fits, plan.refusals
-    assert {s.stage for s in plan.stages} == {"SFT", "RL policy pass", "RL rollout server (SGLang)",
+    assert {s.stage for s in plan.stages} == {"SFT", "RL policy pass", "RL rollout server (vLLM)",
                                               "SFT grammar check (hf)", "evaluation server"}
 
 
@@ -97,9 +98,30 @@ def test_checkpointing_alone_is_not_enough_for_four_longest_trajectories():
     assert "set rl.micro_batch_size: 3" in refusal and "gradient_checkpointing: true" not in refusal
 
 
-def test_all_56_grammar_episodes_in_one_generate_do_not_fit_one_card():
-    (refusal,) = _plan(["sft.grammar_batch=null"]).refusals
-    assert refusal.startswith("SFT grammar check") and "sft.grammar_batch" in refusal
+def test_the_grammar_checks_generates_without_a_token_budget_do_not_fit_one_card():
+    # 16 episodes' answer turn re-prefills 16 contexts of 18.7 k tokens (the first turn's 4.7 k
+    # tokens each planned 42.6 GB and passed before issue #44 item 6); all 56 are worse still.
+    for overrides in (["eval.hf_batch_tokens=null"], ["eval.hf_batch_tokens=null", "sft.grammar_batch=null"]):
+        (refusal,) = _plan(overrides).refusals
+        assert refusal.startswith("SFT grammar check") and "eval.hf_batch_tokens" in refusal
+    stage = _stage(_plan(["eval.hf_batch_tokens=null"]), "SFT grammar check (hf)")
+    assert stage.total > 100 * GB and "16 of 16 turn-4 contexts" in stage.note
+
+
+def test_a_token_budget_bounds_every_generate_of_the_grammar_check_however_many_episodes():
+    shipped = _stage(_plan(), "SFT grammar check (hf)")
+    all_at_once = _stage(_plan(["sft.grammar_batch=null"]), "SFT grammar check (hf)")
+    assert not shipped.over and shipped.total == all_at_once.total < 55 * GB
+    # the largest call under a budget: the shortest prompts (one-frame sub-agents) packed into it
+    assert "60 of 280 1-frame sub-agent prompts" in all_at_once.note
+    assert _stage(_plan(["eval.hf_batch_tokens=32768"]), "SFT grammar check (hf)").total < shipped.total
+
+
+def test_an_hf_evaluation_is_planned_per_generate_under_the_token_budget():
+    hf = ["eval.engine=hf", "eval.endpoint=null"]
+    whole = _stage(_plan(hf + ["eval.hf_batch_tokens=null"]), "evaluation (hf)")
+    split = _stage(_plan(hf), "evaluation (hf)")
+    assert whole.over and not split.over and "eval.hf_batch_tokens" in whole.knobs
 
 
 def test_the_plan_counts_the_grammar_checks_prompts():
@@ -115,15 +137,38 @@ def test_too_few_gpus_for_the_ranks_and_the_server_are_refused():
     assert "8 GPUs" in refusal and "4 are given" in refusal
 
 
-def test_a_split_rollout_server_whose_pool_cannot_hold_its_weights_is_refused():
-    plan = _plan(["rl.rollout.sglang.mem_fraction_static=0.2"])
+@pytest.mark.parametrize("engine, knob", [("sglang", "mem_fraction_static"), ("vllm", "gpu_memory_utilization")])
+def test_a_split_rollout_server_whose_pool_cannot_hold_its_weights_is_refused(engine, knob):
+    plan = _plan([f"rl.rollout.engine={engine}", f"rl.rollout.{engine}.{knob}=0.2"])
     (refusal,) = plan.refusals
-    assert refusal.startswith("RL rollout server (SGLang)") and "mem_fraction_static" in refusal
+    name = {"sglang": "SGLang", "vllm": "vLLM"}[engine]
+    assert refusal.startswith(f"RL rollout server ({name})") and knob in refusal
+
+
+def test_the_shipped_vllm_rollout_server_is_planned_on_its_own_gpu():
+    stage = _stage(_plan(), "RL rollout server (vLLM)")
+    assert stage.where == "server GPU(s) [7]" and stage.budget == int(0.85 * H100)
+    assert dict(stage.parts)["weights"] == 2 * QWEN3_VL_8B.params and "17 episodes" in stage.note  # at 79 GiB
+    # vLLM's own 0.9 when the config leaves it unset
+    assert _stage(_plan(["rl.rollout.vllm.gpu_memory_utilization=null"]), "RL rollout server (vLLM)").budget == \
+        int(0.9 * H100)
+
+
+def test_a_colocated_vllm_server_keeps_its_pool_beside_rank_0s_trainer():
+    overrides = ["rl.rollout.vllm.placement=colocated", "rl.rollout.vllm.gpus=[]"]
+    stage = _stage(_plan(overrides), "RL rollout server (vLLM, colocated)")
+    assert stage.over and dict(stage.parts)["server pool"] == int(0.85 * H100) and "placement split" in stage.knobs
+    assert gpus_needed(load_config(CONFIG_8B, overrides)) == 8  # sft.num_ranks; the server takes none of its own
+
+
+def test_a_vllm_context_shorter_than_the_longest_trajectory_is_refused():
+    (refusal,) = _plan(["rl.rollout.vllm.max_model_len=16384"]).refusals
+    assert "rl.rollout.vllm.max_model_len 16384" in refusal and "20784 tokens" in refusal
 
 
 def test_a_colocated_server_counts_beside_the_trainers_states():
-    overrides = ["rl.rollout.sglang.placement=colocated", "rl.rollout.sglang.gpus=[]", "rl.num_ranks=8",
-                 "rl.prompts_per_step=8", "rl.rollout.sglang.mem_fraction_static=0.85"]
+    overrides = ["rl.rollout.engine=sglang", "rl.rollout.sglang.placement=colocated", "rl.rollout.sglang.gpus=[]",
+                 "rl.num_ranks=8", "rl.prompts_per_step=8", "rl.rollout.sglang.mem_fraction_static=0.85"]
     stage = _stage(_plan(overrides), "RL rollout server (SGLang, colocated)")
     assert stage.over and dict(stage.parts)["server pool"] == int(0.85 * H100)
 
@@ -183,7 +228,8 @@ def test_paravt_plan_refuses_what_it_cannot_plan_with_exit_2(args, message, caps
     assert message in capsys.readouterr().err
 
 
-def test_a_vllm_rollout_server_is_listed_as_not_planned():
-    plan = _plan(["rl.rollout.engine=vllm", "rl.rollout.sglang.placement=colocated", "rl.rollout.sglang.gpus=[]"])
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_rollout_server_at_a_url_is_listed_as_not_planned(engine):
+    plan = _plan([f"rl.rollout.engine={engine}", f"rl.rollout.{engine}.url=http://10.0.0.2:30000"])
     assert not [s for s in plan.stages if s.stage.startswith("RL rollout")]
-    assert "vLLM" in plan.format().split("Not planned:")[1]
+    assert "http://10.0.0.2:30000" in plan.format().split("Not planned:")[1]

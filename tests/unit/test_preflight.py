@@ -35,8 +35,8 @@ def failed(probes: Probes, overrides: list[str] = ()) -> dict[str, pf.Check]:
 def test_a_ready_machine_passes_every_check_and_plans_the_run():
     report = run_preflight(load_config(CONFIG_8B), ready())
     assert report.ok, report.format()
-    assert [c.name for c in report.checks] == ["python", "cuda", "gpu count", "driver", "disk", "deepspeed", "sglang",
-                                               "serve venv", "memory plan"]
+    assert [c.name for c in report.checks] == ["python", "cuda", "gpu count", "driver", "disk", "deepspeed",
+                                               "rollout server", "serve venv", "memory plan"]
     assert report.plan is not None and report.plan.fits
 
 
@@ -52,10 +52,10 @@ def test_a_ready_machine_passes_every_check_and_plans_the_run():
     ({"driver_version": lambda: None}, {"driver"}, "install the NVIDIA driver"),
     ({"free_disk": lambda path: 500 * 10**9}, {"disk"}, "rl.checkpoint_every"),
     ({"has_module": lambda python, name: name != "deepspeed"}, {"deepspeed"}, "make install-gpu"),
-    ({"has_module": lambda python, name: name != "sglang"}, {"sglang"}, "rl.rollout.sglang.url"),
+    ({"has_module": lambda python, name: name != "vllm"}, {"rollout server"}, "make install-serve"),
     ({"cuda": lambda: CudaFacts("2.14.1+cu130", "13.0", (40 * GIB,) * 8)}, {"memory plan"}, "over budget"),
 ], ids=["python-3.10", "no-torch", "cpu-torch", "no-gpu-visible", "too-few-gpus", "old-driver", "no-driver",
-        "disk", "no-deepspeed", "no-sglang", "memory"])
+        "disk", "no-deepspeed", "no-vllm", "memory"])
 def test_each_failure_is_named_with_what_to_do(changes, names, fix):
     problems = failed(ready(**changes))
     assert set(problems) == names
@@ -63,8 +63,10 @@ def test_each_failure_is_named_with_what_to_do(changes, names, fix):
 
 
 def test_an_evaluation_served_here_needs_a_server_in_the_serve_interpreter():
+    # The rollout server's interpreter named too: otherwise it is found as the evaluation's is
+    # (.venv-serve where `make install-serve` made one), and the result would depend on the machine.
     problems = failed(ready(has_module=lambda python, name: python == sys.executable),
-                      ["eval.server_python=/opt/serve/bin/python"])
+                      ["eval.server_python=/opt/serve/bin/python", f"rl.rollout.vllm.python={sys.executable}"])
     assert set(problems) == {"serve venv"}
     assert "/opt/serve/bin/python" in problems["serve venv"].detail and "make install-serve" in problems["serve venv"].fix
 
@@ -82,8 +84,10 @@ def test_the_disk_check_looks_where_the_output_folder_will_be(tmp_path):
     assert seen == [tmp_path.resolve()]
 
 
-def test_servers_given_by_url_need_no_local_install():
-    overrides = ["rl.rollout.sglang.url=http://10.0.0.7:30000", "eval.endpoint=http://10.0.0.8:30000/v1"]
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_servers_given_by_url_need_no_local_install(engine):
+    overrides = [f"rl.rollout.engine={engine}", f"rl.rollout.{engine}.url=http://10.0.0.7:30000",
+                 "eval.endpoint=http://10.0.0.8:30000/v1"]
     problems = failed(ready(has_module=lambda python, name: name == "deepspeed"), overrides)
     assert problems == {}
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from paravt_core.agent.engine import GenerationRequest, VisionInputs
-from paravt_core.agent.hf_engine import StepLogprobRecorder, cut_at_stop, pad_requests
+from paravt_core.agent.hf_engine import StepLogprobRecorder, cut_at_stop, pad_requests, token_budget_batches
 
 PAD, IMAGE, VIDEO = 0, 8, 9
 
@@ -99,3 +99,15 @@ def test_update_weights_accepts_a_tied_weight_named_once_and_still_refuses_a_mis
     engine.model = Untied()
     with pytest.raises(KeyError, match="lm_head.weight"):
         engine.update_weights({"embed.weight": new})
+
+
+@pytest.mark.parametrize("lengths, budget, expected", [
+    ([5, 3, 4], None, [[0, 1, 2]]),
+    ([5, 3, 4], 10, [[0, 1], [2]]),  # 2 x 5 fits; 3 x 5 does not
+    ([5, 3, 4], 15, [[0, 1, 2]]),
+    ([3, 9, 2, 2], 8, [[0], [1], [2, 3]]),  # 9 > 8 goes alone; 2 x 3 would not hold 9
+    ([2, 2, 2, 2, 2], 4, [[0, 1], [2, 3], [4]]),
+    ([], 4, [[]]),
+])
+def test_token_budget_batches_cut_in_order_by_padded_prompt_tokens(lengths, budget, expected):
+    assert [list(r) for r in token_budget_batches(lengths, budget)] == expected

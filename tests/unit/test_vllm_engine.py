@@ -152,3 +152,48 @@ def test_a_vllm_rollout_with_nothing_to_launch_is_a_config_error(monkeypatch, tm
                                                   content_hash(tiny_model_dir))
     with pytest.raises(ValueError, match="rl.rollout.vllm.url is set but rl.rollout.engine is hf"):
         load_config("conf/pipeline/tiny.yaml", ["rl.rollout.vllm.url=http://127.0.0.1:1"])
+
+
+class _Launched(Exception):
+    """Raised by the stand-in for `start_server`: the test needs the command, not a server."""
+
+
+def test_the_8b_configs_rollout_server_is_launched_on_its_own_gpu(monkeypatch, tmp_path, tiny_model_dir,
+                                                                  tiny_processor):
+    """Issue #44 item 2: rank 0 of 7 trainers (GPUs 0-6, as the DeepSpeed launcher sets them) starts
+    vLLM on GPU 7 alone, at the configured memory share, outside the trainers' torch.distributed job."""
+    from paravt_core.agent import server_launch
+    from paravt_core.config import load_config
+    from paravt_core.rl import rollout_engine
+
+    launched = {}
+
+    def start_server(command, url, startup_timeout_s, *, env=None, **_):
+        launched.update(command=list(command), env=dict(env))
+        raise _Launched
+
+    monkeypatch.setattr(server_launch, "probe_python",
+                        lambda path: server_launch.ServerPython(path, ("vllm",), cuda=True))
+    monkeypatch.setattr(server_launch, "start_server", start_server)
+    for name, value in (("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6"), ("RANK", "0"), ("LOCAL_RANK", "0"),
+                        ("WORLD_SIZE", "7"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(name, value)
+    cfg = load_config("conf/pipeline/paravt_8b.yaml", [f"run.output_dir={tmp_path / 'run'}"])
+    with pytest.raises(_Launched):
+        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cuda:0", 0, 7, tmp_path,
+                                            content_hash(tiny_model_dir))
+    command, env = launched["command"], launched["env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "7" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & set(env)
+    flag = command.index("--gpu-memory-utilization")
+    assert command[flag + 1] == str(cfg.rl.rollout.vllm.gpu_memory_utilization)
+    assert "--tensor-parallel-size" not in command  # tp_size 1
+    assert {"--enable-scale-out", "processed_logprobs"} <= set(command) and "--enforce-eager" not in command
+
+
+def test_a_split_vllm_server_with_tensor_parallelism_gets_its_gpus_and_flags():
+    from paravt_core.agent.vllm_engine import placement_settings
+
+    assert placement_settings() == ((), {})  # colocated / CPU: what rank 0 sees, vLLM's own share
+    assert placement_settings((6, 7), 2, 0.8) == (("--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.8"),
+                                                  {"CUDA_VISIBLE_DEVICES": "6,7"})
