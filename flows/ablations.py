@@ -11,7 +11,6 @@ runs into the Table-2-shaped table and the fτ / κ plots.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from prefect import flow, get_run_logger
 from pydantic import Field
@@ -19,7 +18,7 @@ from pydantic import Field
 from flows.data import data_stage
 from flows.eval import eval_stage
 from flows.params import PipelineParams
-from paravt_core.config import load_config
+from paravt_core.config import config_file, load_config
 from paravt_core.eval.report import format_table
 from paravt_core.run_lock import hold_output_dir
 from tasks.model import base_stage
@@ -43,7 +42,7 @@ def ablations(params: AblationParams = AblationParams()) -> str:
         data = data_stage(cfg)
         sft_model = sft(cfg, base_stage(cfg), data.sft)
         reports = {"sft": eval_stage(cfg, sft_model, data.eval, "sft")}
-        rl_dir = Path(params.config_path).resolve().parents[1] / "rl"
+        rl_dir = config_file(params.config_path).resolve().parents[1] / "rl"
         for row in params.rows:
             row_cfg = load_config(params.config_path, params.overrides, rl_dir / f"{row}.yaml")
             model = rl(row_cfg, sft_model, data.rl)

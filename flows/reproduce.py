@@ -22,7 +22,7 @@ from flows.data import data_stage
 from flows.eval import eval_stage
 from flows.params import PipelineParams
 from flows.progress import PROGRESS
-from paravt_core.config import VALIDATION_SPLITS, PipelineConfig, load_config
+from paravt_core.config import VALIDATION_SPLITS, PipelineConfig, config_file, load_config
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
 from paravt_core.data.mirror import world_dir
@@ -51,7 +51,7 @@ class ReproduceParams(PipelineParams):
 
 def row_file(config_path: str, row: str) -> Path:
     """`conf/rl/<row>.yaml` beside the pipeline config's folder."""
-    return Path(config_path).resolve().parents[1] / "rl" / f"{row}.yaml"
+    return config_file(config_path).resolve().parents[1] / "rl" / f"{row}.yaml"
 
 
 def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row: str, seed: int | None,

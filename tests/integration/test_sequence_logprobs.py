@@ -94,8 +94,11 @@ def test_values_and_gradients_equal_the_full_vocabulary_computation(tiny_model, 
     torch.testing.assert_close(values, expected * keep, atol=1e-5, rtol=1e-5)
     assert (values[:, 0] == 0).all() and (values[keep == 0] == 0).all()
     assert grads.keys() == expected_grads.keys() and "lm_head.weight" in grads
+    # float32 sums in another order (chunks, and the thread count: one per pytest-xdist worker)
+    # move an embedding gradient by up to 2e-5 here (measured at one thread); a wrong chunk or
+    # index moves it by orders of magnitude more.
     for name, grad in grads.items():
-        torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(grad, expected_grads[name], atol=5e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
     with torch.no_grad():  # the reference pass's path: no checkpointing
         logp, _ = sequence_logprobs(tiny_model, trajs, ids["pad"], ids["image"], ids["video"], TEMPERATURE, "cpu",

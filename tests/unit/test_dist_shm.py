@@ -35,6 +35,7 @@ def test_release_removes_one_launch_and_leaves_the_others(tmp_path):
 
 WORKER = textwrap.dedent("""
     import os
+    from pathlib import Path
     import torch
     import torch.distributed as dist
     from paravt_core.dist import SHM_BUFFER_PREFIX, SHM_DIR, init_distributed
@@ -42,7 +43,8 @@ WORKER = textwrap.dedent("""
     total = torch.ones(1)
     dist.all_reduce(total)
     own = SHM_DIR / f"{SHM_BUFFER_PREFIX}_{os.getuid()}_{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}_{rank}"
-    print(f"rank {rank} sum {int(total.item())} segment {own.exists()} name {own.name}", flush=True)
+    print(f"rank {rank} sum {int(total.item())} segment {own.exists()}", flush=True)
+    (Path(os.environ["SEGMENT_NAMES"]) / f"rank{rank}").write_text(own.name)
     dist.barrier()
     os._exit(0)  # as a crash would: no process-group teardown, no cleanup of our own
 """)
@@ -58,17 +60,18 @@ def test_launched_workers_leave_no_allreduce_segment_behind(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     lines: list[str] = []
+    names_dir = tmp_path / "segments"
+    names_dir.mkdir()
     launch_workers(script, [], num_ranks=2, log_line=lines.append,
-                   env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                   env={"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "SEGMENT_NAMES": str(names_dir)})
     # the two ranks share one pipe: their lines may interleave
-    reports = sorted(re.findall(r"rank \d sum \d segment (?:True|False) name \S+", "\n".join(lines)))
+    reports = sorted(re.findall(r"rank \d sum \d segment (?:True|False)", "\n".join(lines)))
     # the segments did exist while the ranks ran (so the check below can fail) ...
-    assert [r.split(" name ")[0] for r in reports] == ["rank 0 sum 2 segment True", "rank 1 sum 2 segment True"], \
-        lines[-20:]
+    assert reports == ["rank 0 sum 2 segment True", "rank 1 sum 2 segment True"], lines[-20:]
     # ... and neither is left once the launch returns (only this launch's: tests running beside
     # this one may hold segments of their own)
-    names = {r.split(" name ")[1] for r in reports}
-    assert names & _segments() == set()
+    names = {f.read_text() for f in names_dir.iterdir()}
+    assert len(names) == 2 and names & _segments() == set()
 
 
 IN_PROCESS = textwrap.dedent("""
