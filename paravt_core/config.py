@@ -482,7 +482,9 @@ class EvalConfig(_Section):
     max_turns: int = Field(3, ge=0)
     max_parallel: int = Field(5, ge=1)
     engine: Literal["hf", "openai"] = "hf"
-    # openai engine: an OpenAI-compatible server (SGLang / vLLM) serving the checkpoint. The
+    # openai engine: an OpenAI-compatible server (SGLang / vLLM) serving the checkpoint. With
+    # no endpoint (nor PARAVT_EVAL_ENDPOINT) the stage starts one per checkpoint and stops it
+    # after its splits (`eval/served.py`). The
     # API key is never put in config: PARAVT_EVAL_API_KEY. Env vars PARAVT_EVAL_ENDPOINT /
     # PARAVT_EVAL_MODEL_NAME / PARAVT_EVAL_TIMEOUT_S fill fields left unset. request_timeout_s
     # is per HTTP request; a request with its retries ends by 2 x request_timeout_s plus the
@@ -490,11 +492,19 @@ class EvalConfig(_Section):
     endpoint: str | None = Field(None, pattern=r"^https?://")
     served_model_name: str | None = None
     request_timeout_s: float | None = Field(None, gt=0)
+    # Samples in flight per model replica: a server the stage starts on N `gpus` gets N times this.
     concurrency: int = Field(1, ge=1)
     max_samples_per_split: int | None = Field(None, ge=1)
-    # `paravt eval serve`: the interpreter that runs the server (a venv holding vLLM or SGLang;
-    # default: $PARAVT_SERVE_PYTHON, then .venv-serve/bin/python from `make install-serve`).
+    # `paravt eval serve` and the stage's own servers: the interpreter that runs the server (a
+    # venv holding vLLM or SGLang; default: $PARAVT_SERVE_PYTHON, then .venv-serve/bin/python
+    # from `make install-serve`).
     server_python: str | None = None
+    # The stage's own servers (no endpoint): which one (auto: SGLang where installed, else vLLM),
+    # the CUDA devices it serves on, one data-parallel replica each (empty: the server's own
+    # choice, one replica; on a machine without CUDA, the CPU), and how long it may take to start.
+    server: Literal["auto", "sglang", "vllm"] = "auto"
+    gpus: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    server_startup_timeout_s: float = Field(900.0, gt=0)
 
     @model_validator(mode="after")
     def _known_splits(self) -> EvalConfig:
@@ -506,6 +516,8 @@ class EvalConfig(_Section):
         unknown = sorted(set(self.splits) - set(KNOWN_SPLITS))
         if unknown:
             raise ValueError(f"eval.splits has unknown split(s) {unknown}; known: {list(KNOWN_SPLITS)}")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"eval.gpus lists a GPU twice ({list(self.gpus)}); list each CUDA device once")
         return self
 
 
@@ -539,7 +551,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
     ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
     ("data.synth", "validation"), ("rl.gating", "draw_key"), ("sft", "grammar_batch"),
-    ("rl", "served_logprob_tolerance"),
+    ("rl", "served_logprob_tolerance"), ("eval", "server"), ("eval", "gpus"), ("eval", "server_startup_timeout_s"),
 )
 
 
@@ -588,6 +600,8 @@ class PipelineConfig(_Section):
             default = type(owner).model_fields[field].default
             if isinstance(default, BaseModel):
                 default = default.model_dump(mode="json")
+            elif isinstance(default, tuple):  # dumped as a JSON list
+                default = list(default)
             if field in values and values[field] == default:
                 del values[field]
         chosen = {n: dumped[n] for n in (names or tuple(dumped))}
