@@ -201,18 +201,24 @@ class LazyRunner:
         return self._runner.outcomes(samples)
 
 
+def runner_settings(cfg: PipelineConfig, served: Served | None = None) -> EvalSettings:
+    """The evaluation settings; on the stage's own server, `eval.concurrency` samples in
+    flight per replica it serves (`served.py`)."""
+    settings = EvalSettings.from_pipeline(cfg)
+    if served is None or served.replicas == 1:
+        return settings
+    in_flight = cfg.eval.concurrency * served.replicas
+    return EvalSettings(cfg.eval.model_copy(update={"concurrency": in_flight}), settings.video, settings.rollout)
+
+
 def open_runner(cfg: PipelineConfig, model: ArtifactRef, served: Served | None = None) -> SampleRunner:
     """The `SampleRunner` of `eval.engine` for this checkpoint; with `served`, on that server
     (the stage's own) with `eval.concurrency` samples in flight per replica."""
-    settings = EvalSettings.from_pipeline(cfg)
+    settings = runner_settings(cfg, served)
     if cfg.eval.engine == "openai":
         from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
         from paravt_core.model.loading import load_processor
 
-        if served is not None and served.replicas > 1:
-            per_server = cfg.eval.concurrency * served.replicas
-            settings = EvalSettings(cfg.eval.model_copy(update={"concurrency": per_server}), settings.video,
-                                    settings.rollout)
         client = _openai_client(model, cfg.eval, served)
         check_serves_checkpoint(client, model)
         processor = load_processor(model.path)
