@@ -46,8 +46,8 @@ def eval_model(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, 
                splits: tuple[str, ...]) -> EvalReport:
     """One checkpoint on the SPEC §7 `splits`: each resumes from its log and writes
     `<results>/<split>.json`; its own server, if it needs one, runs for this task only."""
-    report = eval_stage.run(cfg, model, eval_data, label, splits, progress=False)
     log = get_run_logger()
+    report = eval_stage.run(cfg, model, eval_data, label, splits, progress=False, notify=log.info)
     for split, summary in report.summaries.items():
         primary = summary["primary"]
         log.info("%s %s: %s %.3f over %d samples; avg tool calls %.2f", label, split, primary["name"],

@@ -45,7 +45,8 @@ def run_command(args: argparse.Namespace) -> int:
         with hold_output_dir(cfg.run.output_dir, "paravt eval run"):
             data = ArtifactRef(kind="eval_data", path=root.resolve(), sha256=content_hash(root))
             resolved = resolve_model(cfg, args.model)
-            report = stage.run(cfg, resolved.artifact, data, args.label or resolved.label, args.splits)
+            report = stage.run(cfg, resolved.artifact, data, args.label or resolved.label, args.splits,
+                               notify=lambda line: print(f"paravt eval run: {line}", file=sys.stderr, flush=True))
     except (ConfigError, ModelReferenceError, EvalError, OutputDirBusy) as exc:
         print(f"paravt eval run: {exc}", file=sys.stderr)
         return INPUT_ERROR

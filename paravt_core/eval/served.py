@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +62,12 @@ class ServerOnDemand:
     """A context manager around one checkpoint's evaluation; `get()` starts its server the
     first time, leaving stops it (module docstring)."""
 
-    def __init__(self, cfg: PipelineConfig, model: ArtifactRef, log_path: Path | None = None):
+    def __init__(self, cfg: PipelineConfig, model: ArtifactRef, log_path: Path | None = None,
+                 notify: Callable[[str], None] | None = None):
+        """`notify` gets the start, its progress and the stop, one line each (default: this
+        module's logger at INFO, which a Prefect run or the CLI does not show by itself)."""
         self.cfg, self.model, self.log_path = cfg, model, log_path
+        self.notify = notify or logger.info
         self.starts = 0
         self._running = None  # agent.server_process.ServerProcess
         self._served: Served | None = None
@@ -97,19 +102,19 @@ class ServerOnDemand:
         try:
             python = server_python_path(None, ev.server_python)
             port = serving_port(0)
-            logger.info("eval: starting a model server (%s) for %s (sha256 %s) on %s with %s; log %s", ev.server,
-                        self.model.path, self.model.sha256[:12], on, python, self.log_path)
+            self.notify(f"eval: starting a model server ({ev.server}) for {self.model.path} (sha256 "
+                        f"{self.model.sha256[:12]}) on {on} with {python}; log {self.log_path}")
             started = time.monotonic()
             server, self._running = launch(Path(self.model.path), name, port=port, server=ev.server, python=python,
                                            startup_timeout_s=ev.server_startup_timeout_s, log_path=self.log_path,
-                                           data_parallel=replicas, extra_env=env, progress=logger.info)
+                                           data_parallel=replicas, extra_env=env, progress=self.notify)
         except ServeError as exc:
             raise EvalError(f"eval.engine=openai with no eval.endpoint starts a server for {self.model.path}, and "
                             f"cannot: {exc}") from exc
         self.starts += 1
         self._served = Served(f"{self._running.url}/v1", name, replicas)
-        logger.info("eval: %s serves %s as %r at %s (started in %.0f s)", server, self.model.path, name,
-                    self._served.endpoint, time.monotonic() - started)
+        self.notify(f"eval: {server} serves {self.model.path} as {name!r} at {self._served.endpoint} (started in "
+                    f"{time.monotonic() - started:.0f} s)")
         return self._served
 
     def stop(self) -> None:
@@ -117,4 +122,4 @@ class ServerOnDemand:
         running, self._running, self._served = self._running, None, None
         if running is not None:
             running.stop()
-            logger.info("eval: stopped the model server for %s", self.model.path)
+            self.notify(f"eval: stopped the model server for {self.model.path}")

@@ -44,7 +44,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -270,9 +270,12 @@ def _pin_split_data(folder: Path, split: str, data_hash: str) -> None:
     atomic_write_text(source, json.dumps({"split": split, "split_sha256": data_hash}, indent=1) + "\n")
 
 
-def own_server(cfg: PipelineConfig, model: ArtifactRef) -> ServerOnDemand | None:
+def own_server(cfg: PipelineConfig, model: ArtifactRef,
+               notify: Callable[[str], None] | None = None) -> ServerOnDemand | None:
     """The server this checkpoint's evaluation starts when it needs one (`served.py`), else None."""
-    return ServerOnDemand(cfg, model, results_dir(cfg, model) / "server.log") if serves_its_own(cfg) else None
+    if not serves_its_own(cfg):
+        return None
+    return ServerOnDemand(cfg, model, results_dir(cfg, model) / "server.log", notify)
 
 
 def evaluate_prepared_split(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, split: str,
@@ -298,11 +301,13 @@ def report_of(cfg: PipelineConfig, model: ArtifactRef, label: str, runs: Sequenc
 
 
 def run(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, label: str,
-        splits: Sequence[str] | None = None, progress: bool = True) -> EvalReport:
-    """Evaluate `model` on `splits` (default `eval.splits`) of the prepared `eval_data`."""
+        splits: Sequence[str] | None = None, progress: bool = True,
+        notify: Callable[[str], None] | None = None) -> EvalReport:
+    """Evaluate `model` on `splits` (default `eval.splits`) of the prepared `eval_data`;
+    `notify` gets the lines of its own server's start and stop (`served.ServerOnDemand`)."""
     eval_data.check()
     chosen = tuple(splits or cfg.eval.splits)
-    server = own_server(cfg, model)
+    server = own_server(cfg, model, notify)
     with server or contextlib.nullcontext():  # its own server, if one starts, serves every split, then stops
         runner = LazyRunner(cfg, model, server)
         runs = [evaluate_prepared_split(cfg, model, eval_data, split, runner, progress) for split in chosen]

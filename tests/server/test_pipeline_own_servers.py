@@ -63,7 +63,7 @@ def test_paravt_run_serves_each_checkpoint_it_evaluates(serve_python, tmp_path):
         assert f"paravt-tiny-{folder.name.split('-')[0]}" in log, f"{folder}: its server did not serve it"
         for split in ("videomme", "charades"):
             assert json.loads((folder / f"{split}.json").read_text())["summary"]["n"] == 2
-    assert output.count("eval: starting a model server (vllm)") == 3, output[-6000:]
+    assert output.count("eval: starting a model server (vllm)") == 3, output[-6000:]  # its start is shown
     assert output.count("eval: stopped the model server") == 3
     table = output[output.index("seven-split evaluation:"):]
     assert all(f"\n{label} " in table or f"| {label} " in table for label in ("base", "sft")), table[:2000]

@@ -133,8 +133,11 @@ def test_each_checkpoint_gets_a_server_of_its_own_stopped_after_its_splits(fake_
     cfg, data = config(tmp_path), eval_data(tmp_path / "data")
     models = [fake_checkpoint(tmp_path / name, name) for name in ("base", "sft", "rl")]
     for number, model in enumerate(models, start=1):
-        report = stage.run(cfg, model, data, model.path.name, progress=False)
+        lines: list[str] = []
+        report = stage.run(cfg, model, data, model.path.name, progress=False, notify=lines.append)
         assert report.summaries["lvbench"]["n"] == 2
+        assert lines[0].startswith(f"eval: starting a model server (vllm) for {model.path}")  # a Prefect log line
+        assert lines[-1] == f"eval: stopped the model server for {model.path}"
         started = starts(fake_vllm)
         assert len(started) == number and started[-1]["model"] == str(model.path)
         assert gone(started[-1]["pids"]), f"the server for {model.path} outlived its evaluation"
