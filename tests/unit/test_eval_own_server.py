@@ -34,6 +34,9 @@ FAKE_SERVER = textwrap.dedent('''
     with open(os.environ["FAKE_STARTS"], "a") as f:
         f.write(json.dumps({"pids": [os.getpid(), worker.pid], "model": args.model, "argv": sys.argv[1:],
                             "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\\n")
+    if os.environ.get("FAKE_EXIT"):
+        print("fake server: no such model", flush=True)
+        sys.exit(int(os.environ["FAKE_EXIT"]))
     served = os.environ.get("FAKE_SERVED_AS") or args.served_model_name
     class Api(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -203,3 +206,23 @@ def test_no_server_to_start_is_an_input_error_naming_what_to_install(fake_checkp
     cfg = config(tmp_path, server_python=str(tmp_path / "no-such-venv" / "bin" / "python"))
     with pytest.raises(stage.EvalError, match="(?s)starts a server for .*make install-serve"):
         stage.run(cfg, model, eval_data(tmp_path / "data"), "base", progress=False)
+
+
+@pytest.mark.parametrize("server_python, status", [("self", 1), ("missing", 2)], ids=["fails-to-start", "none"])
+def test_paravt_eval_run_exit_status_when_its_server_cannot_serve(fake_vllm, fake_checkpoint, tmp_path, monkeypatch,
+                                                                   capsys, server_python, status):
+    """A server that exits during start-up is the server's failure (1); no interpreter with a
+    server is the input's (2); either way one line on stderr, no traceback."""
+    from paravt_core.cli import main
+
+    monkeypatch.setenv("FAKE_EXIT", "3")
+    out = tmp_path / "out"
+    eval_data(out / "data")
+    model = fake_checkpoint(tmp_path / "ckpt", "w")
+    python = sys.executable if server_python == "self" else str(tmp_path / "no-such-venv" / "bin" / "python")
+    sets = [f"run.output_dir={out}", "eval.engine=openai", "eval.server=vllm", f"eval.server_python={python}",
+            "eval.server_startup_timeout_s=60", "eval.splits=[lvbench]"]
+    assert main(["eval", "run", "--model", str(model.path), *(a for s in sets for a in ("--set", s))]) == status
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert ("did not start" in err and "no such model" in err) if status == 1 else "make install-serve" in err
