@@ -199,9 +199,11 @@ def _packages(cfg: PipelineConfig, probes: Probes) -> list[Check]:
         found = [name for name in ("sglang", "vllm") if probes.has_module(python, name)]
         serves = (f"`paravt eval serve` serves {cfg.eval.endpoint}" if cfg.eval.endpoint else
                   "the evaluation serves each checkpoint")
+        if cfg.eval.server != "auto":
+            serves += f" ({cfg.eval.server} asked)"
         wanted = found if cfg.eval.server == "auto" else [name for name in found if name == cfg.eval.server]
         checks.append(Check("serve venv", bool(wanted),
-                            f"{serves} with {python}" + (f" ({cfg.eval.server} asked)" if cfg.eval.server != "auto" else "")
+                            f"{serves} with {python}"
                             + (f" ({', '.join(found)})" if found else ": neither SGLang nor vLLM there"),
                             "make install-serve (.venv-serve), or name an interpreter with SGLang or vLLM in "
                             "eval.server_python"))

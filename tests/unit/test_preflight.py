@@ -171,3 +171,11 @@ def test_torch_facts_agree_with_torch():
     facts = pf._torch_facts()
     assert facts.torch_version == torch.__version__ and facts.cuda_build == torch.version.cuda
     assert len(facts.device_bytes) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_the_evaluations_own_servers_need_the_server_asked_for():
+    """paravt_8b.yaml names no eval endpoint: the evaluation starts its servers itself (#44)."""
+    only_vllm = ready(has_module=lambda python, name: name != "sglang")
+    problems = failed(only_vllm, ["rl.rollout.sglang.url=http://10.0.0.7:30000", "eval.server=sglang"])
+    assert set(problems) == {"serve venv"} and "sglang asked" in problems["serve venv"].detail
+    assert failed(only_vllm, ["rl.rollout.sglang.url=http://10.0.0.7:30000"]) == {}  # auto: vLLM will do
