@@ -1,9 +1,10 @@
 """The evaluation stage as its own Prefect flow, `paravt-eval`.
 
-    data (cached) -> resolve model -> one task per split -> report -> MLflow run
+    data (cached) -> resolve model -> evaluate its splits -> MLflow run
 
-`eval_stage(cfg, model_ref, eval_data, label)` chains the per-split tasks and the MLflow
-logging; the full pipeline flow calls it once per model (base, sft, rl). The `paravt-eval`
+`eval_stage(cfg, model_ref, eval_data, label)` chains the evaluation task (all splits of
+one checkpoint, on its own server when `eval.engine: openai` names no endpoint) and the
+MLflow logging; the full pipeline flow calls it once per model (base, sft, rl). The `paravt-eval`
 flow evaluates one model named by an MLflow alias, a version number, "base" or a folder.
 """
 
@@ -18,10 +19,9 @@ from flows.data import data_stage
 from flows.params import PipelineParams
 from paravt_core.config import KNOWN_SPLITS, PipelineConfig
 from paravt_core.eval.report import EvalReport, format_table
-from paravt_core.eval.stage import report_of
 from paravt_core.refs import ArtifactRef
 from paravt_core.run_lock import hold_output_dir
-from tasks.eval import eval_split, log_eval, resolve_model
+from tasks.eval import eval_model, log_eval, resolve_model
 
 
 class EvalParams(PipelineParams):
@@ -42,9 +42,8 @@ class EvalParams(PipelineParams):
 
 def eval_stage(cfg: PipelineConfig, model_ref: ArtifactRef, eval_data: ArtifactRef, label: str,
                splits: Sequence[str] | None = None) -> EvalReport:
-    """Every split of `splits` (default `eval.splits`) as a cached task, then the MLflow run."""
-    runs = [eval_split(cfg, model_ref, eval_data, split) for split in (splits or cfg.eval.splits)]
-    report = report_of(cfg, model_ref, label, runs)
+    """The splits `splits` (default `eval.splits`) as one cached task, then the MLflow run."""
+    report = eval_model(cfg, model_ref, eval_data, label, tuple(splits or cfg.eval.splits))
     log_eval(cfg, report, model_ref)
     return report
 

@@ -553,7 +553,9 @@ class EvalConfig(_Section):
     max_turns: int = Field(3, ge=0)
     max_parallel: int = Field(5, ge=1)
     engine: Literal["hf", "openai"] = "hf"
-    # openai engine: an OpenAI-compatible server (SGLang / vLLM) serving the checkpoint. The
+    # openai engine: an OpenAI-compatible server (SGLang / vLLM) serving the checkpoint. With
+    # no endpoint (nor PARAVT_EVAL_ENDPOINT) the stage starts one per checkpoint and stops it
+    # after its splits (`eval/served.py`). The
     # API key is never put in config: PARAVT_EVAL_API_KEY. Env vars PARAVT_EVAL_ENDPOINT /
     # PARAVT_EVAL_MODEL_NAME / PARAVT_EVAL_TIMEOUT_S fill fields left unset. request_timeout_s
     # is per HTTP request; a request with its retries ends by 2 x request_timeout_s plus the
@@ -561,6 +563,7 @@ class EvalConfig(_Section):
     endpoint: str | None = Field(None, pattern=r"^https?://")
     served_model_name: str | None = None
     request_timeout_s: float | None = Field(None, gt=0)
+    # Samples in flight per model replica: a server the stage starts on N `gpus` gets N times this.
     concurrency: int = Field(1, ge=1)
     max_samples_per_split: int | None = Field(None, ge=1)
     # Prefill tokens per `generate` of the `hf` engine where it decodes greedily: the `hf`
@@ -569,9 +572,16 @@ class EvalConfig(_Section):
     # goes alone); greedy outputs are the same tokens as one batch's. None: one batch, as before.
     # `paravt plan` shows what a budget holds.
     hf_batch_tokens: int | None = Field(None, ge=1)
-    # `paravt eval serve`: the interpreter that runs the server (a venv holding vLLM or SGLang;
-    # default: $PARAVT_SERVE_PYTHON, then .venv-serve/bin/python from `make install-serve`).
+    # `paravt eval serve` and the stage's own servers: the interpreter that runs the server (a
+    # venv holding vLLM or SGLang; default: $PARAVT_SERVE_PYTHON, then .venv-serve/bin/python
+    # from `make install-serve`).
     server_python: str | None = None
+    # The stage's own servers (no endpoint): which one (auto: SGLang where installed, else vLLM),
+    # the CUDA devices it serves on, one data-parallel replica each (empty: the server's own
+    # choice, one replica; on a machine without CUDA, the CPU), and how long it may take to start.
+    server: Literal["auto", "sglang", "vllm"] = "auto"
+    gpus: tuple[Annotated[int, Field(ge=0)], ...] = ()
+    server_startup_timeout_s: float = Field(900.0, gt=0)
 
     @model_validator(mode="after")
     def _known_splits(self) -> EvalConfig:
@@ -583,6 +593,8 @@ class EvalConfig(_Section):
         unknown = sorted(set(self.splits) - set(KNOWN_SPLITS))
         if unknown:
             raise ValueError(f"eval.splits has unknown split(s) {unknown}; known: {list(KNOWN_SPLITS)}")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"eval.gpus lists a GPU twice ({list(self.gpus)}); list each CUDA device once")
         return self
 
 
@@ -620,6 +632,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("data", "max_quarantine_share"),
     # After ("rl.rollout", "vllm"): a vllm section at its default is gone by then.
     *(("rl.rollout.vllm", knob) for knob in VLLM_PLACEMENT_KNOBS), ("eval", "hf_batch_tokens"),
+    ("eval", "server"), ("eval", "gpus"), ("eval", "server_startup_timeout_s"),
 )
 
 

@@ -204,11 +204,16 @@ def _packages(cfg: PipelineConfig, probes: Probes) -> list[Check]:
         python = server_python_path(ro.vllm.python)
         checks.append(Check("rollout server", probes.has_module(python, "vllm"), f"vLLM for {python}",
                             "make install-serve, or name an interpreter with vLLM in rl.rollout.vllm.python"))
-    if cfg.eval.engine == "openai" and _local(cfg.eval.endpoint):
+    if cfg.eval.engine == "openai" and (cfg.eval.endpoint is None or _local(cfg.eval.endpoint)):
         python = server_python_path(None, cfg.eval.server_python)
         found = [name for name in ("sglang", "vllm") if probes.has_module(python, name)]
-        checks.append(Check("serve venv", bool(found),
-                            f"`paravt eval serve` serves {cfg.eval.endpoint} with {python}"
+        serves = (f"`paravt eval serve` serves {cfg.eval.endpoint}" if cfg.eval.endpoint else
+                  "the evaluation serves each checkpoint")
+        if cfg.eval.server != "auto":
+            serves += f" ({cfg.eval.server} asked)"
+        wanted = found if cfg.eval.server == "auto" else [name for name in found if name == cfg.eval.server]
+        checks.append(Check("serve venv", bool(wanted),
+                            f"{serves} with {python}"
                             + (f" ({', '.join(found)})" if found else ": neither SGLang nor vLLM there"),
                             "make install-serve (.venv-serve), or name an interpreter with SGLang or vLLM in "
                             "eval.server_python"))

@@ -1,10 +1,14 @@
 """Prefect tasks around the evaluation stage (`paravt_core.eval.stage`).
 
-`eval_split` evaluates one split and is cached by what its result depends on: the model's
-content hash, the hash of that split's prepared folder, the result-shaping eval settings
-(`stage.results_config_hash`) and the sample cap, tied to the epoch of the split's
-results JSON (`tasks._cache`), so a deleted result re-runs the split. A retry resumes
-from the split's JSON line log instead of starting over.
+`eval_model` evaluates one checkpoint on its splits (`stage.run`): one task, not one per
+split, because the checkpoint's own server (`eval.engine: openai` with no endpoint,
+`eval/served.py`) is started once for all of them and stopped when the task ends, also when
+an attempt fails, so a retry leaves no server behind. It is cached by what its report
+depends on: the label, the model's content hash, the result-shaping eval settings
+(`stage.results_config_hash`), the sample cap and, per split, the hash of its prepared
+folder tied to the epoch of its results JSON (`tasks._cache`), so a deleted result re-runs
+the task, which re-summarizes the finished splits from their logs (no model, no server) and
+runs only what is missing. A retry resumes from the splits' JSON line logs.
 
 `log_eval` opens one MLflow run per evaluated model; `resolve_model` turns an alias,
 version, "base" or folder into a checkpoint reference (never cached: aliases move).
@@ -19,32 +23,36 @@ from prefect.context import TaskRunContext
 
 from paravt_core.config import PipelineConfig
 from paravt_core.eval import stage as eval_stage
-from paravt_core.eval.evaluator import SplitRun
 from paravt_core.eval.models import ResolvedModel
 from paravt_core.eval.models import resolve_model as resolve_model_reference
 from paravt_core.eval.report import EvalReport
 from paravt_core.refs import ArtifactRef
-from tasks._cache import stage_key
+from tasks._cache import output_epoch, stage_key
 
 
-def _split_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+def _model_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     cfg: PipelineConfig = parameters["cfg"]
     model: ArtifactRef = parameters["model"]
     eval_data: ArtifactRef = parameters["eval_data"]
-    split: str = parameters["split"]
-    out = eval_stage.results_dir(cfg, model) / f"{split}.json"
-    return stage_key("eval-split", split, model.sha256, eval_stage.split_data_hash(eval_data, split),
-                     eval_stage.results_config_hash(cfg), cfg.eval.max_samples_per_split, output=out)
+    results = eval_stage.results_dir(cfg, model).resolve()
+    splits = [(split, eval_stage.split_data_hash(eval_data, split), output_epoch(results / f"{split}.json"))
+              for split in parameters["splits"]]
+    return stage_key("eval-checkpoint", parameters["label"], model.sha256, eval_stage.results_config_hash(cfg),
+                     cfg.eval.max_samples_per_split, str(results), splits)
 
 
-@task(name="eval-split", cache_key_fn=_split_key, persist_result=True, retries=1, retry_delay_seconds=10)
-def eval_split(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, split: str) -> SplitRun:
-    """One SPEC §7 split: resumes from its log, writes `<results>/<split>.json`."""
-    result = eval_stage.evaluate_prepared_split(cfg, model, eval_data, split, progress=False)
-    primary = result.summary["primary"]
-    get_run_logger().info("%s: %s %.3f over %d samples (%d run now); avg tool calls %.2f", split, primary["name"],
-                          primary["value"], result.summary["n"], result.evaluated, result.summary["avg_tool_calls"])
-    return result
+@task(name="eval-checkpoint", cache_key_fn=_model_key, persist_result=True, retries=1, retry_delay_seconds=10)
+def eval_model(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, label: str,
+               splits: tuple[str, ...]) -> EvalReport:
+    """One checkpoint on the SPEC §7 `splits`: each resumes from its log and writes
+    `<results>/<split>.json`; its own server, if it needs one, runs for this task only."""
+    log = get_run_logger()
+    report = eval_stage.run(cfg, model, eval_data, label, splits, progress=False, notify=log.info)
+    for split, summary in report.summaries.items():
+        primary = summary["primary"]
+        log.info("%s %s: %s %.3f over %d samples; avg tool calls %.2f", label, split, primary["name"],
+                 primary["value"], summary["n"], summary["avg_tool_calls"])
+    return report
 
 
 def _log_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

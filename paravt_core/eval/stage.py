@@ -3,7 +3,8 @@
 `run(cfg, model, eval_data, label, splits)` reads top to bottom:
 1. one runner of `eval.engine` for all splits, opened when a split first has samples left
    to run (`hf`: the checkpoint loaded into an `HFEngine`, on CUDA when there is one;
-   `openai`: a client of a server already serving it);
+   `openai`: a client of the server at `eval.endpoint`, or, with no endpoint, of a server
+   started then on this checkpoint and stopped after the splits, `eval/served.py`);
 2. per split: load `<eval_data>/<split>/split.json` (the data stage's output; a row the
    loader cannot read is quarantined into the split's summary), keep the
    first `eval.max_samples_per_split` samples, and `evaluate_split` them into the results
@@ -30,16 +31,20 @@ The `openai` engine's server comes from `eval.endpoint` / `eval.served_model_nam
 `eval.request_timeout_s`, or from PARAVT_EVAL_ENDPOINT / PARAVT_EVAL_MODEL_NAME /
 PARAVT_EVAL_TIMEOUT_S when those are unset (model name default: the checkpoint folder's path,
 vLLM's default served name; timeout default 600 s); the key only from PARAVT_EVAL_API_KEY.
+With neither endpoint the stage serves the checkpoint itself (`served.ServerOnDemand`, under
+the name `served_model_name` gives it, on a free port): the results folder is keyed as above,
+never by the port or the GPUs the server got.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +62,11 @@ from paravt_core.eval.evaluator import (
 from paravt_core.eval.report import EvalReport, build_report, format_table
 from paravt_core.eval.results import EpisodeOutcome
 from paravt_core.eval.samples import EvalSample, LoadedSplit, read_split
+from paravt_core.eval.served import ENDPOINT_ENV, Served, ServerOnDemand, serves_its_own
 from paravt_core.refs import ArtifactRef, content_hash, source_digest
 
 logger = logging.getLogger(__name__)
 
-ENDPOINT_ENV = "PARAVT_EVAL_ENDPOINT"
 MODEL_NAME_ENV = "PARAVT_EVAL_MODEL_NAME"
 API_KEY_ENV = "PARAVT_EVAL_API_KEY"
 TIMEOUT_ENV = "PARAVT_EVAL_TIMEOUT_S"
@@ -81,10 +86,12 @@ def prompt_sources_digest() -> str:
 
 def results_config(cfg: PipelineConfig) -> dict[str, Any]:
     """The settings a per-sample result depends on. Not the split list, the sample cap, the
-    concurrency or the server's interpreter: those choose or schedule samples, or start the
-    server, without changing any one result."""
+    concurrency or how the stage starts its own server (interpreter, server, GPUs, start-up
+    time): those choose or schedule samples, or start the server, without changing any one
+    result (the served-model check holds whatever serves to the checkpoint)."""
     shaping = cfg.eval.model_dump(mode="json", exclude={"splits", "max_samples_per_split", "concurrency",
-                                                          "server_python"})
+                                                          "server_python", "server", "gpus",
+                                                          "server_startup_timeout_s"})
     rollout = cfg.rl.rollout
     return {"eval": shaping, "video": cfg.video.model_dump(mode="json"), "dtype": cfg.model.dtype,
             "subagent_max_new_tokens": rollout.subagent_max_new_tokens,
@@ -150,16 +157,18 @@ def hf_engine(model: ArtifactRef, dtype: str, max_batch_tokens: int | None = Non
     return HFEngine(loaded, processor, max_batch_tokens), processor
 
 
-def _openai_client(model: ArtifactRef, eval_cfg: EvalConfig) -> Any:
+def _openai_client(model: ArtifactRef, eval_cfg: EvalConfig, served: Served | None = None) -> Any:
     from paravt_core.eval.openai_engine import OpenAIChatClient
 
+    timeout = eval_cfg.request_timeout_s or float(os.environ.get(TIMEOUT_ENV, "600"))
+    if served is not None:
+        return OpenAIChatClient(served.endpoint, served.model_name, timeout_s=timeout)
     endpoint = eval_cfg.endpoint or os.environ.get(ENDPOINT_ENV)
     if not endpoint:
-        raise EvalError(f"eval.engine is openai but neither eval.endpoint nor {ENDPOINT_ENV} is set; serve the "
-                        f"checkpoint {model.path} with SGLang or vLLM and set eval.endpoint, e.g. "
-                        "http://127.0.0.1:30000/v1")
+        raise EvalError(f"eval.engine is openai but neither eval.endpoint nor {ENDPOINT_ENV} is set, and no server "
+                        f"was started for {model.path}; evaluate through `stage.run` (it serves the checkpoint), or "
+                        "serve it with `paravt eval serve` and set eval.endpoint, e.g. http://127.0.0.1:30000/v1")
     name = eval_cfg.served_model_name or os.environ.get(MODEL_NAME_ENV, str(model.path))
-    timeout = eval_cfg.request_timeout_s or float(os.environ.get(TIMEOUT_ENV, "600"))
     return OpenAIChatClient(endpoint, name, timeout_s=timeout, api_key=os.environ.get(API_KEY_ENV))
 
 
@@ -180,29 +189,40 @@ def check_serves_checkpoint(client: Any, model: ArtifactRef) -> None:
 
 
 class LazyRunner:
-    """Opens the real runner (loads the model) only once a sample is left to run, so a
-    finished split re-summarized after a restart costs no model load."""
+    """Opens the real runner (loads the model, or starts its server) only once a sample is
+    left to run, so a finished split re-summarized after a restart costs no model load."""
 
-    def __init__(self, cfg: PipelineConfig, model: ArtifactRef):
-        self.cfg, self.model = cfg, model
+    def __init__(self, cfg: PipelineConfig, model: ArtifactRef, server: ServerOnDemand | None = None):
+        self.cfg, self.model, self.server = cfg, model, server
         self._runner: SampleRunner | None = None
 
     def outcomes(self, samples: Sequence[EvalSample]) -> Iterator[tuple[EvalSample, EpisodeOutcome]]:
         if not samples:
             return iter(())
         if self._runner is None:
-            self._runner = open_runner(self.cfg, self.model)
+            self._runner = open_runner(self.cfg, self.model, self.server.get() if self.server else None)
         return self._runner.outcomes(samples)
 
 
-def open_runner(cfg: PipelineConfig, model: ArtifactRef) -> SampleRunner:
-    """The `SampleRunner` of `eval.engine` for this checkpoint."""
+def runner_settings(cfg: PipelineConfig, served: Served | None = None) -> EvalSettings:
+    """The evaluation settings; on the stage's own server, `eval.concurrency` samples in
+    flight per replica it serves (`served.py`)."""
     settings = EvalSettings.from_pipeline(cfg)
+    if served is None or served.replicas == 1:
+        return settings
+    in_flight = cfg.eval.concurrency * served.replicas
+    return EvalSettings(cfg.eval.model_copy(update={"concurrency": in_flight}), settings.video, settings.rollout)
+
+
+def open_runner(cfg: PipelineConfig, model: ArtifactRef, served: Served | None = None) -> SampleRunner:
+    """The `SampleRunner` of `eval.engine` for this checkpoint; with `served`, on that server
+    (the stage's own) with `eval.concurrency` samples in flight per replica."""
+    settings = runner_settings(cfg, served)
     if cfg.eval.engine == "openai":
         from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
         from paravt_core.model.loading import load_processor
 
-        client = _openai_client(model, cfg.eval)
+        client = _openai_client(model, cfg.eval, served)
         check_serves_checkpoint(client, model)
         processor = load_processor(model.path)
         try:
@@ -253,16 +273,29 @@ def _pin_split_data(folder: Path, split: str, data_hash: str) -> None:
     atomic_write_text(source, json.dumps({"split": split, "split_sha256": data_hash}, indent=1) + "\n")
 
 
+def own_server(cfg: PipelineConfig, model: ArtifactRef,
+               notify: Callable[[str], None] | None = None) -> ServerOnDemand | None:
+    """The server this checkpoint's evaluation starts when it needs one (`served.py`), else None."""
+    if not serves_its_own(cfg):
+        return None
+    return ServerOnDemand(cfg, model, results_dir(cfg, model) / "server.log", notify)
+
+
 def evaluate_prepared_split(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, split: str,
                             runner: SampleRunner | None = None, progress: bool = True) -> SplitRun:
-    """One prepared split of `eval_data` evaluated into `results_dir(cfg, model)`."""
+    """One prepared split of `eval_data` evaluated into `results_dir(cfg, model)`; without a
+    `runner`, the stage's own (and its own server for the split, stopped after it)."""
+    if runner is None:
+        server = own_server(cfg, model)
+        with server or contextlib.nullcontext():
+            return evaluate_prepared_split(cfg, model, eval_data, split, LazyRunner(cfg, model, server), progress)
     if split not in KNOWN_SPLITS:
         raise EvalError(f"unknown split {split!r}; known: {', '.join(KNOWN_SPLITS)}")
     folder = results_dir(cfg, model)
     folder.mkdir(parents=True, exist_ok=True)
     _pin_split_data(folder, split, split_data_hash(eval_data, split))
     loaded = load_samples(cfg, eval_data, split)
-    return evaluate_split(split, loaded.samples, runner or LazyRunner(cfg, model), folder, progress,
+    return evaluate_split(split, loaded.samples, runner, folder, progress,
                           quarantined=[row.to_record() for row in loaded.quarantined])
 
 
@@ -271,12 +304,16 @@ def report_of(cfg: PipelineConfig, model: ArtifactRef, label: str, runs: Sequenc
 
 
 def run(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, label: str,
-        splits: Sequence[str] | None = None, progress: bool = True) -> EvalReport:
-    """Evaluate `model` on `splits` (default `eval.splits`) of the prepared `eval_data`."""
+        splits: Sequence[str] | None = None, progress: bool = True,
+        notify: Callable[[str], None] | None = None) -> EvalReport:
+    """Evaluate `model` on `splits` (default `eval.splits`) of the prepared `eval_data`;
+    `notify` gets the lines of its own server's start and stop (`served.ServerOnDemand`)."""
     eval_data.check()
     chosen = tuple(splits or cfg.eval.splits)
-    runner = LazyRunner(cfg, model)
-    runs = [evaluate_prepared_split(cfg, model, eval_data, split, runner, progress) for split in chosen]
+    server = own_server(cfg, model, notify)
+    with server or contextlib.nullcontext():  # its own server, if one starts, serves every split, then stops
+        runner = LazyRunner(cfg, model, server)
+        runs = [evaluate_prepared_split(cfg, model, eval_data, split, runner, progress) for split in chosen]
     report = report_of(cfg, model, label, runs)
     logger.info("eval %s: average %.3f over %d splits; results in %s", label, report.average, len(runs),
                 report.results_dir)

@@ -445,7 +445,7 @@ def _eval_states(task_runs, flow_run_id) -> list[tuple[str, str]]:
                   for run in group if name.startswith("eval-"))
 
 
-def test_eval_flow_resolves_the_champion_caches_splits_and_logs_to_mlflow(prefect_harness, task_runs, tmp_path,
+def test_eval_flow_resolves_the_champion_caches_its_evaluation_and_logs_to_mlflow(prefect_harness, task_runs, tmp_path,
                                                                          tiny_ref):
     from mlflow.tracking import MlflowClient
 
@@ -468,13 +468,12 @@ def test_eval_flow_resolves_the_champion_caches_splits_and_logs_to_mlflow(prefec
     assert report.label == "champion" and set(report.summaries) == {"videomme", "charades"}
     assert report.model_sha256 == tiny_ref.sha256
     assert _eval_states(task_runs, first.state_details.flow_run_id) == [
-        ("eval-log", "Completed"), ("eval-model", "Completed"), ("eval-split", "Completed"),
-        ("eval-split", "Completed")]
+        ("eval-checkpoint", "Completed"), ("eval-log", "Completed"), ("eval-model", "Completed")]
 
     second = eval_flow(params, return_state=True)
     assert second.result().summaries == report.summaries
     states = _eval_states(task_runs, second.state_details.flow_run_id)
-    assert [state for name, state in states if name == "eval-split"] == ["Cached", "Cached"]
+    assert [state for name, state in states if name == "eval-checkpoint"] == ["Cached"]
     assert ("eval-log", "Cached") in states  # the same report is not logged twice
 
     client = MlflowClient(cfg.mlflow_uri())

@@ -1,4 +1,5 @@
-"""Cache keys of the per-split evaluation task: what invalidates a cached split, what does not."""
+"""Cache keys of the evaluation task (one checkpoint, its splits): what invalidates a cached
+evaluation, what does not."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 from paravt_core.config import PipelineConfig
 from paravt_core.eval import stage as eval_stage
 from paravt_core.refs import ArtifactRef, content_hash
-from tasks.eval import _split_key
+from tasks.eval import _model_key
 
 MODEL = ArtifactRef(kind="model", path=Path("/models/m"), sha256="a" * 64)
 
@@ -24,8 +25,8 @@ def config(root: Path, **eval_fields) -> PipelineConfig:
     return PipelineConfig.model_validate({"run": {"output_dir": str(root / "out")}, "eval": eval_fields})
 
 
-def key(cfg: PipelineConfig, data: ArtifactRef, model: ArtifactRef = MODEL) -> str:
-    return _split_key(None, {"cfg": cfg, "model": model, "eval_data": data, "split": "videomme"})
+def key(cfg: PipelineConfig, data: ArtifactRef, model: ArtifactRef = MODEL, label: str = "base") -> str:
+    return _model_key(None, {"cfg": cfg, "model": model, "eval_data": data, "label": label, "splits": ("videomme",)})
 
 
 def results_written(cfg: PipelineConfig, model: ArtifactRef = MODEL) -> Path:
@@ -42,6 +43,9 @@ def test_key_is_stable_and_ignores_scheduling_knobs(tmp_path):
     first = key(config(tmp_path), data)
     assert key(config(tmp_path), data) == first
     assert key(config(tmp_path, concurrency=8, splits=["videomme"]), data) == first
+    own_server = {"engine": "openai", "server": "vllm", "gpus": [0, 1], "server_startup_timeout_s": 60}
+    results_written(config(tmp_path, engine="openai"))
+    assert key(config(tmp_path, engine="openai"), data) == key(config(tmp_path, **own_server), data)
 
 
 def test_key_changes_with_settings_model_samples_and_split_data(tmp_path):
@@ -54,6 +58,7 @@ def test_key_changes_with_settings_model_samples_and_split_data(tmp_path):
     for cfg, model in variants:
         results_written(cfg, model)  # each variant's output present, so only the key's hashes differ
         assert key(cfg, data, model) == key(cfg, data, model) != first
+    assert key(config(tmp_path), data, label="sft") != first  # the report carries the label
     (data.path / "videomme" / "rows.jsonl").write_text('{"question_id": "2"}\n')
     assert key(config(tmp_path), data) != first
 

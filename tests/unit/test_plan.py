@@ -118,7 +118,7 @@ def test_a_token_budget_bounds_every_generate_of_the_grammar_check_however_many_
 
 
 def test_an_hf_evaluation_is_planned_per_generate_under_the_token_budget():
-    hf = ["eval.engine=hf", "eval.endpoint=null"]
+    hf = ["eval.engine=hf", "eval.endpoint=null", "eval.concurrency=16"]  # 16 samples: over a card without the budget
     whole = _stage(_plan(hf + ["eval.hf_batch_tokens=null"]), "evaluation (hf)")
     split = _stage(_plan(hf), "evaluation (hf)")
     assert whole.over and not split.over and "eval.hf_batch_tokens" in whole.knobs

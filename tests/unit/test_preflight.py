@@ -189,3 +189,11 @@ def test_the_disk_check_counts_only_the_checkpoints_keep_last_keeps():
     one_tb = ready(free_disk=lambda path: 10**12)
     assert "disk" not in failed(one_tb)
     assert "sft.keep_last / rl.keep_last" in failed(one_tb, ["sft.keep_last=null", "rl.keep_last=null"])["disk"].fix
+
+
+def test_the_evaluations_own_servers_need_the_server_asked_for():
+    """paravt_8b.yaml names no eval endpoint: the evaluation starts its servers itself (#44)."""
+    only_vllm = ready(has_module=lambda python, name: name != "sglang")
+    problems = failed(only_vllm, ["eval.server=sglang"])
+    assert set(problems) == {"serve venv"} and "sglang asked" in problems["serve venv"].detail
+    assert failed(only_vllm) == {}  # auto: vLLM will do

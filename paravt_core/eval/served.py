@@ -1,0 +1,125 @@
+"""The evaluation's own model server: one per checkpoint, started when needed, stopped after.
+
+With `eval.engine: openai` and no endpoint (neither `eval.endpoint` nor
+PARAVT_EVAL_ENDPOINT), the stage serves the checkpoint it evaluates (issue #44): a fixed
+endpoint would refuse connections after a day of training, or answer for whatever it
+happens to serve. `ServerOnDemand` is held around one checkpoint's splits (`stage.run`):
+
+1. nothing starts until a sample is left to run (`LazyRunner` asks), so splits already
+   finished are re-summarized without a server;
+2. then `agent.server_launch.launch` starts SGLang or vLLM (`eval.server`) from the serve
+   interpreter (`eval.server_python`, $PARAVT_SERVE_PYTHON, `.venv-serve`) on the
+   checkpoint's own folder, on a free loopback port, under `served_model_name` (it carries
+   the sha256[:12], which `agent.served_model.check_served_model` then looks for before the
+   first sample; `stage.open_runner` runs that check as for any server);
+3. on leaving, also on an error, Ctrl-C, or a Prefect retry's failed attempt, the server's
+   whole process group is stopped (`agent.server_process`).
+
+GPUs: the server gets `eval.gpus` as CUDA_VISIBLE_DEVICES and serves one data-parallel
+replica on each (vLLM `--data-parallel-size`, SGLang `--dp-size`), behind one endpoint that
+spreads the requests itself; so one client and one served-model check cover them all, and
+`eval.concurrency` samples per replica are kept in flight. We chose the server's own data
+parallelism over one server per GPU with our own dispatch: the same checkpoint on every
+replica, one port and one process group to stop. Without `eval.gpus`, one replica (on the
+server's default device, or the CPU build without a GPU).
+
+The server's log goes to `<results dir>/server.log` (appended, one start after another).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from paravt_core.config import PipelineConfig
+from paravt_core.refs import ArtifactRef
+
+logger = logging.getLogger(__name__)
+
+ENDPOINT_ENV = "PARAVT_EVAL_ENDPOINT"
+
+
+@dataclass(frozen=True)
+class Served:
+    """A server serving one checkpoint: its OpenAI API root, the name requests send, and how
+    many data-parallel replicas answer behind it."""
+
+    endpoint: str
+    model_name: str
+    replicas: int
+
+
+def serves_its_own(cfg: PipelineConfig) -> bool:
+    """Whether the evaluation starts its own server: `openai` engine, no endpoint given."""
+    return cfg.eval.engine == "openai" and not cfg.eval.endpoint and not os.environ.get(ENDPOINT_ENV)
+
+
+class ServerOnDemand:
+    """A context manager around one checkpoint's evaluation; `get()` starts its server the
+    first time, leaving stops it (module docstring)."""
+
+    def __init__(self, cfg: PipelineConfig, model: ArtifactRef, log_path: Path | None = None,
+                 notify: Callable[[str], None] | None = None):
+        """`notify` gets the start, its progress and the stop, one line each (default: this
+        module's logger at INFO, which a Prefect run or the CLI does not show by itself)."""
+        self.cfg, self.model, self.log_path = cfg, model, log_path
+        self.notify = notify or logger.info
+        self.starts = 0
+        self._running = None  # agent.server_process.ServerProcess
+        self._served: Served | None = None
+
+    def __enter__(self) -> ServerOnDemand:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def get(self) -> Served:
+        """The running server, started now when it is not running.
+
+        Raises:
+            EvalError: no server can be started as configured (no interpreter, no SGLang or
+                vLLM there, a server it lacks asked for); the message says what to install.
+            ServerStartError: the server exited during start-up or was not healthy in time
+                (the tail of its log attached).
+        """
+        return self._served or self._start()
+
+    def _start(self) -> Served:
+        from paravt_core.agent.served_model import served_model_name
+        from paravt_core.agent.server_launch import ServeError, launch, server_python_path, serving_port
+        from paravt_core.eval.evaluator import EvalError
+
+        ev = self.cfg.eval
+        name = served_model_name(self.cfg.model.registered_name, self.model.sha256)
+        replicas = max(len(ev.gpus), 1)
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in ev.gpus)} if ev.gpus else None
+        on = f"GPUs {list(ev.gpus)} ({replicas} replicas)" if ev.gpus else "its default device"
+        try:
+            python = server_python_path(None, ev.server_python)
+            port = serving_port(0)
+            self.notify(f"eval: starting a model server ({ev.server}) for {self.model.path} (sha256 "
+                        f"{self.model.sha256[:12]}) on {on} with {python}; log {self.log_path}")
+            started = time.monotonic()
+            server, self._running = launch(Path(self.model.path), name, port=port, server=ev.server, python=python,
+                                           startup_timeout_s=ev.server_startup_timeout_s, log_path=self.log_path,
+                                           data_parallel=replicas, extra_env=env, progress=self.notify)
+        except ServeError as exc:
+            raise EvalError(f"eval.engine=openai with no eval.endpoint starts a server for {self.model.path}, and "
+                            f"cannot: {exc}") from exc
+        self.starts += 1
+        self._served = Served(f"{self._running.url}/v1", name, replicas)
+        self.notify(f"eval: {server} serves {self.model.path} as {name!r} at {self._served.endpoint} (started in "
+                    f"{time.monotonic() - started:.0f} s)")
+        return self._served
+
+    def stop(self) -> None:
+        """Stop the server's whole process group, if one was started; idempotent."""
+        running, self._running, self._served = self._running, None, None
+        if running is not None:
+            running.stop()
+            self.notify(f"eval: stopped the model server for {self.model.path}")
