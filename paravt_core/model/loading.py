@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from paravt_core.config import VideoConfig
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
@@ -25,6 +28,27 @@ def load_processor(model_dir: str | Path):
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(str(model_dir))
+
+
+def pixel_bounded(processor: Any, video: VideoConfig) -> Any:
+    """`processor` with the pipeline's per-frame pixel bounds (SPEC §1, §3) as its own; returns it.
+
+    A checkpoint folder's processor config is what a server renders frames with (vLLM and
+    SGLang read it; `paravt eval serve` passes no resize options). Qwen3-VL's own config
+    (image shortest_edge 65536) upscales every frame below 65536 pixels, so a folder that
+    kept it would be served other pixels and more image tokens than the trainer used: a
+    160x288 frame renders as 66 tokens there, 45 in training. So every export writes the
+    trainer's bounds into the folder (`paravt_core.dist.export_hf_model`).
+
+    Frames always reach the model as image items (`paravt_core.agent.media`); the video
+    processor gets the same per-frame budget over the most frames one clip holds, so a
+    clip sent as a video is not upscaled either.
+    """
+    most_frames = max(video.nframes, video.sft_max_frames, video.crop_max_frames)
+    processor.image_processor.size = {"shortest_edge": video.min_pixels, "longest_edge": video.max_pixels}
+    processor.video_processor.size = {"shortest_edge": video.min_pixels,
+                                      "longest_edge": video.max_pixels * most_frames}
+    return processor
 
 
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",
