@@ -51,6 +51,39 @@ def pixel_bounded(processor: Any, video: VideoConfig) -> Any:
     return processor
 
 
+def has_pixel_bounds(processor: Any, video: VideoConfig) -> bool:
+    """Does the processor's own image size equal `video`'s per-frame bounds?"""
+    size = processor.image_processor.size
+    return (size.get("shortest_edge"), size.get("longest_edge")) == (video.min_pixels, video.max_pixels)
+
+
+def pixel_bounded_folder(model_dir: str | Path, video: VideoConfig, out_dir: str | Path) -> Path:
+    """A folder to serve `model_dir` from with `video`'s pixel bounds; `model_dir` itself when it has them.
+
+    For a rollout server launched on a folder the pipeline did not export (a base model): its
+    processor config would resize frames otherwise than the trainer, and the server's prompt
+    ids would part from ours. `out_dir` gets the bounded processor (`pixel_bounded`) and links
+    to every other file of `model_dir`; it is rebuilt whole (atomically) each time.
+    """
+    from paravt_core.atomic import atomic_dir
+
+    model_dir = Path(model_dir)
+    processor = load_processor(model_dir)
+    if has_pixel_bounds(processor, video):
+        return model_dir
+    with atomic_dir(Path(out_dir)) as tmp:
+        # the processor first: save_pretrained would write through a link into model_dir
+        pixel_bounded(processor, video).save_pretrained(tmp)
+        for f in model_dir.iterdir():
+            if f.is_file() and not (tmp / f.name).exists() and f.name not in _PROCESSOR_FILES:
+                (tmp / f.name).symlink_to(f.resolve())
+    return Path(out_dir)
+
+
+# Processor configs a folder may hold (transformers 5 writes the first; hub checkpoints the others).
+_PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+
+
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",
                zero3_config: dict[str, Any] | None = None):
     """Load a `Qwen3VLForConditionalGeneration` (or any image-text-to-text model) for training or generation.

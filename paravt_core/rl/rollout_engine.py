@@ -137,12 +137,21 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
         from paravt_core.dist import free_port
 
         server = launch_sglang_server(
-            init_model, free_port(), tp_size=server_cfg.tp_size, mem_fraction_static=server_cfg.mem_fraction_static,
-            enable_memory_saver=colocated, cuda_devices=server_cfg.gpus, startup_timeout_s=server_cfg.startup_timeout_s)
+            _served_folder(cfg, init_model, staging_dir), free_port(), tp_size=server_cfg.tp_size,
+            mem_fraction_static=server_cfg.mem_fraction_static, enable_memory_saver=colocated, cuda_devices=server_cfg.gpus, startup_timeout_s=server_cfg.startup_timeout_s)
         url = server.url
     url = _shared_url(url, rank, world)
     engine = SGLangEngine(url, init_model, staging_dir, dtype=dtype, timeout_s=server_cfg.request_timeout_s)
     return RolloutBackend(engine, pushes_weights=rank == 0, releases_memory=colocated, world=world, server=server)
+
+
+def _served_folder(cfg: PipelineConfig, init_model: Path, staging_dir: Path) -> Path:
+    """What a launched rollout server serves: `init_model` with the trainer's pixel bounds in its
+    processor config (an exported checkpoint has them; a base model gets a linked copy), so
+    that the server expands each frame into as many image tokens as the trainer (SPEC §3)."""
+    from paravt_core.model.loading import pixel_bounded_folder
+
+    return pixel_bounded_folder(init_model, cfg.video, staging_dir.parent / "served-model")
 
 
 def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: int, world: int, staging_dir: Path,
@@ -155,7 +164,8 @@ def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: i
     if url is None and rank == 0:
         from paravt_core.dist import free_port
 
-        server = launch_vllm_rollout_server(init_model, free_port(), python=server_cfg.python,
+        server = launch_vllm_rollout_server(_served_folder(cfg, init_model, staging_dir), free_port(),
+                                            python=server_cfg.python,
                                             startup_timeout_s=server_cfg.startup_timeout_s,
                                             max_model_len=server_cfg.max_model_len,
                                             log_path=staging_dir.parent / "vllm-server.log")

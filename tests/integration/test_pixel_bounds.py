@@ -67,3 +67,25 @@ def test_an_exported_checkpoint_renders_frames_as_the_trainer_does(tiny_model, t
     assert _prompt_ids(served, frame) == trained_ids
     base = ChatRenderer(load_processor(tiny_model_dir), think_prefix=False)
     assert _image_pads(tiny_processor, _prompt_ids(base, frame)) == QWEN_TOKENS  # what the export prevents
+
+
+def test_a_rollout_server_on_a_base_model_serves_it_with_the_trainers_bounds(tiny_model_dir, tiny_processor,
+                                                                            tmp_path):
+    """RL launches its rollout server on the init model; a base model's folder keeps Qwen3-VL's
+    bounds, so the server is given a linked copy whose processor carries the trainer's."""
+    from paravt_core.agent.context import ChatRenderer
+    from paravt_core.config import VideoConfig
+    from paravt_core.model.integrity import verify_model_dir
+    from paravt_core.model.loading import load_processor, pixel_bounded_folder
+
+    video = VideoConfig(max_pixels=12288)
+    before = (tiny_model_dir / "processor_config.json").read_bytes()
+    served = pixel_bounded_folder(tiny_model_dir, video, tmp_path / "served")
+    assert served == tmp_path / "served" and (served / "model.safetensors").is_symlink()
+    verify_model_dir(served)
+    assert (tiny_model_dir / "processor_config.json").read_bytes() == before  # the base is never written
+    frame = np.random.default_rng(1).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    trainer = ChatRenderer(tiny_processor, think_prefix=False, pixel_bounds=(video.min_pixels, video.max_pixels))
+    assert _prompt_ids(ChatRenderer(load_processor(served), think_prefix=False), frame) == _prompt_ids(trainer, frame)
+    # a folder that already carries the bounds (an export, or this copy) is served as it is
+    assert pixel_bounded_folder(served, video, tmp_path / "again") == served and not (tmp_path / "again").exists()

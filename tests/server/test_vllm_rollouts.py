@@ -14,6 +14,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.server
+MAX_PIXELS = 3072  # per frame, the rollouts' video.max_pixels
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +22,15 @@ def rollout_server(serve_python, tiny_model_dir: Path, tmp_path_factory: pytest.
     from server_kit import free_port
 
     from paravt_core.agent.vllm_engine import launch_vllm_rollout_server
+    from paravt_core.config import VideoConfig
+    from paravt_core.model.loading import pixel_bounded_folder
 
     # A copy: the RL test's weight updates must not reach another module's model folder.
     model = tmp_path_factory.mktemp("rollout-model") / "tiny"
     shutil.copytree(tiny_model_dir, model)
-    server = launch_vllm_rollout_server(model, free_port(), python=serve_python, startup_timeout_s=600,
+    # served with the tests' pixel bounds, as the RL stage serves a base model (rl.rollout_engine)
+    served = pixel_bounded_folder(model, VideoConfig(max_pixels=MAX_PIXELS), model.parent / "served")
+    server = launch_vllm_rollout_server(served, free_port(), python=serve_python, startup_timeout_s=600,
                                         log_path=tmp_path_factory.mktemp("rollout-logs") / "vllm.log")
     try:
         yield server, model
@@ -42,9 +47,9 @@ def test_token_ids_and_frames_in_sampled_ids_and_logprobs_out(rollout_server, ti
     from paravt_core.video import VideoFile, sample_overview_frames
 
     server, model_dir = rollout_server
-    renderer = ChatRenderer(tiny_processor, think_prefix=True)
+    renderer = ChatRenderer(tiny_processor, think_prefix=True, pixel_bounds=(784, MAX_PIXELS))
     with VideoFile(short_video) as video:
-        overview = sample_overview_frames(video, 3, min_pixels=784, max_pixels=3072)
+        overview = sample_overview_frames(video, 3, min_pixels=784, max_pixels=MAX_PIXELS)
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What colour is it?"}]}]
     prompt = renderer.encode(renderer.prompt_text(with_frames(messages, [overview]), tools=None), [overview],
                              continuation=False)
@@ -92,7 +97,7 @@ def test_rl_on_vllm_loads_each_steps_weights_into_the_served_model(rollout_serve
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
         f"run.output_dir={tmp_path / 'out'}", "rl.max_steps=2", "rl.prompts_per_step=2", "rl.group_size=2",
         "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
-        "video.nframes=4", "video.max_pixels=3072", "rl.checkpoint_every=1", "rl.zero_stage=0",
+        "video.nframes=4", f"video.max_pixels={MAX_PIXELS}", "rl.checkpoint_every=1", "rl.zero_stage=0",
         "rl.learning_rate=0.01", "rl.temperature=1.0", "rl.rollout.engine=vllm", f"rl.rollout.vllm.url={server.url}"])
 
     probe = tiny_processor.tokenizer("What colour was the square?", add_special_tokens=False)["input_ids"]
