@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from paravt_core.config import DeepSpeedConfig, PipelineConfig
+    from paravt_core.config import DeepSpeedConfig, PipelineConfig, VideoConfig
 
 LogLine = Callable[[str], None]
 RENDEZVOUS_FILE_ENV = "PARAVT_RENDEZVOUS_FILE"
@@ -644,11 +644,15 @@ def gathered_state_dict(engine, zero_stage: int) -> dict[str, Any]:
 
 
 def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: Path, dtype: str,
-                    metadata: dict[str, Any]) -> Path:
-    """Write a Hugging Face model directory (weights, processor, provenance) atomically."""
+                    metadata: dict[str, Any], video: VideoConfig) -> Path:
+    """Write a Hugging Face model directory (weights, processor, provenance) atomically.
+
+    The processor is the base's with `video`'s pixel bounds, the ones the trainer rendered
+    frames with (`model.loading.pixel_bounded`): a server renders with the folder's own.
+    """
     from paravt_core.atomic import atomic_dir
     from paravt_core.model.integrity import write_manifest
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import load_model, load_processor, pixel_bounded
 
     # Built in the export dtype: load_state_dict casts the fp32 weights in, so rank 0 never holds
     # a second full fp32 copy beside the consolidated state.
@@ -658,7 +662,7 @@ def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: P
         raise RuntimeError(f"exported weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
-        load_processor(base_model_dir).save_pretrained(tmp)
+        pixel_bounded(load_processor(base_model_dir), video).save_pretrained(tmp)
         write_manifest(tmp)  # sizes and sha256 of the weights, checked at registration and load
         (tmp / "paravt_meta.json").write_text(json.dumps(metadata, indent=2, default=str))
     return out_dir

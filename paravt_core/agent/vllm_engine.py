@@ -226,7 +226,8 @@ def placement_settings(cuda_devices: Sequence[int] = (), tp_size: int = 1,
 def launch_vllm_rollout_server(model_path: str | Path, port: int, *, python: str | None = None,
                                startup_timeout_s: float = 900.0, log_path: Path | None = None,
                                max_model_len: int | None = None, cuda_devices: Sequence[int] = (), tp_size: int = 1,
-                               gpu_memory_utilization: float | None = None) -> ServerProcess:
+                               gpu_memory_utilization: float | None = None,
+                               served_name: str = "paravt-rollout") -> ServerProcess:
     """Start vLLM on `model_path` for rollouts (`ROLLOUT_ARGS`, `ROLLOUT_ENV`) and wait for /health;
     on `cuda_devices` when given (`placement_settings`).
 
@@ -237,7 +238,7 @@ def launch_vllm_rollout_server(model_path: str | Path, port: int, *, python: str
     from paravt_core.agent.server_launch import launch
 
     args, env = placement_settings(cuda_devices, tp_size, gpu_memory_utilization)
-    _, server = launch(Path(model_path), "paravt-rollout", port=port, server="vllm", python=python,
+    _, server = launch(Path(model_path), served_name, port=port, server="vllm", python=python,
                        max_model_len=max_model_len, startup_timeout_s=startup_timeout_s, log_path=log_path,
                        extra=ROLLOUT_ARGS + args, extra_env={**ROLLOUT_ENV, **env}, drop_env=TRAINER_RANK_ENV)
     return server

@@ -421,7 +421,8 @@ def rendering_diff(ours: Sequence[int], theirs: Sequence[int], tokenizer: Any, c
             f"{sum(i == pad for i in theirs)}\n  ours:     {window(ours)}\n  server's: {window(theirs)}")
 
 
-def check_server_rendering(client: OpenAIChatClient, processor: Any, think_prefix: bool = True) -> int:
+def check_server_rendering(client: OpenAIChatClient, processor: Any, think_prefix: bool = True,
+                           pixel_bounds: tuple[int, int] | None = None) -> int:
     """Hold the server's prompt rendering to ours on one probe request; returns the token count.
 
     The probe is shaped like an episode's first request (system turn, two timestamped JPEG
@@ -436,6 +437,10 @@ def check_server_rendering(client: OpenAIChatClient, processor: Any, think_prefi
     `return_token_ids`); else the number of prompt tokens it reports (`usage.prompt_tokens`
     of a 1-token completion), which is what SGLang's chat endpoint gives.
 
+    `pixel_bounds` (min, max pixels per frame) renders ours with the trainer's bounds (SPEC §3)
+    instead of the processor's own, so a server is held to the ids the policy was trained on;
+    an exported checkpoint's processor carries them (`model.loading.pixel_bounded`).
+
     Raises:
         ServerRenderingMismatch: the ids (or counts) differ (the message holds where, and our
             rendering), or the server reports neither.
@@ -446,7 +451,9 @@ def check_server_rendering(client: OpenAIChatClient, processor: Any, think_prefi
         text += THINK_PREFIX
     else:
         text = processor.apply_chat_template(embedded_messages, tokenize=False, add_generation_prompt=True)
-    ours = [int(i) for i in processor(text=[text], images=frames, return_tensors="pt")["input_ids"][0]]
+    size = {} if pixel_bounds is None else {"size": {"shortest_edge": pixel_bounds[0],
+                                                     "longest_edge": pixel_bounds[1]}}
+    ours = [int(i) for i in processor(text=[text], images=frames, return_tensors="pt", **size)["input_ids"][0]]
     reply = client.complete(server_messages, max_tokens=1, continue_final_message=think_prefix, return_token_ids=True)
     advice = ("Serve the checkpoint's own folder (its chat_template and preprocessor_config) with a server that "
               "supports continue_final_message (`paravt eval serve`).")

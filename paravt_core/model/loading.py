@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from paravt_core.config import VideoConfig
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
@@ -25,6 +28,60 @@ def load_processor(model_dir: str | Path):
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(str(model_dir))
+
+
+def pixel_bounded(processor: Any, video: VideoConfig) -> Any:
+    """`processor` with the pipeline's per-frame pixel bounds (SPEC §1, §3) as its own; returns it.
+
+    A checkpoint folder's processor config is what a server renders frames with (vLLM and
+    SGLang read it; `paravt eval serve` passes no resize options). Qwen3-VL's own config
+    (image shortest_edge 65536) upscales every frame below 65536 pixels, so a folder that
+    kept it would be served other pixels and more image tokens than the trainer used: a
+    160x288 frame renders as 66 tokens there, 45 in training. So every export writes the
+    trainer's bounds into the folder (`paravt_core.dist.export_hf_model`).
+
+    Frames always reach the model as image items (`paravt_core.agent.media`); the video
+    processor gets the same per-frame budget over the most frames one clip holds, so a
+    clip sent as a video is not upscaled either.
+    """
+    most_frames = max(video.nframes, video.sft_max_frames, video.crop_max_frames)
+    processor.image_processor.size = {"shortest_edge": video.min_pixels, "longest_edge": video.max_pixels}
+    processor.video_processor.size = {"shortest_edge": video.min_pixels,
+                                      "longest_edge": video.max_pixels * most_frames}
+    return processor
+
+
+def has_pixel_bounds(processor: Any, video: VideoConfig) -> bool:
+    """Does the processor's own image size equal `video`'s per-frame bounds?"""
+    size = processor.image_processor.size
+    return (size.get("shortest_edge"), size.get("longest_edge")) == (video.min_pixels, video.max_pixels)
+
+
+def pixel_bounded_folder(model_dir: str | Path, video: VideoConfig, out_dir: str | Path) -> Path:
+    """A folder to serve `model_dir` from with `video`'s pixel bounds; `model_dir` itself when it has them.
+
+    For a rollout server launched on a folder the pipeline did not export (a base model): its
+    processor config would resize frames otherwise than the trainer, and the server's prompt
+    ids would part from ours. `out_dir` gets the bounded processor (`pixel_bounded`) and links
+    to every other file of `model_dir`; it is rebuilt whole (atomically) each time.
+    """
+    from paravt_core.atomic import atomic_dir
+
+    model_dir = Path(model_dir)
+    processor = load_processor(model_dir)
+    if has_pixel_bounds(processor, video):
+        return model_dir
+    with atomic_dir(Path(out_dir)) as tmp:
+        # the processor first: save_pretrained would write through a link into model_dir
+        pixel_bounded(processor, video).save_pretrained(tmp)
+        for f in model_dir.iterdir():
+            if f.is_file() and not (tmp / f.name).exists() and f.name not in _PROCESSOR_FILES:
+                (tmp / f.name).symlink_to(f.resolve())
+    return Path(out_dir)
+
+
+# Processor configs a folder may hold (transformers 5 writes the first; hub checkpoints the others).
+_PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 
 
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",

@@ -6,7 +6,8 @@ handles as it would the 8B checkpoint. This module writes one as a Hugging Face 
 directory: config and safetensors weights, a byte-level BPE tokenizer trained here on a
 small domain corpus (Qwen's special tokens, and the SPEC §2 tags split as Qwen3-VL splits
 them: six single added tokens, `<answer>`/`<tool_code>` and their closers plain text), the
-image and video processors with Qwen3-VL's patch geometry, and our chat template.
+image and video processors with Qwen3-VL's patch geometry and its shipped resize bounds,
+and our chat template.
 
 Everything is a pure function of `TinyModelSpec`, so the same spec and seed give the same
 bytes (the Prefect task that builds it is cached on the spec).
@@ -73,8 +74,6 @@ class TinyModelSpec(BaseModel):
     patch_size: int = 16
     spatial_merge_size: int = 2
     temporal_patch_size: int = 2
-    min_pixels: int = 784
-    max_pixels: int = 50176
 
 
 # The words of the generated world (data.synth.world: colours, shapes, corners, digits,
@@ -189,7 +188,16 @@ def chat_template() -> str:
     return resources.files("paravt_core.model").joinpath("chat_template.jinja").read_text()
 
 
+# The resize bounds Qwen3-VL-8B-Instruct ships in its preprocessor_config.json and
+# video_preprocessor_config.json. The kit keeps them, not the pipeline's bounds, so that it
+# is never friendlier than the real model: code that forgets to hand the processor SPEC §3's
+# bounds (or to export them, `model.loading.pixel_bounded`) sees upscaled frames here too.
+QWEN3_VL_IMAGE_SIZE = {"shortest_edge": 65536, "longest_edge": 16777216}
+QWEN3_VL_VIDEO_SIZE = {"shortest_edge": 4096, "longest_edge": 25165824}
+
+
 def build_processor(spec: TinyModelSpec, tokenizer):
+    """Qwen3-VL's processors with the real checkpoint's settings and the spec's patch geometry."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
     geometry = dict(
@@ -199,17 +207,9 @@ def build_processor(spec: TinyModelSpec, tokenizer):
         image_mean=[0.5, 0.5, 0.5],
         image_std=[0.5, 0.5, 0.5],
     )
-    image_processor = Qwen2VLImageProcessor(
-        size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}, **geometry
-    )
-    # Frames reach the processor already sampled and resized by paravt_core.video, so the
-    # video processor must neither resample nor shrink them below their per-frame budget.
-    video_processor = Qwen3VLVideoProcessor(
-        size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels * 256},
-        do_sample_frames=False,
-        cap_pixels_per_frame=False,
-        **geometry,
-    )
+    image_processor = Qwen2VLImageProcessor(size=dict(QWEN3_VL_IMAGE_SIZE), **geometry)
+    # Frame sampling (fps 2, 4 to 768 frames) as the checkpoint's video processor has it.
+    video_processor = Qwen3VLVideoProcessor(size=dict(QWEN3_VL_VIDEO_SIZE), **geometry)
     return Qwen3VLProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,

@@ -162,15 +162,34 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
         from paravt_core.dist import free_port
 
         server = launch_sglang_server(
-            init_model, free_port(), tp_size=server_cfg.tp_size, mem_fraction_static=server_cfg.mem_fraction_static,
-            enable_memory_saver=colocated, cuda_devices=server_cfg.gpus,
-            pixel_bounds=(cfg.video.min_pixels, cfg.video.max_pixels), startup_timeout_s=server_cfg.startup_timeout_s)
+            _served_folder(cfg, init_model, staging_dir), free_port(), tp_size=server_cfg.tp_size,
+            mem_fraction_static=server_cfg.mem_fraction_static, enable_memory_saver=colocated,
+            cuda_devices=server_cfg.gpus, pixel_bounds=(cfg.video.min_pixels, cfg.video.max_pixels),
+            served_model_name=_served_name(cfg, init_sha256), startup_timeout_s=server_cfg.startup_timeout_s)
         url = server.url
     url = _shared_url(url, rank, world, init_model, init_sha256)
     engine = SGLangEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,
                                         timeout_s=server_cfg.request_timeout_s)
     return RolloutBackend(engine, pushes_weights=rank == 0, served=True, url=url, releases_memory=colocated,
                           world=world, server=server)
+
+
+def _served_name(cfg: PipelineConfig, init_sha256: str) -> str:
+    """The name a launched rollout server serves under: it carries the starting checkpoint's
+    sha256[:12], so the served-model check (`_shared_url`) accepts the linked copy of a base
+    model that `_served_folder` may serve (other bytes in its processor config, same weights)."""
+    from paravt_core.agent.served_model import served_model_name
+
+    return served_model_name(cfg.model.registered_name, init_sha256)
+
+
+def _served_folder(cfg: PipelineConfig, init_model: Path, staging_dir: Path) -> Path:
+    """What a launched rollout server serves: `init_model` with the trainer's pixel bounds in its
+    processor config (an exported checkpoint has them; a base model gets a linked copy), so
+    that the server expands each frame into as many image tokens as the trainer (SPEC §3)."""
+    from paravt_core.model.loading import pixel_bounded_folder
+
+    return pixel_bounded_folder(init_model, cfg.video, staging_dir.parent / "served-model")
 
 
 def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: int, world: int, staging_dir: Path,
@@ -183,12 +202,14 @@ def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: i
     if url is None and rank == 0:
         from paravt_core.dist import free_port
 
-        server = launch_vllm_rollout_server(init_model, free_port(), python=server_cfg.python,
+        server = launch_vllm_rollout_server(_served_folder(cfg, init_model, staging_dir), free_port(),
+                                            python=server_cfg.python,
                                             startup_timeout_s=server_cfg.startup_timeout_s,
                                             max_model_len=server_cfg.max_model_len,
                                             log_path=staging_dir.parent / "vllm-server.log",
                                             cuda_devices=server_cfg.gpus, tp_size=server_cfg.tp_size,
-                                            gpu_memory_utilization=server_cfg.gpu_memory_utilization)
+                                            gpu_memory_utilization=server_cfg.gpu_memory_utilization,
+                                            served_name=_served_name(cfg, init_sha256))
         url = server.url
     url = _shared_url(url, rank, world, init_model, init_sha256)
     engine = VLLMEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,

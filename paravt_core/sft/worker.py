@@ -218,7 +218,7 @@ def _export(job: SFTJob, engine, rank: int, encoded: EncodingStats, ckpt_dir: Pa
         "media_skipped": encoded.media_errors,  # rank 0's: row source -> why its video did not decode
         "frame_cache": {"hits": encoded.cache_hits, "misses": encoded.cache_misses},
     }
-    pdist.export_hf_model(state, job.base_model, job.out_dir / "model", job.config.model.dtype, meta)
+    pdist.export_hf_model(state, job.base_model, job.out_dir / "model", job.config.model.dtype, meta, job.config.video)
 
 
 if __name__ == "__main__":

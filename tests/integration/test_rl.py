@@ -254,6 +254,8 @@ def test_paragrpo_with_token_anchoring_runs_end_to_end(rl_setup, monkeypatch):
             assert key in row and row[key] == row[key] and abs(row[key]) != float("inf"), (key, row)
         assert row["adv_mean"] == pytest.approx(0.0, abs=1e-4)  # batch-normalized over the step's tokens
     assert (job.out_dir / "model" / "config.json").exists()
+    processor_config = json.loads((job.out_dir / "model" / "processor_config.json").read_text())
+    assert processor_config["image_processor"]["size"] == {"shortest_edge": 784, "longest_edge": 3072}  # #44
 
 
 @pytest.mark.gpu

@@ -27,6 +27,8 @@ from paravt_core.video import sample_overview_frames, sample_window_frames
 pytestmark = pytest.mark.integration
 
 VIDEO_CFG = VideoConfig(nframes=4, max_pixels=6144)
+# The image processor's bounds the trainer renders with (SPEC §3); the tiny kit's own are Qwen3-VL's.
+TRAINER_SIZE = {"shortest_edge": VIDEO_CFG.min_pixels, "longest_edge": VIDEO_CFG.max_pixels}
 SUBAGENT_MARK = "concise, factual summary"
 _WINDOW_RE = re.compile(r"window (\d\d:\d\d) to (\d\d:\d\d)")
 ANSWER = "The evidence points to red.\n</think>\n<answer>A</answer>"
@@ -130,7 +132,7 @@ def _full_ids(processor, prompt, overview, messages, crops, add_generation_promp
                                          add_generation_prompt=add_generation_prompt)
     if add_generation_prompt:
         text += "<think>\n"
-    batch = processor(text=[text], images=clip_images([overview, *crops]), return_tensors="pt")
+    batch = processor(text=[text], images=clip_images([overview, *crops]), return_tensors="pt", size=TRAINER_SIZE)
     return batch["input_ids"][0].tolist(), batch
 
 
@@ -329,7 +331,7 @@ def test_subagent_sees_only_its_window_of_the_episodes_own_video(tiny_processor,
     (trajectory,) = episode.subagents
     window = sample_window_frames(short_video, 4, 7, min_pixels=VIDEO_CFG.min_pixels, max_pixels=VIDEO_CFG.max_pixels)
     clip_text = "".join(f"<{t:.1f} seconds><|vision_start|><|image_pad|><|vision_end|>" for t in window.timestamps)
-    expected = tiny_processor(text=[clip_text], images=list(window.array), return_tensors="pt")
+    expected = tiny_processor(text=[clip_text], images=list(window.array), return_tensors="pt", size=TRAINER_SIZE)
     torch.testing.assert_close(trajectory.vision.pixel_values, expected["pixel_values"])
     window_ids = expected["input_ids"][0].tolist()  # "<t seconds><|vision_start|>pads<|vision_end|>" per frame
     prompt_ids = trajectory.prompt_ids.tolist()
@@ -354,7 +356,8 @@ def _request(processor, question: str, frames=None) -> GenerationRequest:
         return GenerationRequest(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
     from paravt_core.agent.context import ChatRenderer
 
-    encoded = ChatRenderer(processor, think_prefix=False).encode(text, [frames], continuation=False)
+    encoded = ChatRenderer(processor, think_prefix=False, pixel_bounds=(784, 6144)).encode(text, [frames],
+                                                                                       continuation=False)
     return GenerationRequest(encoded.token_ids, encoded.vision)
 
 
@@ -572,6 +575,7 @@ def _server_ids(processor, messages, tools) -> list[int]:
 def test_embedded_and_server_paths_give_the_same_token_layout(tiny_processor, short_video):
     """SPEC §1: the same frames reach the model as the same timestamps and image pads on the
     embedded path (rollouts, sub-agents, hf eval) and on the server path (openai eval)."""
+    import copy
     from contextlib import ExitStack
 
     from paravt_core.agent.context import ChatRenderer
@@ -579,14 +583,17 @@ def test_embedded_and_server_paths_give_the_same_token_layout(tiny_processor, sh
     from paravt_core.agent.prompts import subagent_messages
     from paravt_core.agent.rollout import prepare_prompt
     from paravt_core.eval.openai_engine import chat_messages, frame_items
+    from paravt_core.model.loading import pixel_bounded
 
-    renderer = ChatRenderer(tiny_processor, think_prefix=False)
+    renderer = ChatRenderer(tiny_processor, think_prefix=False,
+                            pixel_bounds=(VIDEO_CFG.min_pixels, VIDEO_CFG.max_pixels))
+    served = pixel_bounded(copy.deepcopy(tiny_processor), VIDEO_CFG)  # an exported checkpoint's processor
     prompt = one_prompt(short_video, nframes=6)
     with ExitStack() as stack:
         prepared = prepare_prompt(0, prompt, renderer, VIDEO_CFG, stack)
         overview = sample_overview_frames(short_video, 6, min_pixels=VIDEO_CFG.min_pixels,
                                           max_pixels=VIDEO_CFG.max_pixels)
-        server = _server_ids(tiny_processor, chat_messages(prompt, overview), prompt.tools)
+        server = _server_ids(served, chat_messages(prompt, overview), prompt.tools)
         assert prepared.encoded.token_ids == server
         text = tiny_processor.tokenizer.decode(server)
         assert text.count("<|vision_start|><|image_pad|>") == 6
@@ -597,24 +604,18 @@ def test_embedded_and_server_paths_give_the_same_token_layout(tiny_processor, sh
         embedded_sub = runner.subagent_request(job).prompt_ids
         crop = runner.frames(job)
         content = [*frame_items(crop), *subagent_messages(2.0, 7.0)[0]["content"][1:]]
-        assert embedded_sub == _server_ids(tiny_processor, [{"role": "user", "content": content}], ())
+        assert embedded_sub == _server_ids(served, [{"role": "user", "content": content}], ())
 
 
 def test_frames_keep_the_spec_pixel_budget_under_qwen3_vls_own_image_bounds(tiny_processor, short_video):
-    """Qwen3-VL's image processor (shortest_edge 65536) would upscale every frame below 65536
-    pixels; the tiny kit's (784) would not. The rollout must hand SPEC §3's bounds to either."""
-    import copy
+    """Qwen3-VL's image processor (shortest_edge 65536), which the tiny kit keeps, would upscale
+    every frame below 65536 pixels. The rollout must hand it SPEC §3's bounds."""
     from contextlib import ExitStack
-
-    from transformers import Qwen2VLImageProcessor
 
     from paravt_core.agent.context import ChatRenderer
     from paravt_core.agent.rollout import prepare_prompt
 
-    real_like = copy.deepcopy(tiny_processor)
-    real_like.image_processor = Qwen2VLImageProcessor(
-        size={"shortest_edge": 65536, "longest_edge": 16777216}, patch_size=16, temporal_patch_size=2, merge_size=2,
-        image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    real_like = tiny_processor
     overview = sample_overview_frames(short_video, 3, min_pixels=VIDEO_CFG.min_pixels, max_pixels=VIDEO_CFG.max_pixels)
     _, height, width, _ = overview.array.shape
     bounded = ChatRenderer(real_like, think_prefix=False, pixel_bounds=(VIDEO_CFG.min_pixels, VIDEO_CFG.max_pixels))

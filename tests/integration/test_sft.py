@@ -136,6 +136,8 @@ def test_two_rank_zero3_trains_and_exports(sft_setup, tiny_processor, short_vide
     meta = json.loads((ref.path / "paravt_meta.json").read_text())
     assert meta["data_sha256"] == sft_data.sha256 and meta["base_model_sha256"] == base.sha256
     assert meta["resolved_config"]["sft"]["zero_stage"] == 3 and meta["git_revision"]
+    bounds = {"shortest_edge": cfg.video.min_pixels, "longest_edge": cfg.video.max_pixels}
+    assert json.loads((ref.path / "processor_config.json").read_text())["image_processor"]["size"] == bounds  # #44
     trained, original = load_model(ref.path), load_model(base.path)
     changed = [n for (n, p), (_, q) in zip(trained.named_parameters(), original.named_parameters()) if not torch.equal(p, q)]
     assert len(changed) > 0.9 * len(list(original.parameters()))

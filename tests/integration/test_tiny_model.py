@@ -24,7 +24,9 @@ def _video_inputs(processor, clip, question="What happens?"):
     frames, meta = clip
     msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
     text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    return processor(text=[text], videos=[frames], video_metadata=[meta], return_tensors="pt")
+    # The frames are already sampled; Qwen3-VL's video processor would sample them again at 2 fps.
+    return processor(text=[text], videos=[frames], video_metadata=[meta], do_sample_frames=False,
+                     return_tensors="pt")
 
 
 def test_loads_through_auto_classes(tiny_model, tiny_processor):

@@ -49,18 +49,21 @@ def server_splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
 @pytest.fixture(scope="session")
 def tool_model_dir(serve_python, tiny_model_dir: Path, tiny_processor, server_splits,
                    tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model taught the scripted episodes of `server_splits` (`tool_model.py`)."""
+    """The tiny model taught the scripted episodes of `server_splits` (`tool_model.py`), exported
+    as the SFT and RL stages export a checkpoint (its processor carries the pixel bounds)."""
     import time
 
     from tool_model import examples, record_requests, teach
 
     from paravt_core.eval.evaluator import OpenAISampleRunner
+    from paravt_core.model.loading import load_processor, pixel_bounded
 
     settings = eval_settings()
     requests = record_requests(lambda client: OpenAISampleRunner(client, tiny_processor, settings), server_splits)
     started = time.perf_counter()
-    found = examples(requests, tiny_processor)
-    out = teach(tiny_model_dir, tmp_path_factory.mktemp("models") / "tool-tiny", found)
+    # rendered as the server renders them: with the export's processor, which carries the bounds
+    found = examples(requests, pixel_bounded(load_processor(tiny_model_dir), settings.video))
+    out = teach(tiny_model_dir, tmp_path_factory.mktemp("models") / "tool-tiny", found, settings.video)
     print(f"\ntool model: {len(requests)} requests, {len(found)} distinct, taught in "
           f"{time.perf_counter() - started:.0f} s", flush=True)
     return out

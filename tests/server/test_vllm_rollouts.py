@@ -16,6 +16,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.server
+MAX_PIXELS = 3072  # per frame, the rollouts' video.max_pixels
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +24,21 @@ def rollout_server(serve_python, tiny_model_dir: Path, tmp_path_factory: pytest.
     from server_kit import free_port
 
     from paravt_core.agent.vllm_engine import launch_vllm_rollout_server
+    from paravt_core.config import VideoConfig
+    from paravt_core.agent.served_model import served_model_name
+    from paravt_core.model.loading import pixel_bounded_folder
+    from paravt_core.refs import content_hash
 
     # A copy: the RL test's weight updates must not reach another module's model folder.
     model = tmp_path_factory.mktemp("rollout-model") / "tiny"
     shutil.copytree(tiny_model_dir, model)
-    server = launch_vllm_rollout_server(model, free_port(), python=serve_python, startup_timeout_s=600,
-                                        log_path=tmp_path_factory.mktemp("rollout-logs") / "vllm.log")
+    # served with the tests' pixel bounds, as the RL stage serves a base model (rl.rollout_engine)
+    served = pixel_bounded_folder(model, VideoConfig(max_pixels=MAX_PIXELS), model.parent / "served")
+    # under a name carrying the model's sha256[:12], as the RL stage names it (`rl.rollout_engine`):
+    # the served-model check then knows the bounded copy for the model (other processor bytes)
+    server = launch_vllm_rollout_server(served, free_port(), python=serve_python, startup_timeout_s=600,
+                                        log_path=tmp_path_factory.mktemp("rollout-logs") / "vllm.log",
+                                        served_name=served_model_name("paravt", content_hash(model)))
     try:
         yield server, model
     finally:
@@ -44,9 +54,9 @@ def test_token_ids_and_frames_in_sampled_ids_and_logprobs_out(rollout_server, ti
     from paravt_core.video import VideoFile, sample_overview_frames
 
     server, model_dir = rollout_server
-    renderer = ChatRenderer(tiny_processor, think_prefix=True)
+    renderer = ChatRenderer(tiny_processor, think_prefix=True, pixel_bounds=(784, MAX_PIXELS))
     with VideoFile(short_video) as video:
-        overview = sample_overview_frames(video, 3, min_pixels=784, max_pixels=3072)
+        overview = sample_overview_frames(video, 3, min_pixels=784, max_pixels=MAX_PIXELS)
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What colour is it?"}]}]
     prompt = renderer.encode(renderer.prompt_text(with_frames(messages, [overview]), tools=None), [overview],
                              continuation=False)
@@ -94,7 +104,7 @@ def test_rl_on_vllm_loads_each_steps_weights_into_the_served_model(rollout_serve
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
         f"run.output_dir={tmp_path / 'out'}", "rl.max_steps=2", "rl.prompts_per_step=2", "rl.group_size=2",
         "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
-        "video.nframes=4", "video.max_pixels=3072", "rl.checkpoint_every=1", "rl.zero_stage=0",
+        "video.nframes=4", f"video.max_pixels={MAX_PIXELS}", "rl.checkpoint_every=1", "rl.zero_stage=0",
         "rl.learning_rate=0.01", "rl.temperature=1.0", "rl.rollout.engine=vllm", f"rl.rollout.vllm.url={server.url}"])
 
     probe = tiny_processor.tokenizer("What colour was the square?", add_special_tokens=False)["input_ids"]
@@ -138,7 +148,7 @@ def _moved_copy(model_dir: Path, out: Path) -> tuple[Path, dict]:
 
 
 def test_what_vllm_says_it_serves_is_held_to_the_checkpoint_in_evaluation(rollout_server, tmp_path):
-    from paravt_core.agent.served_model import ServedModelMismatch, check_served_model
+    from paravt_core.agent.served_model import ServedModelMismatch, check_served_model, served_model_name
     from paravt_core.config import load_config
     from paravt_core.eval.evaluator import EvalError
     from paravt_core.eval.stage import open_runner
@@ -148,22 +158,27 @@ def test_what_vllm_says_it_serves_is_held_to_the_checkpoint_in_evaluation(rollou
     server, model_dir = rollout_server
     api_root = f"{server.url}/v1"
     sha = content_hash(model_dir)
-    served = check_served_model(api_root, "paravt-rollout", model_dir, sha)
-    assert (served.id, served.root) == ("paravt-rollout", str(model_dir))  # vLLM: root is the folder it loaded
+    name = served_model_name("paravt", sha)
+    served_dir = model_dir.parent / "served"  # the bounded copy the server loaded
+    served = check_served_model(api_root, name, model_dir, sha)
+    assert (served.id, served.root) == (name, str(served_dir))  # vLLM: root is the folder it loaded
+    # a folder of the same content is the same checkpoint (by the sha in the name, here)
     elsewhere = tmp_path / "same-content"
     shutil.copytree(model_dir, elsewhere)
-    assert check_served_model(api_root, None, elsewhere, content_hash(elsewhere)).root == str(model_dir)
+    assert check_served_model(api_root, None, elsewhere, content_hash(elsewhere)).root == str(served_dir)
+    # and without a name carrying a sha, by the root's content
+    assert check_served_model(api_root, None, served_dir, content_hash(served_dir)).id == name
 
     other, _ = _moved_copy(model_dir, tmp_path / "other")
     other_sha = content_hash(other)
-    with pytest.raises(ServedModelMismatch, match=rf"serves 'paravt-rollout' \(root '{model_dir}'\), which is not "
+    with pytest.raises(ServedModelMismatch, match=rf"serves '{name}' \(root '{served_dir}'\), which is not "
                                                   rf"{other} \(sha256 {other_sha[:12]}\)"):
         check_served_model(api_root, None, other, other_sha)
     # `paravt eval run` of the other checkpoint on this server stops before its first request.
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
         f"run.output_dir={tmp_path / 'out'}", "eval.engine=openai", f"eval.endpoint={api_root}",
-        "eval.served_model_name=paravt-rollout"])
-    with pytest.raises(EvalError, match=rf"eval.engine=openai: the server at {api_root} serves 'paravt-rollout'"):
+        f"eval.served_model_name={name}"])
+    with pytest.raises(EvalError, match=rf"eval.engine=openai: the server at {api_root} serves '{name}'"):
         open_runner(cfg, ArtifactRef(kind="model", path=other, sha256=other_sha))
 
 

@@ -67,6 +67,21 @@ def test_a_wrong_pixel_bound_fails_the_check_with_the_diff(vllm_server, tool_mod
     assert "ours:     '" in str(raised.value) and "server's: '" in str(raised.value)
 
 
+def test_the_served_export_renders_frames_with_the_trainers_pixel_bounds(vllm_server, tiny_processor):
+    """#44: the tool model is exported as the SFT and RL stages export; vLLM serving its folder
+    renders the probe into the ids the trainer renders (the base processor with SPEC §3's
+    bounds), where the base folder's own bounds (Qwen3-VL's) would have upscaled its frames."""
+    from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
+
+    video = eval_settings().video
+    client = vllm_server.client()
+    for think_prefix in (True, False):
+        assert check_server_rendering(client, tiny_processor, think_prefix,
+                                      pixel_bounds=(video.min_pixels, video.max_pixels)) > 0
+    with pytest.raises(ServerRenderingMismatch, match=r"image pads: ours \d+, the server's \d+"):
+        check_server_rendering(client, tiny_processor)  # what an export that kept the base's config serves
+
+
 def test_the_openai_evaluator_plays_tool_rounds_on_two_splits(vllm_server, tool_model_dir, server_splits, tmp_path):
     from paravt_core.eval.evaluator import OpenAISampleRunner, evaluate_split
     from paravt_core.eval.results import ResultsLog

@@ -24,7 +24,6 @@ import base64
 import copy
 import hashlib
 import io
-import shutil
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,16 +183,17 @@ def _greedy(model, example: Example) -> list[int]:
     return out[0, ids.shape[1]:].tolist()
 
 
-def teach(base_dir: Path, out_dir: Path, examples_: Sequence[Example], *, max_epochs: int = 300,
+def teach(base_dir: Path, out_dir: Path, examples_: Sequence[Example], video, *, max_epochs: int = 300,
           check_every: int = 20, lr: float = 2e-3, seed: int = 0) -> Path:
-    """Train `base_dir`'s model on the examples until greedy decoding gives every target; save it.
+    """Train `base_dir`'s model on the examples until greedy decoding gives every target; export
+    it as the SFT and RL stages do (`export_hf_model`, with `video`'s pixel bounds).
 
     Raises:
         AssertionError: some target is still not reproduced after `max_epochs`.
     """
     import torch
 
-    from paravt_core.model.integrity import write_manifest
+    from paravt_core.dist import export_hf_model
     from paravt_core.model.loading import load_model
 
     torch.manual_seed(seed)
@@ -219,9 +219,5 @@ def teach(base_dir: Path, out_dir: Path, examples_: Sequence[Example], *, max_ep
             if not wrong:
                 break
     assert not wrong, f"{len(wrong)} of {len(examples_)} scripted replies not learnt after {max_epochs} epochs"
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    shutil.copytree(base_dir, out_dir, ignore=shutil.ignore_patterns("*.safetensors", "paravt_weights.json"))
-    model.save_pretrained(out_dir, safe_serialization=True)
-    write_manifest(out_dir)
-    return out_dir
+    return export_hf_model(model.state_dict(), base_dir, out_dir, "float32", {"stage": "tests/server tool model"},
+                           video)
