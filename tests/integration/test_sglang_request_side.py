@@ -21,10 +21,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,7 @@ import pytest
 import torch
 
 from paravt_core.agent.engine import GenerationRequest, SamplingParams
+from tests.http_stand_in import StandIn
 
 pytestmark = pytest.mark.integration
 
@@ -88,42 +87,18 @@ def run_request_side(packages: Path, model_dir: Path, bodies: list[dict], tmp_pa
     return json.loads(lines[-1][len("RESULTS "):])
 
 
-class Recorder:
-    """A stand-in server that records the bodies the client POSTs and answers as SGLang would."""
+def sglang_answer(prompts: list[list[int]]):
+    """A `/generate` reply as SGLang's server gives it (its response schema checks it below),
+    with these prompt ids; any other POST (weights, memory) answers success."""
 
-    def __init__(self, prompts: list[list[int]]):
-        self.bodies: list[dict] = []
-        recorder = self
+    def answer(path: str, body: dict):
+        if path == "/generate":
+            return [{"text": "", "output_ids": [5], "prompt_token_ids": ids,
+                     "meta_info": {"output_token_logprobs": [[-0.5, 5, None]],
+                                   "finish_reason": {"type": "stop", "matched": 5}}} for ids in prompts]
+        return {"success": True, "message": "ok"}
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200)
-                self.end_headers()
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
-                recorder.bodies.append({"path": self.path, "body": body})
-                answer = {"success": True, "message": "ok"}
-                if self.path == "/generate":
-                    answer = [{"text": "", "output_ids": [5], "prompt_token_ids": ids,
-                               "meta_info": {"output_token_logprobs": [[-0.5, 5, None]],
-                                             "finish_reason": {"type": "stop", "matched": 5}}} for ids in prompts]
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    return answer
 
 
 # Rollout frame bounds unlike the tiny checkpoint's own image processor's (784, 50176), as
@@ -166,7 +141,7 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
     from paravt_core.agent.sglang_engine import SGLangEngine, mm_process_config, parse_generation
 
     requests = rollout_requests(tiny_processor)
-    recorder = Recorder([list(request.prompt_ids) for request in requests])
+    recorder = StandIn(sglang_answer([list(request.prompt_ids) for request in requests]))
     try:
         engine = SGLangEngine.for_processor(recorder.url, tiny_model_dir, tmp_path / "weights", tiny_processor)
         params = SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.95, stop_token_ids=(5, 7), seed=11)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ from paravt_core.agent.prompts import (
     subagent_instruction,
     subagent_messages,
 )
+from tests.http_stand_in import StandIn
 
 
 @pytest.mark.parametrize(("seconds", "clock"), [(0, "00:00"), (9.99, "00:09"), (75, "01:15"), (3725.5, "62:05")])
@@ -94,41 +93,21 @@ def test_the_sglang_client_refuses_prompt_ids_the_server_expanded_otherwise(tmp_
 
     request = two_frame_request()
     served = {"ids": list(request.prompt_ids)}
-    bodies = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
+    def reply(path, body):
+        return [{"output_ids": [5], "prompt_token_ids": served["ids"],
+                 "meta_info": {"output_token_logprobs": [[-0.5, 5, None]], "finish_reason": {"type": "stop", "matched": 5}}}]
 
-        def do_POST(self):
-            bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            data = json.dumps([{"output_ids": [5], "prompt_token_ids": served["ids"],
-                                "meta_info": {"output_token_logprobs": [[-0.5, 5, None]],
-                                              "finish_reason": {"type": "stop", "matched": 5}}}]).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        engine = SGLangEngine(f"http://127.0.0.1:{httpd.server_address[1]}", tmp_path, tmp_path / "w",
-                              {"<|image_pad|>": PAD})
+    with StandIn(reply) as stand_in:
+        engine = SGLangEngine(stand_in.url, tmp_path, tmp_path / "w", {"<|image_pad|>": PAD})
         (generation,) = engine.generate([request], SamplingParams(max_new_tokens=4))
         assert generation.token_ids == [5]
-        assert bodies[-1]["input_ids"] == [[1, 7, PAD, 8, 2, 7, PAD, 8, 3]]
-        assert bodies[-1]["return_prompt_token_ids"] is True and len(bodies[-1]["image_data"][0]) == 2
+        sent = stand_in.bodies[-1]["body"]
+        assert sent["input_ids"] == [[1, 7, PAD, 8, 2, 7, PAD, 8, 3]]
+        assert sent["return_prompt_token_ids"] is True and len(sent["image_data"][0]) == 2
         served["ids"] = request.prompt_ids[:3] + [PAD] + request.prompt_ids[3:]  # a frame resized larger
         with pytest.raises(SGLangTokenMismatch, match="first difference at position 5"):
             engine.generate([request], SamplingParams(max_new_tokens=4))
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and importlib.util.find_spec("sglang") is not None,
@@ -152,7 +131,7 @@ def test_the_sglang_client_refuses_a_url_where_no_server_answers():
         SGLangEngine(url, "model-dir", "staging", {"<|image_pad|>": PAD})
 
 
-def test_the_pipelines_sglang_server_gets_the_rollouts_pixel_bounds(monkeypatch, tmp_path):
+def test_the_pipelines_sglang_server_gets_the_rollouts_pixel_bounds(monkeypatch, tmp_path, tiny_model_dir):
     """Without `--mm-process-config` SGLang resizes frames by the checkpoint's own bounds, so
     its pad counts would differ from the trainer's (tests/integration/test_sglang_request_side.py)."""
     from paravt_core.agent import sglang_engine
@@ -171,6 +150,7 @@ def test_the_pipelines_sglang_server_gets_the_rollouts_pixel_bounds(monkeypatch,
     cfg = load_config(Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml",
                       ["rl.rollout.engine=sglang", "video.min_pixels=1024", "video.max_pixels=8192"])
     with pytest.raises(RuntimeError, match="recorded"):
-        rollout_engine.build_rollout_engine(cfg, tmp_path, None, "cpu", 0, 1, tmp_path)
+        rollout_engine.build_rollout_engine(cfg, tiny_model_dir, None, "cpu", 0, 1, tmp_path / "rl" / "weights",
+                                            "0" * 64)
     flag = launched["command"][launched["command"].index("--mm-process-config") + 1]
     assert json.loads(flag) == {"image": {"size": {"shortest_edge": 1024, "longest_edge": 8192}}}

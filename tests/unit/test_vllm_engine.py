@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -14,42 +11,10 @@ import torch
 
 from paravt_core.agent.engine import GenerationRequest, SamplingParams, VisionInputs
 from paravt_core.refs import content_hash
+from tests.http_stand_in import StandIn
 
 PAD, OTHER = 9, 5
 MEDIA = {"<|image_pad|>": PAD, "<|vision_start|>": 7, "<|vision_end|>": 8}
-
-
-class StandIn:
-    """Answers /health and /inference/v1/generate from `answer(body)`; records the bodies."""
-
-    def __init__(self, answer):
-        self.bodies: list[dict] = []
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200)
-                self.end_headers()
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
-                stand_in.bodies.append({"path": self.path, **body})
-                data = json.dumps(answer(self.path, body)).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def reply(prompt_ids, token_ids, finish="stop"):
@@ -76,7 +41,7 @@ def test_pads_are_collapsed_frames_sent_as_png_and_the_served_ids_checked(tmp_pa
         engine = VLLMEngine(stand_in.url, tmp_path, tmp_path / "w", MEDIA)
         (generation,) = engine.generate([request], SamplingParams(max_new_tokens=4, temperature=0.7, seed=1,
                                                                   stop_token_ids=(4,)))
-        body = stand_in.bodies[-1]
+        body = stand_in.bodies[-1]["body"]
         assert body["token_ids"] == [1, 7, PAD, 8, 2, 7, PAD, 8, 3] and body["return_token_ids"] is True
         assert [part["url"][:22] for part in body["content_parts"]] == ["data:image/png;base64,"] * 2
         sampling = body["sampling_params"]
@@ -107,7 +72,7 @@ def test_frames_must_match_the_pad_runs_and_a_generated_placeholder_is_drawn_aga
         engine = VLLMEngine(stand_in.url, tmp_path, tmp_path / "w", MEDIA)
         (generation,) = engine.generate([request], SamplingParams(max_new_tokens=4, seed=10))
         assert generation.token_ids == [OTHER, 4]
-        assert [b["sampling_params"]["seed"] for b in stand_in.bodies] == [10, 11, 12]
+        assert [b["body"]["sampling_params"]["seed"] for b in stand_in.bodies] == [10, 11, 12]
         one_frame = GenerationRequest(request.prompt_ids, VisionInputs(frames=request.vision.frames[:1]))
         with pytest.raises(ValueError, match="2 image-pad runs but 1 frames"):
             engine.generate([one_frame], SamplingParams(max_new_tokens=4))
@@ -130,7 +95,7 @@ def test_a_weight_update_pauses_reloads_the_snapshot_tags_it_and_resumes(tmp_pat
         engine.update_weights({"w": torch.zeros(2)})
     finally:
         stand_in.close()
-    calls = [(b["path"], b.get("kwargs"), b.get("new_version")) for b in stand_in.bodies]
+    calls = [(b["path"], b["body"].get("kwargs"), b["body"].get("new_version")) for b in stand_in.bodies]
     snapshot = str((tmp_path / "weights" / "v2").resolve())
     assert calls[4:] == [("/pause?mode=wait", None, None),
                          ("/collective_rpc", {"weights_path": snapshot}, None),
