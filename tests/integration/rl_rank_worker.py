@@ -100,7 +100,7 @@ def run_uneven(job_file: Path, out: Path) -> None:
 
     engines: list[ScriptedEngine] = []
 
-    def scripted_backend(cfg, init_model, processor, device, rank, world, staging_dir):
+    def scripted_backend(cfg, init_model, processor, device, rank, world, staging_dir, init_sha256):
         engine = ScriptedEngine(processor.tokenizer, calls_crops=rank == 0)
         engines.append(engine)
         return rollout_engine.RolloutBackend(engine, pushes_weights=True, world=world)

@@ -281,6 +281,19 @@ def test_rl_steps_on_one_gpu_with_a_zero3_policy_and_reference(rl_setup, monkeyp
 # --- rollouts on an SGLang server (issue 14), against the CPU stub in tests/sglang_stub.py ---------------
 
 
+def _bounded_stub(model_dir: Path, **kwargs):
+    """The SGLang stand-in started by hand as a user would start SGLang for `rl.rollout.sglang.url`:
+    with `--mm-process-config` from the rollouts' pixel bounds (`_served_config`'s), without
+    which it renders frames with the checkpoint's own bounds (Qwen3-VL's, which the tiny kit keeps)."""
+    from sglang_stub import TinySGLangServer
+
+    from paravt_core.agent.sglang_engine import mm_process_config
+
+    video = load_config(REPO / "conf/pipeline/tiny.yaml", ["video.max_pixels=3072"]).video
+    return TinySGLangServer(model_dir, mm_process_config=mm_process_config((video.min_pixels, video.max_pixels)),
+                            **kwargs)
+
+
 def _served_config(tmp: Path, url: str, *extra: str):
     return load_config(REPO / "conf/pipeline/tiny.yaml", [
         f"run.output_dir={tmp / 'out'}", "rl.max_steps=2", "rl.prompts_per_step=2", "rl.group_size=2",
@@ -341,14 +354,12 @@ def _teacher_forced(model, prompt_ids: list[int], generated: list[int]) -> torch
 
 
 def test_rl_on_the_sglang_server_pushes_each_steps_weights_into_the_served_model(rl_setup, tiny_processor):
-    from sglang_stub import TinySGLangServer
-
     from paravt_core.model.loading import load_model
     from paravt_core.rl import stage
 
     init, rl_data, tmp = rl_setup
     probe = tiny_processor.tokenizer("What colour was the square?", add_special_tokens=False)["input_ids"]
-    with TinySGLangServer(init.path) as server:
+    with _bounded_stub(init.path) as server:
         tokens_before, served_before = _served_logprobs(server.url, init.path, probe)
         job = stage.make_job(_served_config(tmp, server.url), init, rl_data, with_mlflow=False)
         worker = _run_worker(job, tmp)
@@ -379,13 +390,11 @@ def test_rl_on_the_sglang_server_pushes_each_steps_weights_into_the_served_model
 
 
 def test_a_killed_server_fails_the_step_clearly_and_the_run_resumes_from_its_checkpoint(rl_setup):
-    from sglang_stub import TinySGLangServer
-
     from paravt_core.rl import stage
 
     init, rl_data, tmp = rl_setup
     # The server dies when step 2's weights are about to be pushed (its 2nd resume request).
-    with TinySGLangServer(init.path, crash_on=("/resume_memory_occupation", 2)) as first:
+    with _bounded_stub(init.path, crash_on=("/resume_memory_occupation", 2)) as first:
         job = stage.make_job(_served_config(tmp, first.url), init, rl_data, with_mlflow=False)
         failed = _run_worker(job, tmp)
     assert failed.returncode != 0
@@ -394,7 +403,7 @@ def test_a_killed_server_fails_the_step_clearly_and_the_run_resumes_from_its_che
     rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1] and not (job.out_dir / "model").exists()
 
-    with TinySGLangServer(init.path) as second:
+    with _bounded_stub(init.path) as second:
         # Issue #44 item 9: rl.keep_last is not part of the run's identity either, and prunes.
         resumed = stage.make_job(_served_config(tmp, second.url, "rl.keep_last=1"), init, rl_data, with_mlflow=False)
         assert resumed.out_dir == job.out_dir  # the server's url is not part of the run's identity
@@ -413,18 +422,17 @@ def test_a_killed_server_fails_the_step_clearly_and_the_run_resumes_from_its_che
 def test_a_server_holding_another_runs_weights_rolls_out_the_policy_from_step_1(rl_setup):
     """Issue #48 item 2: a running server still names the starting checkpoint after a previous
     run loaded its own weights into it; step 1 must still be rolled out by the policy."""
-    from sglang_stub import TinySGLangServer
-
     from paravt_core.agent.sglang_engine import SGLangEngine
-    from paravt_core.model.loading import load_model
+    from paravt_core.model.loading import load_model, load_processor
     from paravt_core.rl import stage
 
     init, rl_data, tmp = rl_setup
     noise = torch.Generator().manual_seed(1)  # a previous run's weights: the same shapes, moved
     previous = {name: value + 0.05 * torch.randn(value.shape, generator=noise) if value.is_floating_point() else value
                 for name, value in load_model(init.path).state_dict().items()}
-    with TinySGLangServer(init.path) as server:
-        SGLangEngine(server.url, init.path, tmp / "previous-run-weights").update_weights(previous)
+    with _bounded_stub(init.path) as server:
+        SGLangEngine.for_processor(server.url, init.path, tmp / "previous-run-weights",
+                                   load_processor(init.path)).update_weights(previous)
         job = stage.make_job(_served_config(tmp, server.url, "rl.max_steps=1"), init, rl_data, with_mlflow=False)
         worker = _run_worker(job, tmp)
     assert worker.returncode == 0, worker.stderr[-3000:]
