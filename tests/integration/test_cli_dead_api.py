@@ -63,8 +63,9 @@ def _run_toy(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess, fl
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=str(REPO),
                PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "results"))
+    # stdin from /dev/null: under pytest-xdist this process's stdin is its channel to the controller
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), mode], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     ended = time.time()
     killed = [float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("KILLED")]
     assert killed, proc.stderr[-3000:]
