@@ -250,3 +250,24 @@ def start_eval_serve(args: list[str], env: dict[str, str] | None = None, backgro
         if line.startswith("evaluate:"):
             break
     return process, lines
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")  # a zombie (exited, not yet reaped) counts as gone
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def processes_gone(pids, timeout_s: float = 20.0) -> bool:
+    """Whether every pid has exited (zombies count as gone) within `timeout_s`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while any(process_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

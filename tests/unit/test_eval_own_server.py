@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import textwrap
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from paravt_core.eval import stage
 from paravt_core.eval.results import EpisodeOutcome
 from paravt_core.eval.samples import EvalSample
 from paravt_core.refs import ArtifactRef, content_hash
+from tests.conftest import processes_gone
 
 FAKE_SERVER = textwrap.dedent('''
     """A stand-in for vLLM's api_server: forks a worker (as vLLM's engine core), answers
@@ -74,24 +74,6 @@ def starts(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")  # a zombie counts as gone
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
-
-
-def gone(pids: Sequence[int], timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while any(_alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 def config(tmp_path: Path, **eval_fields) -> PipelineConfig:
     fields = {"engine": "openai", "server": "vllm", "server_python": sys.executable, "server_startup_timeout_s": 60,
               "splits": ["lvbench"],
@@ -143,7 +125,7 @@ def test_each_checkpoint_gets_a_server_of_its_own_stopped_after_its_splits(fake_
         assert lines[-1] == f"eval: stopped the model server for {model.path}"
         started = starts(fake_vllm)
         assert len(started) == number and started[-1]["model"] == str(model.path)
-        assert gone(started[-1]["pids"]), f"the server for {model.path} outlived its evaluation"
+        assert processes_gone(started[-1]["pids"]), f"the server for {model.path} outlived its evaluation"
         assert (stage.results_dir(cfg, model) / "server.log").is_file()
     assert len({tuple(s["pids"]) for s in starts(fake_vllm)}) == 3
     assert all(s["cuda"] is None and "--data-parallel-size" not in s["argv"] for s in starts(fake_vllm))
@@ -163,7 +145,7 @@ def test_the_server_is_stopped_when_the_evaluation_fails(fake_vllm, fake_checkpo
     with pytest.raises(RuntimeError, match="broke mid-split"):
         stage.run(config(tmp_path), model, eval_data(tmp_path / "data"), "base", progress=False)
     (started,) = starts(fake_vllm)
-    assert gone(started["pids"])
+    assert processes_gone(started["pids"])
 
 
 def test_a_server_serving_another_model_is_refused_and_stopped(fake_vllm, fake_checkpoint, tmp_path, monkeypatch):
@@ -173,7 +155,7 @@ def test_a_server_serving_another_model_is_refused_and_stopped(fake_vllm, fake_c
     with pytest.raises(stage.EvalError, match=f"(?s)someone-elses-model.*{model.sha256[:12]}"):
         stage.run(config(tmp_path), model, eval_data(tmp_path / "data"), "base", progress=False)
     (started,) = starts(fake_vllm)
-    assert gone(started["pids"])
+    assert processes_gone(started["pids"])
     log = stage.results_dir(config(tmp_path), model) / "lvbench.jsonl"
     assert not log.exists() or not log.read_text()  # nothing scored
 

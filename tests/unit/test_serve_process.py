@@ -11,12 +11,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import start_eval_serve
+from tests.conftest import process_alive, processes_gone, start_eval_serve
 
 FAKE_SERVER = textwrap.dedent('''
     """A stand-in for vLLM's api_server: forks a worker, serves /health, records both pids."""
@@ -57,25 +56,6 @@ def fake_vllm(tmp_path: Path) -> Path:
     return root
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by its parent) counts as gone.
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
-
-
-def _gone(pids: list[int], timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while any(_alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "background-launch"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupted_eval_serve_stops_the_server_and_its_workers(fake_vllm, fake_checkpoint, tmp_path, sig, background):
@@ -92,10 +72,10 @@ def test_interrupted_eval_serve_stops_the_server_and_its_workers(fake_vllm, fake
     try:
         assert any(line == f"endpoint: http://127.0.0.1:{port}/v1\n" for line in lines), lines
         server_pid, worker_pid = map(int, pids_file.read_text().split())
-        assert _alive(server_pid) and _alive(worker_pid)
+        assert process_alive(server_pid) and process_alive(worker_pid)
         paravt.send_signal(sig)
         assert paravt.wait(timeout=60) == 0
-        assert _gone([server_pid, worker_pid]), "the server or its worker outlived `paravt eval serve`"
+        assert processes_gone([server_pid, worker_pid]), "the server or its worker outlived `paravt eval serve`"
         assert "stopping the server" in paravt.stderr.read()
     finally:
         if paravt.poll() is None:
@@ -115,7 +95,7 @@ def test_start_server_reports_progress_and_a_server_that_dies_names_its_log(fake
         worker = int((tmp_path / "pids").read_text().split()[1])
     finally:
         server.kill()
-    assert not server.alive() and _gone([worker])
+    assert not server.alive() and processes_gone([worker])
 
     failing = [sys.executable, "-c", "import sys; print('no such model folder'); sys.exit(3)"]
     with pytest.raises(ServerStartError, match="(?s)exited with status 3.*no such model folder"):
