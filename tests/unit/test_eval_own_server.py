@@ -20,7 +20,7 @@ from paravt_core.eval import stage
 from paravt_core.eval.results import EpisodeOutcome
 from paravt_core.eval.samples import EvalSample
 from paravt_core.refs import ArtifactRef, content_hash
-from tests.conftest import processes_gone
+from tests.conftest import fake_vllm_package, processes_gone
 
 FAKE_SERVER = textwrap.dedent('''
     """A stand-in for vLLM's api_server: forks a worker (as vLLM's engine core), answers
@@ -57,12 +57,7 @@ FAKE_SERVER = textwrap.dedent('''
 @pytest.fixture()
 def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The stand-in importable by this interpreter's children; returns the starts log."""
-    root = tmp_path / "fakepkgs"
-    module = root / "vllm" / "entrypoints" / "openai"
-    module.mkdir(parents=True)
-    for folder in (root / "vllm", root / "vllm" / "entrypoints", module):
-        (folder / "__init__.py").write_text("")
-    (module / "api_server.py").write_text(FAKE_SERVER)
+    root = fake_vllm_package(tmp_path / "fakepkgs", FAKE_SERVER)
     monkeypatch.setenv("PYTHONPATH", f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.setenv("FAKE_STARTS", str(tmp_path / "starts.jsonl"))
     for name in ("PARAVT_EVAL_ENDPOINT", "PARAVT_EVAL_MODEL_NAME", "PARAVT_SERVE_PYTHON"):

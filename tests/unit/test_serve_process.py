@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import process_alive, processes_gone, start_eval_serve
+from paravt_core.dist import free_port
+from tests.conftest import fake_vllm_package, process_alive, processes_gone, start_eval_serve
 
 FAKE_SERVER = textwrap.dedent('''
     """A stand-in for vLLM's api_server: forks a worker, serves /health, records both pids."""
@@ -39,21 +40,9 @@ FAKE_SERVER = textwrap.dedent('''
 ''')
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture()
 def fake_vllm(tmp_path: Path) -> Path:
-    root = tmp_path / "fakepkgs"
-    module = root / "vllm" / "entrypoints" / "openai"
-    module.mkdir(parents=True)
-    for folder in (root / "vllm", root / "vllm" / "entrypoints", module):
-        (folder / "__init__.py").write_text("")
-    (module / "api_server.py").write_text(FAKE_SERVER)
-    return root
+    return fake_vllm_package(tmp_path / "fakepkgs", FAKE_SERVER)
 
 
 @pytest.mark.parametrize("background", [False, True], ids=["foreground", "background-launch"])
