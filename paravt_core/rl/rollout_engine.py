@@ -96,7 +96,7 @@ class RolloutBackend:
         if self._released:
             self.engine.resume_memory()
             self._released = False
-        self.engine.update_weights(state_dict)
+        self.engine.update_weights(weights)
 
     def close(self) -> None:
         if self.served and self.pushes_weights:
