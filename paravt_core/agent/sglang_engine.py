@@ -240,8 +240,9 @@ class SGLangEngine:
         share the GPUs (co-located, same node) and the tensors must stay on the GPU;
         `/update_weights_from_distributed` needs an NCCL group between the trainer ranks
         and the server's TP workers. Disk works across processes and machines with any
-        placement, the snapshot is the source of truth a restarted server can load, and
-        at 8B in bf16 (about 17 GB) it costs seconds per step against a ~250 s step.
+        placement, and the snapshot is the source of truth a restarted server can load; at
+        8B in bf16 (17.5 GB) writing it would take 20-32 s per step at the rate measured on a
+        loaded 2-core CPU host (`bench/weight_push.py`, docs/scale.md), against a ~250 s step.
 
         Raises:
             SGLangServerError: the server is unreachable or reports that the load failed.
