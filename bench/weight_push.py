@@ -106,8 +106,9 @@ def main() -> int:
         engine, _, _, _ = deepspeed.initialize(model=model, config=config)
         nbytes = sum(s.nbytes() for s in pdist.GatheredWeights(engine, 3, keep=False).specs)
         shm_ok = shm_free_bytes(SHM_DIR) >= nbytes + shm_margin(nbytes)
-        variants = {"before: gather all, copy, save_file -> run folder": lambda: old_push(engine, work / "old" / "v1", model_dir),
-                    "after: streamed -> run folder": lambda: new_push(engine, work / "new", model_dir)}
+        variants = {
+            "before: gather all, copy, save_file -> run folder": lambda: old_push(engine, work / "old" / "v1", model_dir),
+            "after: streamed -> run folder": lambda: new_push(engine, work / "new", model_dir)}
         if shm_ok:
             variants["after: streamed -> /dev/shm"] = lambda: new_push(engine, shm_root, model_dir)
         runs: dict[str, list[tuple[float, int]]] = {name: [] for name in variants}

@@ -677,8 +677,8 @@ class GatheredWeights:
     yields nothing, so it never holds a gathered copy; the pushing rank gets each parameter
     while it is gathered, on its device, and the snapshot writer copies it to host and into
     the file before the next one is gathered. So no rank holds the whole model on the host,
-    where before every rank cloned all of it there and rank 0 copied and serialized it twice
-    more (`gathered_state_dict`, then safetensors' `save_file`).
+    where before every rank cloned all of it there (`gathered_state_dict`) and rank 0 copied
+    it once more for safetensors' `save_file`.
 
     The names, shapes and dtypes are the ones `gathered_state_dict` gives (ZeRO-3: parameters,
     each once, then buffers; otherwise the state dict), known without gathering (`ds_shape`);

@@ -9,8 +9,9 @@ live server loaded stays valid when the trainer comes back.
 Issue #44 item 8 (the 8B weight push, 17.5 GB in bf16 per step):
 - The file is written tensor by tensor as the tensors arrive (`write_weight_snapshot` takes a
   `WeightStream`: the names, shapes and dtypes up front, for the safetensors header, then the
-  tensors one at a time), so the writer never holds the model: no full copy, no second
-  serialized copy (safetensors' own `save_file` builds every tensor's bytes in memory first).
+  tensors one at a time), so the writer never holds the model (safetensors' own `save_file`
+  takes every tensor at once, and the writer used to clone each for it: tied weights share
+  storage, which `save_file` refuses).
   Under ZeRO-3 the trainer streams each parameter straight out of its gather (`dist.GatheredWeights`).
 - `SnapshotStager` puts a snapshot in `/dev/shm` (memory, no disk write) when both its free
   space and the host's available memory hold it with a margin, else in the run's folder. Only

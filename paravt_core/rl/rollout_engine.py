@@ -14,11 +14,11 @@
 - `vllm`: as `sglang`, on ONE vLLM server (`rl.rollout.vllm.url`, or one rank 0 launches
   from the serve venv, on `rl.rollout.vllm.gpus` with the split placement); token ids in and
   out on `/inference/v1/generate`, new weights loaded from a snapshot after each step
-  (`paravt_core/agent/vllm_engine.py`); nothing is released between phases.
+  (`paravt_core/agent/vllm_engine.py`); nothing is released between phases. Runs on
+  vLLM's CPU build too (the server tier trains on it).
 
 A server rank 0 launched is on its machine: its snapshots go to /dev/shm when they fit there
-(`agent/weight_snapshots.SnapshotStager`); a server behind a url gets them in the run folder. Runs on
-  vLLM's CPU build too (the server tier trains on it).
+(`agent/weight_snapshots.SnapshotStager`); a server behind a url gets them in the run folder.
 
 On a server (sglang, vllm), before the first request, `agent.served_model.check_served_model`
 holds what it says it serves (`/v1/models`) to the RL stage's starting checkpoint, and the

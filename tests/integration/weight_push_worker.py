@@ -51,15 +51,15 @@ def main() -> int:
     model = load_model(model_dir, zero3_config=config)
     policy, _, _, _ = deepspeed.initialize(model=model, config=config)  # no optimizer: the push only gathers
     engine = SnapshotEngine(out / "snapshots", model_dir)
-    trainer = SimpleNamespace(policy=policy, rl=SimpleNamespace(zero_stage=3),
-                              rollout_backend=RolloutBackend(engine, pushes_weights=rank == 0, served=True, world=world))
+    backend = RolloutBackend(engine, pushes_weights=rank == 0, served=True, world=world)
+    trainer = SimpleNamespace(policy=policy, rl=SimpleNamespace(zero_stage=3), rollout_backend=backend)
     before = _status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM restarts from the current RSS
     Trainer.push_weights(trainer)
     growth = (_status_kib("VmHWM") - before) * 1024
     full = pdist.gathered_state_dict(policy, 3)  # the weights as the trainer holds them, for the check
-    report = {"rank": rank, "growth_bytes": growth, "model_bytes": sum(t.numel() * t.element_size() for t in full.values()),
-              "largest_bytes": max(t.numel() * t.element_size() for t in full.values()),
+    sizes = [t.numel() * t.element_size() for t in full.values()]
+    report = {"rank": rank, "growth_bytes": growth, "model_bytes": sum(sizes), "largest_bytes": max(sizes),
               "snapshots": [str(p) for p in engine.snapshots]}
     if rank == 0:
         from safetensors.torch import load_file
