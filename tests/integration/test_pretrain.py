@@ -211,7 +211,8 @@ def test_a_new_world_with_the_same_pretraining_corpus_reuses_the_pretraining(tmp
     lines: list[str] = []
     second = pretrain.run(cfg, base, log_line=lines.append)
     assert trained == ["pretrain"] and second == first  # no second training
-    assert pretrain.corpus_dir(cfg).name.endswith("b" * 16) and (pretrain.corpus_dir(cfg) / pretrain.CORPUS_FILE).is_file()
+    assert pretrain.corpus_dir(cfg).name.endswith("b" * 16)  # a corpus of its own: other URIs, other parquet bytes
+    assert (pretrain.corpus_dir(cfg) / pretrain.CORPUS_FILE).is_file()
     assert lines[-1] == f"reused pretraining {first.path.parent.name} from {first.path.parent}"
     # a third world whose corpus has one caption changed: trained again (stopped at its first step here)
     world("c" * 16)

@@ -34,8 +34,8 @@ def world_code(monkeypatch):
     real = refs.source_digest
 
     def set_digest(digest: str) -> None:
-        monkeypatch.setattr(refs, "source_digest",
-                            lambda package, only=None: digest if package == "paravt_core.data.synth" else real(package, only))
+        monkeypatch.setattr(refs, "source_digest", lambda package, only=None:
+                            digest if package == "paravt_core.data.synth" else real(package, only))
 
     return set_digest
 
