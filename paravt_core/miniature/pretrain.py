@@ -360,7 +360,7 @@ def run(cfg: PipelineConfig, base: ArtifactRef, log_line: LogLine = print) -> Ar
         raise ValueError("perception pretraining is for the tiny model (model.base: tiny, model.pretrain.enabled)")
     corpus = build_corpus(cfg, log_line)
     reading = build_reading_corpus(cfg, corpus, log_line) if cfg.model.pretrain.reading_rows else None
-    key = pretrain_cache.pretraining_key(cfg, base, [c for c in (corpus, reading) if c is not None])
+    key = pretrain_cache.pretraining_key(training_config(cfg), base, [c for c in (corpus, reading) if c is not None])
     filed = pretrain_cache.reuse(cfg, key, log_line)
     if filed is not None:
         return filed

@@ -88,17 +88,17 @@ def rows_digest(corpus: ArtifactRef) -> str:
     return digest.hexdigest()
 
 
-def pretraining_key(cfg: PipelineConfig, base: ArtifactRef, corpora: list[ArtifactRef]) -> str:
-    """The content key of a pretraining (module docstring) on `corpora`, one per phase in order."""
-    from paravt_core.miniature.pretrain import training_config
+def pretraining_key(training: PipelineConfig, base: ArtifactRef, corpora: list[ArtifactRef]) -> str:
+    """The content key of a pretraining (module docstring) from `base` on `corpora`, one per phase
+    in order, under `training`: the config the phases train under (`pretrain.training_config`)."""
     from paravt_core.refs import source_digest
 
     settings = {
         "rows": [rows_digest(corpus) for corpus in corpora],
-        "pretrain": cfg.model.pretrain.model_dump(mode="json", exclude={"sft_replay_rows"}),
-        "model": cfg.model.model_dump(mode="json", include=_MODEL_FIELDS),
-        "trainer": training_config(cfg).section_hash("sft", "video"),
-        "seed": cfg.run.seed,
+        "pretrain": training.model.pretrain.model_dump(mode="json", exclude={"sft_replay_rows"}),
+        "model": training.model.model_dump(mode="json", include=_MODEL_FIELDS),
+        "trainer": training.section_hash("sft", "video"),
+        "seed": training.run.seed,
         "base": base.sha256,
         "code": {package: source_digest(package, only=files) for package, files in sorted(CODE.items())},
     }

@@ -40,6 +40,10 @@ def world_code(monkeypatch):
     return set_digest
 
 
+def _key(cfg, base: ArtifactRef, corpora: list[ArtifactRef]) -> str:
+    return pretrain_cache.pretraining_key(pretrain.training_config(cfg), base, corpora)
+
+
 def _corpora(cfg) -> list[ArtifactRef]:
     clips = pretrain.build_corpus(cfg, **QUIET)
     return [clips, pretrain.build_reading_corpus(cfg, clips, **QUIET)]
@@ -54,10 +58,10 @@ def test_a_new_world_with_the_same_corpus_content_has_the_same_key(tmp_path: Pat
     # the corpora are copies in other folders: their files differ (absolute URIs), their content not
     assert first[0].path != second[0].path and first[0].sha256 != second[0].sha256
     assert first[1].sha256 != second[1].sha256
-    assert pretrain_cache.pretraining_key(cfg, BASE, first) == pretrain_cache.pretraining_key(cfg, BASE, second)
+    assert _key(cfg, BASE, first) == _key(cfg, BASE, second)
     # so do settings that never reach the pretraining: another world's trace count, SFT's replay rows
     other = _cfg(tmp_path, "data.synth.sft_traces_per_video=3", "model.pretrain.sft_replay_rows=4")
-    assert pretrain_cache.pretraining_key(other, BASE, second) == pretrain_cache.pretraining_key(cfg, BASE, first)
+    assert _key(other, BASE, second) == _key(cfg, BASE, first)
 
 
 def _copy(corpus: ArtifactRef, to: Path) -> ArtifactRef:
@@ -68,7 +72,7 @@ def _copy(corpus: ArtifactRef, to: Path) -> ArtifactRef:
 def test_one_changed_row_or_video_is_another_key(tmp_path: Path):
     cfg = _cfg(tmp_path / "out")
     clips, reading = _corpora(cfg)
-    key = pretrain_cache.pretraining_key(cfg, BASE, [clips, reading])
+    key = _key(cfg, BASE, [clips, reading])
     # one caption changed (the corpus rows point at the same videos)
     captioned = _copy(clips, tmp_path / "captioned")
     table = pq.read_table(captioned.path / pretrain.CORPUS_FILE).to_pylist()
@@ -77,24 +81,24 @@ def test_one_changed_row_or_video_is_another_key(tmp_path: Path):
     table[1]["messages"] = json.dumps(messages)
     pq.write_table(pretrain._table([{**r, "messages": json.loads(r["messages"])} for r in table]),
                    captioned.path / pretrain.CORPUS_FILE)
-    assert pretrain_cache.pretraining_key(cfg, BASE, [captioned, reading]) != key
+    assert _key(cfg, BASE, [captioned, reading]) != key
     # one video's frames changed, the rows the same: a copy whose rows point at the copy's videos
     moved = _copy(clips, tmp_path / "moved")
     text = [r["messages"].replace(clips.path.as_uri(), moved.path.as_uri())
             for r in pq.read_table(moved.path / pretrain.CORPUS_FILE).to_pylist()]
     pq.write_table(pretrain._table([{"messages": json.loads(t), "videos": []} for t in text]),
                    moved.path / pretrain.CORPUS_FILE)
-    assert pretrain_cache.pretraining_key(cfg, BASE, [moved, reading]) == key  # the same content
+    assert _key(cfg, BASE, [moved, reading]) == key  # the same content
     first, second = sorted((moved.path / "videos").glob("*.mp4"))
     shutil.copyfile(second, first)
-    assert pretrain_cache.pretraining_key(cfg, BASE, [moved, reading]) != key
+    assert _key(cfg, BASE, [moved, reading]) != key
     # one reading row changed
     reread = _copy(reading, tmp_path / "reread")
     rows = pq.read_table(reread.path / pretrain.READING_FILE).to_pylist()
     rows[0]["messages"] = rows[0]["messages"].replace("The notes say", "The note says")
     pq.write_table(pretrain._table([{"messages": json.loads(r["messages"]), "videos": []} for r in rows]),
                    reread.path / pretrain.READING_FILE)
-    assert pretrain_cache.pretraining_key(cfg, BASE, [clips, reread]) != key
+    assert _key(cfg, BASE, [clips, reread]) != key
 
 
 def test_the_key_follows_the_base_model_the_training_settings_and_the_trainer_code(tmp_path: Path, monkeypatch):
@@ -102,17 +106,17 @@ def test_the_key_follows_the_base_model_the_training_settings_and_the_trainer_co
 
     cfg = _cfg(tmp_path)
     corpora = _corpora(cfg)
-    key = pretrain_cache.pretraining_key(cfg, BASE, corpora)
+    key = _key(cfg, BASE, corpora)
     other_base = BASE.model_copy(update={"sha256": "c" * 64})
-    assert pretrain_cache.pretraining_key(cfg, other_base, corpora) != key
+    assert _key(cfg, other_base, corpora) != key
     for setting in ("model.pretrain.max_steps=7", "model.pretrain.learning_rate=0.01", "run.seed=1",
                     "video.max_pixels=8192", "sft.zero_stage=2", "model.dtype=bfloat16"):
-        assert pretrain_cache.pretraining_key(_cfg(tmp_path, setting), BASE, corpora) != key, setting
-    assert pretrain_cache.pretraining_key(_cfg(tmp_path, "sft.keep_last=2"), BASE, corpora) == key
+        assert _key(_cfg(tmp_path, setting), BASE, corpora) != key, setting
+    assert _key(_cfg(tmp_path, "sft.keep_last=2"), BASE, corpora) == key
     real = refs.source_digest
     monkeypatch.setattr(refs, "source_digest",
                         lambda package, only=None: "0" * 16 if package == "paravt_core.sft" else real(package, only))
-    assert pretrain_cache.pretraining_key(cfg, BASE, corpora) != key
+    assert _key(cfg, BASE, corpora) != key
 
 
 def test_a_filed_model_is_reused_whole_and_a_damaged_entry_is_not(tmp_path: Path, tiny_model_dir: Path):
@@ -150,4 +154,4 @@ def test_a_missing_corpus_video_is_named(tmp_path: Path):
     video = next((clips.path / "videos").glob("*.mp4"))
     video.unlink()
     with pytest.raises(FileNotFoundError, match=f"{video}.* is missing; delete {clips.path}"):
-        pretrain_cache.pretraining_key(cfg, BASE, [clips, reading])
+        _key(cfg, BASE, [clips, reading])
