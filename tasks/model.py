@@ -34,9 +34,10 @@ def base_model(cfg: PipelineConfig) -> ArtifactRef:
 def pretrain(cfg: PipelineConfig, base: ArtifactRef) -> ArtifactRef:
     """Perception pretraining of the tiny base (model.pretrain); a retry resumes from its checkpoint.
 
-    Not result-cached: the stage itself is idempotent (the corpus folder and the run folder
-    are keyed by content, and a finished run returns its exported model at once), and its
-    run folder's key needs the corpus hash, which exists only once the corpus is built."""
+    Not result-cached: the stage itself is idempotent (a finished pretraining is filed by the
+    content it trained on and reused from there, by any world whose corpus is the same; a
+    finished run folder returns its exported model at once), and that key needs the corpus,
+    which exists only once the corpus is built."""
     from prefect import get_run_logger
 
     from paravt_core.miniature import pretrain as pretrain_stage

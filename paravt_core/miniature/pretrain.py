@@ -33,7 +33,10 @@ tiny kit more like the real base model, not friendlier to the method:
   transcript; still no system prompt;
 - training is the SFT trainer (`paravt_core.sft.stage` under the folder `pretrain/`,
   DeepSpeed, checkpoints and exact resume) with `model.pretrain`'s steps, micro-batch and
-  learning rate in place of the `sft` section's.
+  learning rate in place of the `sft` section's;
+- a finished pretraining is filed by the content it trained on, not by the world's folder or
+  code (`pretrain_cache`): a world whose corpus is the same clips, captions and reading rows
+  reuses it instead of training again (#45 item 4).
 """
 
 from __future__ import annotations
@@ -346,16 +349,23 @@ def training_config(cfg: PipelineConfig, steps: int | None = None,
 
 
 def run(cfg: PipelineConfig, base: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
-    """The pretrained base model (kind `base_model`), trained or resumed in `<output_dir>/pretrain/<key>`."""
+    """The pretrained base model (kind `base_model`), filed under `<output_dir>/cache/pretrain/<key>`
+    by the content it trains on (`pretrain_cache`): reused from there when a pretraining of the same
+    content is filed (another world's), else trained or resumed in `<output_dir>/pretrain/<key>`
+    (and `pretrain-reading/<key>`), then filed."""
+    from paravt_core.miniature import pretrain_cache
     from paravt_core.sft import stage as sft_stage
 
     if not cfg.model.is_tiny or not cfg.model.pretrain.enabled:
         raise ValueError("perception pretraining is for the tiny model (model.base: tiny, model.pretrain.enabled)")
-    model = base
     corpus = build_corpus(cfg, log_line)
-    model = sft_stage.run(training_config(cfg), model, corpus, log_line=log_line, stage="pretrain")
-    if cfg.model.pretrain.reading_rows:
-        reading = build_reading_corpus(cfg, corpus, log_line)
+    reading = build_reading_corpus(cfg, corpus, log_line) if cfg.model.pretrain.reading_rows else None
+    key = pretrain_cache.pretraining_key(training_config(cfg), base, [c for c in (corpus, reading) if c is not None])
+    filed = pretrain_cache.reuse(cfg, key, log_line)
+    if filed is not None:
+        return filed
+    model = sft_stage.run(training_config(cfg), base, corpus, log_line=log_line, stage="pretrain")
+    if reading is not None:
         steps = cfg.model.pretrain.reading_steps
         model = sft_stage.run(training_config(cfg, steps), model, reading, log_line=log_line, stage="pretrain-reading")
-    return ArtifactRef(kind="base_model", path=model.path, sha256=model.sha256)
+    return pretrain_cache.store(cfg, key, model, log_line)

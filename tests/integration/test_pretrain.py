@@ -161,9 +161,11 @@ def test_pretraining_trains_the_base_and_resumes_to_the_same_model(tmp_path: Pat
     lines: list[str] = []
     trained = pretrain.run(cfg, base, log_line=lines.append)
     assert trained.kind == "base_model" and trained.sha256 != base.sha256
+    # filed by its content key, a copy of the reading phase's model
+    assert trained.path.parent.parent == (tmp_path / "cache" / "pretrain").resolve()
+    (reading_dir,) = (tmp_path / "pretrain-reading").iterdir()
+    assert content_hash(reading_dir / "model") == trained.sha256
     # two phases: captioned clips (3 steps), then reading rows (2 steps) from that model
-    reading_dir = trained.path.parent
-    assert reading_dir.parent.name == "pretrain-reading"
     (perception_dir,) = [p for p in (tmp_path / "pretrain").iterdir() if not p.name.startswith(("corpus-", "reading-"))]
     for run_dir, stage, steps in ((perception_dir, "pretrain", 3), (reading_dir, "pretrain-reading", 2)):
         losses = [json.loads(line) for line in (run_dir / "losses.jsonl").read_text().splitlines()]
@@ -173,9 +175,62 @@ def test_pretraining_trains_the_base_and_resumes_to_the_same_model(tmp_path: Pat
         assert meta["stage"] == stage and meta["steps"] == steps
     reading_job = json.loads((reading_dir / "job.json").read_text())
     assert content_hash(perception_dir / "model") in json.dumps(reading_job)
-    # finished: a second call returns the exported model without training again
+    # finished: a second call returns the filed model without training again
     again = pretrain.run(cfg, base, log_line=lines.append)
     assert again == ArtifactRef(kind="base_model", path=trained.path, sha256=content_hash(trained.path))
+    assert lines[-1] == f"reused pretraining {trained.path.parent.name} from {trained.path.parent}"
+
+
+def test_a_new_world_with_the_same_pretraining_corpus_reuses_the_pretraining(tmp_path: Path, monkeypatch):
+    """#45 item 4: an edit to the world generator renames the corpus folder, so its rows' URIs and
+    its parquet's bytes change, while its clips and captions stay the same: no second training.
+    A corpus with one caption changed trains again."""
+    from paravt_core import refs
+    from paravt_core.model.stage import run as build_base
+    from paravt_core.sft import stage as sft_stage
+
+    real_digest, real_train = refs.source_digest, sft_stage.run
+    trained: list[str] = []
+
+    def world(digest: str) -> None:  # the world generator's code digest, as an edit changes it
+        monkeypatch.setattr(refs, "source_digest",
+                            lambda package, only=None: digest if package == "paravt_core.data.synth"
+                            else real_digest(package, only))
+
+    def train(*args, **kwargs):
+        trained.append(kwargs["stage"])
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(sft_stage, "run", train)
+    cfg = _cfg(tmp_path, "model.pretrain.reading_rows=0")  # one phase: the perception phase is the 27 minutes
+    base = build_base(cfg)
+    world("a" * 16)
+    first = pretrain.run(cfg, base, log_line=lambda line: None)
+    assert trained == ["pretrain"]
+    world("b" * 16)
+    lines: list[str] = []
+    second = pretrain.run(cfg, base, log_line=lines.append)
+    assert trained == ["pretrain"] and second == first  # no second training
+    assert pretrain.corpus_dir(cfg).name.endswith("b" * 16)  # a corpus of its own: other URIs, other parquet bytes
+    assert (pretrain.corpus_dir(cfg) / pretrain.CORPUS_FILE).is_file()
+    assert lines[-1] == f"reused pretraining {first.path.parent.name} from {first.path.parent}"
+    # a third world whose corpus has one caption changed: trained again (stopped at its first step here)
+    world("c" * 16)
+    corpus = pretrain.build_corpus(cfg, log_line=lambda line: None)
+    rows = pq.read_table(corpus.path / pretrain.CORPUS_FILE).to_pylist()
+    rows = [{"messages": json.loads(r["messages"]), "videos": r["videos"]} for r in rows]
+    rows[0]["messages"][1]["content"][0]["text"] += " A red circle."
+    pq.write_table(pretrain._table(rows), corpus.path / pretrain.CORPUS_FILE)
+
+    def refused(*args, **kwargs):
+        trained.append(kwargs["stage"])
+        raise RuntimeError("trains")
+
+    monkeypatch.setattr(sft_stage, "run", refused)
+    lines.clear()
+    with pytest.raises(RuntimeError, match="trains"):
+        pretrain.run(cfg, base, log_line=lines.append)
+    assert trained == ["pretrain", "pretrain"] and not any(line.startswith("reused") for line in lines)
 
 
 def test_sft_replays_rows_of_the_reading_corpus_beside_its_own(tmp_path: Path):
