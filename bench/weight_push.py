@@ -6,7 +6,7 @@ of the push is timed from the gathers to a complete snapshot folder a server cou
   before  `dist.gathered_state_dict` (each parameter gathered and cloned to host memory), then
           the snapshot writer of before: every tensor cast and cloned again, then safetensors'
           `save_file`, into the run folder;
-  after   `dist.GatheredWeights` into `weight_snapshots.write_weight_snapshot`: each tensor is
+  after   `rl.weight_push.GatheredWeights` into `weight_snapshots.write_weight_snapshot`: each tensor is
           written to the file while it is gathered, to /dev/shm (where a launched server's
           snapshot now goes when it fits) and, for comparison, to the run folder.
 Peak = how far this process's peak resident set (VmHWM, reset before each run) rose above the
@@ -71,7 +71,7 @@ def old_push(engine, folder: Path, model_dir: Path) -> None:
 
 def new_push(engine, root: Path, model_dir: Path) -> None:
     from paravt_core.agent.weight_snapshots import write_weight_snapshot
-    from paravt_core.dist import GatheredWeights
+    from paravt_core.rl.weight_push import GatheredWeights
 
     write_weight_snapshot(root, 1, model_dir, GatheredWeights(engine, 3, keep=True))
 
@@ -86,7 +86,8 @@ def main() -> int:
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                        "GLOO_SOCKET_IFNAME": "lo"})
     from paravt_core import dist as pdist
-    from paravt_core.agent.weight_snapshots import SHM_DIR, shm_free_bytes, shm_margin, shm_staging_dir
+    from paravt_core.agent.weight_snapshots import SHM_DIR
+    from paravt_core.rl.weight_push import GatheredWeights, shm_free_bytes, shm_margin, shm_staging_dir
 
     os.environ.update({"MASTER_PORT": str(pdist.free_port()), pdist.RENDEZVOUS_FILE_ENV: str(work / "store")})
     shm_root = shm_staging_dir(work / "rollout_weights")
@@ -104,7 +105,7 @@ def main() -> int:
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
         model = load_model(model_dir, zero3_config=config)
         engine, _, _, _ = deepspeed.initialize(model=model, config=config)
-        nbytes = sum(s.nbytes() for s in pdist.GatheredWeights(engine, 3, keep=False).specs)
+        nbytes = sum(s.nbytes() for s in GatheredWeights(engine, 3, keep=False).specs)
         shm_ok = shm_free_bytes(SHM_DIR) >= nbytes + shm_margin(nbytes)
         variants = {
             "before: gather all, copy, save_file -> run folder": lambda: old_push(engine, work / "old" / "v1", model_dir),
@@ -118,7 +119,7 @@ def main() -> int:
                 for folder in (work / "old", work / "new", shm_root):
                     shutil.rmtree(folder, ignore_errors=True)
         print(f"weight push, rank 0's host side, {nbytes / 1e6:.0f} MB of float32 weights "
-              f"({len(pdist.GatheredWeights(engine, 3, keep=False).specs)} tensors), one CPU rank under ZeRO-3, "
+              f"({len(GatheredWeights(engine, 3, keep=False).specs)} tensors), one CPU rank under ZeRO-3, "
               f"median of {args.repeats}, {os.cpu_count()} CPUs" + ("" if shm_ok else "; /dev/shm too small, skipped"))
         print(f"{'path':<52} {'MB':>6} {'s':>7} {'GB/s':>6} {'peak MB':>8} {'x before':>8} {'8B s/step':>9}")
         base = statistics.median(s for s, _ in runs[next(iter(variants))])

@@ -12,7 +12,7 @@ Issue #44 item 8 (the 8B weight push, 17.5 GB in bf16 per step):
   tensors one at a time), so the writer never holds the model (safetensors' own `save_file`
   takes every tensor at once, and the writer used to clone each for it: tied weights share
   storage, which `save_file` refuses).
-  Under ZeRO-3 the trainer streams each parameter straight out of its gather (`dist.GatheredWeights`).
+  Under ZeRO-3 the trainer streams each parameter straight out of its gather (`rl.weight_push.GatheredWeights`).
 - `SnapshotStager` puts a snapshot in `/dev/shm` (memory, no disk write) when both its free
   space and the host's available memory hold it with a margin, else in the run's folder. Only
   a server this run launched on this machine is given a /dev/shm path (a server behind a url

@@ -6,7 +6,7 @@
   (`rl.rollout.sglang.url`) or one rank 0 launches (and stops at the end). The policy is
   the same on all ranks after a step, so rank 0 alone pushes it to the server (under ZeRO-3
   every rank joins each parameter's gather but only rank 0 keeps it, streamed into the
-  snapshot: issue #44 item 8, `dist.GatheredWeights`); the ranks'
+  snapshot: issue #44 item 8, `rl.weight_push.GatheredWeights`); the ranks'
   next rollouts start only after the step's metrics are gathered over all ranks, which
   rank 0 reaches after its push. With the co-located placement the server's memory is
   released once every rank's rollout is done and taken back just before the push.

@@ -129,9 +129,10 @@ class Trainer:
         state dict; a server gets rank 0's snapshot, streamed as each ZeRO-3 parameter is
         gathered, and the other ranks only join the gathers (issue #44 item 8)."""
         from paravt_core import dist as pdist
+        from paravt_core.rl.weight_push import GatheredWeights
 
         if self.rollout_backend.served:
-            weights = pdist.GatheredWeights(self.policy, self.rl.zero_stage, keep=self.rollout_backend.pushes_weights)
+            weights = GatheredWeights(self.policy, self.rl.zero_stage, keep=self.rollout_backend.pushes_weights)
         else:
             weights = pdist.gathered_state_dict(self.policy, self.rl.zero_stage)
         self.rollout_backend.update_weights(weights)

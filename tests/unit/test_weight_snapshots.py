@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from paravt_core.agent import weight_snapshots as W
-from paravt_core.dist import GatheredWeights
+from paravt_core.rl.weight_push import GatheredWeights
 from tests.http_stand_in import StandIn
 
 REPO = Path(__file__).resolve().parents[2]
