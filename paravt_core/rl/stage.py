@@ -56,7 +56,13 @@ def run(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, log_line: 
 
     check_rollout_engine(cfg)
     return run_stage_workers(run_dir(cfg, init, rl_data), "rl_model", lambda: make_job(cfg, init, rl_data), WORKER,
-                             cfg.rl.num_ranks, cfg.rl.hostfile, log_line)
+                             cfg.rl.num_ranks, cfg.rl.hostfile, log_line, threads_per_rank(cfg))
+
+
+def threads_per_rank(cfg: PipelineConfig) -> int | None:
+    """Each rank's share of the run's thread budget (`run.fanout.threads_per_run`), at least one."""
+    budget = cfg.run.fanout.threads_per_run
+    return None if budget is None else max(1, budget // cfg.rl.num_ranks)
 
 
 def _mlflow_run(cfg: PipelineConfig, out: Path, init: ArtifactRef, rl_data: ArtifactRef) -> str:
