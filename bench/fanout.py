@@ -1,7 +1,7 @@
 """RL rows fanned out (issue #45 item 5): two rows at once on one thread each against the same
 two rows one after the other on two threads each, on this machine.
 
-Both modes run the two RL rows of the miniature reproduction (`reproduce.rows` of
+Both modes run the first two RL rows of the miniature reproduction (`reproduce.rows` of
 conf/pipeline/reproduce.yaml: vanilla_grpo and paragrpo) through `flows.fanout.fan_out`,
 the code the reproduce and ablations flows use, on the tiny model from the same base model
 and the same generated RL prompts, each row trained from scratch in each mode (nothing cached). A row
@@ -31,12 +31,12 @@ def row_configs(out: Path, steps: int):
 
     overrides = [
         f"run.output_dir={out}", "data.synth.train_videos=4", "data.synth.eval_videos_per_split=1",
-        "data.synth.eval_rows_per_split=1", "data.synth.rl_prompts_per_video=2", "model.pretrain.enabled=false",
+        "data.synth.eval_rows_per_split=1", "data.synth.rl_prompts_per_video=2",
         f"rl.max_steps={steps}", f"rl.checkpoint_every={steps}", "rl.prompts_per_step=1", "rl.group_size=2",
         "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
     ]
     config = REPO / "conf/pipeline/reproduce.yaml"
-    rows = load_config(config, overrides).reproduce.rows
+    rows = load_config(config, overrides).reproduce.rows[:2]
     return {row: load_config(config, overrides, REPO / "conf/rl" / f"{row}.yaml") for row in rows}
 
 

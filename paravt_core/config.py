@@ -37,8 +37,9 @@ class FanoutConfig(_Section):
     `threads_per_run` is one row's CPU thread budget: its RL ranks share it (OMP_NUM_THREADS
     of each rank: the budget over the ranks, at least 1) and its in-process evaluations run
     torch on that many threads. None keeps what a run got before: the host's cores shared
-    by the ranks (or OMP_NUM_THREADS where set) and torch's default in process. On CPU the
-    thread count can change float reductions, so a row compared across runs should keep it."""
+    by the ranks (or OMP_NUM_THREADS where set) and torch's default in process. On CPU a
+    row's weights differ between 1 and 2 threads (bench/fanout.py), so a row compared across
+    runs should keep it."""
 
     max_concurrent: int = Field(1, ge=1)  # 1: one row after the other, as before
     threads_per_run: int | None = Field(None, ge=1)
