@@ -15,11 +15,11 @@ from __future__ import annotations
 import functools
 
 from prefect import flow, get_run_logger
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from flows.data import data_stage
 from flows.eval import eval_stage
-from flows.fanout import fan_out
+from flows.fanout import check_fanout_fits, fan_out
 from flows.params import PipelineParams
 from paravt_core.config import PipelineConfig, config_file, load_config
 from paravt_core.data.stage import DataBundle
@@ -37,6 +37,11 @@ class AblationParams(PipelineParams):
     rows: list[str] = Field(default_factory=lambda: list(DEFAULT_ROWS),
                             description="RL rows: names of conf/rl/<row>.yaml")
     sequential_eval: bool = Field(True, description="also evaluate the full row with sequential dispatch")
+
+    @model_validator(mode="after")
+    def _fanout_fits(self) -> AblationParams:
+        check_fanout_fits(self.load().run.fanout)
+        return self
 
 
 def train_and_evaluate(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: DataBundle, row: str,

@@ -46,6 +46,20 @@ def run_row(work: Callable[[], T], label: str, threads: int | None) -> T:
     return work()
 
 
+def check_fanout_fits(fanout: FanoutConfig) -> None:
+    """Refuse rows at once where a CUDA device is visible: the DeepSpeed launcher puts every
+    run's ranks on GPUs 0..N-1, so two rows would train (and serve) on the same cards."""
+    if fanout.max_concurrent == 1:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        raise ValueError(f"run.fanout.max_concurrent={fanout.max_concurrent} runs RL rows at once, but each row's "
+                         "ranks take GPUs 0..N-1 of this machine, so they would share cards: set "
+                         "run.fanout.max_concurrent=1 here (rows at once are for CPU runs, docs/scale.md "
+                         "\"Fanning out RL rows\")")
+
+
 def fan_out(rows: Sequence[tuple[str, Callable[[], T]]], fanout: FanoutConfig,
             gathered: Callable[[str, T], None] = lambda label, result: None) -> list[T]:
     """Run each `(label, work)` as an `rl-row` task, at most `fanout.max_concurrent` at once.

@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from flows.data import data_stage
 from flows.eval import eval_stage
-from flows.fanout import fan_out
+from flows.fanout import check_fanout_fits, fan_out
 from flows.params import PipelineParams
 from flows.progress import PROGRESS
 from paravt_core.config import VALIDATION_SPLITS, PipelineConfig, config_file, load_config
@@ -50,6 +50,7 @@ class ReproduceParams(PipelineParams):
         for row in self.load().reproduce.rows:
             if not row_file(self.config_path, row).is_file():
                 raise ValueError(f"reproduce.rows names {row!r} but {row_file(self.config_path, row)} does not exist")
+        check_fanout_fits(self.load().run.fanout)
         return self
 
 

@@ -45,3 +45,22 @@ def test_launches_at_once_never_share_a_master_port(monkeypatch):
     assert (first, second) == (41000, 41001)
     dist._launch_ports.difference_update({first, second})
 
+
+
+@pytest.mark.parametrize("flow_params", ["reproduce", "ablations"])
+def test_rows_at_once_are_refused_before_any_stage_where_they_would_share_gpus(monkeypatch, tmp_path, flow_params):
+    import torch
+    from pydantic import ValidationError
+
+    from flows.ablations import AblationParams
+    from flows.reproduce import ReproduceParams
+
+    make = {"reproduce": lambda o: ReproduceParams(config_path=str(CONF / "pipeline" / "reproduce.yaml"), overrides=o),
+            "ablations": lambda o: AblationParams(config_path=str(CONF / "pipeline" / "tiny.yaml"), overrides=o)}
+    overrides = [f"run.output_dir={tmp_path}", "run.fanout.max_concurrent=2"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValidationError, match=r"run\.fanout\.max_concurrent=2 runs RL rows at once.*share cards"):
+        make[flow_params](overrides)
+    make[flow_params]([f"run.output_dir={tmp_path}"])  # one row at a time is fine there
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    make[flow_params](overrides)  # and rows at once on a CPU machine
