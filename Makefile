@@ -63,7 +63,7 @@ demo: $(STAMP)
 
 # TEST_WORKERS: pytest-xdist workers (auto: one per core, at most 4; 0 runs in this process).
 TEST_WORKERS ?= auto
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist load --maxschedchunk 2)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not server" $(XDIST) --durations 15

@@ -1,8 +1,13 @@
 """DeepSpeed plumbing shared by the SFT and RL trainers.
 
-One code path from 1 CPU rank to N GPUs: workers are started by the `deepspeed` launcher
-(`launch_workers`), which also takes a hostfile for multi-node runs. On CPU the gloo
-backend and fp32 are used; on GPUs nccl and bf16 when the config asks for it.
+One code path from 1 CPU rank to N GPUs (`launch_workers`). On one node the ranks are
+started here, directly, with the environment the DeepSpeed launcher gives them (RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK/CROSS_SIZE, MASTER_ADDR/PORT, ranks 0..N-1 on
+GPUs 0..N-1, `--local_rank=R` first among the script's arguments): the launcher's own two
+Python processes (`deepspeed.launcher.runner`, then `.launch`) import DeepSpeed and torch
+only to start them, measured at about a sixth of a tiny flow test's CPU (issue #45). A
+hostfile (multi-node) still goes through the DeepSpeed runner (pdsh/ssh to each host). On
+CPU the gloo backend and fp32 are used; on GPUs nccl and bf16 when the config asks for it.
 
 Rendezvous: torch's default `env://` rendezvous starts a TCPStore on rank 0 that listens
 on every interface (`*:<master_port>`) although the launcher's master address is
@@ -75,11 +80,15 @@ def _claim_launch_port() -> int:
 def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: str | None = None,
                    log_line: LogLine = print, env: dict[str, str] | None = None,
                    timeout_s: float | None = None, threads_per_rank: int | None = None) -> None:
-    """Run `script` under the DeepSpeed launcher and stream its output line by line.
+    """Run `script` on `num_ranks` ranks (or the hostfile's) and stream their output line by line.
+
+    One node: the ranks are this process's children (module docstring); when one exits
+    with an error the others are stopped, as the DeepSpeed launcher does. A hostfile: the
+    DeepSpeed runner.
 
     Args:
-        timeout_s: kill the launcher and every worker (their own process group) after this
-            long, e.g. ranks blocked in a collective that the others never join; None waits.
+        timeout_s: kill every rank (their own process group) after this long, e.g. ranks
+            blocked in a collective that the others never join; None waits.
         threads_per_rank: each rank's OMP_NUM_THREADS (torch's CPU threads), over what the
             environment says; None: OMP_NUM_THREADS where set, else this host's cores shared
             by the ranks.
@@ -97,9 +106,6 @@ def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: 
 
 def _launch(script: Path, args: Sequence[str], num_ranks: int, hostfile: str | None, log_line: LogLine,
             env: dict[str, str] | None, timeout_s: float | None, threads_per_rank: int | None, port: int) -> None:
-    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(port)]
-    cmd += ["--hostfile", hostfile] if hostfile else ["--num_gpus", str(num_ranks)]
-    cmd += [str(script), *args]
     # Ranks on one CPU host share its cores: give each its share, not all of them each.
     threads = str(max(1, (os.cpu_count() or 1) // max(1, num_ranks)))
     rendezvous_dir = None if hostfile else Path(tempfile.mkdtemp(prefix="paravt-rendezvous-"))
@@ -110,34 +116,16 @@ def _launch(script: Path, args: Sequence[str], num_ranks: int, hostfile: str | N
         child_env[RENDEZVOUS_FILE_ENV] = str(rendezvous_dir / "store")
     else:
         child_env.pop(RENDEZVOUS_FILE_ENV, None)
+    if hostfile:
+        cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(port),
+               "--hostfile", hostfile, str(script), *args]
+        commands = [(cmd, child_env)]
+    else:
+        commands = local_rank_commands(script, args, num_ranks, port, child_env)
     tail: list[str] = []
     expired = threading.Event()
     try:
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
-                              start_new_session=timeout_s is not None) as proc:
-            watchdog = None
-            if timeout_s is not None:
-                def kill_all() -> None:
-                    if proc.poll() is None:  # a launch that just finished is not a timeout
-                        expired.set()
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(proc.pid, signal.SIGKILL)
-
-                watchdog = threading.Timer(timeout_s, kill_all)
-                watchdog.start()
-            try:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    line = line.rstrip("\n")
-                    log_line(line)
-                    tail = (tail + [line])[-30:]
-                code = proc.wait()
-            finally:
-                if watchdog is not None:
-                    watchdog.cancel()
-                    if proc.poll() is None:  # interrupted here: take the workers down too
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(proc.pid, signal.SIGKILL)
+        code = _run_ranks(commands, timeout_s, expired, log_line, tail)
     finally:
         if rendezvous_dir is not None:
             shutil.rmtree(rendezvous_dir, ignore_errors=True)
@@ -148,7 +136,98 @@ def _launch(script: Path, args: Sequence[str], num_ranks: int, hostfile: str | N
         raise TimeoutError(f"{script.name} ran past {timeout_s:.0f} s and was killed with its workers; last "
                            f"output:\n" + "\n".join(tail))
     if code != 0:
-        raise RuntimeError(f"{script.name} exited with code {code}; last output:\n" + "\n".join(tail))
+        how = f" (killed by {signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
+        raise RuntimeError(f"{script.name} exited with code {code}{how}; last output:\n" + "\n".join(tail))
+
+
+def local_rank_commands(script: Path, args: Sequence[str], num_ranks: int, port: int,
+                        env: dict[str, str]) -> list[tuple[list[str], dict[str, str]]]:
+    """(command, environment) of each rank of a one-node run, as `deepspeed.launcher.launch`
+    builds them (its `main`): the same variables, `--local_rank=R` before the script's own
+    arguments, and the working folder on PYTHONPATH as the runner puts it."""
+    cwd = os.path.abspath(".")
+    base = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(num_ranks),
+            "LOCAL_SIZE": str(num_ranks), "CROSS_RANK": "0", "CROSS_SIZE": "1",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(rank) for rank in range(num_ranks)),
+            "PYTHONPATH": f"{cwd}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else cwd}
+    return [([sys.executable, "-u", str(script), f"--local_rank={rank}", *args],
+             {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}) for rank in range(num_ranks)]
+
+
+def _run_ranks(commands: list[tuple[list[str], dict[str, str]]], timeout_s: float | None, expired: threading.Event,
+               log_line: LogLine, tail: list[str]) -> int:
+    """Start every command with its output on one pipe, stream it, and return the exit code:
+    the first failing rank's (the others are then stopped), else 0.
+
+    With `timeout_s` the ranks get a process group of their own, killed whole on expiry or
+    when this function is left early; without, they stay in the caller's group, so a
+    terminal's Ctrl-C reaches them as it reaches the caller.
+    """
+    read_fd, write_fd = os.pipe()
+    procs: list[subprocess.Popen] = []
+    own_group = timeout_s is not None
+    failed: list[int] = []
+    done = threading.Event()
+
+    def kill_group(sig: int) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    if own_group:
+                        os.killpg(procs[0].pid, sig)
+                    else:
+                        proc.send_signal(sig)
+
+    def watch() -> None:
+        # A rank that fails leaves the others blocked in their next collective: stop them,
+        # politely first (their own cleanup releases shared memory and files), then for good.
+        while not done.wait(0.2):
+            codes = [proc.poll() for proc in procs]
+            bad = next((code for code in codes if code not in (None, 0)), None)
+            if bad is not None:
+                failed.append(bad)
+                kill_group(signal.SIGTERM)
+                if not done.wait(10.0):
+                    kill_group(signal.SIGKILL)
+                return
+            if all(code is not None for code in codes):
+                return
+
+    def kill_all() -> None:
+        if any(proc.poll() is None for proc in procs):  # a launch that just finished is not a timeout
+            expired.set()
+            kill_group(signal.SIGKILL)
+
+    watchdog = threading.Timer(timeout_s, kill_all) if timeout_s is not None else None
+    reader = open(read_fd, encoding="utf-8", errors="replace")
+    try:
+        try:
+            for cmd, env in commands:
+                group = {}
+                if own_group:
+                    group = {"process_group": procs[0].pid if procs else 0}  # rank 0 leads it
+                procs.append(subprocess.Popen(cmd, stdout=write_fd, stderr=write_fd, stdin=subprocess.DEVNULL,
+                                              env=env, **group))
+        finally:
+            os.close(write_fd)  # the ranks hold the pipe now: it ends when the last of them exits
+        if watchdog is not None:
+            watchdog.start()
+        threading.Thread(target=watch, daemon=True).start()
+        for line in reader:
+            line = line.rstrip("\n")
+            log_line(line)
+            tail[:] = (tail + [line])[-30:]
+        codes = [proc.wait() for proc in procs]
+    finally:
+        done.set()
+        reader.close()
+        if watchdog is not None:
+            watchdog.cancel()
+        if any(proc.poll() is None for proc in procs):  # left early (an error, Ctrl-C): take the ranks down too
+            kill_group(signal.SIGKILL)
+            for proc in procs:
+                proc.wait()
+    return failed[0] if failed else next((code for code in codes if code != 0), 0)
 
 
 def release_shm_buffers(port: int | str, *, addr: str = "*", rank: int | str = "*",
@@ -655,7 +734,8 @@ def checkpoint_state_dict(checkpoint_dir: Path, tag: str, zero_stage: int) -> di
 
 
 def gathered_state_dict(engine, zero_stage: int) -> dict[str, Any]:
-    """The full weights on every rank (ZeRO-3 shards gathered), e.g. for a rollout engine copy."""
+    """The full weights on every rank (ZeRO-3 shards gathered), for the `hf` rollout engine's
+    copy on each rank; a rollout server gets `GatheredWeights` instead."""
     import torch
 
     module = engine.module
@@ -696,3 +776,48 @@ def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: P
         write_manifest(tmp)  # sizes and sha256 of the weights, checked at registration and load
         (tmp / "paravt_meta.json").write_text(json.dumps(metadata, indent=2, default=str))
     return out_dir
+
+
+class GatheredWeights:
+    """The policy's weights for a rollout server's snapshot, one tensor at a time (issue #44 item 8).
+
+    Only the pushing rank keeps anything: under ZeRO-3 every rank iterates (each parameter's
+    gather is a collective all ranks enter, in the same order), and a rank with `keep` False
+    yields nothing, so it never holds a gathered copy; the pushing rank gets each parameter
+    while it is gathered, on its device, and the snapshot writer copies it to host and into
+    the file before the next one is gathered. So no rank holds the whole model on the host,
+    where before every rank cloned all of it there (`gathered_state_dict`) and rank 0 copied
+    it once more for safetensors' `save_file`.
+
+    The names, shapes and dtypes are the ones `gathered_state_dict` gives (ZeRO-3: parameters,
+    each once, then buffers; otherwise the state dict), known without gathering (`ds_shape`);
+    the order is the widest dtype first, stable otherwise, so every rank gathers alike.
+    """
+
+    def __init__(self, engine, zero_stage: int, keep: bool):
+        from paravt_core.agent.weight_snapshots import TensorSpec
+
+        module = engine.module
+        if zero_stage == 3:
+            entries = [(name, p, tuple(p.ds_shape), True) for name, p in module.named_parameters()]
+            entries += [(name, b, tuple(b.shape), False) for name, b in module.named_buffers()]
+        else:
+            entries = [(name, t, tuple(t.shape), False) for name, t in module.state_dict().items()]
+        self._entries = sorted(entries, key=lambda entry: -entry[1].dtype.itemsize)
+        self.specs = [TensorSpec(name, shape, tensor.dtype) for name, tensor, shape, _ in self._entries]
+        self.keep = keep
+
+    def __iter__(self):
+        import torch
+
+        with torch.no_grad():
+            for name, tensor, _, partitioned in self._entries:
+                if not partitioned:
+                    if self.keep:
+                        yield name, tensor.detach()
+                    continue
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters([tensor]):
+                    if self.keep:
+                        yield name, tensor.detach()

@@ -43,9 +43,36 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
               flush=True)
 
 
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
+
+
+def slowest_first(items: list[pytest.Item], measured: dict[str, float]) -> list[pytest.Item]:
+    """`items` with the tests of `measured` (node id -> seconds) first, longest first, and the
+    rest in collection order (modules stay together, so their fixtures are built once).
+
+    Under `make test` (pytest-xdist, `--dist load` handing out two tests at a time) the long
+    flow and training tests then start at once on different workers, and the short ones fill
+    the gaps; in collection order they queued behind each other in one worker (issue #45)."""
+    slow = sorted((item for item in items if item.nodeid in measured), key=lambda item: -measured[item.nodeid])
+    return slow + [item for item in items if item.nodeid not in measured]
+
+
+def measured_durations(path: Path = SLOW_TESTS) -> dict[str, float]:
+    """`tests/slow_tests.txt`: `<seconds> <node id>` lines from a measured `make test`
+    (`--durations`); a renamed test simply loses its place at the front."""
+    measured = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            seconds, nodeid = line.split(maxsplit=1)
+            measured[nodeid] = float(seconds)
+    return measured
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker collects; the order must be the same on all
+        items[:] = slowest_first(items, measured_durations())
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (gpu tier)")

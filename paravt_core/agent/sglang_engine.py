@@ -57,7 +57,7 @@ import torch
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams
 from paravt_core.agent.media import collapse_pads, first_difference, png_data_url
 from paravt_core.agent.server_process import ServerProcess, server_healthy, start_server
-from paravt_core.agent.weight_snapshots import drop_older_snapshots, latest_snapshot_version, write_weight_snapshot
+from paravt_core.agent.weight_snapshots import SnapshotStager, WeightStream
 
 DEFAULT_PORT = 30000
 
@@ -164,13 +164,15 @@ class SGLangEngine:
         dtype: the dtype snapshots are written in (the served model's; halves the bytes
             of an fp32 policy when the server runs bf16).
         timeout_s: per-request HTTP timeout.
+        shm_dir: this run's /dev/shm folder, used instead of `staging_dir` when a snapshot fits
+            there (`weight_snapshots.SnapshotStager`); only for a server on this machine.
 
     Raises:
         SGLangServerError: nothing healthy answers at `url`.
     """
 
     def __init__(self, url: str, model_path: str | Path, staging_dir: str | Path, media_token_ids: dict[str, int], *,
-                 dtype: torch.dtype | None = None, timeout_s: float = 3600.0):
+                 dtype: torch.dtype | None = None, timeout_s: float = 3600.0, shm_dir: Path | None = None):
         self.url = url.rstrip("/")
         self.model_path = Path(model_path)
         self.staging_dir = Path(staging_dir)
@@ -178,7 +180,7 @@ class SGLangEngine:
         self.dtype = dtype
         self.timeout_s = timeout_s
         # A restarted trainer continues the numbering: the snapshot a live server loaded stays valid.
-        self.weight_version = latest_snapshot_version(self.staging_dir)
+        self.snapshots = SnapshotStager(self.staging_dir, shm_dir)
         if not server_healthy(self.url):
             raise SGLangServerError(f"no healthy SGLang server at {self.url} (GET /health failed); start one or "
                                     "fix rl.rollout.sglang.url")
@@ -222,33 +224,42 @@ class SGLangEngine:
                     "--mm-process-config with video.min_pixels / video.max_pixels, see sglang_engine.mm_process_config)")
         return [parse_generation(item) for item in results]
 
-    def update_weights(self, state_dict: dict[str, Any]) -> None:
+    @property
+    def weight_version(self) -> int:
+        return self.snapshots.version
+
+    def update_weights(self, state_dict: dict[str, Any] | WeightStream) -> None:
         """Load new weights into the running server, in place, through `/update_weights_from_disk`.
 
         The weights are written as one safetensors snapshot beside the checkpoint's config
-        (into `<staging_dir>/v<N>.partial`, renamed to `v<N>` once complete, so the server
-        never reads a half-written file), the server is asked to load that folder, and the
+        (into `<staging_dir>/v<N>.partial`, or this run's /dev/shm folder when it fits there,
+        renamed to `v<N>` once complete, so the server never reads a half-written file; see
+        `weight_snapshots.SnapshotStager`), the server is asked to load that folder, and the
         previous snapshot is deleted. Why disk and not SGLang's other two refit paths:
         `/update_weights_from_tensor` passes CUDA IPC handles, so trainer and server must
         share the GPUs (co-located, same node) and the tensors must stay on the GPU;
         `/update_weights_from_distributed` needs an NCCL group between the trainer ranks
         and the server's TP workers. Disk works across processes and machines with any
-        placement, the snapshot is the source of truth a restarted server can load, and
-        at 8B in bf16 (about 17 GB) it costs seconds per step against a ~250 s step.
+        placement, and the snapshot is the source of truth a restarted server can load; at
+        8B in bf16 (17.5 GB) writing it would take 20-32 s per step at the rate measured on a
+        loaded 2-core CPU host (`bench/weight_push.py`, docs/scale.md), against a ~250 s step.
 
         Raises:
             SGLangServerError: the server is unreachable or reports that the load failed.
         """
         version = self.weight_version + 1
-        final = write_weight_snapshot(self.staging_dir, version, self.model_path, state_dict, self.dtype)
+        final = self.snapshots.write(self.model_path, state_dict, self.dtype)
         reply = _post_json(f"{self.url}/update_weights_from_disk",
                            {"model_path": str(final), "weight_version": str(version), "flush_cache": True},
                            self.timeout_s)
         if isinstance(reply, dict) and reply.get("success") is False:
             raise SGLangServerError(f"SGLang at {self.url} could not load the weights in {final}: "
                                     f"{reply.get('message')}")
-        self.weight_version = version
-        drop_older_snapshots(self.staging_dir, final)
+        self.snapshots.loaded(final)
+
+    def release_staged_weights(self) -> None:
+        """Delete the /dev/shm snapshots (at the end of a run; the server holds its weights)."""
+        self.snapshots.release()
 
     def release_memory(self) -> None:
         """Free the server's weights and KV cache (co-located placement, before training)."""

@@ -57,7 +57,7 @@ import torch
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams
 from paravt_core.agent.media import collapse_pads, first_difference, png_data_url
 from paravt_core.agent.server_process import ServerProcess, server_healthy
-from paravt_core.agent.weight_snapshots import drop_older_snapshots, latest_snapshot_version, write_weight_snapshot
+from paravt_core.agent.weight_snapshots import SnapshotStager, WeightStream
 
 ROLLOUT_ARGS = ("--enable-scale-out", "--logprobs-mode", "processed_logprobs")
 ROLLOUT_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -104,19 +104,22 @@ class VLLMEngine:
         dtype: the dtype snapshots are written in (the served model's).
         timeout_s: per-request HTTP timeout.
         max_in_flight: requests of one `generate` call sent at once (the server batches them).
+        shm_dir: this run's /dev/shm folder, used instead of `staging_dir` when a snapshot fits
+            there (`weight_snapshots.SnapshotStager`); only for a server on this machine.
 
     Raises:
         VLLMServerError: nothing healthy answers at `url`.
     """
 
     def __init__(self, url: str, model_path: str | Path, staging_dir: str | Path, media_token_ids: dict[str, int], *,
-                 dtype: torch.dtype | None = None, timeout_s: float = 3600.0, max_in_flight: int = 64):
+                 dtype: torch.dtype | None = None, timeout_s: float = 3600.0, max_in_flight: int = 64,
+                 shm_dir: Path | None = None):
         self.url = url.rstrip("/")
         self.model_path, self.staging_dir = Path(model_path), Path(staging_dir)
         self.pad_id = media_token_ids["<|image_pad|>"]
         self.media_ids = frozenset(media_token_ids.values())
         self.dtype, self.timeout_s, self.max_in_flight = dtype, timeout_s, max_in_flight
-        self.weight_version = latest_snapshot_version(self.staging_dir)
+        self.snapshots = SnapshotStager(self.staging_dir, shm_dir)
         if not server_healthy(self.url):
             raise VLLMServerError(f"no healthy vLLM server at {self.url} (GET /health failed); start one "
                                   "(`launch_vllm_rollout_server`) or fix rl.rollout.vllm.url")
@@ -187,14 +190,18 @@ class VLLMEngine:
                                 thread_name_prefix="paravt-vllm") as pool:
             return list(pool.map(lambda request: self._one(request, params), requests))
 
-    def update_weights(self, state_dict: dict[str, Any]) -> None:
+    @property
+    def weight_version(self) -> int:
+        return self.snapshots.version
+
+    def update_weights(self, state_dict: dict[str, Any] | WeightStream) -> None:
         """Write a snapshot, then pause (drain, clear caches), reload it in place, tag, resume.
 
         Raises:
             VLLMServerError: the server is unreachable or refused one of the calls.
         """
         version = self.weight_version + 1
-        final = write_weight_snapshot(self.staging_dir, version, self.model_path, state_dict, self.dtype)
+        final = self.snapshots.write(self.model_path, state_dict, self.dtype)
         _post(f"{self.url}/pause?mode=wait", None, self.timeout_s)
         try:
             _post(f"{self.url}/collective_rpc", {"method": "reload_weights",
@@ -202,8 +209,11 @@ class VLLMEngine:
             _post(f"{self.url}/update_weight_version", {"new_version": f"v{version}"}, self.timeout_s)
         finally:
             _post(f"{self.url}/resume", None, self.timeout_s)
-        self.weight_version = version
-        drop_older_snapshots(self.staging_dir, final)
+        self.snapshots.loaded(final)
+
+    def release_staged_weights(self) -> None:
+        """Delete the /dev/shm snapshots (at the end of a run; the server holds its weights)."""
+        self.snapshots.release()
 
 
 def placement_settings(cuda_devices: Sequence[int] = (), tp_size: int = 1,

@@ -4,7 +4,9 @@
   copies its new weights in after each optimizer step.
 - `sglang`: every rank sends its rollouts to ONE SGLang server, either a running one
   (`rl.rollout.sglang.url`) or one rank 0 launches (and stops at the end). The policy is
-  the same on all ranks after a step, so rank 0 alone pushes it to the server; the ranks'
+  the same on all ranks after a step, so rank 0 alone pushes it to the server (under ZeRO-3
+  every rank joins each parameter's gather but only rank 0 keeps it, streamed into the
+  snapshot: issue #44 item 8, `dist.GatheredWeights`); the ranks'
   next rollouts start only after the step's metrics are gathered over all ranks, which
   rank 0 reaches after its push. With the co-located placement the server's memory is
   released once every rank's rollout is done and taken back just before the push.
@@ -14,6 +16,9 @@
   out on `/inference/v1/generate`, new weights loaded from a snapshot after each step
   (`paravt_core/agent/vllm_engine.py`); nothing is released between phases. Runs on
   vLLM's CPU build too (the server tier trains on it).
+
+A server rank 0 launched is on its machine: its snapshots go to /dev/shm when they fit there
+(`agent/weight_snapshots.SnapshotStager`); a server behind a url gets them in the run folder.
 
 On a server (sglang, vllm), before the first request, `agent.served_model.check_served_model`
 holds what it says it serves (`/v1/models`) to the RL stage's starting checkpoint, and the
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.agent.engine import RolloutEngine
+from paravt_core.agent.weight_snapshots import WeightStream, shm_staging_dir
 from paravt_core.config import ConfigError, PipelineConfig
 
 SGLANG_MISSING = "SGLang is not installed; install the GPU profile or set rl.rollout.engine=hf"
@@ -79,15 +85,22 @@ class RolloutBackend:
             self.engine.release_memory()
             self._released = True
 
-    def update_weights(self, state_dict: dict[str, Any]) -> None:
+    def update_weights(self, weights: dict[str, Any] | WeightStream) -> None:
+        """Give the engine the policy's weights; a rank that does not push only iterates a
+        stream to its end (its ZeRO-3 gathers are collectives every rank joins), keeping nothing."""
         if not self.pushes_weights:
+            if isinstance(weights, WeightStream):
+                for _ in weights:
+                    pass
             return
         if self._released:
             self.engine.resume_memory()
             self._released = False
-        self.engine.update_weights(state_dict)
+        self.engine.update_weights(weights)
 
     def close(self) -> None:
+        if self.served and self.pushes_weights:
+            self.engine.release_staged_weights()  # the /dev/shm snapshot: host memory until deleted
         if self.server is not None:
             self.server.stop()
             self.server = None
@@ -169,7 +182,8 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
         url = server.url
     url = _shared_url(url, rank, world, init_model, init_sha256)
     engine = SGLangEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,
-                                        timeout_s=server_cfg.request_timeout_s)
+                                        timeout_s=server_cfg.request_timeout_s,
+                                        shm_dir=shm_staging_dir(staging_dir) if server is not None else None)
     return RolloutBackend(engine, pushes_weights=rank == 0, served=True, url=url, releases_memory=colocated,
                           world=world, server=server)
 
@@ -213,5 +227,6 @@ def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: i
         url = server.url
     url = _shared_url(url, rank, world, init_model, init_sha256)
     engine = VLLMEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,
-                                      timeout_s=server_cfg.request_timeout_s)
+                                      timeout_s=server_cfg.request_timeout_s,
+                                      shm_dir=shm_staging_dir(staging_dir) if server is not None else None)
     return RolloutBackend(engine, pushes_weights=rank == 0, served=True, url=url, world=world, server=server)

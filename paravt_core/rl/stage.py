@@ -54,9 +54,16 @@ def run(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, log_line: 
     """Raises `ConfigError` before any worker starts when `rl.rollout.engine` cannot run here."""
     from paravt_core.rl.rollout_engine import check_rollout_engine
 
+    from paravt_core.agent.weight_snapshots import release_shm_staging
+
     check_rollout_engine(cfg)
-    return run_stage_workers(run_dir(cfg, init, rl_data), "rl_model", lambda: make_job(cfg, init, rl_data), WORKER,
-                             cfg.rl.num_ranks, cfg.rl.hostfile, log_line, threads_per_rank(cfg))
+    out = run_dir(cfg, init, rl_data)
+    try:
+        return run_stage_workers(out, "rl_model", lambda: make_job(cfg, init, rl_data), WORKER, cfg.rl.num_ranks,
+                                 cfg.rl.hostfile, log_line, threads_per_rank(cfg))
+    finally:
+        # Rank 0 deletes its /dev/shm weight snapshots when it closes; a killed or crashed rank 0 cannot.
+        release_shm_staging(out / "rollout_weights")
 
 
 def threads_per_rank(cfg: PipelineConfig) -> int | None:

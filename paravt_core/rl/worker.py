@@ -125,10 +125,16 @@ class Trainer:
         return engine
 
     def push_weights(self) -> None:
+        """The policy's weights to the rollout engine: every rank's own `hf` copy gets the whole
+        state dict; a server gets rank 0's snapshot, streamed as each ZeRO-3 parameter is
+        gathered, and the other ranks only join the gathers (issue #44 item 8)."""
         from paravt_core import dist as pdist
 
-        state = pdist.gathered_state_dict(self.policy, self.rl.zero_stage)
-        self.rollout_backend.update_weights(state)
+        if self.rollout_backend.served:
+            weights = pdist.GatheredWeights(self.policy, self.rl.zero_stage, keep=self.rollout_backend.pushes_weights)
+        else:
+            weights = pdist.gathered_state_dict(self.policy, self.rl.zero_stage)
+        self.rollout_backend.update_weights(weights)
         self.policy.module.train()
 
     def check_served_policy(self) -> None:
