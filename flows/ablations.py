@@ -2,6 +2,7 @@
 
     data -> base -> SFT (once) -> for each RL row: PARA-GRPO variant -> eval
                                 -> sequential-dispatch eval of the full row
+    (`run.fanout.max_concurrent` rows at a time, flows/fanout.py)
 
 Every row trains from the same SFT checkpoint; each is an MLflow run tagged
 `ablation_row` (fτ, κ and the other SPEC §5 metrics per step), evaluated on the configured
@@ -11,15 +12,19 @@ runs into the Table-2-shaped table and the fτ / κ plots.
 
 from __future__ import annotations
 
+import functools
 
 from prefect import flow, get_run_logger
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from flows.data import data_stage
 from flows.eval import eval_stage
+from flows.fanout import check_fanout_fits, fan_out
 from flows.params import PipelineParams
-from paravt_core.config import config_file, load_config
-from paravt_core.eval.report import format_table
+from paravt_core.config import PipelineConfig, config_file, load_config
+from paravt_core.data.stage import DataBundle
+from paravt_core.eval.report import EvalReport, format_table
+from paravt_core.refs import ArtifactRef
 from paravt_core.run_lock import hold_output_dir
 from tasks.model import base_stage
 from tasks.rl import rl
@@ -33,6 +38,23 @@ class AblationParams(PipelineParams):
                             description="RL rows: names of conf/rl/<row>.yaml")
     sequential_eval: bool = Field(True, description="also evaluate the full row with sequential dispatch")
 
+    @model_validator(mode="after")
+    def _fanout_fits(self) -> AblationParams:
+        check_fanout_fits(self.load().run.fanout)
+        return self
+
+
+def train_and_evaluate(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: DataBundle, row: str,
+                       sequential_eval: bool) -> dict[str, EvalReport]:
+    """One row: PARA-GRPO from the SFT model, its evaluation, and for the full row with
+    `sequential_eval` its sequential-dispatch evaluation too."""
+    model = rl(row_cfg, sft_model, data.rl)
+    reports = {row: eval_stage(row_cfg, model, data.eval, row)}
+    if row == "paragrpo" and sequential_eval:
+        seq_cfg = row_cfg.model_copy(update={"eval": row_cfg.eval.model_copy(update={"dispatch": "sequential"})})
+        reports["paragrpo-sequential"] = eval_stage(seq_cfg, model, data.eval, "paragrpo-sequential")
+    return reports
+
 
 @flow(name="paravt", log_prints=True)
 def ablations(params: AblationParams = AblationParams()) -> str:
@@ -43,13 +65,13 @@ def ablations(params: AblationParams = AblationParams()) -> str:
         sft_model = sft(cfg, base_stage(cfg), data.sft)
         reports = {"sft": eval_stage(cfg, sft_model, data.eval, "sft")}
         rl_dir = config_file(params.config_path).resolve().parents[1] / "rl"
-        for row in params.rows:
-            row_cfg = load_config(params.config_path, params.overrides, rl_dir / f"{row}.yaml")
-            model = rl(row_cfg, sft_model, data.rl)
-            reports[row] = eval_stage(row_cfg, model, data.eval, row)
-            if row == "paragrpo" and params.sequential_eval:
-                seq_cfg = row_cfg.model_copy(update={"eval": row_cfg.eval.model_copy(update={"dispatch": "sequential"})})
-                reports["paragrpo-sequential"] = eval_stage(seq_cfg, model, data.eval, "paragrpo-sequential")
+        rows = [(row, functools.partial(train_and_evaluate, load_config(params.config_path, params.overrides,
+                                                                        rl_dir / f"{row}.yaml"),
+                                        sft_model, data, row, params.sequential_eval))
+                for row in params.rows]
+        # At most run.fanout.max_concurrent rows at a time, gathered in this order (flows/fanout.py).
+        for row_reports in fan_out(rows, cfg.run.fanout):
+            reports.update(row_reports)
         table = format_table(reports)
         log.info("ablations:\n%s", table)
         return table

@@ -3,6 +3,7 @@
     data -> base (+ perception pretraining) -> SFT -> eval (subagent, direct)
          -> the SFT model at each gating budget K on the validation split (subagent, direct)
          -> for each RL row x seed: PARA-GRPO variant -> eval (subagent, direct)
+            (`run.fanout.max_concurrent` rows at a time, flows/fanout.py)
          -> Table 2 in miniature + per-step figure (outputs and MLflow)
 
 Every stage is a cached task, so an interrupted reproduction resumes with the rows and
@@ -12,6 +13,7 @@ seeds it finished (and an RL run resumes from its checkpoint). The rows and seed
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -20,12 +22,14 @@ from pydantic import Field, model_validator
 
 from flows.data import data_stage
 from flows.eval import eval_stage
+from flows.fanout import check_fanout_fits, fan_out
 from flows.params import PipelineParams
 from flows.progress import PROGRESS
 from paravt_core.config import VALIDATION_SPLITS, PipelineConfig, config_file, load_config
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
 from paravt_core.data.mirror import world_dir
+from paravt_core.data.stage import DataBundle
 from paravt_core.miniature.reproduce import BudgetPoint, ModelRun, group_breakdown, held_out_groups, read_steps
 from paravt_core.miniature.visibility import manifest_video_sets, visible_share
 from paravt_core.run_lock import hold_output_dir
@@ -46,6 +50,7 @@ class ReproduceParams(PipelineParams):
         for row in self.load().reproduce.rows:
             if not row_file(self.config_path, row).is_file():
                 raise ValueError(f"reproduce.rows names {row!r} but {row_file(self.config_path, row)} does not exist")
+        check_fanout_fits(self.load().run.fanout)
         return self
 
 
@@ -107,6 +112,13 @@ def budget_sweep(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef
     return points
 
 
+def train_and_measure(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: DataBundle, row: str,
+                      seed: int) -> tuple[ModelRun, ArtifactRef]:
+    """One row x seed: PARA-GRPO from the SFT model, then its held-out evaluations."""
+    model = rl(row_cfg, sft_model, data.rl)
+    return measure(row_cfg, model, data.eval, row, seed, f"{row}-seed{seed}"), model
+
+
 @flow(name="paravt", log_prints=True)
 def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
     cfg = params.load()
@@ -119,13 +131,16 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         runs = [measure(cfg, sft_model, data.eval, "sft", None, "sft")]
         budget = budget_sweep(cfg, sft_model, data.eval)
         PROGRESS.stage("budget sweep (validation)", sft_model.path)
+        rows = []
         for row in cfg.reproduce.rows:
             for seed in cfg.reproduce.seeds:
                 row_cfg = load_config(params.config_path, [*params.overrides, f"run.seed={seed}"],
                                       row_file(params.config_path, row))
-                model = rl(row_cfg, sft_model, data.rl)
-                runs.append(measure(row_cfg, model, data.eval, row, seed, f"{row}-seed{seed}"))
-                PROGRESS.stage(f"{row} seed {seed}", model.path)
+                rows.append((f"{row} seed {seed}", functools.partial(train_and_measure, row_cfg, sft_model, data, row,
+                                                                     seed)))
+        # Rows x seeds at most run.fanout.max_concurrent at a time, gathered in this order (flows/fanout.py).
+        runs += [run for run, _ in fan_out(rows, cfg.run.fanout,
+                                            lambda label, done: PROGRESS.stage(label, done[1].path))]
         report = reproduce_report(cfg, runs, budget)
         text = report.read_text()
         log.info("miniature reproduction (%s):\n%s", report, text)

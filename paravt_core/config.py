@@ -29,10 +29,27 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+class FanoutConfig(_Section):
+    """How `paravt reproduce` and the ablations flow run their RL rows (issue #45 item 5,
+    docs/scale.md "Fanning out RL rows"): at most `max_concurrent` rows at once, each row's
+    RL run and its evaluations one unit of work, on Prefect's thread pool task runner.
+
+    `threads_per_run` is one row's CPU thread budget: its RL ranks share it (OMP_NUM_THREADS
+    of each rank: the budget over the ranks, at least 1) and its in-process evaluations run
+    torch on that many threads. None keeps what a run got before: the host's cores shared
+    by the ranks (or OMP_NUM_THREADS where set) and torch's default in process. On CPU a
+    row's weights differ between 1 and 2 threads (bench/fanout.py), so a row compared across
+    runs should keep it."""
+
+    max_concurrent: int = Field(1, ge=1)  # 1: one row after the other, as before
+    threads_per_run: int | None = Field(None, ge=1)
+
+
 class RunConfig(_Section):
     name: str = Field("paravt-tiny", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     output_dir: Path = Path("outputs/tiny")
     seed: int = 0
+    fanout: FanoutConfig = FanoutConfig()
 
 
 class PretrainConfig(_Section):
@@ -639,7 +656,9 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
 # (section, field) of knobs that never change what a stage produces (how much disk it keeps, how
 # many processes probe the media): never hashed, so changing one keeps the stage's cache key
 # and resumes its run folder instead of starting it over.
-NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"), ("data", "probe_workers"))
+# run.fanout: how many rows run at once and on how many threads (docs/scale.md, "Fanning out RL rows").
+NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"), ("data", "probe_workers"),
+                                            ("run", "fanout"))
 
 
 class PipelineConfig(_Section):

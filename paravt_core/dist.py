@@ -61,9 +61,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Master ports of the launches running in this process. Rows fanned out over threads
+# (run.fanout) launch at once, and a port names a launch's shared-memory segments
+# (SHM_BUFFER_PREFIX) and which ones its cleanup unlinks: two launches on one port would
+# share, then delete, each other's segments.
+_launch_ports: set[int] = set()
+_launch_ports_guard = threading.Lock()
+
+
+def _claim_launch_port() -> int:
+    with _launch_ports_guard:
+        while (port := free_port()) in _launch_ports:
+            pass
+        _launch_ports.add(port)
+        return port
+
+
 def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: str | None = None,
                    log_line: LogLine = print, env: dict[str, str] | None = None,
-                   timeout_s: float | None = None) -> None:
+                   timeout_s: float | None = None, threads_per_rank: int | None = None) -> None:
     """Run `script` on `num_ranks` ranks (or the hostfile's) and stream their output line by line.
 
     One node: the ranks are this process's children (module docstring); when one exits
@@ -73,16 +89,29 @@ def launch_workers(script: Path, args: Sequence[str], num_ranks: int, hostfile: 
     Args:
         timeout_s: kill every rank (their own process group) after this long, e.g. ranks
             blocked in a collective that the others never join; None waits.
+        threads_per_rank: each rank's OMP_NUM_THREADS (torch's CPU threads), over what the
+            environment says; None: OMP_NUM_THREADS where set, else this host's cores shared
+            by the ranks.
     Raises:
         RuntimeError: naming the exit code and the last lines of output.
         TimeoutError: `timeout_s` passed; the message holds the last lines of output.
     """
-    port = free_port()
+    port = _claim_launch_port()
+    try:
+        _launch(script, args, num_ranks, hostfile, log_line, env, timeout_s, threads_per_rank, port)
+    finally:
+        with _launch_ports_guard:
+            _launch_ports.discard(port)
+
+
+def _launch(script: Path, args: Sequence[str], num_ranks: int, hostfile: str | None, log_line: LogLine,
+            env: dict[str, str] | None, timeout_s: float | None, threads_per_rank: int | None, port: int) -> None:
     # Ranks on one CPU host share its cores: give each its share, not all of them each.
     threads = str(max(1, (os.cpu_count() or 1) // max(1, num_ranks)))
     rendezvous_dir = None if hostfile else Path(tempfile.mkdtemp(prefix="paravt-rendezvous-"))
+    budget = {"OMP_NUM_THREADS": str(threads_per_rank)} if threads_per_rank else {}
     child_env = {"OMP_NUM_THREADS": threads, **rendezvous_env(rendezvous_dir), **os.environ, "PYTHONUNBUFFERED": "1",
-                 "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+                 "TOKENIZERS_PARALLELISM": "false", **budget, **(env or {})}
     if rendezvous_dir is not None:
         child_env[RENDEZVOUS_FILE_ENV] = str(rendezvous_dir / "store")
     else:
@@ -274,7 +303,7 @@ class StepLog:
 
 
 def run_stage_workers(out: Path, kind: str, make_job: Callable[[], Any], worker: Path, num_ranks: int,
-                      hostfile: str | None, log_line: LogLine = print):
+                      hostfile: str | None, log_line: LogLine = print, threads_per_rank: int | None = None):
     """Run, or resume, a training stage's DeepSpeed workers in its run folder `out`.
 
     A run whose exported model is complete and whole returns at once; otherwise the job (a
@@ -296,7 +325,8 @@ def run_stage_workers(out: Path, kind: str, make_job: Callable[[], Any], worker:
     if not finished or problem:
         out.mkdir(parents=True, exist_ok=True)
         job_file = atomic_write_text(out / "job.json", make_job().model_dump_json(indent=2))
-        launch_workers(worker, ["--job", str(job_file)], num_ranks, hostfile, log_line)
+        launch_workers(worker, ["--job", str(job_file)], num_ranks, hostfile, log_line,
+                       threads_per_rank=threads_per_rank)
     return ArtifactRef(kind=kind, path=model_dir.resolve(), sha256=content_hash(model_dir))
 
 

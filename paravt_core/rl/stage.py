@@ -60,10 +60,16 @@ def run(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, log_line: 
     out = run_dir(cfg, init, rl_data)
     try:
         return run_stage_workers(out, "rl_model", lambda: make_job(cfg, init, rl_data), WORKER, cfg.rl.num_ranks,
-                                 cfg.rl.hostfile, log_line)
+                                 cfg.rl.hostfile, log_line, threads_per_rank(cfg))
     finally:
         # Rank 0 deletes its /dev/shm weight snapshots when it closes; a killed or crashed rank 0 cannot.
         release_shm_staging(out / "rollout_weights")
+
+
+def threads_per_rank(cfg: PipelineConfig) -> int | None:
+    """Each rank's share of the run's thread budget (`run.fanout.threads_per_run`), at least one."""
+    budget = cfg.run.fanout.threads_per_run
+    return None if budget is None else max(1, budget // cfg.rl.num_ranks)
 
 
 def _mlflow_run(cfg: PipelineConfig, out: Path, init: ArtifactRef, rl_data: ArtifactRef) -> str:

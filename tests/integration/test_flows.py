@@ -219,6 +219,57 @@ def test_reproduce_flow_reports_rows_over_seeds_and_resumes_finished_rows(prefec
     assert (report.parent / "steps.png").stat().st_size > 1000
 
 
+def test_reproduce_rows_fanned_out_give_the_metrics_and_weights_of_rows_run_one_at_a_time(prefect_harness, task_runs,
+                                                                                         tmp_path: Path):
+    """Issue #45 item 5: the two RL rows trained again from the same SFT model, both at once
+    (run.fanout.max_concurrent 2), give the per-row metrics and weights they gave one after
+    the other, on the same thread budget."""
+    import json
+    import shutil
+
+    import torch
+
+    from flows.reproduce import ReproduceParams, reproduce
+    from paravt_core.refs import content_hash, file_hash
+
+    if torch.cuda.is_available():
+        pytest.skip("rows at once are refused where a GPU is visible (flows/fanout.py, check_fanout_fits)")
+
+    config = str(REPO / "conf/pipeline/reproduce.yaml")
+    overrides = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1"]
+
+    def measured(state) -> tuple[list[dict], dict[str, str]]:
+        assert state.is_completed()
+        runs = json.loads((Path(state.result()).parent / "runs.json").read_text())
+        for run in runs:  # what a step took to run is no metric of the row
+            run["steps"] = [{k: v for k, v in step.items() if not k.startswith("time_")} for step in run["steps"]]
+        # The weights: the export's paravt_meta.json also names the run's MLflow run and full config.
+        models = {folder.name: {f.name: file_hash(f) for f in sorted((folder / "model").glob("*.safetensors"))}
+                  for folder in sorted((tmp_path / "rl").iterdir())}
+        return runs, models
+
+    alone, alone_models = measured(reproduce(ReproduceParams(config_path=config, overrides=overrides),
+                                             return_state=True))
+    assert len(alone_models) == 2 and all(alone_models.values())
+    # Train and evaluate the rows again (data, pretraining, SFT and its evaluations stay cached).
+    for folder in (tmp_path / "rl").iterdir():
+        for results in (tmp_path / "eval").glob(f"{content_hash(folder / 'model')[:12]}-*"):
+            shutil.rmtree(results)
+    shutil.rmtree(tmp_path / "rl")
+
+    state = reproduce(ReproduceParams(config_path=config, overrides=[*overrides, "run.fanout.max_concurrent=2"]),
+                      return_state=True)
+    together, together_models = measured(state)
+    runs = task_runs(state.state_details.flow_run_id)
+    assert runs["sft"][0].state.name == "Cached"
+    rl_runs = runs["rl"]
+    assert sorted(r.state.name for r in rl_runs) == ["Completed", "Completed"]  # trained, not from the cache
+    assert max(r.start_time for r in rl_runs) < min(r.end_time for r in rl_runs)  # and at the same time
+    assert together_models == alone_models
+    assert [r["row"] for r in together] == ["sft", "vanilla_grpo", "paragrpo"]
+    assert together == alone
+
+
 def test_reproduce_refuses_an_unknown_row_before_any_stage(tmp_path: Path):
     from pydantic import ValidationError
 

@@ -1,0 +1,66 @@
+"""RL rows fanned out (issue #45 item 5): the knobs, the per-run thread budget, the launch ports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paravt_core import dist
+from paravt_core.config import ConfigError, load_config
+from paravt_core.rl.stage import threads_per_rank
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def test_fanout_is_checked_at_load_and_never_changes_a_cache_key():
+    base = load_config(CONF / "pipeline" / "reproduce.yaml")
+    assert (base.run.fanout.max_concurrent, base.run.fanout.threads_per_run) == (1, None)  # sequential, as before
+    fanned = load_config(CONF / "pipeline" / "reproduce.yaml",
+                         ["run.fanout.max_concurrent=2", "run.fanout.threads_per_run=1"])
+    assert (fanned.run.fanout.max_concurrent, fanned.run.fanout.threads_per_run) == (2, 1)
+    # A row's run folder and cached result are keyed by these: fanned out, it finds its finished work.
+    assert fanned.section_hash("rl", "video", "run") == base.section_hash("rl", "video", "run")
+    assert fanned.section_hash() == base.section_hash()
+    for knob in ("run.fanout.max_concurrent", "run.fanout.threads_per_run"):
+        with pytest.raises(ConfigError, match=knob.replace(".", r"\.")):
+            load_config(CONF / "pipeline" / "reproduce.yaml", [f"{knob}=0"])
+
+
+@pytest.mark.parametrize(("budget", "ranks", "expected"), [(None, 1, None), (1, 1, 1), (4, 2, 2), (1, 2, 1), (5, 2, 2)])
+def test_the_thread_budget_is_shared_by_the_ranks_of_a_run(budget, ranks, expected):
+    overrides = [f"rl.num_ranks={ranks}", "rl.prompts_per_step=2"]
+    if budget is not None:
+        overrides.append(f"run.fanout.threads_per_run={budget}")
+    assert threads_per_rank(load_config(CONF / "pipeline" / "tiny.yaml", overrides)) == expected
+
+
+def test_launches_at_once_never_share_a_master_port(monkeypatch):
+    """The port names a launch's shared-memory segments and which ones its cleanup unlinks:
+    a second launch while the first runs gets another port even when the OS offers the same."""
+    offered = iter([41000, 41000, 41000, 41001])
+    monkeypatch.setattr(dist, "free_port", lambda: next(offered))
+    first = dist._claim_launch_port()
+    second = dist._claim_launch_port()
+    assert (first, second) == (41000, 41001)
+    dist._launch_ports.difference_update({first, second})
+
+
+
+@pytest.mark.parametrize("flow_params", ["reproduce", "ablations"])
+def test_rows_at_once_are_refused_before_any_stage_where_they_would_share_gpus(monkeypatch, tmp_path, flow_params):
+    import torch
+    from pydantic import ValidationError
+
+    from flows.ablations import AblationParams
+    from flows.reproduce import ReproduceParams
+
+    make = {"reproduce": lambda o: ReproduceParams(config_path=str(CONF / "pipeline" / "reproduce.yaml"), overrides=o),
+            "ablations": lambda o: AblationParams(config_path=str(CONF / "pipeline" / "tiny.yaml"), overrides=o)}
+    overrides = [f"run.output_dir={tmp_path}", "run.fanout.max_concurrent=2"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValidationError, match=r"run\.fanout\.max_concurrent=2 runs RL rows at once.*share cards"):
+        make[flow_params](overrides)
+    make[flow_params]([f"run.output_dir={tmp_path}"])  # one row at a time is fine there
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    make[flow_params](overrides)  # and rows at once on a CPU machine
