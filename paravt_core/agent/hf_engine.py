@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, VisionInputs
+from paravt_core.agent.kv_cache import PreallocatedCache
 
 TEXT_TOKEN_TYPE = 0
 IMAGE_TOKEN_TYPE = 1
@@ -203,6 +204,7 @@ class HFEngine:
         self.default_stop_ids = (tokenizer.eos_token_id,)
         self.image_token_id = model.config.image_token_id
         self.video_token_id = model.config.video_token_id
+        self.num_layers = model.config.get_text_config().num_hidden_layers
         # Media placeholders are the processor's to place (module docstring): never generated.
         self.media_token_ids = [model.config.image_token_id, model.config.video_token_id,
                                 model.config.vision_start_token_id, model.config.vision_end_token_id]
@@ -222,11 +224,13 @@ class HFEngine:
         stop_ids = params.stop_token_ids or self.default_stop_ids
         recorder = StepLogprobRecorder(params.temperature, self.media_token_ids)
         device = self.model.device
+        cache = PreallocatedCache(self.num_layers, batch.input_ids.shape[1] + params.max_new_tokens)
         with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device), _without_cudnn_attention(device):
             sequences = self.model.generate(
                 **batch.model_inputs(device),
                 generation_config=self._generation_config(params, stop_ids),
                 logits_processor=[recorder],
+                past_key_values=cache,
             )  # [B, L + steps]
         new_tokens = sequences[:, batch.input_ids.shape[1]:].cpu()  # [B, steps]
         logprobs = recorder.finish(sequences[:, -1])  # [B, steps]
