@@ -14,7 +14,10 @@ turn run on the model. It never stops early either, so --main-tokens / --subagen
 stand for the SFT policy's short turns (the reproduction allows 384 / 96).
 
 Per child: one warm-up RL step, then --steps timed steps (seconds per step), and one
-warm-up evaluation, then one timed evaluation of the split. Results must agree: the RL
+warm-up evaluation, then one timed evaluation of the split. Wall and CPU seconds (the
+child's process time: with one torch thread on a shared, loaded machine the steadier of the
+two) are both reported. Both trees get `model.vision_attention: batched` (the old tree's RL
+and evaluator ignore it; this tree applies it, docs/speed.md). Results must agree: the RL
 metrics of every step (timings aside), the final policy weights (sha256 of the state
 dict) and the evaluation's predictions; the bench stops with status 1 when they do not.
 
@@ -157,11 +160,12 @@ def child(args) -> None:
     trainer = rl_worker.Trainer(job)
     trainer.engine = ScriptedFirstTurn(trainer.engine, trainer.processor.tokenizer)
     trainer.train_step(0)  # warm-up
-    rows, step_s = [], []
+    rows, step_s, step_cpu = [], [], []
     for step in range(1, args.steps + 1):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         row = trainer.train_step(step)
         step_s.append(time.perf_counter() - started)
+        step_cpu.append(time.process_time() - cpu)
         rows.append({k: v for k, v in sorted(row.items()) if not k.startswith("time_")})
     state = trainer.policy.module.state_dict()
     digest = hashlib.sha256()
@@ -174,16 +178,18 @@ def child(args) -> None:
     data = ArtifactRef(kind="eval_data", path=Path(inputs["eval_data"]), sha256=inputs["eval_sha256"])
     engine, processor = eval_stage.hf_engine(model, cfg.model.dtype)
     runner = HFSampleRunner(ScriptedFirstTurn(engine, processor.tokenizer), processor, EvalSettings.from_pipeline(cfg))
-    eval_s, predictions = [], []
+    eval_s, eval_cpu, predictions = [], [], []
     for attempt in ("warm-up", "timed"):
         run_cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_dir": out / f"eval-{attempt}"})})
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         eval_stage.evaluate_prepared_split(run_cfg, model, data, "videomme", runner=runner, progress=False)
         eval_s.append(time.perf_counter() - started)
+        eval_cpu.append(time.process_time() - cpu)
         records = json.loads(next((out / f"eval-{attempt}").rglob("videomme.json")).read_text())["samples"]
         predictions = [[r.get("id", r.get("sample_id")), r["response"]] for r in records]
-    print("BENCH " + json.dumps({"rl_step_s": step_s, "rl_metrics": rows, "weights_sha256": digest.hexdigest(),
-                                 "eval_s": eval_s[-1], "eval_predictions": predictions}), flush=True)
+    print("BENCH " + json.dumps({"rl_step_s": step_s, "rl_step_cpu_s": step_cpu, "rl_metrics": rows,
+                                 "weights_sha256": digest.hexdigest(), "eval_s": eval_s[-1], "eval_cpu_s": eval_cpu[-1],
+                                 "eval_predictions": predictions}), flush=True)
 
 
 def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
@@ -198,6 +204,10 @@ def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
     if done.returncode != 0 or not lines:
         sys.exit(f"bench/rl_step.py: the child on {tree} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(lines[-1].removeprefix("BENCH "))
+
+
+def _as_list(value) -> list[float]:
+    return value if isinstance(value, list) else [value]
 
 
 def main() -> int:
@@ -234,18 +244,19 @@ def main() -> int:
             for name, tree in trees.items():
                 result = run_child(tree, inputs, root / f"{name}-{repeat}", args)
                 results[name].append(result)
-                print(f"  {name} #{repeat}: RL s/step {[round(s, 2) for s in result['rl_step_s']]}, "
-                      f"eval {result['eval_s']:.2f} s", flush=True)
+                print(f"  {name} #{repeat}: RL s/step {[round(s, 2) for s in result['rl_step_s']]} (CPU "
+                      f"{[round(s, 2) for s in result['rl_step_cpu_s']]}), eval {result['eval_s']:.2f} s (CPU "
+                      f"{result['eval_cpu_s']:.2f})", flush=True)
     same = all(r["rl_metrics"] == results["old"][0]["rl_metrics"] and
                r["weights_sha256"] == results["old"][0]["weights_sha256"] and
                r["eval_predictions"] == results["old"][0]["eval_predictions"] for r in results["old"] + results["new"])
-    step = {name: statistics.median(s for r in rs for s in r["rl_step_s"]) for name, rs in results.items()}
-    evaluation = {name: statistics.median(r["eval_s"] for r in rs) for name, rs in results.items()}
-    print("| measure | old s | new s | old / new |")
+    print("| measure (median) | old s | new s | old / new |")
     print("|---|---|---|---|")
-    print(f"| RL step (median) | {step['old']:.2f} | {step['new']:.2f} | {step['old'] / step['new']:.2f}x |")
-    print(f"| evaluation, {args.questions} questions (median) | {evaluation['old']:.2f} | {evaluation['new']:.2f} | "
-          f"{evaluation['old'] / evaluation['new']:.2f}x |")
+    for label, key in (("RL step, wall", "rl_step_s"), ("RL step, CPU", "rl_step_cpu_s"),
+                       (f"evaluation of {args.questions}, wall", "eval_s"),
+                       (f"evaluation of {args.questions}, CPU", "eval_cpu_s")):
+        old, new = (statistics.median(s for r in results[name] for s in _as_list(r[key])) for name in ("old", "new"))
+        print(f"| {label} | {old:.2f} | {new:.2f} | {old / new:.2f}x |")
     print(f"same results (RL metrics of every step, final weights, eval predictions): {'yes' if same else 'NO'}")
     return 0 if same else 1
 

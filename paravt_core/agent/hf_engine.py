@@ -67,14 +67,13 @@ def pad_requests(requests: Sequence[GenerationRequest], pad_id: int, image_token
     length = max(len(request.prompt_ids) for request in requests)
     input_ids = torch.full((len(requests), length), pad_id, dtype=torch.long)  # [B, L]
     attention_mask = torch.zeros((len(requests), length), dtype=torch.long)  # [B, L]
-    vision = VisionInputs()
     for row, request in enumerate(requests):
         if not request.prompt_ids:
             raise ValueError(f"request {row} has no prompt tokens")
         ids = torch.tensor(request.prompt_ids, dtype=torch.long)
         input_ids[row, length - ids.numel():] = ids
         attention_mask[row, length - ids.numel():] = 1
-        vision = vision.merged_with(request.vision)
+    vision = VisionInputs.concatenated([request.vision for request in requests])
     token_types = torch.zeros_like(input_ids)  # [B, L]
     token_types[input_ids == image_token_id] = IMAGE_TOKEN_TYPE
     token_types[input_ids == video_token_id] = VIDEO_TOKEN_TYPE
