@@ -106,7 +106,9 @@ class ModelConfig(_Section):
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
     # The vision tower's attention without flash-attn: per_item is transformers' one call per
     # frame; batched is one call per run of equal-sized frames, the same arithmetic
-    # (paravt_core/model/vision_attention.py). Applied in SFT training.
+    # (paravt_core/model/vision_attention.py). Applied in SFT training, in RL (policy, reference,
+    # hf rollout engine) and by the hf evaluator. On CPU with sdpa the two give the same bits
+    # (log-probs and gradients, tests/integration/test_speed_determinism.py); batched is the faster (docs/speed.md).
     vision_attention: Literal["per_item", "batched"] = "per_item"
     registered_name: str = "paravt-tiny"
     pretrain: PretrainConfig = PretrainConfig()

@@ -34,19 +34,21 @@ class VisionInputs:
 
     def merged_with(self, other: VisionInputs) -> VisionInputs:
         """The media of `self` followed by those of `other` (a later turn adds crops)."""
+        return VisionInputs.concatenated([self, other])
 
-        def cat(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-            if a is None:
-                return b
-            return a if b is None else torch.cat([a, b])
+    @staticmethod
+    def concatenated(parts: Sequence[VisionInputs]) -> VisionInputs:
+        """The media of every part, in order, each tensor concatenated once: merging a batch's
+        requests one by one copied the growing pixels again for every request (issue #45)."""
 
-        return VisionInputs(
-            cat(self.pixel_values_videos, other.pixel_values_videos),
-            cat(self.video_grid_thw, other.video_grid_thw),
-            cat(self.pixel_values, other.pixel_values),
-            cat(self.image_grid_thw, other.image_grid_thw),
-            self.frames + other.frames,
-        )
+        def cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+            present = [t for t in tensors if t is not None]
+            if len(present) <= 1:
+                return present[0] if present else None
+            return torch.cat(present)
+
+        return VisionInputs(*(cat([getattr(part, name) for part in parts]) for name in VisionInputs.TENSORS),
+                            frames=tuple(frame for part in parts for frame in part.frames))
 
     def as_kwargs(self) -> dict[str, torch.Tensor]:
         """The model's media keywords (the processed tensors that are set)."""

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, VisionInputs
+from paravt_core.agent.kv_cache import PreallocatedCache
 
 TEXT_TOKEN_TYPE = 0
 IMAGE_TOKEN_TYPE = 1
@@ -66,14 +67,13 @@ def pad_requests(requests: Sequence[GenerationRequest], pad_id: int, image_token
     length = max(len(request.prompt_ids) for request in requests)
     input_ids = torch.full((len(requests), length), pad_id, dtype=torch.long)  # [B, L]
     attention_mask = torch.zeros((len(requests), length), dtype=torch.long)  # [B, L]
-    vision = VisionInputs()
     for row, request in enumerate(requests):
         if not request.prompt_ids:
             raise ValueError(f"request {row} has no prompt tokens")
         ids = torch.tensor(request.prompt_ids, dtype=torch.long)
         input_ids[row, length - ids.numel():] = ids
         attention_mask[row, length - ids.numel():] = 1
-        vision = vision.merged_with(request.vision)
+    vision = VisionInputs.concatenated([request.vision for request in requests])
     token_types = torch.zeros_like(input_ids)  # [B, L]
     token_types[input_ids == image_token_id] = IMAGE_TOKEN_TYPE
     token_types[input_ids == video_token_id] = VIDEO_TOKEN_TYPE
@@ -203,6 +203,7 @@ class HFEngine:
         self.default_stop_ids = (tokenizer.eos_token_id,)
         self.image_token_id = model.config.image_token_id
         self.video_token_id = model.config.video_token_id
+        self.num_layers = model.config.get_text_config().num_hidden_layers
         # Media placeholders are the processor's to place (module docstring): never generated.
         self.media_token_ids = [model.config.image_token_id, model.config.video_token_id,
                                 model.config.vision_start_token_id, model.config.vision_end_token_id]
@@ -222,11 +223,13 @@ class HFEngine:
         stop_ids = params.stop_token_ids or self.default_stop_ids
         recorder = StepLogprobRecorder(params.temperature, self.media_token_ids)
         device = self.model.device
+        cache = PreallocatedCache(self.num_layers, batch.input_ids.shape[1] + params.max_new_tokens)
         with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device), _without_cudnn_attention(device):
             sequences = self.model.generate(
                 **batch.model_inputs(device),
                 generation_config=self._generation_config(params, stop_ids),
                 logits_processor=[recorder],
+                past_key_values=cache,
             )  # [B, L + steps]
         new_tokens = sequences[:, batch.input_ids.shape[1]:].cpu()  # [B, steps]
         logprobs = recorder.finish(sequences[:, -1])  # [B, steps]

@@ -1,0 +1,265 @@
+"""The tiny RL step and the agentic evaluation: this tree against an older commit, side by side (issue #45).
+
+Both trees run the same work in child processes, interleaved (old, new, old, new, ...),
+with the same torch thread count, on inputs built once by this process:
+- the tiny random-weight Qwen3-VL (`TinyModelSpec(seed=0)`, ~1.5 M parameters);
+- RL: conf/pipeline/reproduce.yaml's RL section (4 prompts x 4 rollouts, nFrames gating
+  {2, 3, 4, 6}, 16-frame 1 fps crops, sub-agents trained, KL to the reference) on one rank,
+  in process (`rl.worker.Trainer`, steps_only), 16 multiple-choice prompts on a 40 s clip;
+- evaluation: the reproduction's eval settings (subagent tool mode, 6 overview frames,
+  concurrency 16, greedy) on a --questions-row Video-MME-format split of the synthetic world.
+The random model never writes a tool call, so each main agent's first turn is scripted to
+two crop calls (as in bench/dispatch.py and bench/eval.py); the sub-agents and every other
+turn run on the model. It never stops early either, so --main-tokens / --subagent-tokens
+stand for the SFT policy's short turns (the reproduction allows 384 / 96).
+
+Per child: one warm-up RL step, then --steps timed steps (seconds per step), and one
+warm-up evaluation, then one timed evaluation of the split. Wall and CPU seconds (the
+child's process time: with one torch thread on a shared, loaded machine the steadier of the
+two) are both reported. Both trees get `model.vision_attention: batched` (the old tree's RL
+and evaluator ignore it; this tree applies it, docs/speed.md). Results must agree: the RL
+metrics of every step (timings aside), the final policy weights (sha256 of the state
+dict) and the evaluation's predictions; the bench stops with status 1 when they do not.
+
+Old tree: `git worktree add --detach /tmp/h2-old 8f8d49a` (the issue's baseline), then
+Run: `.venv/bin/python bench/rl_step.py --old /tmp/h2-old [--repeats 2] [--steps 2] [--threads 1]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SYSTEM = "You answer questions about videos. Call crop_video to look closer."
+FIRST_TURN = ("<think>\nI should look closer.</think>\n"
+              '<tool_call>{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 2, '
+              '"end_time": 10}}</tool_call>'
+              '<tool_call>{"name": "crop_video", "arguments": {"video_path": "v.mp4", "start_time": 20, '
+              '"end_time": 30}}</tool_call>')
+SUBAGENT_MARK = "concise, factual summary"
+
+
+def write_clip(path: Path, seconds: int = 40, fps: int = 2, size: tuple[int, int] = (240, 320)) -> Path:
+    """A clip of a moving coloured block (content is irrelevant to the timing, its geometry is not)."""
+    import av
+    import numpy as np
+
+    height, width = size
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(seconds * fps):
+            image = np.full((height, width, 3), 40, dtype=np.uint8)
+            x = (i * 9) % (width - 80)
+            image[60:140, x:x + 80] = (200, (i * 5) % 256, 60)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+class ScriptedFirstTurn:
+    """A main agent's first turn (its prompt holds no assistant turn yet) answers FIRST_TURN;
+    sub-agents and later turns go to the model. Decided per request from its token ids."""
+
+    def __init__(self, engine, tokenizer):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.first_ids = tokenizer(FIRST_TURN, add_special_tokens=False)["input_ids"] + [
+            tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        self.assistant = tokenizer("<|im_start|>assistant", add_special_tokens=False)["input_ids"]
+
+    def _first_turn(self, request) -> bool:
+        ids, n = request.prompt_ids, len(self.assistant)
+        turns = sum(ids[i:i + n] == self.assistant for i in range(len(ids) - n + 1))
+        return turns == 1 and SUBAGENT_MARK not in self.tokenizer.decode(ids[:400])
+
+    def generate(self, requests, params):
+        from paravt_core.agent.engine import Generation
+
+        first = [self._first_turn(r) for r in requests]
+        if not any(first):
+            return self.engine.generate(requests, params)
+        if not all(first):
+            raise RuntimeError("the episodes of a batch are in lock step: all first turns or none")
+        return [Generation(list(self.first_ids), [-1.0] * len(self.first_ids), "stop") for _ in requests]
+
+    def update_weights(self, state_dict) -> None:
+        self.engine.update_weights(state_dict)
+
+
+def build_inputs(root: Path, questions: int) -> dict:
+    """The model, the RL prompts and the eval split, built once with this tree's code."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from paravt_core.data import stage as data_stage
+    from paravt_core.model.tiny import TinyModelSpec, build_tiny_model
+
+    model = build_tiny_model(TinyModelSpec(seed=0), root / "tiny")
+    clip = write_clip(root / "clip.mp4")
+    rl = root / "rl"
+    rl.mkdir()
+    rows = []
+    for i in range(16):
+        question = (f"<video>\nQuestion {i}: what colour was the block?\nA. red\nB. blue\n"
+                    "Answer with the option letter only.")
+        rows.append({"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                     "videos": [{"video": f"file://{clip}"}],
+                     "extra_info": json.dumps({"answer": "A", "question_type": "mcq", "question": question})})
+    pq.write_table(pa.Table.from_pylist(rows), rl / "rl.parquet")
+    cfg = _config(REPO, root / "world", questions)
+    data = data_stage.run(cfg, progress=False).eval
+    return {"model": str(model), "rl": str(rl), "eval_data": str(data.path), "eval_sha256": data.sha256}
+
+
+def _config(tree: Path, out: Path, questions: int, main_tokens: int = 64, subagent_tokens: int = 48):
+    from paravt_core.config import load_config
+
+    return load_config(tree / "conf/pipeline/reproduce.yaml", [
+        f"run.output_dir={out}", "data.synth.train_videos=4", f"data.synth.eval_videos_per_split={questions}",
+        f"data.synth.eval_rows_per_split={questions}", "data.synth.validation=false", "eval.splits=[videomme]",
+        "model.pretrain.enabled=false", "model.pretrain.sft_replay_rows=0", "model.vision_attention=batched",
+        "rl.max_steps=100",
+        "rl.checkpoint_every=1000", f"rl.rollout.max_new_tokens={main_tokens}",
+        f"rl.rollout.subagent_max_new_tokens={subagent_tokens}", f"eval.max_new_tokens={main_tokens}"])
+
+
+def child(args) -> None:
+    """Run in a child process with the tree under test first on PYTHONPATH; prints one JSON line."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from paravt_core.dist import free_port, shutdown_distributed
+    from paravt_core.eval import stage as eval_stage
+    from paravt_core.eval.evaluator import EvalSettings, HFSampleRunner
+    from paravt_core.refs import ArtifactRef, content_hash
+    from paravt_core.rl import stage
+    from paravt_core.rl import worker as rl_worker
+
+    inputs = json.loads(Path(args.inputs).read_text())
+    tree = Path(args.tree)
+    out = Path(args.out)
+    cfg = _config(tree, out, args.questions, args.main_tokens, args.subagent_tokens)
+    model_dir = Path(inputs["model"])
+    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
+    rl_data = ArtifactRef(kind="rl_data", path=Path(inputs["rl"]), sha256=content_hash(Path(inputs["rl"])))
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+                       "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ[key] = value
+    job = stage.make_job(cfg, init, rl_data, with_mlflow=False).model_copy(update={"steps_only": True})
+    trainer = rl_worker.Trainer(job)
+    trainer.engine = ScriptedFirstTurn(trainer.engine, trainer.processor.tokenizer)
+    trainer.train_step(0)  # warm-up
+    rows, step_s, step_cpu = [], [], []
+    for step in range(1, args.steps + 1):
+        started, cpu = time.perf_counter(), time.process_time()
+        row = trainer.train_step(step)
+        step_s.append(time.perf_counter() - started)
+        step_cpu.append(time.process_time() - cpu)
+        rows.append({k: v for k, v in sorted(row.items()) if not k.startswith("time_")})
+    state = trainer.policy.module.state_dict()
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        digest.update(name.encode())
+        digest.update(state[name].detach().cpu().contiguous().numpy().tobytes())
+    shutdown_distributed()
+
+    model = ArtifactRef(kind="model", path=model_dir, sha256=init.sha256)
+    data = ArtifactRef(kind="eval_data", path=Path(inputs["eval_data"]), sha256=inputs["eval_sha256"])
+    engine, processor = eval_stage.hf_engine(model, cfg.model.dtype)
+    runner = HFSampleRunner(ScriptedFirstTurn(engine, processor.tokenizer), processor, EvalSettings.from_pipeline(cfg))
+    eval_s, eval_cpu, predictions = [], [], []
+    for attempt in ("warm-up", "timed"):
+        run_cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_dir": out / f"eval-{attempt}"})})
+        started, cpu = time.perf_counter(), time.process_time()
+        eval_stage.evaluate_prepared_split(run_cfg, model, data, "videomme", runner=runner, progress=False)
+        eval_s.append(time.perf_counter() - started)
+        eval_cpu.append(time.process_time() - cpu)
+        records = json.loads(next((out / f"eval-{attempt}").rglob("videomme.json")).read_text())["samples"]
+        predictions = [[r.get("id", r.get("sample_id")), r["response"]] for r in records]
+    print("BENCH " + json.dumps({"rl_step_s": step_s, "rl_step_cpu_s": step_cpu, "rl_metrics": rows,
+                                 "weights_sha256": digest.hexdigest(), "eval_s": eval_s[-1], "eval_cpu_s": eval_cpu[-1],
+                                 "eval_predictions": predictions}), flush=True)
+
+
+def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": str(args.threads)}
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", "--tree", str(tree), "--inputs",
+               str(inputs), "--out", str(out), "--threads", str(args.threads), "--steps", str(args.steps),
+               "--questions", str(args.questions), "--main-tokens", str(args.main_tokens),
+               "--subagent-tokens", str(args.subagent_tokens)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH ")]
+    if done.returncode != 0 or not lines:
+        sys.exit(f"bench/rl_step.py: the child on {tree} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1].removeprefix("BENCH "))
+
+
+def _as_list(value) -> list[float]:
+    return value if isinstance(value, list) else [value]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old", type=Path, help="the older tree (a worktree of the baseline commit)")
+    parser.add_argument("--repeats", type=int, default=2, help="child runs per tree, interleaved")
+    parser.add_argument("--steps", type=int, default=2, help="timed RL steps per child (after one warm-up step)")
+    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument("--main-tokens", type=int, default=64)
+    parser.add_argument("--subagent-tokens", type=int, default=48)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tree", help=argparse.SUPPRESS)
+    parser.add_argument("--inputs", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    if args.old is None or not (args.old / "paravt_core").is_dir():
+        print("bench/rl_step.py: --old must be a checkout of the baseline (git worktree add --detach /tmp/h2-old "
+              "8f8d49a)", file=sys.stderr)
+        return 2
+    trees = {"old": args.old.resolve(), "new": REPO}
+    with tempfile.TemporaryDirectory(prefix="paravt-bench-rl-step-") as tmp:
+        root = Path(tmp)
+        inputs = root / "inputs.json"
+        inputs.write_text(json.dumps(build_inputs(root, args.questions)))
+        print(f"torch threads {args.threads}, {args.steps} timed RL steps and one evaluation of {args.questions} "
+              f"questions per child, {args.repeats} children per tree interleaved; load average "
+              f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
+        results: dict[str, list[dict]] = {"old": [], "new": []}
+        for repeat in range(args.repeats):
+            for name, tree in trees.items():
+                result = run_child(tree, inputs, root / f"{name}-{repeat}", args)
+                results[name].append(result)
+                print(f"  {name} #{repeat}: RL s/step {[round(s, 2) for s in result['rl_step_s']]} (CPU "
+                      f"{[round(s, 2) for s in result['rl_step_cpu_s']]}), eval {result['eval_s']:.2f} s (CPU "
+                      f"{result['eval_cpu_s']:.2f})", flush=True)
+    same = all(r["rl_metrics"] == results["old"][0]["rl_metrics"] and
+               r["weights_sha256"] == results["old"][0]["weights_sha256"] and
+               r["eval_predictions"] == results["old"][0]["eval_predictions"] for r in results["old"] + results["new"])
+    print("| measure (median) | old s | new s | old / new |")
+    print("|---|---|---|---|")
+    for label, key in (("RL step, wall", "rl_step_s"), ("RL step, CPU", "rl_step_cpu_s"),
+                       (f"evaluation of {args.questions}, wall", "eval_s"),
+                       (f"evaluation of {args.questions}, CPU", "eval_cpu_s")):
+        old, new = (statistics.median(s for r in results[name] for s in _as_list(r[key])) for name in ("old", "new"))
+        print(f"| {label} | {old:.2f} | {new:.2f} | {old / new:.2f}x |")
+    print(f"same results (RL metrics of every step, final weights, eval predictions): {'yes' if same else 'NO'}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""The hf engine's preallocated key/value cache: same generations as transformers' DynamicCache, no per-step copy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers.cache_utils import DynamicCache
+
+from paravt_core.agent import hf_engine
+from paravt_core.agent.engine import GenerationRequest, SamplingParams, VisionInputs
+from paravt_core.agent.kv_cache import PreallocatedCache
+
+
+def _image_requests(processor) -> list[GenerationRequest]:
+    """Three prompts of different lengths, two with frames: a left-padded batch with media."""
+    rng = np.random.default_rng(0)
+    requests = []
+    for frames, words in ((2, 3), (0, 9), (1, 1)):
+        content = [{"type": "image"} for _ in range(frames)] + [{"type": "text", "text": " colour" * words}]
+        text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                             tokenize=False)
+        images = [rng.integers(0, 255, (64, 96, 3), dtype=np.uint8) for _ in range(frames)] or None
+        encoded = processor(text=[text], images=images, return_tensors="pt")
+        vision = VisionInputs(pixel_values=encoded.get("pixel_values"), image_grid_thw=encoded.get("image_grid_thw"))
+        requests.append(GenerationRequest(encoded["input_ids"][0].tolist(), vision))
+    return requests
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_generations_equal_the_dynamic_cache_ones(tiny_model, tiny_processor, monkeypatch, temperature):
+    engine = hf_engine.HFEngine(tiny_model, tiny_processor)
+    requests = _image_requests(tiny_processor)
+    params = SamplingParams(max_new_tokens=12, temperature=temperature, seed=5, stop_token_ids=(-1,))
+    preallocated = engine.generate(requests, params)
+    monkeypatch.setattr(hf_engine, "PreallocatedCache", lambda layers, capacity: DynamicCache())
+    dynamic = engine.generate(requests, params)
+    assert [g.token_ids for g in preallocated] == [g.token_ids for g in dynamic]
+    assert [g.logprobs for g in preallocated] == [g.logprobs for g in dynamic]  # bit for bit, not approximately
+    assert all(len(g.token_ids) == 12 for g in preallocated)
+
+
+def test_the_engine_decodes_into_one_buffer_per_layer(tiny_model, tiny_processor, monkeypatch):
+    """The cache handed to `generate` is allocated once for prompt + max_new_tokens and every
+    step writes into it: no step copies the cache (transformers' DynamicCache concatenates)."""
+    engine = hf_engine.HFEngine(tiny_model, tiny_processor)
+    caches = []
+    generate = tiny_model.generate
+
+    def spying(*args, **kwargs):
+        caches.append(kwargs.get("past_key_values"))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "generate", spying)
+    requests = _image_requests(tiny_processor)
+    engine.generate(requests, SamplingParams(max_new_tokens=7, stop_token_ids=(-1,)))
+    (cache,) = caches
+    assert isinstance(cache, PreallocatedCache), "generate was not given the preallocated cache"
+    prompt = max(len(r.prompt_ids) for r in requests)
+    for layer in cache.layers:
+        assert layer._key_buffer.shape[-2] == prompt + 7
+        # 7 generated tokens: the last one is never fed back, so prompt + 6 positions were written
+        assert layer.keys.shape[-2] == prompt + 6
+        assert layer.keys.data_ptr() == layer._key_buffer.data_ptr()
+        assert layer.values.data_ptr() == layer._value_buffer.data_ptr()
+
+
+def test_a_cache_grows_past_its_capacity_instead_of_failing():
+    cache = PreallocatedCache(num_layers=1, capacity=2)
+    first = torch.arange(8.0).reshape(1, 1, 2, 4)
+    cache.update(first, -first, 0)
+    keys, values = cache.update(torch.full((1, 1, 1, 4), 9.0), torch.full((1, 1, 1, 4), -9.0), 0)
+    assert keys.shape == (1, 1, 3, 4) and cache.get_seq_length() == 3
+    torch.testing.assert_close(keys[:, :, :2], first)
+    torch.testing.assert_close(values[:, :, 2], torch.full((1, 1, 4), -9.0))
+
+
+def test_a_cache_needs_a_layer_and_a_position():
+    with pytest.raises(ValueError, match="at least one layer"):
+        PreallocatedCache(num_layers=0, capacity=4)
