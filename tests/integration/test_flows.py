@@ -173,26 +173,62 @@ def reproduce_overrides(out: Path) -> list[str]:
     ]
 
 
-def test_reproduce_flow_reports_rows_over_seeds_and_resumes_finished_rows(prefect_harness, task_runs,
-                                                                          tmp_path: Path):
+def test_reproduce_flow_reports_rows_over_seeds_resumes_finished_rows_and_fans_rows_out(prefect_harness, task_runs,
+                                                                                        tmp_path: Path):
     """SFT once, each RL row per seed, every model evaluated with and without tools; a second
-    run with one more seed trains only the new seed's rows (the finished ones come from the cache)."""
+    run with one more seed, two rows at a time (`run.fanout.max_concurrent` 2), trains only the
+    new seed's rows and the finished row whose folder was deleted (the others come from the
+    cache), and that row, trained beside another, gives the metrics and weights it gave alone
+    (issue #45 item 5; the same `threads_per_run` both times). One test, not two: each
+    reproduction is minutes of `make test`."""
     import json
+    import shutil
+
+    import torch
 
     from flows.reproduce import ReproduceParams, reproduce
+    from paravt_core.refs import content_hash, file_hash
 
     config = str(REPO / "conf/pipeline/reproduce.yaml")
-    first = reproduce(ReproduceParams(config_path=config, overrides=reproduce_overrides(tmp_path)), return_state=True)
+    overrides = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1"]
+
+    def row_runs(state) -> list[dict]:
+        runs = json.loads((Path(state.result()).parent / "runs.json").read_text())
+        for run in runs:  # what a step took to run is no metric of the row
+            run["steps"] = [{k: v for k, v in step.items() if not k.startswith("time_")} for step in run["steps"]]
+        return runs
+
+    def weights(folder: Path) -> dict[str, str]:
+        # The weight files only: the export's paravt_meta.json also names the MLflow run and full config.
+        return {f.name: file_hash(f) for f in sorted((folder / "model").glob("*.safetensors"))}
+
+    first = reproduce(ReproduceParams(config_path=config, overrides=overrides), return_state=True)
     assert first.is_completed()
     runs = task_runs(first.state_details.flow_run_id)
     assert len(runs["pretrain"]) == 1 and len(runs["sft"]) == 1 and len(runs["rl"]) == 2
+    (alone,) = [run for run in row_runs(first) if run["row"] == "paragrpo"]
+    (paragrpo_dir,) = (tmp_path / "rl").glob("paragrpo-*")
+    alone_weights = weights(paragrpo_dir)
+    assert alone_weights
+    # paragrpo seed 0 is trained and evaluated again in the second run, beside another row.
+    for results in (tmp_path / "eval").glob(f"{content_hash(paragrpo_dir / 'model')[:12]}-*"):
+        shutil.rmtree(results)
+    shutil.rmtree(paragrpo_dir)
 
-    more = ReproduceParams(config_path=config, overrides=[*reproduce_overrides(tmp_path), "reproduce.seeds=[0, 1]"])
-    second = reproduce(more, return_state=True)
+    fanned = [*overrides, "reproduce.seeds=[0, 1]"] + ([] if torch.cuda.is_available() else  # refused on GPUs
+                                                        ["run.fanout.max_concurrent=2"])
+    second = reproduce(ReproduceParams(config_path=config, overrides=fanned), return_state=True)
     assert second.is_completed()
     runs = task_runs(second.state_details.flow_run_id)
     assert runs["sft"][0].state.name == "Cached"
-    assert sorted(r.state.name for r in runs["rl"]) == ["Cached", "Cached", "Completed", "Completed"]
+    assert sorted(r.state.name for r in runs["rl"]) == ["Cached", "Completed", "Completed", "Completed"]
+    trained = [r for r in runs["rl"] if r.state.name == "Completed"]
+    if not torch.cuda.is_available():  # two of them at the same time
+        assert any(a.start_time < b.end_time and b.start_time < a.end_time
+                   for i, a in enumerate(trained) for b in trained[i + 1:])
+    (together,) = [run for run in row_runs(second) if run["row"] == "paragrpo" and run["seed"] == 0]
+    assert together == alone
+    assert weights(paragrpo_dir) == alone_weights
 
     report = Path(second.result())
     text = report.read_text()
@@ -217,57 +253,6 @@ def test_reproduce_flow_reports_rows_over_seeds_and_resumes_finished_rows(prefec
     assert "## Before RL: the SFT model at each overview budget K" in text
     assert "Both together win" in text and "PARA-GRPO improves on its SFT model" in text
     assert (report.parent / "steps.png").stat().st_size > 1000
-
-
-def test_reproduce_rows_fanned_out_give_the_metrics_and_weights_of_rows_run_one_at_a_time(prefect_harness, task_runs,
-                                                                                         tmp_path: Path):
-    """Issue #45 item 5: the two RL rows trained again from the same SFT model, both at once
-    (run.fanout.max_concurrent 2), give the per-row metrics and weights they gave one after
-    the other, on the same thread budget."""
-    import json
-    import shutil
-
-    import torch
-
-    from flows.reproduce import ReproduceParams, reproduce
-    from paravt_core.refs import content_hash, file_hash
-
-    if torch.cuda.is_available():
-        pytest.skip("rows at once are refused where a GPU is visible (flows/fanout.py, check_fanout_fits)")
-
-    config = str(REPO / "conf/pipeline/reproduce.yaml")
-    overrides = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1"]
-
-    def measured(state) -> tuple[list[dict], dict[str, str]]:
-        assert state.is_completed()
-        runs = json.loads((Path(state.result()).parent / "runs.json").read_text())
-        for run in runs:  # what a step took to run is no metric of the row
-            run["steps"] = [{k: v for k, v in step.items() if not k.startswith("time_")} for step in run["steps"]]
-        # The weights: the export's paravt_meta.json also names the run's MLflow run and full config.
-        models = {folder.name: {f.name: file_hash(f) for f in sorted((folder / "model").glob("*.safetensors"))}
-                  for folder in sorted((tmp_path / "rl").iterdir())}
-        return runs, models
-
-    alone, alone_models = measured(reproduce(ReproduceParams(config_path=config, overrides=overrides),
-                                             return_state=True))
-    assert len(alone_models) == 2 and all(alone_models.values())
-    # Train and evaluate the rows again (data, pretraining, SFT and its evaluations stay cached).
-    for folder in (tmp_path / "rl").iterdir():
-        for results in (tmp_path / "eval").glob(f"{content_hash(folder / 'model')[:12]}-*"):
-            shutil.rmtree(results)
-    shutil.rmtree(tmp_path / "rl")
-
-    state = reproduce(ReproduceParams(config_path=config, overrides=[*overrides, "run.fanout.max_concurrent=2"]),
-                      return_state=True)
-    together, together_models = measured(state)
-    runs = task_runs(state.state_details.flow_run_id)
-    assert runs["sft"][0].state.name == "Cached"
-    rl_runs = runs["rl"]
-    assert sorted(r.state.name for r in rl_runs) == ["Completed", "Completed"]  # trained, not from the cache
-    assert max(r.start_time for r in rl_runs) < min(r.end_time for r in rl_runs)  # and at the same time
-    assert together_models == alone_models
-    assert [r["row"] for r in together] == ["sft", "vanilla_grpo", "paragrpo"]
-    assert together == alone
 
 
 def test_reproduce_refuses_an_unknown_row_before_any_stage(tmp_path: Path):
