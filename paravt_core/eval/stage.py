@@ -138,13 +138,10 @@ def load_samples(cfg: PipelineConfig, eval_data: ArtifactRef, split: str) -> Loa
 @functools.lru_cache(maxsize=1)
 def _loaded_model(model_path: str, sha256: str, dtype: str, device: str, vision_attention: str) -> tuple[Any, Any]:
     from paravt_core.model.loading import load_model, load_processor
-    from paravt_core.model.vision_attention import apply_vision_attention
 
     logger.info("loading %s (sha256 %s) as %s on %s", model_path, sha256[:12], dtype, device)
     processor = load_processor(model_path)
-    model = load_model(model_path, dtype, device)
-    apply_vision_attention(model, vision_attention)
-    return model, processor
+    return load_model(model_path, dtype, device, vision_attention=vision_attention), processor
 
 
 def hf_engine(model: ArtifactRef, dtype: str, max_batch_tokens: int | None = None,

@@ -85,7 +85,7 @@ _PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_
 
 
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",
-               zero3_config: dict[str, Any] | None = None):
+               zero3_config: dict[str, Any] | None = None, vision_attention: str = "per_item"):
     """Load a `Qwen3VLForConditionalGeneration` (or any image-text-to-text model) for training or generation.
 
     Args:
@@ -95,6 +95,9 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
             `flash-attn` package and a CUDA GPU.
         zero3_config: the DeepSpeed config of the ZeRO-3 engine the model is built for; the model
             is then constructed partitioned over the ranks of the initialized process group.
+        vision_attention: `model.vision_attention` (`model/vision_attention.py`), set here so every
+            stage that loads a model (SFT, RL policy, reference and hf rollout engine, the hf
+            evaluator) runs the vision tower the same way.
     """
     import torch
     from transformers import AutoModelForImageTextToText
@@ -106,12 +109,16 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(f"attn_implementation {attn_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
+    from paravt_core.model.vision_attention import apply_vision_attention
+
     kwargs = {"dtype": getattr(torch, DTYPES[dtype]), "attn_implementation": attn_implementation}
     if zero3_config is not None:
         with _zero3_construction(zero3_config):
-            return AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs)
-    model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs)
-    return model.to(device)
+            model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs)
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs).to(device)
+    apply_vision_attention(model, vision_attention)
+    return model
 
 
 class _ZeroThreeLoading:

@@ -154,11 +154,10 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
     if rollout.engine == "hf":
         from paravt_core.agent.hf_engine import HFEngine
         from paravt_core.model.loading import load_model
-        from paravt_core.model.vision_attention import apply_vision_attention
 
         model = load_model(init_model, dtype=cfg.model.dtype, device=device,
-                           attn_implementation=cfg.model.attn_implementation).eval()
-        apply_vision_attention(model, cfg.model.vision_attention)
+                           attn_implementation=cfg.model.attn_implementation,
+                           vision_attention=cfg.model.vision_attention).eval()
         return RolloutBackend(HFEngine(model, processor), pushes_weights=True, world=world)
 
     import torch

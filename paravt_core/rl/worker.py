@@ -58,7 +58,6 @@ class Trainer:
         from paravt_core.agent.tags import TagLocator
         from paravt_core.memory import record_memory
         from paravt_core.model.loading import load_model, load_processor
-        from paravt_core.model.vision_attention import apply_vision_attention
         from paravt_core.rl.contracts import TokenLayout
         from paravt_core.rl.data import read_rl_prompts
         from paravt_core.rl.policy import paravt_reward
@@ -73,8 +72,8 @@ class Trainer:
         attention = self.cfg.model.attn_implementation
         self.processor = load_processor(job.init_model)
         policy = load_model(job.init_model, dtype=pdist.training_dtype(self.cfg.model.dtype, on_gpu),
-                            attn_implementation=attention, zero3_config=zero3)
-        apply_vision_attention(policy, self.cfg.model.vision_attention)
+                            attn_implementation=attention, zero3_config=zero3,
+                            vision_attention=self.cfg.model.vision_attention)
         if self.rl.gradient_checkpointing:
             policy.gradient_checkpointing_enable()
         policy.train()
@@ -116,16 +115,14 @@ class Trainer:
         import deepspeed
 
         from paravt_core.model.loading import load_model
-        from paravt_core.model.vision_attention import apply_vision_attention
 
+        vision = self.cfg.model.vision_attention
         if zero3 is None:
-            reference = load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device,
-                                   attn_implementation=attention).eval()
-            apply_vision_attention(reference, self.cfg.model.vision_attention)
-            return reference
+            return load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device,
+                              attn_implementation=attention, vision_attention=vision).eval()
         dtype = "bfloat16" if zero3["bf16"]["enabled"] else "float32"
-        reference = load_model(job.init_model, dtype=dtype, attn_implementation=attention, zero3_config=zero3)
-        apply_vision_attention(reference, self.cfg.model.vision_attention)
+        reference = load_model(job.init_model, dtype=dtype, attn_implementation=attention, zero3_config=zero3,
+                               vision_attention=vision)
         engine, _, _, _ = deepspeed.initialize(model=reference, config=zero3)
         engine.eval()  # DeepSpeedEngine.eval returns None, not the engine
         return engine

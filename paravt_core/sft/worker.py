@@ -72,7 +72,6 @@ def train(job: SFTJob) -> None:
     from paravt_core.memory import record_memory
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.model.positions import HostPositions
-    from paravt_core.model.vision_attention import apply_vision_attention
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
     from paravt_core.sft.encode import model_batch
     from paravt_core.sft.loss import micro_batch_loss
@@ -91,9 +90,9 @@ def train(job: SFTJob) -> None:
     # the "constructed" memory record already shows the weights on the GPU; ZeRO-3 places its slices.
     model = load_model(job.base_model, dtype=pdist.training_dtype(cfg.model.dtype, on_gpu), device=device,
                        attn_implementation=cfg.model.attn_implementation,
-                       zero3_config=ds_config if sft.zero_stage == 3 else None)
+                       zero3_config=ds_config if sft.zero_stage == 3 else None,
+                       vision_attention=cfg.model.vision_attention)
     record_memory(job.out_dir, job.stage, "constructed", rank, world, device, model)
-    apply_vision_attention(model, cfg.model.vision_attention)
     if sft.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if sft.liger_kernels:
