@@ -47,8 +47,9 @@ def run_row(work: Callable[[], T], label: str, threads: int | None) -> T:
 
 
 def check_fanout_fits(fanout: FanoutConfig) -> None:
-    """Refuse rows at once where a CUDA device is visible: the DeepSpeed launcher puts every
-    run's ranks on GPUs 0..N-1, so two rows would train (and serve) on the same cards."""
+    """Refuse rows at once where a CUDA device is visible: `dist.launch_workers` puts every
+    run's ranks on GPUs 0..N-1 (as the DeepSpeed launcher did), so two rows would train (and
+    serve) on the same cards."""
     if fanout.max_concurrent == 1:
         return
     import torch
