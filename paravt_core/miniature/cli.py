@@ -112,6 +112,33 @@ def _rollout_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _opening_probe(args: argparse.Namespace) -> int:
+    from paravt_core.miniature.opening_probe import probe_split, render_tables, summarize
+
+    cfg, model_dir = _probe_inputs(args, "opening-probe", "sft")
+    split_json = cfg.run.output_dir / "data" / "eval" / args.split / "split.json"
+    if not split_json.is_file():
+        print(f"paravt miniature opening-probe: no prepared split {args.split!r} at {split_json}; run the data stage "
+              f"of {args.config} first", file=sys.stderr)
+        return 2
+    frame_counts = args.frames or sorted({*cfg.rl.gating.choices, cfg.eval.nframes})
+    if args.rows < 1 or any(k < 1 for k in frame_counts):
+        print("paravt miniature opening-probe: --rows and --frames must be at least 1", file=sys.stderr)
+        return 2
+    records = probe_split(model_dir, cfg, split_json, frame_counts, args.rows)
+    tables = render_tables(summarize(records))
+    print(tables)
+    if args.out:
+        out = Path(args.out)
+        rows = [{"sample_id": r.sample_id, "group": r.group, "nframes": r.nframes, "first_tokens": r.first_tokens,
+                 "along": r.along, "greedy": r.greedy, "greedy_text": r.greedy_text} for r in records]
+        from paravt_core.atomic import atomic_write_text
+
+        atomic_write_text(out, json.dumps({"model": str(model_dir), "split": args.split, "tables": tables,
+                                           "records": rows}, indent=1))
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
     from paravt_core.miniature import reproduce
@@ -223,6 +250,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="sampling temperature, repeatable (default: rl.temperature; 0 is greedy)")
     p.add_argument("--seed", type=int, default=1, help="which prompts are drawn")
     p.set_defaults(func=_rollout_probe)
+
+    p = commands.add_parser(
+        "opening-probe",
+        help="the next-token distribution after the think prefix on held-out questions, each teacher opening "
+             "(crop or not) teacher-forced, and what greedy decoding writes: where the crop decision goes",
+        description="Puts each question of an evaluation split to the model as the agentic evaluation does, at "
+                    "each overview budget K, and prints per K and question wording: the crop openings' share of "
+                    "the teacher openings' probability, the openings' first-token probabilities, each opening "
+                    "token by token, and which opening greedy decoding follows (paravt_core/miniature/"
+                    "opening_probe.py).")
+    p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the prepared split")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    p.add_argument("--split", default="videomme_val", help="prepared evaluation split (validation by default)")
+    p.add_argument("--rows", type=int, default=32, help="questions of the split, from its first")
+    p.add_argument("--frames", type=int, action="append", default=None,
+                   help="an overview budget K, repeatable (default: rl.gating.choices and eval.nframes)")
+    p.add_argument("--out", default=None, help="also write the tables and per-question records as JSON here")
+    p.set_defaults(func=_opening_probe)
 
     p = commands.add_parser("visibility", help="the share of the generated world's videos whose events show on "
                                                "K overview frames, per K (what nFrames gating can act on)")
