@@ -16,6 +16,8 @@ This module turns those measurements into
   format asked for (a closed `<answer>` block with a body, SPEC §4.3), where the paper's
   format claims show on the evaluation rather than on sampled training text;
 - `findings`: the issue's checks, computed (tools necessary, RL learns, the κ / fτ contrast);
+- `verdicts`: one line per finding of SPEC §6, each comparison labelled from a two-level
+  bootstrap over runs and questions against minimum effects fixed in code (`inference.py`);
 - `plot_steps`: fτ_fixed, κ and the rollouts' accuracy per RL step for all rows in one figure
   (mean over seeds, min-max band).
 
@@ -29,9 +31,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import fmean
 from typing import Annotated
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+
+from paravt_core.miniature.inference import MIN_RUNS, Estimate, holm, two_level
+from paravt_core.miniature.inference import label as verdict_label
 
 LAST_STEPS = 3
 # Two-sided 95 % Student t quantiles by degrees of freedom (n seeds - 1).
@@ -67,8 +73,11 @@ class ModelRun:
         accuracy_val, accuracy_direct_val: the same on the validation split (`videomme_val`,
             where knobs are chosen); None where the world draws none or it was not measured.
         correct: per held-out (test) question id, whether the subagent-mode answer was right:
-            what the paired bootstrap against SFT resamples; empty in runs from before it.
+            what the accuracy comparisons resample; empty in runs from before it.
         gating_draw_key: the RL run's `rl.gating.draw_key` (None for SFT).
+        probe_calls, probe_format: per question of the held-out probe (sampled at τ = 0.7 at a
+            fixed K), crop calls per episode and the share of episodes whose answer is in
+            format: what the κ and format verdicts compare (`verdicts`); empty where not measured.
     """
 
     __pydantic_config__ = MEASUREMENTS
@@ -85,6 +94,8 @@ class ModelRun:
     accuracy_direct_val: Fraction | None = None
     correct: dict[str, bool] = field(default_factory=dict)
     gating_draw_key: int | None = None
+    probe_calls: dict[str, NonNegative] = field(default_factory=dict)
+    probe_format: dict[str, Fraction] = field(default_factory=dict)
 
     def final(self, metric: str) -> float | None:
         values = [s[metric] for s in sorted(self.steps, key=lambda s: s["step"]) if metric in s][-LAST_STEPS:]
@@ -249,7 +260,7 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
     sft_accuracy = sft[0].accuracy if sft else None
     head = ("| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) | "
             "gain over SFT (points) | held-out κ | training fτ_fixed | training κ | training fτ_fixed, transcript | "
-            "held-out answers in format (%) | gain over SFT, bootstrap over questions (points) |")
+            "held-out answers in format (%) | gain over SFT, runs and questions resampled (points) |")
     lines = [head, "|" + "---|" * 12]
     for row in rows_in_order(runs):
         mine = _by_row(runs, row)
@@ -274,16 +285,16 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
             _cell(kappa, 1, 2),
             _cell(f_tau_t, 1, 2),
             _cell(interval95([r.answer_tag_rate for r in mine if r.answer_tag_rate is not None]), 100),
-            _bootstrap_cell(None if row == "sft" else paired_bootstrap(mine, sft)),
+            _bootstrap_cell(None if row == "sft" else accuracy_gain(mine, sft)),
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _bootstrap_cell(interval: Interval | None) -> str:
-    if interval is None:
+def _bootstrap_cell(estimate: Estimate | None) -> str:
+    if estimate is None:
         return "–"
-    return f"{100 * interval.mean:+.1f} [{100 * interval.low:+.1f}, {100 * interval.high:+.1f}]"
+    return f"{100 * estimate.mean:+.1f} [{100 * estimate.low:+.1f}, {100 * estimate.high:+.1f}]"
 
 
 def validation_table_markdown(runs: Sequence[ModelRun]) -> str:
@@ -316,94 +327,109 @@ def budget_table_markdown(points: Sequence[BudgetPoint]) -> str:
     return "\n".join(lines) + f"\n\nValidation videos: {points[0].n}."
 
 
-def paired_bootstrap(runs_a: Sequence[ModelRun], runs_b: Sequence[ModelRun], samples: int = 2000,
-                     seed: int = 0) -> Interval | None:
-    """Held-out accuracy of A minus B (each the mean over its seeds), with a 95 % percentile
-    interval from resampling the questions (paired: the same resampled questions for both).
-
-    It covers question-sampling error, which the t-interval over seeds does not. Only questions
-    every run has a record of count; None when there are none (runs from before `correct`)."""
-    import random
-
-    if not runs_a or not runs_b:
+def accuracy_gain(runs_a: Sequence[ModelRun], runs_b: Sequence[ModelRun]) -> Estimate | None:
+    """Held-out accuracy of row A minus row B with runs and questions resampled
+    (`inference.two_level` over each run's per-question `correct`); None where a side has no
+    per-question records (runs from before them)."""
+    if not runs_a or not runs_b or not all(r.correct for r in (*runs_a, *runs_b)):
         return None
-    ids = sorted(set.intersection(*(set(r.correct) for r in (*runs_a, *runs_b))))
-    if not ids:
+    return two_level([{q: float(ok) for q, ok in r.correct.items()} for r in runs_a],
+                     [{q: float(ok) for q, ok in r.correct.items()} for r in runs_b])
+
+
+# Minimum effects of the verdicts, fixed before any run of the world they judge (#46 item 4):
+# a finding's direction is claimed only for an effect at least this large (`inference.label`).
+MIN_ACCURACY = 0.05  # 5 points of held-out accuracy
+MIN_FORMAT = 0.10  # |Δ| of the share of probe answers in format (fτ measured on the held-out probe)
+KAPPA_FALL = 0.5  # a collapse or a suppression: κ falls by at least half of the SFT model's
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One comparison of a finding: `measure` of row `a` minus row `b`, the sign the paper's
+    finding predicts, the minimum effect."""
+
+    part: str
+    measure: str  # "accuracy" (ModelRun.correct), "kappa" (probe_calls), "format" (probe_format)
+    a: str
+    b: str
+    sign: int
+    min_effect: float | None = None  # None: KAPPA_FALL x the SFT model's probe κ
+
+
+# SPEC §6's findings as comparisons of rows (Table 2: SFT κ 2.50; GRPO κ 0.02 and fτ 0.13;
+# anchoring only κ 0.19, fτ 0.35; gating only κ 1.36, fτ 0.10; PARA-GRPO κ 0.21, fτ 0.41).
+FINDINGS: tuple[tuple[str, tuple[Comparison, ...]], ...] = (
+    ("GRPO after SFT collapses κ", (Comparison("κ falls", "kappa", "vanilla_grpo", "sft", -1),)),
+    ("Anchoring alone holds format but suppresses tools", (
+        Comparison("format held (vs vanilla_grpo)", "format", "anchoring_only", "vanilla_grpo", +1, MIN_FORMAT),
+        Comparison("tools suppressed (vs SFT)", "kappa", "anchoring_only", "sft", -1))),
+    ("Gating alone keeps tools but loses format", (
+        Comparison("tools kept (vs vanilla_grpo)", "kappa", "gating_only", "vanilla_grpo", +1),
+        Comparison("format lost (vs paragrpo)", "format", "gating_only", "paragrpo", -1, MIN_FORMAT))),
+    ("Both together win (PARA-GRPO above every other RL row on held-out accuracy)", tuple(
+        Comparison(f"vs {row}", "accuracy", "paragrpo", row, +1, MIN_ACCURACY)
+        for row in ("vanilla_grpo", "anchoring_only", "gating_only"))),
+    ("PARA-GRPO improves on its SFT model", (Comparison("accuracy", "accuracy", "paragrpo", "sft", +1, MIN_ACCURACY),)),
+)
+
+
+def _per_question(run: ModelRun, measure: str) -> dict[str, float]:
+    if measure == "accuracy":
+        return {q: float(ok) for q, ok in run.correct.items()}
+    return dict(run.probe_calls if measure == "kappa" else run.probe_format)
+
+
+def _estimate(rows: Mapping[str, list[ModelRun]], c: Comparison) -> Estimate | None:
+    a, b = rows.get(c.a, []), rows.get(c.b, [])
+    if not a or not b or not all(_per_question(r, c.measure) for r in (*a, *b)):
         return None
-    diff = [sum(r.correct[q] for r in runs_a) / len(runs_a) - sum(r.correct[q] for r in runs_b) / len(runs_b)
-            for q in ids]
-    rng, n = random.Random(seed), len(ids)
-    means = sorted(sum(diff[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
-    return Interval(sum(diff) / n, means[int(0.025 * samples)], means[int(0.975 * samples) - 1], n)
+    return two_level([_per_question(r, c.measure) for r in a], [_per_question(r, c.measure) for r in b])
 
 
-def _change(runs: Sequence[ModelRun], metric: str) -> Interval | None:
-    """A training metric's change over a row's RL run (the last `LAST_STEPS` steps minus the first
-    step, whose rollouts are the SFT policy's under that row's own settings), over seeds."""
-    return interval95([end - start for r in runs if (end := r.final(metric)) is not None
-                       and (start := r.first(metric)) is not None])
-
-
-def _direction(interval: Interval | None) -> str | None:
-    if interval is None or interval.n < 2:
-        return None
-    return "up" if interval.low > 0 else "down" if interval.high < 0 else "level"
-
-
-def _change_text(name: str, interval: Interval) -> str:
-    return f"{name} {interval.mean:+.2f} [{interval.low:+.2f}, {interval.high:+.2f}]"
+def _value_text(measure: str, e: Estimate) -> str:
+    scale, unit = (100, " points") if measure == "accuracy" else (1, "")
+    return f"{scale * e.mean:+.2f}{unit} [{scale * e.low:+.2f}, {scale * e.high:+.2f}]" if scale == 1 else \
+        f"{scale * e.mean:+.1f}{unit} [{scale * e.low:+.1f}, {scale * e.high:+.1f}]"
 
 
 def verdicts(runs: Sequence[ModelRun]) -> list[str]:
-    """One line per qualitative finding of SPEC §6: reproduced / not reproduced / reversed, with
-    the numbers. Rules, fixed before the rows ran (#35): a training metric "falls" or "rises" when
-    the 95 % t-interval over seeds of its change (last steps minus the row's first step) lies
-    below or above 0, and is level otherwise; one row beats another when the paired bootstrap
-    interval over questions of their accuracy difference lies above 0. A finding that needs a row
-    the run did not train is left out."""
+    """One line per finding of SPEC §6 (`FINDINGS`) whose rows were run: each comparison labelled
+    reproduced / reversed / equivalent / inconclusive (`inference.label`) from a two-level
+    bootstrap over runs and questions, Holm-adjusted over the comparisons of the finding,
+    against the minimum effects above. κ and format are read from the held-out probe
+    (`ModelRun.probe_calls`, `probe_format`); a comparison without its measurements says so."""
     rows = {row: _by_row(runs, row) for row in rows_in_order(runs)}
+    sft_kappa = None
+    if rows.get("sft") and rows["sft"][0].probe_calls:
+        sft_kappa = fmean(rows["sft"][0].probe_calls.values())
     out = []
-    if rows.get("vanilla_grpo"):
-        k = _change(rows["vanilla_grpo"], "kappa")
-        d = _direction(k)
-        if d:
-            verdict = {"down": "reproduced", "level": "not reproduced", "up": "reversed"}[d]
-            out.append(f"GRPO after SFT collapses κ: {verdict} (vanilla_grpo training {_change_text('κ', k)} over its "
-                       f"RL run, seeds' 95 % interval).")
-    for row, want_fmt, want_tools, text in (
-            ("anchoring_only", ("up", "level"), ("down",), "anchoring alone holds format but suppresses tools"),
-            ("gating_only", ("down",), ("up", "level"), "gating alone keeps tools but loses format")):
-        if not rows.get(row):
+    for finding, comparisons in FINDINGS:
+        if not all(rows.get(c.a) and rows.get(c.b) for c in comparisons):
             continue
-        f, k = _change(rows[row], "f_tau_fixed"), _change(rows[row], "kappa")
-        df, dk = _direction(f), _direction(k)
-        if not (df and dk):
-            continue
-        hits = (df in want_fmt) + (dk in want_tools)
-        reversed_ = df not in want_fmt and dk not in want_tools and "level" not in (df, dk)
-        verdict = "reproduced" if hits == 2 else "reversed" if reversed_ else \
-            ("partly reproduced" if hits == 1 else "not reproduced")
-        out.append(f"{text[0].upper()}{text[1:]}: {verdict} ({row} training {_change_text('fτ_fixed', f)}, "
-                   f"{_change_text('κ', k)}).")
-    sft = rows.get("sft")
-    if rows.get("paragrpo"):
-        others = [row for row in rows if row not in ("sft", "paragrpo")]
-        diffs = {row: paired_bootstrap(rows["paragrpo"], rows[row]) for row in others}
-        diffs = {row: d for row, d in diffs.items() if d is not None}
-        if diffs:
-            beats = [row for row, d in diffs.items() if d.low > 0]
-            loses = [row for row, d in diffs.items() if d.high < 0]
-            verdict = "reproduced" if len(beats) == len(diffs) else "reversed" if loses else "not reproduced"
-            parts = "; ".join(f"vs {row} {100 * d.mean:+.1f} points [{100 * d.low:+.1f}, {100 * d.high:+.1f}]"
-                              for row, d in diffs.items())
-            out.append(f"Both together win (PARA-GRPO above every other row on held-out accuracy): {verdict} "
-                       f"({parts}; paired bootstrap over questions).")
-        if sft:
-            d = paired_bootstrap(rows["paragrpo"], sft)
-            if d is not None:
-                verdict = "reproduced" if d.low > 0 else "reversed" if d.high < 0 else "not reproduced"
-                out.append(f"PARA-GRPO improves on its SFT model: {verdict} ({100 * d.mean:+.1f} points "
-                           f"[{100 * d.low:+.1f}, {100 * d.high:+.1f}], paired bootstrap over questions).")
+        estimates = [_estimate(rows, c) for c in comparisons]
+        adjusted = iter(holm([e.p for e in estimates if e is not None]))
+        parts = []
+        for c, e in zip(comparisons, estimates):
+            p_holm = next(adjusted) if e is not None else None
+            if e is None:
+                what = "held-out probe" if c.measure != "accuracy" else "per-question records"
+                parts.append(f"{c.part}: inconclusive (not measured: no {what} for {c.a} or {c.b})")
+                continue
+            minimum = c.min_effect
+            if minimum is None:
+                if not sft_kappa:
+                    parts.append(f"{c.part}: inconclusive (the SFT model makes no tool call on the probe: no κ "
+                                 f"to fall from; {c.a} - {c.b} {_value_text(c.measure, e)})")
+                    continue
+                minimum = KAPPA_FALL * sft_kappa
+            rl_runs = min(len(rows[row]) for row in (c.a, c.b) if row != "sft")
+            verdict = verdict_label(e, minimum, c.sign, p_holm, rl_runs=rl_runs)
+            parts.append(f"{c.part}: {verdict} ({c.a} - {c.b} {_value_text(c.measure, e)}, Holm p {p_holm:.3f}, "
+                         f"minimum effect {minimum * (100 if c.measure == 'accuracy' else 1):.2f}"
+                         f"{' points' if c.measure == 'accuracy' else ''}, runs {e.runs[0]} vs {e.runs[1]}, "
+                         f"{e.questions} questions)")
+        out.append(f"{finding}: " + "; ".join(parts) + ".")
     return out
 
 
@@ -507,7 +533,13 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
           if (table := budget_table_markdown(budget)) else []),
         "## Findings",
         "\n".join(f"- {line}" for line in findings(runs)),
-        *(["## The paper's findings (SPEC §6), verdicts", "\n".join(f"- {line}" for line in found)]
+        *(["## The paper's findings (SPEC §6), verdicts",
+           "Each comparison is row A minus row B, its interval from resampling the runs of each row and then "
+           "the questions (the same questions for both rows), Holm-adjusted over the comparisons of one finding. "
+           f"A direction is claimed only for an effect of at least {100 * MIN_ACCURACY:.0f} points of accuracy, "
+           f"{MIN_FORMAT:.2f} of the probe's answers in format, or a κ fall of {KAPPA_FALL:.0%} of the SFT model's; "
+           f"\"equivalent\" when the whole equivalence interval lies within that effect; an RL row of fewer than "
+           f"{MIN_RUNS} runs is inconclusive by rule.", "\n".join(f"- {line}" for line in found)]
           if (found := verdicts(runs)) else []),
         f"![per-step curves]({figure})",
     ]) + "\n"

@@ -232,54 +232,63 @@ def _correct(pattern: str) -> dict[str, bool]:
     return {f"q{i}": c == "1" for i, c in enumerate(pattern)}
 
 
-def test_paired_bootstrap_resamples_questions_of_the_seed_means():
-    from paravt_core.miniature.reproduce import paired_bootstrap
+def test_accuracy_gain_resamples_runs_and_questions_and_needs_per_question_records():
+    from paravt_core.miniature.reproduce import accuracy_gain
 
     sft = [ModelRun("sft", None, 0.5, 0.2, 2.8, correct=_correct("1100" * 10))]
     better = [ModelRun("paragrpo", s, 0.9, 0.2, 2.8, correct=_correct(p)) for s, p in
               enumerate(("1111" * 10, "1110" * 10))]
-    d = paired_bootstrap(better, sft)
-    assert d.n == 40 and d.mean == pytest.approx((40 + 30) / 2 / 40 - 0.5)  # 0.875 - 0.5
+    d = accuracy_gain(better, sft)
+    assert d.questions == 40 and d.runs == (2, 1)
+    assert d.mean == pytest.approx((40 + 30) / 2 / 40 - 0.5)  # 0.875 - 0.5
     assert 0 < d.low < d.mean < d.high
-    assert paired_bootstrap(better, sft) == d  # seeded: the same interval every time
-    assert paired_bootstrap(sft, sft).low == paired_bootstrap(sft, sft).high == 0.0
-    # only questions every run answered count; runs from before per-question records give none
-    partial = [ModelRun("paragrpo", 0, 0.9, 0.2, 2.8, correct={"q0": True, "q1": False})]
-    assert paired_bootstrap(partial, sft).n == 2
-    assert paired_bootstrap([ModelRun("paragrpo", 0, 0.9, 0.2, 2.8)], sft) is None
+    assert accuracy_gain(better, sft) == d  # seeded: the same interval every time
+    assert accuracy_gain(sft, sft).low == accuracy_gain(sft, sft).high == 0.0
+    assert accuracy_gain([ModelRun("paragrpo", 0, 0.9, 0.2, 2.8)], sft) is None  # runs from before the records
 
 
-def test_verdicts_follow_the_fixed_rules_per_finding():
+def _calls(value: float, n: int = 40, spread: float = 0.0) -> dict[str, float]:
+    return {f"q{i}": max(0.0, value + spread * ((i % 3) - 1)) for i in range(n)}
+
+
+def _row(row: str, runs: int, correct: str, calls: float, fmt: float, jitter: float = 0.0) -> list[ModelRun]:
+    return [ModelRun(row, s, 0.5, 0.2, calls, correct=_correct(correct), probe_calls=_calls(calls + jitter * s, spread=0.1),
+                     probe_format={f"q{i}": min(1.0, max(0.0, fmt + jitter * s)) for i in range(40)})
+            for s in range(runs)]
+
+
+def test_verdicts_label_each_comparison_from_runs_and_questions_against_the_minimum_effects():
     from paravt_core.miniature.reproduce import verdicts
 
-    sft = ModelRun("sft", None, 0.5, 0.2, 2.8, correct=_correct("1100" * 10))
-    falling = [ModelRun("vanilla_grpo", s, 0.5, 0.2, 0.1, _steps([2.5, 1.0, 0.2 + s / 10, 0.1, 0.0], [0.4] * 5),
-                        correct=_correct("1100" * 10)) for s in range(3)]
-    anchoring = [ModelRun("anchoring_only", s, 0.5, 0.2, 0.1, _steps([2.5, 2.0, 1.0, 0.5 + s / 10, 0.4],
-                                                                     [0.4, 0.5, 0.6, 0.7 + s / 100, 0.7]),
-                          correct=_correct("1100" * 10)) for s in range(3)]
-    gating = [ModelRun("gating_only", s, 0.5, 0.2, 2.8, _steps([2.5, 2.6, 2.7, 2.8 + s / 10, 2.9],
-                                                               [0.7, 0.6, 0.5, 0.4 + s / 100, 0.3]),
-                       correct=_correct("1100" * 10)) for s in range(3)]
-    para = [ModelRun("paragrpo", s, 0.9, 0.2, 2.8, _steps([2.5] * 5, [0.5] * 5), correct=_correct("1111" * 10))
-            for s in range(3)]
-    lines = verdicts([sft, *falling, *para, *anchoring, *gating])
-    text = "\n".join(lines)
-    assert "GRPO after SFT collapses κ: reproduced" in text
-    assert "Anchoring alone holds format but suppresses tools: reproduced" in text
-    assert "Gating alone keeps tools but loses format: reproduced" in text
-    assert "Both together win (PARA-GRPO above every other row on held-out accuracy): reproduced" in text
-    assert "PARA-GRPO improves on its SFT model: reproduced (+50.0 points" in text
-    # the opposite measurements give the opposite verdicts
-    rising = [ModelRun("vanilla_grpo", s, 0.5, 0.2, 3.0, _steps([0.5, 1.0, 2.0 + s / 10, 2.5, 3.0], [0.4] * 5))
-              for s in range(3)]
-    worse = [ModelRun("paragrpo", s, 0.1, 0.2, 2.8, _steps([2.5] * 5, [0.5] * 5), correct=_correct("1000" * 10))
-             for s in range(3)]
-    text = "\n".join(verdicts([sft, *rising, *worse, *gating]))
-    assert "collapses κ: reversed" in text and "Both together win (PARA-GRPO above every other row on held-out " \
-        "accuracy): not reproduced" not in text and "improves on its SFT model: reversed" in text
-    # one seed gives no interval over seeds: no verdict on the training metrics
-    assert not any("collapses" in line for line in verdicts([sft, falling[0]]))
+    sft = ModelRun("sft", None, 0.5, 0.2, 2.5, correct=_correct("1100" * 10), probe_calls=_calls(2.5, spread=0.5),
+                   probe_format=_calls(0.9))
+    runs = [sft, *_row("vanilla_grpo", 4, "1100" * 10, 0.1, 0.2, 0.01), *_row("paragrpo", 4, "1110" * 10, 2.0, 0.8, 0.01),
+            *_row("anchoring_only", 4, "1100" * 10, 0.2, 0.7, 0.01), *_row("gating_only", 4, "1100" * 10, 2.4, 0.3, 0.01)]
+    text = "\n".join(verdicts(runs))
+    assert "GRPO after SFT collapses κ: κ falls: reproduced (vanilla_grpo - sft" in text
+    assert "format held (vs vanilla_grpo): reproduced" in text and "tools suppressed (vs SFT): reproduced" in text
+    assert "tools kept (vs vanilla_grpo): reproduced" in text and "format lost (vs paragrpo): reproduced" in text
+    assert text.count("vs vanilla_grpo: reproduced") == 1 and "vs gating_only: reproduced" in text
+    assert "PARA-GRPO improves on its SFT model: accuracy: reproduced (paragrpo - sft +25.0 points" in text
+    # the opposite measurements give the opposite labels
+    flipped = [sft, *_row("vanilla_grpo", 4, "1100" * 10, 4.0, 0.2, 0.01), *_row("paragrpo", 4, "1000" * 10, 2.0, 0.8)]
+    text = "\n".join(verdicts(flipped))
+    assert "collapses κ: κ falls: reversed" in text and "improves on its SFT model: accuracy: reversed" in text
+    # the same answers to every question: equivalent, not "not reproduced"
+    same = [sft, *_row("paragrpo", 4, "1100" * 10, 2.0, 0.8)]
+    assert "improves on its SFT model: accuracy: equivalent" in "\n".join(verdicts(same))
+    # three runs a row: inconclusive by rule, whatever the estimate (inference.MIN_RUNS)
+    three = [sft, *_row("vanilla_grpo", 3, "1100" * 10, 0.1, 0.2, 0.01)]
+    assert "collapses κ: κ falls: inconclusive (vanilla_grpo - sft" in "\n".join(verdicts(three))
+    # an SFT model that never calls a tool has no κ to collapse; runs without a probe are not measured
+    idle = ModelRun("sft", None, 0.5, 0.2, 0.0, correct=_correct("1100" * 10), probe_calls=_calls(0.0),
+                    probe_format=_calls(0.9))
+    assert "no κ to fall from" in "\n".join(verdicts([idle, *_row("vanilla_grpo", 4, "1100" * 10, 0.1, 0.2)]))
+    unprobed = [ModelRun("sft", None, 0.5, 0.2, 2.5, correct=_correct("1100" * 10)),
+                ModelRun("vanilla_grpo", 0, 0.5, 0.2, 0.1, correct=_correct("1100" * 10))]
+    assert "κ falls: inconclusive (not measured: no held-out probe" in "\n".join(verdicts(unprobed))
+    # a finding whose rows were not all run is left out
+    assert not any("Both together" in line for line in verdicts(same))
 
 
 def test_budget_sweep_table_and_its_file(tmp_path):
