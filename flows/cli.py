@@ -12,6 +12,7 @@ import sys
 # in-process API gone that is a minute per request. Two retries (6 s) still ride out a busy
 # server; the environment can set it.
 CLIENT_RETRIES = "2"
+EPHEMERAL_STARTUP_S = "180"  # seconds the temporary Prefect server may take to start (_prefect_environment)
 
 
 class ApiGone(Exception):
@@ -87,6 +88,10 @@ def _prefect_environment() -> None:
     """Before Prefect is imported (it reads its settings then)."""
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "paravt_core")
     os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", CLIENT_RETRIES)
+    # Prefect gives its temporary server 20 s to answer; on a busy 2-core machine its start-up
+    # (imports, database migrations) took longer and `paravt reproduce` died before any stage
+    # ("Timed out while attempting to connect to ephemeral Prefect API server").
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
 
 
 def _run(args: argparse.Namespace) -> int:
