@@ -60,6 +60,14 @@ def _flow_in_process(command: str, flow, params, cfg, show):
     except OutputDirBusy as exc:
         print(f"{command}: {exc}", file=sys.stderr)
         return None
+    except ApiGone:
+        # The command ends with os._exit (`_ended`), which stops no child: a temporary server
+        # that was still starting when Prefect gave up on it would live on, holding the
+        # command's output pipes.
+        from paravt_core.reaper import end_descendants
+
+        end_descendants(exclude=(reaper.process.pid,) if reaper is not None else ())
+        raise
     finally:
         if reaper is not None:
             reaper.stop()

@@ -62,6 +62,19 @@ def _signal_survivors(known: dict[int, str], sig: int) -> list[int]:
     return alive
 
 
+def end_descendants(grace_s: float = GRACE_S, exclude: tuple[int, ...] = ()) -> list[int]:
+    """End this process's descendants now (SIGTERM, then SIGKILL after `grace_s`): for a command
+    about to leave through `os._exit`, which stops no child. Returns the pids signalled."""
+    known = {pid: started for pid, started in descendants(os.getpid()).items() if pid not in exclude}
+    signalled = _signal_survivors(known, signal.SIGTERM)
+    if signalled:
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_stat(p) for p in known):
+            time.sleep(0.1)
+        _signal_survivors(known, signal.SIGKILL)
+    return signalled
+
+
 def watch(command_pid: int, own_pid: int, interval_s: float = 1.0) -> None:
     """The watcher's loop (run as `python -m paravt_core.reaper PID`)."""
     known: dict[int, str] = {}

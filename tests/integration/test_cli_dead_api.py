@@ -88,3 +88,56 @@ def test_a_run_stopped_early_with_the_api_gone_lists_its_finished_stages(tmp_pat
     listed = [line.split()[1] for line in proc.stdout.splitlines() if line.startswith("  stage ")]
     assert listed == ["0", "1", "2"]  # stage 2 was recorded, then the body broke
     assert seconds < 60, f"{seconds:.0f} s from the kill to the end"
+
+
+SLOW_START = textwrap.dedent('''
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from flows import cli
+    cli._prefect_environment()
+
+    from prefect import flow
+
+    @flow
+    def toy(params):
+        return {"result": "never"}
+
+    cfg = SimpleNamespace(run=SimpleNamespace(output_dir=Path(sys.argv[1])))
+    try:
+        cli._flow_in_process("toy run", toy, None, cfg, print)
+    except cli.ApiGone as gone:
+        cli._ended(gone.status)
+''')
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{entry}/environ").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_temporary_server_too_slow_to_start_does_not_outlive_the_command(tmp_path: Path):
+    """Prefect gives up on a temporary server that has not answered in time but leaves it
+    running; the command ends through `_ended` (os._exit), so its watcher must end the server."""
+    script = tmp_path / "slow_start.py"
+    script.write_text(SLOW_START)
+    home = tmp_path / "prefect-home-slow-start"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PYTHONPATH=str(REPO), PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / "r"),
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1")  # no server starts in 1 s
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out")], cwd=REPO, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert "the Prefect API stopped answering" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1
+    deadline = time.monotonic() + 30  # the watcher polls once a second, then SIGTERM, SIGKILL after 5 s
+    while (left := _processes_with(f"PREFECT_HOME={home}")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes of the command still alive: {left}"
