@@ -79,7 +79,7 @@ def train(job: SFTJob) -> None:
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
     from paravt_core.sft.encode import model_batch
     from paravt_core.sft.loss import micro_batch_loss
-    from paravt_core.sft.profile import profiled
+    from paravt_core.sft.step_profile import profiled
     from paravt_core.tracking import MetricLogger
 
     cfg = job.config

@@ -1,5 +1,8 @@
 """torch.profiler's table of one training step, read as: where does the step's wall time go?
 
+(Not named profile.py: the worker runs as a script from this folder, where that name would
+shadow the standard library's `profile`, which cProfile and so torch._dynamo import.)
+
 The header says how much of the wall time the device's kernels ran (on a CPU run: the
 operators' own CPU time) and how many aten operator calls the step made: a step whose kernels
 run for a small share of its wall time is waiting on the host (launches, copies, syncs), not
