@@ -75,9 +75,10 @@ def pipeline_config(setup: Setup, extra: list[str] = ()):
 
     if setup.cpu:
         return load_config(REPO / "conf/pipeline/tiny.yaml", [
-            "video.max_pixels=3136", "video.sft_max_frames=2", "rl.micro_batch_size=2", "rl.logprob_chunk=64",
-            "rl.rollout.max_new_tokens=6", "rl.rollout.subagent_max_new_tokens=6", "sft.grammar_batch=4",
-            "eval.hf_batch_tokens=4096", *extra])
+            "video.max_pixels=3136", "video.sft_max_frames=2", "video.nframes=2", "video.crop_max_frames=2",
+            "rl.gating.enabled=false", "rl.micro_batch_size=2", "rl.logprob_chunk=64", "rl.rollout.max_turns=1",
+            "rl.rollout.max_parallel=2", "rl.rollout.tool_response_max_tokens=16", "rl.rollout.max_new_tokens=4",
+            "rl.rollout.subagent_max_new_tokens=4", "sft.grammar_batch=4", "eval.hf_batch_tokens=4096", *extra])
     return load_config(REPO / "conf/pipeline/paravt_8b.yaml", ["rl.num_ranks=1", "sft.num_ranks=1", *extra])
 
 
@@ -212,7 +213,7 @@ def case_rl(setup: Setup, device: str, grad: bool) -> dict:
             if grad:
                 (-logprobs.sum() / scored.sum()).backward()
 
-    seconds = measure.timed(run)
+    seconds = measure.timed(run, runs=1 if setup.cpu else 2)
     batch, length = rl.micro_batch_size, setup.tokens
     states = dict(_model_states(shape.params, 1, 0, cfg.rl.deepspeed, shape).gpu)
     logits = 16 * rl.logprob_chunk * shape.vocab
@@ -384,11 +385,17 @@ def run_case(name: str, setup: Setup) -> dict:
     except torch.cuda.OutOfMemoryError:
         return {"status": f"OOM at {torch.cuda.max_memory_allocated() / GIB:.1f} GiB"}
     row.setdefault("status", "measured" if not setup.cpu else "ran (cpu: no device peak)")
-    parts = row.get("plan_parts")
+    return with_plan(row)
+
+
+def with_plan(row: dict) -> dict:
+    """The row with the plan's figure in GiB beside the measured one, their ratio, and `off` when
+    they differ by more than TOLERANCE."""
+    row = dict(row)
+    parts = row.pop("plan_parts", None)
     if parts:
         row["plan_gib"] = sum(parts.values()) / GIB
         row["plan_parts_gib"] = {k: round(v / GIB, 3) for k, v in parts.items()}
-        del row["plan_parts"]
         if row.get("measured_gib") is not None:
             row["ratio"] = row["measured_gib"] / row["plan_gib"]
             row["off"] = abs(row["ratio"] - 1) > TOLERANCE
@@ -463,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="paravt-shape-8b-") as tmp_name:
         tmp = Path(tmp_name)
         tiny = build_tiny_model(TinyModelSpec(seed=0), tmp / "tiny")
-        setup = Setup(cpu=args.cpu, tiny_dir=str(tiny), work=str(tmp), tokens=256 if args.cpu else args.tokens,
-                      frames=2 if args.cpu else args.frames,
+        setup = Setup(cpu=args.cpu, tiny_dir=str(tiny), work=str(tmp), tokens=128 if args.cpu else args.tokens,
+                      frames=1 if args.cpu else args.frames,
                       grammar_new_tokens=args.grammar_new_tokens)
         setup_file = tmp / "setup.json"
         setup_file.write_text(json.dumps(asdict(setup)))
