@@ -14,9 +14,12 @@ leaves the others' figures; it is recorded as "OOM at X GiB", not a crash):
   of its own for it (it shares the policy's, an upper bound), so its figure is the weights,
   the plan's no-autograd live set (`_prefill`) and the logits chunk.
 - `grammar`: the SFT grammar check's largest `generate` under `eval.hf_batch_tokens`, the one
-  the plan names (`paravt plan`), through the project's `HFEngine` with every row generating
-  its full `--grammar-new-tokens` (the stop token is a media placeholder, which the engine
-  never generates).
+  the plan names (`paravt plan`), through the project's `HFEngine`: its key/value cache is
+  allocated whole at the prefill for the prompt and every new token the call may generate
+  (`agent/kv_cache.py`), so the peak is reached in the first steps; `--grammar-steps` stops the
+  call after that many tokens (default: all of them) to keep the case short, the cache still
+  sized for them all. No row stops sooner (the stop token is a media placeholder, which the
+  engine never generates).
 - `sft-zero3-offload`: two optimizer steps of the project's SFT worker, ZeRO-3, optimizer
   offloaded to the host (PyTorch AdamW there: DeepSpeed's CPU Adam would JIT-build for a
   minute first), checkpointing, one 64-frame sample per step. Run only where the card has
@@ -46,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +69,7 @@ class Setup:
     work: str
     tokens: int  # trajectory length of the RL cases
     frames: int  # overview frames in an RL trajectory
-    grammar_new_tokens: int | None  # None: the plan's (rl.rollout.max_new_tokens / subagent_max_new_tokens)
+    grammar_steps: int | None  # tokens the grammar case generates of its call's max; None: all
 
 
 def pipeline_config(setup: Setup, extra: list[str] = ()):
@@ -248,8 +251,6 @@ def grammar_request(setup: Setup, cfg, shape):
     if total(worst) != stage.total:  # the plan changed how it lists the check's calls: read it again
         raise SystemExit(f"the grammar check's largest call here ({total(worst)} B) is not the plan's "
                          f"({stage.total} B): bench/shape_8b.py lists the calls as plan._eval_stages did")
-    if setup.grammar_new_tokens is not None:
-        worst = replace(worst, new=setup.grammar_new_tokens)
     rows = plan.hf_rows(worst.count, worst.prompt, ev.hf_batch_tokens)
     return worst, rows, dict(plan._hf_generation_stage("", shape, [worst], ev.hf_batch_tokens, gpu_bytes, "",
                                                        "").parts)
@@ -272,7 +273,17 @@ def case_grammar(setup: Setup, device: str) -> dict:
     request = GenerationRequest(prompt, VisionInputs(**media))
     measure = Measure(device)
     model = build_model(setup, device)
-    engine = HFEngine(model, processor, max_batch_tokens=cfg.eval.hf_batch_tokens)
+    steps = min(kind.new, setup.grammar_steps or kind.new)
+
+    class StoppedEarly(HFEngine):
+        """The engine with its cache sized for `max_new_tokens` (its own code) but `steps` tokens generated."""
+
+        def _generation_config(self, params, stop_ids):
+            config = super()._generation_config(params, stop_ids)
+            config.max_new_tokens = config.min_new_tokens = steps
+            return config
+
+    engine = StoppedEarly(model, processor, max_batch_tokens=cfg.eval.hf_batch_tokens)
     # The stop token is a media placeholder, which the engine masks out: every row generates all its tokens.
     params = SamplingParams(max_new_tokens=kind.new, stop_token_ids=(model.config.image_token_id,))
     done: list = []
@@ -280,7 +291,8 @@ def case_grammar(setup: Setup, device: str) -> dict:
     generated = sum(len(g.token_ids) for g in done)
     return {"measured_gib": measure.peak_gib(), "seconds": seconds, "plan_parts": parts,
             "inputs": {"what": kind.what, "rows": rows, "prompt_tokens": len(prompt), "plan_prompt_tokens": kind.prompt,
-                       "frames_per_row": frames, "new_tokens": kind.new, "generated_tokens": generated,
+                       "frames_per_row": frames, "new_tokens": kind.new, "generated_per_row": steps,
+                       "generated_tokens": generated,
                        "hf_batch_tokens": cfg.eval.hf_batch_tokens}}
 
 
@@ -440,8 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {list(CASES)}")
     parser.add_argument("--tokens", type=int, default=6144, help="trajectory length of the RL cases")
     parser.add_argument("--frames", type=int, default=64, help="overview frames in the RL trajectory")
-    parser.add_argument("--grammar-new-tokens", type=int, default=None,
-                        help="new tokens per row in the grammar case (default: the plan's)")
+    parser.add_argument("--grammar-steps", type=int, default=None,
+                        help="tokens each grammar-case row generates, of the call's max_new_tokens its cache is "
+                             "sized for (default: all)")
     parser.add_argument("--case-limits", default="rl-policy=70,reference=50,grammar=150,sft-zero3-offload=240",
                         help="seconds per case, name=seconds,...")
     parser.add_argument("--cpu", action="store_true", help="the tiny shape on the CPU: exercises the code only")
@@ -472,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         tiny = build_tiny_model(TinyModelSpec(seed=0), tmp / "tiny")
         setup = Setup(cpu=args.cpu, tiny_dir=str(tiny), work=str(tmp), tokens=128 if args.cpu else args.tokens,
                       frames=1 if args.cpu else args.frames,
-                      grammar_new_tokens=args.grammar_new_tokens)
+                      grammar_steps=args.grammar_steps)
         setup_file = tmp / "setup.json"
         setup_file.write_text(json.dumps(asdict(setup)))
         shape = plan_shape(setup)

@@ -38,10 +38,20 @@ def test_the_cpu_mode_spawns_a_case_in_its_own_process_and_writes_its_row(tmp_pa
     assert row["inputs"]["gradient_checkpointing"] is False and row["inputs"]["tokens"] == 128
 
 
-def test_the_policy_and_grammar_cases_run_at_the_tiny_shape(tiny_model_dir: Path, tmp_path: Path):
+def test_the_policy_and_grammar_cases_run_at_the_tiny_shape(tiny_model_dir: Path, tmp_path: Path, monkeypatch):
     """In this process (the spawning is the test above's): each case's code, and the rows it writes."""
+    from paravt_core.agent import hf_engine
+
+    capacities = []
+
+    class Recorded(hf_engine.PreallocatedCache):
+        def __init__(self, num_layers: int, capacity: int):
+            capacities.append(capacity)
+            super().__init__(num_layers, capacity)
+
+    monkeypatch.setattr(hf_engine, "PreallocatedCache", Recorded)
     setup = shape_8b.Setup(cpu=True, tiny_dir=str(tiny_model_dir), work=str(tmp_path), tokens=128, frames=1,
-                           grammar_new_tokens=None)
+                           grammar_steps=2)
     policy = shape_8b.run_case("rl-policy", setup)
     assert set(policy["plan_parts_gib"]) == {"weights", "gradients", "activations", "logits chunk"}
     assert policy["inputs"]["micro_batch"] == 2 and 0 < policy["inputs"]["scored_per_row"] < 128
@@ -50,8 +60,10 @@ def test_the_policy_and_grammar_cases_run_at_the_tiny_shape(tiny_model_dir: Path
     inputs = grammar["inputs"]
     # Every row generated all its tokens (the plan's KV cache is for full-length rows) from a
     # prompt of the plan's length.
-    assert inputs["generated_tokens"] == inputs["rows"] * inputs["new_tokens"] > 0
+    assert inputs["generated_tokens"] == inputs["rows"] * inputs["generated_per_row"] > 0
+    assert inputs["generated_per_row"] == 2 < inputs["new_tokens"]  # stopped early, the cache sized for all
     assert inputs["prompt_tokens"] == inputs["plan_prompt_tokens"]
+    assert capacities == [inputs["prompt_tokens"] + inputs["new_tokens"]]  # one generate, the plan's whole cache
 
 
 @pytest.mark.integration  # a DeepSpeed launch on the CPU: 30-40 s
@@ -71,7 +83,7 @@ def test_the_sft_case_is_skipped_on_a_card_under_120_gib_or_a_host_without_room(
     from paravt_core.plan import QWEN3_VL_8B
 
     setup = shape_8b.Setup(cpu=False, tiny_dir="", work=str(tmp_path), tokens=6144, frames=64,
-                           grammar_new_tokens=None)
+                           grammar_steps=None)
     cfg = shape_8b.pipeline_config(setup, ["sft.zero_stage=3", "sft.deepspeed.offload_optimizer=cpu"])
     assert shape_8b.host_bytes_needed(cfg, QWEN3_VL_8B) == 16 * QWEN3_VL_8B.params  # 12 + 4 bytes a parameter
     card = type("Card", (), {"total_memory": 80 * 2**30})
