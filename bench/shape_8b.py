@@ -105,7 +105,8 @@ def plan_shape(setup: Setup):
 
 
 def build_model(setup: Setup, device: str):
-    """Random weights of the shape, built in place on the device (bf16 on a GPU, fp32 on the CPU)."""
+    """Random weights of the shape, built in place on the device in their dtype (bf16 on a GPU, fp32
+    on the CPU); the rotary tables stay float32 as transformers computes them."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
@@ -118,7 +119,7 @@ def build_model(setup: Setup, device: str):
             model = Qwen3VLForConditionalGeneration(shape_config(setup))
     finally:
         torch.set_default_dtype(previous)
-    return model.to(dtype)
+    return model
 
 
 def frame_prompt(processor, frames: int, max_pixels: int, text_tokens: int, role: str = "user"):

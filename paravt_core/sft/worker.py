@@ -137,6 +137,7 @@ def train(job: SFTJob) -> None:
     bar = tqdm(range(start, sft.max_steps), initial=start, total=sft.max_steps, desc=job.stage,
                disable=rank != 0 or not sys.stdout.isatty(), mininterval=2.0)
     progress = StepLog(job.stage, sft.max_steps, start, enabled=rank == 0 and not sys.stdout.isatty())
+
     def one_step() -> tuple[torch.Tensor, int, int, float | None]:
         step_loss, tokens, samples = torch.zeros((), dtype=torch.float64, device=device), 0, 0
         stage0_norm = None
