@@ -416,22 +416,32 @@ def with_plan(row: dict) -> dict:
 
 
 def spawn(name: str, setup_file: Path, result: Path, timeout_s: float) -> dict:
-    """Run one case in a child process under `timeout_s`; its row, or why there is none."""
+    """Run one case in a child process under `timeout_s`; its row, or why there is none. A case
+    that overruns is killed with its own children (the SFT case's launched rank), so nothing it
+    started holds the card for the next case or step; they stay in this process group, so a
+    time limit on the whole benchmark (scripts/gpu_check.py) still reaches them."""
+    import psutil
+
     argv = [sys.executable, str(Path(__file__).resolve()), "--case", name, "--setup", str(setup_file),
             "--out", str(result)]
     started = time.perf_counter()
+    child = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        done = subprocess.run(argv, cwd=REPO, timeout=timeout_s, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-    except subprocess.TimeoutExpired as err:
-        tail = (err.stdout or b"")[-2000:]
-        print(tail.decode(errors="replace") if isinstance(tail, bytes) else tail, flush=True)
-        return {"status": f"timed out after {timeout_s:.0f} s"}
-    print(done.stdout[-6000:], flush=True)
-    if done.returncode != 0 or not result.is_file():
-        oom = "OutOfMemoryError" in done.stdout or "CUDA out of memory" in done.stdout
-        return {"status": "OOM (the process ended on it)" if oom else f"failed (exit {done.returncode})",
-                "log_tail": done.stdout[-1500:], "seconds": round(time.perf_counter() - started, 1)}
+        output, _ = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for process in [*psutil.Process(child.pid).children(recursive=True), psutil.Process(child.pid)]:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
+        output, _ = child.communicate()
+        print(output[-2000:], flush=True)
+        return {"status": f"timed out after {timeout_s:.0f} s", "log_tail": output[-1500:]}
+    print(output[-6000:], flush=True)
+    if child.returncode != 0 or not result.is_file():
+        oom = "OutOfMemoryError" in output or "CUDA out of memory" in output
+        return {"status": "OOM (the process ended on it)" if oom else f"failed (exit {child.returncode})",
+                "log_tail": output[-1500:], "seconds": round(time.perf_counter() - started, 1)}
     return json.loads(result.read_text())
 
 

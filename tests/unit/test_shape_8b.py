@@ -94,3 +94,31 @@ def test_the_sft_case_is_skipped_on_a_card_under_120_gib_or_a_host_without_room(
     assert "the host has 120 GiB free" in shape_8b.sft_gate(setup, cfg, QWEN3_VL_8B)
     monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": 200 * 2**30}))
     assert shape_8b.sft_gate(setup, cfg, QWEN3_VL_8B) is None
+
+
+def test_a_case_over_its_limit_is_killed_with_the_processes_it_started(tmp_path: Path, monkeypatch):
+    import os
+    import time
+
+    import psutil
+
+    pid_file = tmp_path / "grandchild.pid"
+    # A stand-in case process that starts a child of its own (as the SFT case launches a rank) and hangs.
+    script = tmp_path / "hang.py"
+    script.write_text("import subprocess, sys, time\n"
+                      f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                      f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+                      "print('started', flush=True)\ntime.sleep(60)\n")
+    monkeypatch.setattr(shape_8b, "__file__", str(script))
+    started = time.perf_counter()
+    row = shape_8b.spawn("grammar", tmp_path / "setup.json", tmp_path / "row.json", timeout_s=3)
+    assert row["status"] == "timed out after 3 s" and "started" in row["log_tail"]
+    assert time.perf_counter() - started < 30
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        if not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(grandchild, 9)
+        raise AssertionError("the case's own child outlived the case's time limit")
