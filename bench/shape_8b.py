@@ -229,6 +229,7 @@ def case_rl(setup: Setup, device: str, grad: bool) -> dict:
         parts = {"weights": states["weights"], "no-autograd live set": _prefill(shape, batch * length, batch * patches),
                  "logits chunk": logits}
     return {"measured_gib": measure.peak_gib(), "seconds": seconds, "plan_parts": parts,
+            "params_built": sum(p.numel() for p in model.parameters()), "params_planned": shape.params,
             "inputs": {"micro_batch": batch, "tokens": length, "frames": setup.frames, "patches_per_row": patches,
                        "scored_per_row": int(scored[0].sum()), "logprob_chunk": rl.logprob_chunk,
                        "gradient_checkpointing": grad}}

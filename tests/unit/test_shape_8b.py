@@ -55,6 +55,7 @@ def test_the_policy_and_grammar_cases_run_at_the_tiny_shape(tiny_model_dir: Path
     policy = shape_8b.run_case("rl-policy", setup)
     assert set(policy["plan_parts_gib"]) == {"weights", "gradients", "activations", "logits chunk"}
     assert policy["inputs"]["micro_batch"] == 2 and 0 < policy["inputs"]["scored_per_row"] < 128
+    assert policy["params_built"] == policy["params_planned"]  # the plan counts the model the case built
     grammar = shape_8b.run_case("grammar", setup)
     assert set(grammar["plan_parts_gib"]) == {"weights", "KV cache", "prefill"}
     inputs = grammar["inputs"]
