@@ -82,14 +82,15 @@ test-gpu:
 	$(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: no CUDA GPU is visible')"
 	PYTHONUNBUFFERED=1 $(GPU_PY) -m pytest $$(grep -rl "pytest.mark.gpu" tests --include='test_*.py') -m gpu -rs
 
-# The GPU proof in one command (scripts/gpu_check.py): wheels from .whl, the 2B-shape SFT and RL
-# benchmarks, the gpu tier; logs and summary.json under OUT. gpu-check-dry checks it on CPU.
+# The GPU proof in one command (scripts/gpu_check.py): wheels from .whl, by default issue #47's
+# 8B-shape memory cases and 2B-shape SFT switches; logs and summary.json under OUT.
+# gpu-check-dry checks it on CPU and runs the benchmarks' CPU modes with the project's venv.
 OUT ?= outputs/gpu-check
 gpu-check:
 	python3 scripts/gpu_check.py --out $(OUT)
 
 gpu-check-dry:
-	python3 scripts/gpu_check.py --out $(OUT) --dry-run
+	$(BIN)/python scripts/gpu_check.py --out $(OUT) --dry-run
 
 # Loopback Prefect server + process work pool + deployments + worker, then
 # `prefect deployment run paravt/full-pipeline` runs the pipeline.

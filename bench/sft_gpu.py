@@ -12,6 +12,13 @@ transformers 5.17 and 5.23, measured on CPU; GPU.md's sample, frames as one vide
   no checkpoint, no export.
 - ceiling: stock transformers forward+backward of one encoded sample (batch 1, no
   checkpointing, no KV cache, the model's own loss), no optimizer: GPU.md's "stock ceiling".
+- issue #47's switches (`-pin`, `-bf16px`, `-compile`, `-all` after `z2-fast-vb-w4`): each row
+  also gives its rate and largest step-loss difference against the first variant of the run,
+  so list the variant without the switch first; a switch is kept only where it is faster and
+  its losses equal.
+- profiles: `--profile` one stock micro-step, `--profile-step` the first variant's second step
+  in the project's worker (the whole step: data workers, copies, DeepSpeed's hooks, the
+  optimizer), its rate then left out of the median.
 
 MFU = 6 x trainable parameters x tokens per step / step time / 989e12 (H100 dense bf16 peak).
 Tokens are the language model's sequence positions (text tokens plus the merged visual
@@ -49,6 +56,9 @@ CHUNKED_LIGER = ["sft.loss_impl=chunked", "sft.liger_kernels=true"]  # ZeRO-3 ca
 PACK2 = ["sft.packing=true", "sft.micro_batch_size=2", "sft.grad_accum_steps=4"]
 VB, W4 = ["model.vision_attention=batched"], ["sft.data_workers=4"]
 NO_HP = ["sft.host_positions=false"]  # positions computed in the forward, as transformers does (on by default)
+# Issue #47's switches, each measured alone against z2-fast-vb-w4 and all together.
+PIN, BF16PX, COMPILE = ["sft.pin_memory=true"], ["sft.host_pixel_dtype=bfloat16"], ["sft.compile_text_layers=true"]
+BASE = Z2 + NO_CKPT + LIGER + VB + W4
 
 # name -> (description, config overrides). Every variant trains micro x accum = 8 samples per step.
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -59,6 +69,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
                       Z2 + NO_CKPT + LIGER + PACK2),
     "z2-fast-vb": ("z2-fast with the vision attention batched over equal-sized frames", Z2 + NO_CKPT + LIGER + VB),
     "z2-fast-vb-w4": ("z2-fast-vb with 4 data workers encoding the next micro-batches", Z2 + NO_CKPT + LIGER + VB + W4),
+    "z2-fast-vb-w4-pin": ("z2-fast-vb-w4 with page-locked batches copied without blocking", BASE + PIN),
+    "z2-fast-vb-w4-bf16px": ("z2-fast-vb-w4 with the pixel values cast to bf16 on the host", BASE + BF16PX),
+    "z2-fast-vb-w4-compile": ("z2-fast-vb-w4 with torch.compile of the text decoder layers", BASE + COMPILE),
+    "z2-fast-vb-w4-all": ("z2-fast-vb-w4 with pinned batches, bf16 host pixels and compiled text layers",
+                          BASE + PIN + BF16PX + COMPILE),
     "z2-fast-vb-w4-nohp": ("z2-fast-vb-w4 with the positions computed in the forward (sft.host_positions off)",
                            Z2 + NO_CKPT + LIGER + VB + W4 + NO_HP),
     "z3-fast-vb-w4": ("ZeRO-3, no checkpointing, chunked loss, Liger RMSNorm/RoPE, batched vision, 4 data workers",
@@ -75,6 +90,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "cpu-z0": ("ZeRO-0, full-logits loss", ["sft.zero_stage=0", "sft.loss_impl=logits"]),
     "cpu-z0-vb": ("ZeRO-0, full-logits loss, batched vision attention, 1 data worker",
                   ["sft.zero_stage=0", "sft.loss_impl=logits", *VB, "sft.data_workers=1"]),
+    "cpu-z0-switches": ("ZeRO-0, full-logits loss, 1 data worker, pinned batches (nothing to pin on a CPU) and "
+                        "compiled text layers",
+                        ["sft.zero_stage=0", "sft.loss_impl=logits", "sft.data_workers=1", *PIN, *COMPILE]),
     "cpu-z0-pack2": ("ZeRO-0, chunked loss, 2 samples packed",
                      ["sft.zero_stage=0", "sft.loss_impl=chunked", "sft.packing=true", "sft.micro_batch_size=2",
                       "sft.grad_accum_steps=1"]),
@@ -206,8 +224,9 @@ class BusySampler:
         return statistics.mean(self.samples) if self.samples else None
 
 
-def ours(cfg, base, sft_data, name: str) -> tuple[list[dict], dict]:
-    """(losses.jsonl rows, last memory record) of a timing run of the project's SFT worker."""
+def ours(cfg, base, sft_data, name: str, profile_to: Path | None = None) -> tuple[list[dict], dict]:
+    """(losses.jsonl rows, last memory record) of a timing run of the project's SFT worker;
+    `profile_to`: the worker writes torch.profiler's table of its second step there."""
     from paravt_core.atomic import atomic_write_text
     from paravt_core.dist import launch_workers
     from paravt_core.sft import stage
@@ -218,7 +237,7 @@ def ours(cfg, base, sft_data, name: str) -> tuple[list[dict], dict]:
     job = SFTJob(config=cfg, base_model=base.path, base_model_sha256=base.sha256,
                  data_files=stage.sft_shards(sft_data), data_sha256=sft_data.sha256, out_dir=out,
                  frame_cache_dir=(cfg.run.output_dir / "cache" / "frames").resolve(), tracking_uri=None,
-                 mlflow_run_id=None, git_revision="bench", steps_only=True)
+                 mlflow_run_id=None, git_revision="bench", steps_only=True, profile_to=profile_to)
     job_file = atomic_write_text(out / "job.json", job.model_dump_json(indent=2))
     launch_workers(stage.WORKER, ["--job", str(job_file)], 1, None, lambda line: print(f"  [{name}] {line}"))
     rows = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
@@ -240,33 +259,6 @@ def _timed(fn, reps: int, on_gpu: bool) -> float:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:])
-
-
-def _profile_table(fn, on_gpu: bool, rows: int = 25) -> str:
-    """torch.profiler's operators by self device time (CPU time on CPU) for one call of `fn`, and
-    the share of the call's wall time that kernels ran."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    fn()  # warm
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        fn()
-        if on_gpu:
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    from torch.autograd import DeviceType
-
-    averages = prof.key_averages()
-    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-    # Kernels only: an operator's row repeats the device time of the kernels it launched.
-    kernels = [e for e in averages if e.device_type == (DeviceType.CUDA if on_gpu else DeviceType.CPU)]
-    kernel_s = sum(getattr(e, key, 0) for e in kernels) / 1e6
-    operators = sum(e.count for e in averages if e.device_type == DeviceType.CPU and e.key.startswith("aten::"))
-    head = (f"one micro-step under the profiler: wall {wall:.3f} s, device busy {kernel_s:.3f} s "
-            f"({100 * kernel_s / wall:.0f} % of wall), {operators} aten operator calls\n")
-    return head + averages.table(sort_by=key, row_limit=rows)
 
 
 def ceiling(cfg, base, sft_data, steps: int, device: str, profile_to: Path | None = None) -> dict:
@@ -330,8 +322,11 @@ def ceiling(cfg, base, sft_data, steps: int, device: str, profile_to: Path | Non
     batch = {k: v.to(device) for k, v in HostPositions.of(model).add_to(host_batch).items()}
     hosted = rates()
     if profile_to is not None:
+        from paravt_core.sft.step_profile import profiled
+
         try:
-            profile_to.write_text(_profile_table(micro_step, on_gpu))
+            micro_step()  # warm
+            profile_to.write_text(profiled(micro_step, on_gpu))
         except Exception as exc:  # the profile is a help for reading the figures, not one of them
             profile_to.write_text(f"profiling failed: {exc!r}\n")
         model.zero_grad(set_to_none=True)
@@ -353,6 +348,9 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, default=None,
                         help="write torch.profiler's table of one stock micro-step (batched vision, host "
                              "positions) here")
+    parser.add_argument("--profile-step", type=Path, default=None,
+                        help="write torch.profiler's table of the first variant's second step (the project's own "
+                             "step: worker, DeepSpeed engine, data workers) here")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, CPU allowed: checks the script only")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args()
@@ -401,25 +399,31 @@ def main() -> int:
               f"vision tower alone {measured['vision_fwd_bwd_batched_s']:.3f} s", flush=True)
         print(f"stock + batched vision + host positions: {hosted_rate:.0f} tokens/s ({hosted_rate / plain_rate:.2f}x)",
               flush=True)
-        for name in names:
+        for index, name in enumerate(names):
             description, overrides = VARIANTS[name]
             print(f"variant {name}: {description}", flush=True)
             started = time.perf_counter()
             with BusySampler() as busy:
                 try:
                     cfg = config(name, overrides)
-                    rows, memory = ours(cfg, base, sft_data, name)
+                    rows, memory = ours(cfg, base, sft_data, name, args.profile_step if index == 0 else None)
                 except Exception as exc:  # an OOM or a kernel failure ends this variant, not the benchmark
                     result["variants"][name] = {"description": description, "error": str(exc)[-2000:]}
                     print(f"  {name} failed: {str(exc)[-400:]}", flush=True)
                     continue
-            rate = statistics.median(r["tokens_per_s"] for r in rows[1:] or rows)
+            # Step 1 is warm-up; a profiled step carries the profiler's overhead.
+            timed = [r for r in rows[1:] if not r.get("profiled")] or rows
+            rate = statistics.median(r["tokens_per_s"] for r in timed)
             row = {"description": description, "overrides": overrides, "tokens_per_s": rate,
                    "s_per_step": tokens_per_sample * cfg.sft.micro_batch_size * cfg.sft.grad_accum_steps / rate,
                    "mfu": mfu(rate),
                    "vs_stock_ceiling": rate / plain_rate, "gpu_busy_pct": busy.mean(),
                    "peak_gib": (memory.get("peak_device_bytes") or 0) / 2**30,
                    "wall_s": time.perf_counter() - started, "losses": [r["loss"] for r in rows]}
+            first = next(((n, v) for n, v in result["variants"].items() if "error" not in v), None)
+            if first is not None:  # a switch is kept only if faster than the variant without it and loss-equal
+                row["vs_first_variant"] = {"variant": first[0], "rate": rate / first[1]["tokens_per_s"],
+                                           "max_loss_rel_diff": loss_difference(first[1]["losses"], row["losses"])}
             result["variants"][name] = row
             if args.out:  # after every variant: a run stopped at a time limit keeps what it measured
                 args.out.write_text(json.dumps(result, indent=2))
@@ -431,6 +435,14 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return 0
+
+
+def loss_difference(reference: list[float], losses: list[float]) -> float | None:
+    """Largest relative difference of two runs' step losses (same samples, same order), None when
+    their step counts differ."""
+    if len(reference) != len(losses) or not losses:
+        return None
+    return max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(reference, losses))
 
 
 def table(result: dict) -> str:
@@ -451,8 +463,12 @@ def table(result: dict) -> str:
             lines.append(f"{name:<15} | failed: {row['error'].splitlines()[-1][:80] if row['error'] else ''}")
             continue
         busy = f"{row['gpu_busy_pct']:.0f}" if row["gpu_busy_pct"] is not None else "-"
+        versus = row.get("vs_first_variant")
+        beside = "" if versus is None else (
+            f" | {versus['rate']:.2f}x {versus['variant']}, losses within "
+            + (f"{versus['max_loss_rel_diff']:.1e}" if versus["max_loss_rel_diff"] is not None else "? (steps differ)"))
         lines.append(f"{name:<15} | {row['tokens_per_s']:>9.0f} | {100 * row['mfu']:>6.1f} | "
-                     f"{row['vs_stock_ceiling']:>9.2f} | {busy:>6} | {row['peak_gib']:>8.1f}")
+                     f"{row['vs_stock_ceiling']:>9.2f} | {busy:>6} | {row['peak_gib']:>8.1f}{beside}")
     return "\n".join(lines)
 
 

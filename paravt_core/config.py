@@ -292,6 +292,16 @@ class SFTConfig(_Section):
     # images is ~3,400 small kernels and 256 host syncs per 64-frame sample (model/positions.py).
     # Same values either way; off only to measure it.
     host_positions: bool = True
+    # Three switches of issue #47, off until a GPU measures each faster (bench/sft_gpu.py, its
+    # `-pin`, `-bf16px` and `-compile` variants); every one trains the same losses (tests/unit/test_sft_switches.py).
+    # Page-locked host batches (the data workers' pin thread, else in line) copied to the GPU without
+    # blocking the host; nothing to pin on a CPU run, where it does nothing.
+    pin_memory: bool = False
+    # Pixel values cast to bfloat16 where the sample is encoded: half the bytes to copy, and the
+    # same values a bf16 model's patch embedding casts them to (only allowed with a bf16 model).
+    host_pixel_dtype: Literal["float32", "bfloat16"] = "float32"
+    # torch.compile of each text decoder layer (one graph per layer shape, reused by all 28/36).
+    compile_text_layers: bool = False
     checkpoint_every: int = Field(100, ge=1)
     # Step folders kept in the run's checkpoints/ (`dist.prune_checkpoints`); None keeps every one.
     # At 8B a ZeRO-3 checkpoint is ~105 GB (issue #44). Never part of a cache key (NEVER_HASHED).
@@ -652,6 +662,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     # After ("rl.rollout", "vllm"): a vllm section at its default is gone by then.
     *(("rl.rollout.vllm", knob) for knob in VLLM_PLACEMENT_KNOBS), ("eval", "hf_batch_tokens"),
     ("eval", "server"), ("eval", "gpus"), ("eval", "server_startup_timeout_s"),
+    ("sft", "pin_memory"), ("sft", "host_pixel_dtype"), ("sft", "compile_text_layers"),
 )
 
 
@@ -680,6 +691,14 @@ class PipelineConfig(_Section):
         if asked and not (self.data.source == "synth" and self.data.synth.validation):
             raise ValueError(f"eval.splits asks for {asked}, which only a generated world with data.synth.validation: "
                              "true draws; set it (data.source: synth) or drop the split")
+        return self
+
+    @model_validator(mode="after")
+    def _host_pixels_match_the_model(self) -> PipelineConfig:
+        # Exact only where the model casts them to bf16 itself (sft/encode.py, model_batch).
+        if self.sft.host_pixel_dtype == "bfloat16" and self.model.dtype != "bfloat16":
+            raise ValueError("sft.host_pixel_dtype: bfloat16 would round the pixel values a float32 model reads; "
+                             "set model.dtype: bfloat16 or sft.host_pixel_dtype: float32")
         return self
 
     @model_validator(mode="after")

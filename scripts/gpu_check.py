@@ -5,7 +5,7 @@ transformers present; the project's other packages brought as wheels in `--wheel
 the repository root:
 
     python3 scripts/gpu_check.py --out $OUT            # make gpu-check OUT=...
-    python3 scripts/gpu_check.py --out /tmp/x --dry-run   # on CPU: checks this script's own logic
+    .venv/bin/python scripts/gpu_check.py --out /tmp/x --dry-run   # on CPU (make gpu-check-dry)
 
 Steps, each with its own time limit so that one stall cannot eat the others' time, each
 logged to OUT/<step>.log, with GPU utilization and memory sampled beside them into
@@ -15,16 +15,25 @@ OUT/smi.csv (`nvidia-smi -lms 500`):
 3. test-gpu: the `gpu` test tier (`make test-gpu`'s files), the `hf` evaluator on generated
    samples among them, in five pytest processes side by side (`TEST_SHARDS`, logs test-gpu.log,
    test-gpu-2.log, ...); a failure's traceback is logged as it happens;
-4. sft: `bench/sft_gpu.py` at the 2B shape, the switch sets of `--sft-variants` beside the
-   stock transformers ceiling (tokens/s, MFU, GPU busy %, peak memory), with a profile of one
-   stock micro-step (OUT/sft_profile.txt);
-5. rl: `bench/rl_gpu.py`, two PARA-GRPO steps at the 2B shape in bf16 on the `hf` engine.
-OUT/summary.json gathers each step's status, seconds and the benchmarks' JSON; OUT/summary.md
-is the same as a table. The exit status is 0 only when every step passed.
+4. shape-8b: `bench/shape_8b.py`, issue #47 item 1: the 8B shape's RL policy pass, reference
+   pass and grammar-check generate, peak memory beside the memory plan's figure for each
+   (OUT/shape_8b.json; the H200-only ZeRO-3 offload SFT case with `--shape-cases`);
+5. sft: `bench/sft_gpu.py` at the 2B shape, the switch sets of `--sft-variants` beside the
+   stock transformers ceiling (tokens/s, MFU, GPU busy %, peak memory), with profiles of one
+   stock micro-step (OUT/sft_profile.txt) and of the first variant's own step
+   (OUT/sft_step_profile.txt);
+6. rl: `bench/rl_gpu.py`, two PARA-GRPO steps at the 2B shape in bf16 on the `hf` engine.
+`--steps` picks them: by default issue #47's proof (probe, shape-8b, sft); issue #36's was
+probe, test-gpu, sft, rl. OUT/summary.json gathers each step's status, seconds and the
+benchmarks' JSON; OUT/summary.md is the same as a table. The exit status is 0 only when every
+step passed.
 
---dry-run runs nothing heavy: it checks that the wheels are there and named for the
+--dry-run runs nothing on a GPU: it checks that the wheels are there and named for the
 target (cp312 / abi3 / py3, manylinux x86_64), that every file a step names exists, that
-the commands are formed, and that the time limits fit the budget.
+the commands are formed, and that the time limits fit the budget; then it runs the chosen
+benchmarks' CPU modes with this interpreter (`shape_8b.py --cpu`, `sft_gpu.py --smoke` with
+the CPU switch variants; logs and JSON under OUT/dry-run/), so every line of their code runs
+before a device call (`--no-exercise` skips that: the static checks alone).
 """
 
 from __future__ import annotations
@@ -46,7 +55,16 @@ REQUIRED_WHEELS = ("deepspeed", "hjson", "pydantic", "pydantic_core", "annotated
                    "liger_kernel")
 # python-abi-platform tags that install on CPython 3.12, x86_64 Linux.
 WHEEL_TAG = re.compile(r"-(cp312-cp312|cp3\d+-abi3|py3-none|py2\.py3-none)-(any|manylinux\S*x86_64)\.whl$")
-DEFAULT_SFT_VARIANTS = "z2-fast-vb-w4,z3-fast-vb-w4"  # the others: docs/gpu_check.md; host positions: the ceiling rows
+# Issue #47: the project's best step, then each switch alone against it (docs/gpu_check.md).
+DEFAULT_SFT_VARIANTS = "z2-fast-vb-w4,z2-fast-vb-w4-pin,z2-fast-vb-w4-bf16px,z2-fast-vb-w4-compile"
+STEPS = ("probe", "test-gpu", "shape-8b", "sft", "rl")
+DEFAULT_STEPS = "probe,shape-8b,sft"  # issue #47's proof; #36's: probe,test-gpu,sft,rl
+DEFAULT_SHAPE_CASES = "rl-policy,reference,grammar"  # + sft-zero3-offload on an H200 (its own call)
+# Estimated, not yet measured: the sft step at 65 s per variant (the third session's) + 40 s of
+# compilation + the ceiling's 60 s; the 8B cases at ~25 s each to start and build + their runs.
+DEFAULT_LIMITS = "install=5,probe=25,test-gpu=165,shape-8b=170,sft=335,rl=110"
+SHAPE_CASE_LIMITS = "rl-policy=45,reference=35,grammar=75,sft-zero3-offload=300"
+GRAMMAR_STEPS = 256  # of the grammar call's 2,048: its cache is allocated whole at the prefill
 PROBE = """
 import json, torch
 info = {"python": __import__("sys").version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -84,7 +102,8 @@ def gpu_test_files() -> list[Path]:
     return sorted(p for p in (REPO / "tests").rglob("test_*.py") if "pytest.mark.gpu" in p.read_text())
 
 
-def plan(out: Path, python: str, sft_variants: str, limits: dict[str, int]) -> list[Step]:
+def plan(out: Path, python: str, sft_variants: str, limits: dict[str, int],
+         shape_cases: str = DEFAULT_SHAPE_CASES) -> list[Step]:
     tests = gpu_test_files()
     shards = [[python, "-m", "pytest", *[str(t.relative_to(REPO)) for t in tests], "-m", "gpu", "-k", shard, "-rs",
                "-p", "no:cacheprovider", "--tb=short", "--durations=15", f"--junitxml={out / f'test_gpu_{i}.xml'}"]
@@ -92,8 +111,12 @@ def plan(out: Path, python: str, sft_variants: str, limits: dict[str, int]) -> l
     return [
         Step("probe", [python, "-c", PROBE], limits["probe"]),
         Step("test-gpu", *shards[:1], limits["test-gpu"], tests, also=shards[1:]),
+        Step("shape-8b", [python, "bench/shape_8b.py", "--cases", shape_cases, "--case-limits", SHAPE_CASE_LIMITS,
+                          "--grammar-steps", str(GRAMMAR_STEPS), "--out", str(out / "shape_8b.json")],
+             limits["shape-8b"], [REPO / "bench/shape_8b.py"], out / "shape_8b.json"),
         Step("sft", [python, "bench/sft_gpu.py", "--variants", sft_variants, "--steps", "3",
-                     "--out", str(out / "sft_gpu.json"), "--profile", str(out / "sft_profile.txt")], limits["sft"], [REPO / "bench/sft_gpu.py"],
+                     "--out", str(out / "sft_gpu.json"), "--profile", str(out / "sft_profile.txt"),
+                     "--profile-step", str(out / "sft_step_profile.txt")], limits["sft"], [REPO / "bench/sft_gpu.py"],
              out / "sft_gpu.json"),
         Step("rl", [python, "bench/rl_gpu.py", "--steps", "2", "--out", str(out / "rl_gpu.json")], limits["rl"],
              [REPO / "bench/rl_gpu.py"], out / "rl_gpu.json"),
@@ -149,6 +172,40 @@ def run_step(step: Step, out: Path, env: dict[str, str]) -> dict:
     return row
 
 
+# The benchmarks' CPU modes, run by --dry-run for the steps chosen: the same code at the tiny shape
+# (every case of shape_8b, the H200 one included: its gate is for GPUs).
+CPU_EXERCISES = {
+    "shape-8b": lambda out: ["bench/shape_8b.py", "--cpu", "--grammar-steps", "2", "--out", str(out / "shape_8b.json")],
+    "sft": lambda out: ["bench/sft_gpu.py", "--smoke", "--variants", "cpu-z0,cpu-z0-switches", "--steps", "3",
+                               "--accum", "2", "--rows", "4", "--out", str(out / "sft_gpu.json"),
+                               "--profile", str(out / "sft_profile.txt"),
+                               "--profile-step", str(out / "sft_step_profile.txt")],
+}
+
+
+def exercise_on_cpu(steps: list[str], out: Path) -> list[str]:
+    """Run the CPU mode of each chosen benchmark with this interpreter; the problems found, each
+    naming its log."""
+    out.mkdir(parents=True, exist_ok=True)
+    problems = []
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    for name in steps:
+        if name not in CPU_EXERCISES:
+            continue
+        argv = [sys.executable, *CPU_EXERCISES[name](out)]
+        log = out / f"{name}.log"
+        print(f"  exercising {name} on the CPU: {shlex.join(argv)}", flush=True)
+        started = time.perf_counter()
+        with open(log, "w") as f:
+            code = subprocess.run(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        print(f"    exit {code} in {time.perf_counter() - started:.0f} s (log {log})", flush=True)
+        if code != 0:
+            tail = log.read_text(errors="replace").splitlines()[-5:]
+            problems.append(f"{name}'s CPU mode exited {code}; see {log}: " + " / ".join(tail))
+    return problems
+
+
 def summary_table(summary: dict) -> str:
     lines = ["| step | status | seconds |", "|---|---|---|"]
     lines += [f"| {name} | {row['status']} | {row['seconds']} |" for name, row in summary["steps"].items()]
@@ -163,16 +220,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default="python3")
     parser.add_argument("--sft-variants", default=DEFAULT_SFT_VARIANTS)
     parser.add_argument("--budget-s", type=int, default=540, help="the whole check must fit in this (9 minutes)")
-    # Each step's longest time in the two calls of docs/gpu_check.md's third section plus 15-40 s.
-    parser.add_argument("--limits", default="install=5,probe=25,test-gpu=165,sft=235,rl=110",
-                        help="seconds per step, name=seconds,...")
+    parser.add_argument("--steps", default=DEFAULT_STEPS, help=f"comma-separated, of {list(STEPS)} (install always)")
+    parser.add_argument("--shape-cases", default=DEFAULT_SHAPE_CASES,
+                        help="bench/shape_8b.py's cases (sft-zero3-offload: an H200, in a call of its own)")
+    parser.add_argument("--limits", default=DEFAULT_LIMITS,
+                        help="seconds per step, name=seconds,... (those given replace the defaults)")
     parser.add_argument("--skip", default="", help="comma-separated steps to leave out")
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--no-exercise", action="store_true", help="--dry-run without the benchmarks' CPU runs")
     args = parser.parse_args(argv)
-    limits = {k: int(v) for k, v in (item.split("=") for item in args.limits.split(","))}
+    try:
+        limits = {k: int(v) for k, v in (item.split("=") for item in f"{DEFAULT_LIMITS},{args.limits}".split(","))}
+    except ValueError:
+        parser.error(f"--limits {args.limits!r}: give name=seconds pairs separated by commas")
+    chosen = [s for s in args.steps.split(",") if s]
+    unknown = sorted(set(chosen + list(limits)) - set(STEPS) - {"install"})
+    if unknown:
+        parser.error(f"unknown step(s) {unknown}; the steps are install, {', '.join(STEPS)}")
     skip = {s for s in args.skip.split(",") if s}
     args.out.mkdir(parents=True, exist_ok=True)
-    steps = [s for s in plan(args.out, args.python, args.sft_variants, limits) if s.name not in skip]
+    steps = [s for s in plan(args.out, args.python, args.sft_variants, limits, args.shape_cases)
+             if s.name in chosen and s.name not in skip]
     install = [args.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target",
                str(args.site), *map(str, sorted(args.wheels.glob("*.whl")))]
 
@@ -190,12 +258,20 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(args.sft_variants.split(",")) - set(sft_gpu.VARIANTS))
         if unknown:
             problems.append(f"unknown SFT variant(s) {unknown}; bench/sft_gpu.py has {sorted(sft_gpu.VARIANTS)}")
+    if find_spec("shape_8b") is not None:
+        import shape_8b
+
+        unknown = sorted(set(args.shape_cases.split(",")) - set(shape_8b.CASES))
+        if unknown:
+            problems.append(f"unknown shape-8b case(s) {unknown}; bench/shape_8b.py has {list(shape_8b.CASES)}")
     if args.dry_run:
         print(f"dry run: {len(steps) + 1} steps, limits {total} s of a {args.budget_s} s budget")
         for s in [Step("install", install, limits["install"]), *steps]:
             for argv in [s.argv, *s.also]:
                 shown = [a if a != PROBE else "<version probe>" for a in argv]
                 print(f"  {s.name:>8} ({s.timeout_s:>3} s): {shlex.join(shown)}")
+        if not args.no_exercise:  # the wheels are the GPU machine's concern; the code runs here anyway
+            problems += exercise_on_cpu([s.name for s in steps], args.out / "dry-run")
         for p in problems:
             print(f"problem: {p}")
         return 1 if problems else 0

@@ -260,9 +260,21 @@ def pack(samples: Sequence[EncodedSample], rope_index: RopeIndex) -> dict[str, t
     return batch
 
 
+PIXEL_KEYS = ("pixel_values", "pixel_values_videos")
+
+
 def model_batch(samples: Sequence[EncodedSample], *, pad_id: int, rope_index: RopeIndex, packing: bool,
-                positions: HostPositions | None) -> dict[str, torch.Tensor]:
+                positions: HostPositions | None, pixel_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """A micro-batch's model inputs on the host: packed (`sft.packing`) or right-padded, with its
-    position tensors added when `positions` is given (`sft.host_positions`, model/positions.py)."""
+    position tensors added when `positions` is given (`sft.host_positions`, model/positions.py),
+    and its pixel values cast to `pixel_dtype` when given (`sft.host_pixel_dtype`).
+
+    Qwen3-VL's patch embedding casts the pixel values to its weight's dtype before anything else
+    reads them, so for a bf16 model the host cast gives bit-equal inputs (the same
+    round-to-nearest-even) and halves the bytes copied to the GPU; for an fp32 model it would
+    round them, which is why the worker allows it with a bf16 model only.
+    """
     batch = pack(samples, rope_index) if packing else collate(samples, pad_id)
+    if pixel_dtype is not None:
+        batch.update({key: batch[key].to(pixel_dtype) for key in PIXEL_KEYS if key in batch})
     return positions.add_to(batch) if positions is not None else batch

@@ -26,3 +26,6 @@ class SFTJob(BaseModel):
     # A timing run (bench/sft_gpu.py): the steps and their losses.jsonl only, no checkpoint
     # and no exported model (at the 2B shape a checkpoint is 34 GB of optimizer state).
     steps_only: bool = False
+    # Write torch.profiler's table of the run's second step here (bench/sft_gpu.py, issue #47:
+    # profile the project's own step, not the stock forward+backward).
+    profile_to: Path | None = None

@@ -93,6 +93,12 @@ class MicroBatch:
     process: int  # -1: the training process; else the DataLoader worker's id
     stats: EncodingStats
 
+    def pin_memory(self) -> MicroBatch:
+        """The same micro-batch with its tensors in page-locked memory (`sft.pin_memory`). The
+        DataLoader's pin thread calls this by name: an object without it is passed on unpinned."""
+        pinned = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in self.batch.items()}
+        return MicroBatch(pinned, self.tokens, self.count, self.process, self.stats)
+
 
 class MicroBatchPlan:
     """Item i: micro-batch i of this rank's steps [start, max_steps), step-major (map-style dataset)."""
@@ -122,15 +128,16 @@ def _as_is(item: MicroBatch) -> MicroBatch:
     return item
 
 
-def micro_batches(plan: MicroBatchPlan, workers: int) -> Iterator[MicroBatch]:
+def micro_batches(plan: MicroBatchPlan, workers: int, pin_memory: bool = False) -> Iterator[MicroBatch]:
     """The plan's micro-batches in order: encoded here (`workers` 0) or by forked worker processes,
-    each keeping two micro-batches ready."""
+    each keeping two micro-batches ready; in page-locked memory when `pin_memory` (a CUDA run's
+    `sft.pin_memory`: with workers, the DataLoader's pin thread does it while the GPU trains)."""
     if workers == 0:
         for i in range(len(plan)):
-            yield plan[i]
+            yield plan[i].pin_memory() if pin_memory else plan[i]
         return
     from torch.utils.data import DataLoader
 
     loader = DataLoader(plan, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_as_is,
-                        prefetch_factor=2, multiprocessing_context="fork")
+                        prefetch_factor=2, multiprocessing_context="fork", pin_memory=pin_memory)
     yield from loader

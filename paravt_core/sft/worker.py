@@ -8,7 +8,10 @@ Departures from the release's SFT (SPEC §1), point by point:
   one row with per-sample positions and attention; off, micro-batches are right-padded;
 - the token loss may skip the full-vocabulary logits (`sft.loss_impl`, `sft/loss.py`);
 - samples may be encoded ahead of the step in worker processes (`sft.data_workers`,
-  `sft/loader.py`), the same samples in the same order.
+  `sft/loader.py`), the same samples in the same order;
+- speed switches that train the same losses (issue #47): page-locked batches copied without
+  blocking (`sft.pin_memory`), bf16 pixel values from the host (`sft.host_pixel_dtype`), compiled
+  text decoder layers (`sft.compile_text_layers`).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def train(job: SFTJob) -> None:
     from tqdm import tqdm
 
     from paravt_core import dist as pdist
+    from paravt_core.atomic import atomic_write_text
     from paravt_core.collectives import CheckedCollectives
     from paravt_core.memory import record_memory
     from paravt_core.model.loading import load_model, load_processor
@@ -75,6 +79,7 @@ def train(job: SFTJob) -> None:
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
     from paravt_core.sft.encode import model_batch
     from paravt_core.sft.loss import micro_batch_loss
+    from paravt_core.sft.step_profile import profiled
     from paravt_core.tracking import MetricLogger
 
     cfg = job.config
@@ -84,6 +89,8 @@ def train(job: SFTJob) -> None:
     torch.manual_seed(cfg.run.seed)
     on_gpu = device.startswith("cuda")
     ds_config = pdist.sft_deepspeed_config(cfg, on_gpu=on_gpu)
+    pixel_dtype = host_pixel_dtype(sft.host_pixel_dtype, pdist.training_dtype(cfg.model.dtype, on_gpu))
+    pin = sft.pin_memory and on_gpu  # page-locking is for copies to a GPU; a CPU run has none
 
     processor = load_processor(job.base_model)
     # ZeRO 0-2: loaded straight onto the rank's device (DeepSpeed would move it there anyway), so
@@ -97,6 +104,8 @@ def train(job: SFTJob) -> None:
         model.gradient_checkpointing_enable()
     if sft.liger_kernels:
         apply_liger_kernels(model, on_gpu)
+    if sft.compile_text_layers:  # after Liger, so the compiled graphs hold its kernels
+        compile_text_layers(model)
     model.train()
     rope_index = model.model.get_rope_index
     sampling = FrameSampling.from_config(cfg.video)
@@ -118,32 +127,47 @@ def train(job: SFTJob) -> None:
         pdist.trim_step_log(losses_path, start)  # steps after the checkpoint run again: log them once
     # Padding or packing, and the positions, happen where the samples are encoded (a data worker, if any).
     to_batch = functools.partial(model_batch, pad_id=processor.tokenizer.pad_token_id, rope_index=rope_index,
-                                 packing=sft.packing, positions=HostPositions.of(model) if sft.host_positions else None)
+                                 packing=sft.packing, positions=HostPositions.of(model) if sft.host_positions else None,
+                                 pixel_dtype=pixel_dtype)
     plan = MicroBatchPlan(dataset, start=start, max_steps=sft.max_steps, micro=sft.micro_batch_size,
                           accum=sft.grad_accum_steps, rank=rank, world=world, seed=cfg.run.seed, collate=to_batch)
-    batches = micro_batches(plan, sft.data_workers)
+    batches = micro_batches(plan, sft.data_workers, pin_memory=pin)
     encoded_by: dict[int, EncodingStats] = {}
 
     bar = tqdm(range(start, sft.max_steps), initial=start, total=sft.max_steps, desc=job.stage,
                disable=rank != 0 or not sys.stdout.isatty(), mininterval=2.0)
     progress = StepLog(job.stage, sft.max_steps, start, enabled=rank == 0 and not sys.stdout.isatty())
-    for step in bar:
-        t0 = time.perf_counter()
+
+    def one_step() -> tuple[torch.Tensor, int, int, float | None]:
         step_loss, tokens, samples = torch.zeros((), dtype=torch.float64, device=device), 0, 0
+        stage0_norm = None
         for a in range(sft.grad_accum_steps):
             item = next(batches)
             encoded_by[item.process] = item.stats
-            batch = {k: v.to(device) for k, v in item.batch.items()}
+            # From pinned memory the copy returns at once and overlaps the previous kernels.
+            batch = {k: v.to(device, non_blocking=pin) for k, v in item.batch.items()}
             loss = micro_batch_loss(engine, batch, sft.loss_impl)
             engine.backward(loss)
-            if a == sft.grad_accum_steps - 1:
-                stage0_norm = pdist.local_grad_norm(engine) if sft.zero_stage == 0 else None
+            if a == sft.grad_accum_steps - 1 and sft.zero_stage == 0:
+                stage0_norm = pdist.local_grad_norm(engine)
             engine.step()
             # Summed on the device: no wait for the GPU until the step's end, so the next micro-batch
             # is queued while this one runs.
             step_loss += loss.detach().double() / sft.grad_accum_steps
             tokens += item.tokens
             samples += item.count
+        return step_loss, tokens, samples, stage0_norm
+
+    for step in bar:
+        t0 = time.perf_counter()
+        profiling = job.profile_to is not None and rank == 0 and step == start + 1
+        if profiling:  # the second step: the first pays for warm-up (allocator, compilation)
+            done_step: list = []
+            table = profiled(lambda: done_step.append(one_step()), on_gpu)
+            atomic_write_text(job.profile_to, table)
+            step_loss, tokens, samples, stage0_norm = done_step[0]
+        else:
+            step_loss, tokens, samples, stage0_norm = one_step()
         loss_sum, tokens_all, samples_all = reduce_step_statistics(collectives, step_loss.item(), tokens, samples)
         loss_mean = loss_sum / world
         elapsed = time.perf_counter() - t0
@@ -151,6 +175,8 @@ def train(job: SFTJob) -> None:
         row = {"step": step + 1, "loss": loss_mean, "lr": scheduler.get_last_lr()[0],
                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                "tokens_per_s": tokens_all / elapsed, "samples_per_s": samples_all / elapsed}
+        if profiling:
+            row["profiled"] = True  # its time includes the profiler's overhead: not a rate to compare
         if rank == 0:
             with open(losses_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -180,6 +206,32 @@ def apply_liger_kernels(model, on_gpu: bool) -> None:
         raise RuntimeError("sft.liger_kernels needs the liger-kernel package (the gpu extra: make install-gpu)") from err
     apply_liger_kernel_to_qwen3_vl(rope=True, rms_norm=True, swiglu=False, cross_entropy=False,
                                    fused_linear_cross_entropy=False, model=model)
+
+
+def host_pixel_dtype(setting: str, training_dtype: str) -> torch.dtype | None:
+    """The dtype the pixel values are cast to on the host (`sft.host_pixel_dtype`), None to leave them.
+
+    Raises:
+        ValueError: bfloat16 asked for a model trained in another dtype, where the cast would round
+            the inputs the model sees (a CPU rank trains in fp32 whatever model.dtype says).
+    """
+    if setting == "float32":
+        return None
+    if training_dtype != "bfloat16":
+        raise ValueError(f"sft.host_pixel_dtype={setting} gives a {training_dtype} model rounded pixel values; it is "
+                         "exact for a bfloat16 model only (GPU ranks with model.dtype=bfloat16): set "
+                         "sft.host_pixel_dtype=float32")
+    return torch.bfloat16
+
+
+def compile_text_layers(model) -> int:
+    """torch.compile each decoder layer of the text model in place (`sft.compile_text_layers`);
+    returns how many. The layers are alike, so the first compiled graph serves the rest;
+    transformers' checkpointing wrapper calls the compiled module, so both combine."""
+    layers = model.model.language_model.layers
+    for layer in layers:
+        layer.compile()
+    return len(layers)
 
 
 def _export_stats(encoded_by: dict[int, EncodingStats], dataset, model_dir: Path) -> EncodingStats:
