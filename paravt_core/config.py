@@ -118,7 +118,7 @@ class ModelConfig(_Section):
     # matrix product. prefill_attention causal_rows: a left-padded prefill or teacher-forced
     # pass runs the causal kernel on each row's unpadded part instead of an explicit mask.
     # The last two change float rounding (bounds in tests/integration/test_speed_determinism.py).
-    vision_dedupe: Literal["off", "no_grad", "always"] = "no_grad"
+    vision_dedupe: Literal["never", "no_grad", "always"] = "no_grad"
     patch_embed: Literal["conv", "linear"] = "conv"
     prefill_attention: Literal["masked", "causal_rows"] = "masked"
     registered_name: str = "paravt-tiny"

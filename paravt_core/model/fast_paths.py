@@ -3,7 +3,7 @@
 Three switches, each set by a `model.*` knob and applied by `load_model` wherever a stage
 loads its model (RL policy, reference and hf rollout engine, the hf evaluator):
 
-- `model.vision_dedupe` (`off`, `no_grad`, `always`): a forward whose batch holds the same
+- `model.vision_dedupe` (`never`, `no_grad`, `always`): a forward whose batch holds the same
   frame more than once (the G rollouts of a prompt share its overview frames, SPEC §3; a
   rollout's context repeats them every turn) runs the vision tower once per distinct frame
   and hands every copy the same features. Frames are matched exactly (same grid, same
@@ -35,7 +35,7 @@ import weakref
 from types import MethodType
 from typing import Any
 
-VISION_DEDUPE = ("off", "no_grad", "always")
+VISION_DEDUPE = ("never", "no_grad", "always")
 PATCH_EMBED = ("conv", "linear")
 PREFILL_ATTENTION = ("masked", "causal_rows")
 
@@ -102,7 +102,9 @@ def apply_vision_dedupe(model, mode: str) -> bool:
     if mode not in VISION_DEDUPE:
         raise ValueError(f"model.vision_dedupe={mode!r} is not one of {VISION_DEDUPE}")
     inner = getattr(model, "model", None)
-    if mode == "off" or inner is None or not hasattr(inner, "get_image_features") or not hasattr(inner, "visual"):
+    if mode == "never" and inner is not None and hasattr(inner, "_paravt_stock_image_features"):
+        del inner.get_image_features, inner._paravt_stock_image_features, inner._paravt_vision_dedupe
+    if mode == "never" or inner is None or not hasattr(inner, "get_image_features") or not hasattr(inner, "visual"):
         return False
     if not hasattr(inner, "_paravt_stock_image_features"):
         inner._paravt_stock_image_features = inner.get_image_features
