@@ -14,7 +14,7 @@ The switches that change float rounding (`model.vision_dedupe: always`, `model.p
 linear`, `model.prefill_attention: causal_rows`) are held to bounds instead: the log-probs of
 the step's trajectories under each switch against the exact path (LOGPROB_BOUND), and two RL
 steps with all of them on against the exact run (METRIC_BOUND, WEIGHT_BOUND). Measured on the
-development machine: log-probs within 1.5e-6 nats, weights within ~1e-7 after two steps. A real
+development machine: log-probs within 1.5e-6 nats, weights apart by 4e-5 of the update (its norm). A real
 fault is orders of magnitude above the bounds: a padding key left visible, a row's keys shifted
 by one position, or a frame given another frame's features each moved log-probs by more than
 1e-2 when planted (docs/speed.md).
@@ -93,7 +93,7 @@ BEFORE = ["model.vision_attention=per_item", "model.vision_dedupe=never"]  # the
 ROUNDING = {"vision_dedupe": "always", "patch_embed": "linear", "prefill_attention": "causal_rows"}
 LOGPROB_BOUND = 1e-4  # nats, any trained token of the step, one switch or all three
 METRIC_BOUND = 1e-3  # relative (to max(1, |value|)), every RL metric of both steps
-WEIGHT_BOUND = 1e-4  # absolute, every weight after two steps at lr 0.01
+WEIGHT_BOUND = 1e-2  # the two runs' weights after two steps apart by at most this share of the update's norm
 
 
 def _config(out: Path, model: list[str]):
@@ -249,6 +249,14 @@ def test_rounding_switches_stay_within_their_bounds(rl_inputs, tmp_path, monkeyp
     for step, (a, b) in enumerate(zip(rows, exact_rows)):
         for key in a:
             assert abs(a[key] - b[key]) <= METRIC_BOUND * max(1.0, abs(b[key])), (step, key, a[key], b[key])
+    # Adam turns a near-zero gradient element into a step of about lr whatever its size, so a
+    # rounding-level gradient change can move a single weight by up to ~2 lr: the bound is on
+    # the whole update (its norm), where a real fault moves every element.
+    from paravt_core.model.loading import load_model
+
+    start = load_model(init.path).state_dict()
     ours, theirs = module.state_dict(), exact.policy.module.state_dict()
-    gap = max(float((ours[k] - theirs[k]).abs().max()) for k in theirs)
-    assert 0 < gap <= WEIGHT_BOUND, gap  # not bit for bit (else this test checks nothing), and close
+    apart = sum(float((ours[k] - theirs[k]).double().square().sum()) for k in theirs) ** 0.5
+    update = sum(float((theirs[k] - start[k]).double().square().sum()) for k in theirs) ** 0.5
+    print(f"rounding switches: log-prob gaps {gaps}, update apart {apart:.3g} of {update:.3g}")
+    assert 0 < apart <= WEIGHT_BOUND * update, (apart, update)  # not bit for bit (else this checks nothing), close
