@@ -190,6 +190,9 @@ def causal_rows_attention(query, key, value, padding: list[int], scaling: float,
         value = value.repeat_interleave(n_rep, dim=1)
     rows = []
     for row, pad in enumerate(padding):
+        if pad >= length:  # a row of padding only: nothing to attend to
+            rows.append(query.new_zeros((1, heads, length, dim)))
+            continue
         out = F.scaled_dot_product_attention(query[row:row + 1, :, pad:], key[row:row + 1, :, pad:],
                                              value[row:row + 1, :, pad:], is_causal=True, scale=scaling)
         if pad:

@@ -123,6 +123,7 @@ def test_causal_rows_attention_equals_the_masked_kernel_on_real_tokens():
     for row, pad in enumerate(pads):
         torch.testing.assert_close(got[row, pad:], want[row, pad:], rtol=1e-5, atol=1e-6)
         assert not got[row, :pad].any()
+    assert not causal_rows_attention(query, key, value, [length] * 3, 0.3, n_rep=2).any()  # padding only
 
 
 def test_causal_rows_teacher_forced_logprobs_match_the_masked_path(tiny_model):
