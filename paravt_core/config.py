@@ -118,6 +118,8 @@ class ModelConfig(_Section):
     # matrix product. prefill_attention causal_rows: a left-padded prefill or teacher-forced
     # pass runs the causal kernel on each row's unpadded part instead of an explicit mask.
     # The last two change float rounding (bounds in tests/integration/test_speed_determinism.py).
+    # no_grad's same bits are shown on CPU; a GPU's matrix products over fewer rows may pick
+    # other kernels, so there `never` is the one that keeps the bits of the code before #45.
     vision_dedupe: Literal["never", "no_grad", "always"] = "no_grad"
     patch_embed: Literal["conv", "linear"] = "conv"
     prefill_attention: Literal["masked", "causal_rows"] = "masked"

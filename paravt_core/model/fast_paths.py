@@ -12,7 +12,8 @@ loads its model (RL policy, reference and hf rollout engine, the hf evaluator):
   as in the full batch and the forward is bit for bit the same (tested). Under autograd the
   copies' gradients are summed before the tower's backward instead of after it: the same
   gradient up to float summation order, hence `always` is a choice and `no_grad` (the
-  rollout's prefills, the reference pass, evaluation) the default.
+  rollout's prefills, the reference pass, evaluation) the default. (Shown on CPU; on a GPU
+  a product over fewer rows may run another cuBLAS kernel, so the bits are not promised there.)
 - `model.patch_embed` (`conv`, `linear`): the patch embedding is a Conv3d whose kernel
   equals its stride, i.e. one matrix product of the flattened patch with the flattened
   kernel. `linear` computes it as that product (oneDNN's Conv3d backward was 10 % of a
