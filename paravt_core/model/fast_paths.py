@@ -1,11 +1,11 @@
 """Faster ways to run parts of a loaded Qwen3-VL on CPU (issue #45 item 3, docs/speed.md).
 
 Three switches, each set by a `model.*` knob and applied by `load_model` wherever a stage
-loads its model (RL policy, reference and hf rollout engine, the hf evaluator):
+loads its model (RL policy, reference and hf rollout engine, `rl-replay`, the hf evaluator):
 
 - `model.vision_dedupe` (`never`, `no_grad`, `always`): a forward whose batch holds the same
-  frame more than once (the G rollouts of a prompt share its overview frames, SPEC §3; a
-  rollout's context repeats them every turn) runs the vision tower once per distinct frame
+  frame more than once (the G rollouts of a prompt share its overview frames, SPEC §3;
+  sub-agents given the same crop share its frames) runs the vision tower once per distinct frame
   and hands every copy the same features. Frames are matched exactly (same grid, same
   pixels, `torch.equal`), never by a hash alone. The tower works on each frame separately
   (per-patch layers, attention within the frame), so a distinct frame gets the same numbers
