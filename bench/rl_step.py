@@ -13,16 +13,23 @@ two crop calls (as in bench/dispatch.py and bench/eval.py); the sub-agents and e
 turn run on the model. It never stops early either, so --main-tokens / --subagent-tokens
 stand for the SFT policy's short turns (the reproduction allows 384 / 96).
 
+Three variants run interleaved (old, new, fast, old, ...): `old` is the older tree, `new` this
+tree as configured by default (its exact paths: `model.vision_dedupe: no_grad`), `fast` this
+tree with the switches that change float rounding on as well (`model.vision_dedupe: always`,
+`model.patch_embed: linear`, `model.prefill_attention: causal_rows`; docs/speed.md).
+
 Per child: one warm-up RL step, then --steps timed steps (seconds per step), and one
 warm-up evaluation, then one timed evaluation of the split. Wall and CPU seconds (the
 child's process time: with one torch thread on a shared, loaded machine the steadier of the
 two) are both reported. Both trees get `model.vision_attention: batched` (the old tree's RL
 and evaluator ignore it; this tree applies it, docs/speed.md). Results must agree: the RL
 metrics of every step (timings aside), the final policy weights (sha256 of the state
-dict) and the evaluation's predictions; the bench stops with status 1 when they do not.
+dict) and the evaluation's predictions of `old` and `new`; the bench stops with status 1
+when they do not. `fast` is held to bounds instead: its largest metric and weight differences
+from `old` and its share of equal predictions are printed.
 
-Old tree: `git worktree add --detach /tmp/h2-old 8f8d49a` (the issue's baseline), then
-Run: `.venv/bin/python bench/rl_step.py --old /tmp/h2-old [--repeats 2] [--steps 2] [--threads 1]`.
+Old tree: `git worktree add --detach /tmp/h5-old 8f8d49a` (the issue's baseline), then
+Run: `.venv/bin/python bench/rl_step.py --old /tmp/h5-old [--repeats 2] [--steps 2] [--threads 1]`.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import torch
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,10 +131,14 @@ def build_inputs(root: Path, questions: int) -> dict:
     return {"model": str(model), "rl": str(rl), "eval_data": str(data.path), "eval_sha256": data.sha256}
 
 
-def _config(tree: Path, out: Path, questions: int, main_tokens: int = 64, subagent_tokens: int = 48):
+FAST = ["model.vision_dedupe=always", "model.patch_embed=linear", "model.prefill_attention=causal_rows"]
+
+
+def _config(tree: Path, out: Path, questions: int, main_tokens: int = 64, subagent_tokens: int = 48,
+            extra: list[str] | None = None):
     from paravt_core.config import load_config
 
-    return load_config(tree / "conf/pipeline/reproduce.yaml", [
+    return load_config(tree / "conf/pipeline/reproduce.yaml", [*(extra or []), 
         f"run.output_dir={out}", "data.synth.train_videos=4", f"data.synth.eval_videos_per_split={questions}",
         f"data.synth.eval_rows_per_split={questions}", "data.synth.validation=false", "eval.splits=[videomme]",
         "model.pretrain.enabled=false", "model.pretrain.sft_replay_rows=0", "model.vision_attention=batched",
@@ -149,7 +162,8 @@ def child(args) -> None:
     inputs = json.loads(Path(args.inputs).read_text())
     tree = Path(args.tree)
     out = Path(args.out)
-    cfg = _config(tree, out, args.questions, args.main_tokens, args.subagent_tokens)
+    cfg = _config(tree, out, args.questions, args.main_tokens, args.subagent_tokens,
+                  FAST if args.variant == "fast" else None)
     model_dir = Path(inputs["model"])
     init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
     rl_data = ArtifactRef(kind="rl_data", path=Path(inputs["rl"]), sha256=content_hash(Path(inputs["rl"])))
@@ -168,6 +182,7 @@ def child(args) -> None:
         step_cpu.append(time.process_time() - cpu)
         rows.append({k: v for k, v in sorted(row.items()) if not k.startswith("time_")})
     state = trainer.policy.module.state_dict()
+    torch.save({name: value.detach().cpu() for name, value in state.items()}, out / "weights.pt")
     digest = hashlib.sha256()
     for name in sorted(state):
         digest.update(name.encode())
@@ -176,7 +191,12 @@ def child(args) -> None:
 
     model = ArtifactRef(kind="model", path=model_dir, sha256=init.sha256)
     data = ArtifactRef(kind="eval_data", path=Path(inputs["eval_data"]), sha256=inputs["eval_sha256"])
-    engine, processor = eval_stage.hf_engine(model, cfg.model.dtype)
+    try:  # this tree's evaluator takes the model's speed options; the old one has none
+        from paravt_core.model.loading import model_speed_options
+        speed = model_speed_options(cfg.model)
+    except ImportError:
+        speed = {}
+    engine, processor = eval_stage.hf_engine(model, cfg.model.dtype, **speed)
     runner = HFSampleRunner(ScriptedFirstTurn(engine, processor.tokenizer), processor, EvalSettings.from_pipeline(cfg))
     eval_s, eval_cpu, predictions = [], [], []
     for attempt in ("warm-up", "timed"):
@@ -198,7 +218,7 @@ def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--tree", str(tree), "--inputs",
                str(inputs), "--out", str(out), "--threads", str(args.threads), "--steps", str(args.steps),
                "--questions", str(args.questions), "--main-tokens", str(args.main_tokens),
-               "--subagent-tokens", str(args.subagent_tokens)]
+               "--subagent-tokens", str(args.subagent_tokens), "--variant", args.variant_of_child]
     done = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH ")]
     if done.returncode != 0 or not lines:
@@ -223,6 +243,7 @@ def main() -> int:
     parser.add_argument("--tree", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="new", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -231,7 +252,7 @@ def main() -> int:
         print("bench/rl_step.py: --old must be a checkout of the baseline (git worktree add --detach /tmp/h2-old "
               "8f8d49a)", file=sys.stderr)
         return 2
-    trees = {"old": args.old.resolve(), "new": REPO}
+    trees = {"old": args.old.resolve(), "new": REPO, "fast": REPO}
     with tempfile.TemporaryDirectory(prefix="paravt-bench-rl-step-") as tmp:
         root = Path(tmp)
         inputs = root / "inputs.json"
@@ -239,25 +260,37 @@ def main() -> int:
         print(f"torch threads {args.threads}, {args.steps} timed RL steps and one evaluation of {args.questions} "
               f"questions per child, {args.repeats} children per tree interleaved; load average "
               f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
-        results: dict[str, list[dict]] = {"old": [], "new": []}
+        results: dict[str, list[dict]] = {name: [] for name in trees}
+        weights: dict[str, object] = {}
         for repeat in range(args.repeats):
             for name, tree in trees.items():
+                args.variant_of_child = name
                 result = run_child(tree, inputs, root / f"{name}-{repeat}", args)
                 results[name].append(result)
+                weights.setdefault(name, torch.load(root / f"{name}-{repeat}" / "weights.pt"))
                 print(f"  {name} #{repeat}: RL s/step {[round(s, 2) for s in result['rl_step_s']]} (CPU "
                       f"{[round(s, 2) for s in result['rl_step_cpu_s']]}), eval {result['eval_s']:.2f} s (CPU "
                       f"{result['eval_cpu_s']:.2f})", flush=True)
-    same = all(r["rl_metrics"] == results["old"][0]["rl_metrics"] and
-               r["weights_sha256"] == results["old"][0]["weights_sha256"] and
-               r["eval_predictions"] == results["old"][0]["eval_predictions"] for r in results["old"] + results["new"])
-    print("| measure (median) | old s | new s | old / new |")
-    print("|---|---|---|---|")
+    reference = results["old"][0]
+    same = all(r["rl_metrics"] == reference["rl_metrics"] and r["weights_sha256"] == reference["weights_sha256"] and
+               r["eval_predictions"] == reference["eval_predictions"] for r in results["old"] + results["new"])
+    print("| measure (median) | old s | new s | fast s | old / new | old / fast |")
+    print("|---|---|---|---|---|---|")
     for label, key in (("RL step, wall", "rl_step_s"), ("RL step, CPU", "rl_step_cpu_s"),
                        (f"evaluation of {args.questions}, wall", "eval_s"),
                        (f"evaluation of {args.questions}, CPU", "eval_cpu_s")):
-        old, new = (statistics.median(s for r in results[name] for s in _as_list(r[key])) for name in ("old", "new"))
-        print(f"| {label} | {old:.2f} | {new:.2f} | {old / new:.2f}x |")
-    print(f"same results (RL metrics of every step, final weights, eval predictions): {'yes' if same else 'NO'}")
+        old, new, fast = (statistics.median(s for r in results[name] for s in _as_list(r[key]))
+                          for name in ("old", "new", "fast"))
+        print(f"| {label} | {old:.2f} | {new:.2f} | {fast:.2f} | {old / new:.2f}x | {old / fast:.2f}x |")
+    print(f"same results, new against old (RL metrics of every step, final weights, eval predictions): "
+          f"{'yes' if same else 'NO'}")
+    for r in results["fast"]:
+        metric_gap = max(abs(a[k] - b[k]) for a, b in zip(r["rl_metrics"], reference["rl_metrics"]) for k in a)
+        weight_gap = max(float((weights["fast"][k] - weights["old"][k]).abs().max()) for k in weights["old"])
+        equal = sum(a == b for a, b in zip(r["eval_predictions"], reference["eval_predictions"]))
+        print(f"fast against old: largest RL metric difference {metric_gap:.3g}, largest weight difference "
+              f"{weight_gap:.3g} after {args.steps + 1} steps, {equal} of {len(r['eval_predictions'])} "
+              "predictions equal")
     return 0 if same else 1
 
 

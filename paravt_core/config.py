@@ -110,6 +110,19 @@ class ModelConfig(_Section):
     # hf rollout engine) and by the hf evaluator. On CPU with sdpa the two give the same bits
     # (log-probs and gradients, tests/integration/test_speed_determinism.py); batched is the faster (docs/speed.md).
     vision_attention: Literal["per_item", "batched"] = "per_item"
+    # Faster paths of a loaded model (paravt_core/model/fast_paths.py, docs/speed.md), applied
+    # where vision_attention is. vision_dedupe: a batch's repeated frames (a group's shared
+    # overview frames) go through the vision tower once; no_grad (rollout prefills, the
+    # reference, evaluation) gives the same bits, always also in the policy's update, whose
+    # gradient is then summed in another order. patch_embed linear: the patch Conv3d as one
+    # matrix product. prefill_attention causal_rows: a left-padded prefill or teacher-forced
+    # pass runs the causal kernel on each row's unpadded part instead of an explicit mask.
+    # The last two change float rounding (bounds in tests/integration/test_speed_determinism.py).
+    # no_grad's same bits are shown on CPU; a GPU's matrix products over fewer rows may pick
+    # other kernels, so there `never` is the one that keeps the bits of the code before #45.
+    vision_dedupe: Literal["never", "no_grad", "always"] = "no_grad"
+    patch_embed: Literal["conv", "linear"] = "conv"
+    prefill_attention: Literal["masked", "causal_rows"] = "masked"
     registered_name: str = "paravt-tiny"
     pretrain: PretrainConfig = PretrainConfig()
 
@@ -655,6 +668,7 @@ class MLflowConfig(_Section):
 HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
     ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
+    ("model", "vision_dedupe"), ("model", "patch_embed"), ("model", "prefill_attention"),
     ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
     ("data.synth", "validation"), ("rl.gating", "draw_key"), ("sft", "grammar_batch"),
     ("rl", "served_logprob_tolerance"),

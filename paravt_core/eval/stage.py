@@ -136,25 +136,28 @@ def load_samples(cfg: PipelineConfig, eval_data: ArtifactRef, split: str) -> Loa
 
 
 @functools.lru_cache(maxsize=1)
-def _loaded_model(model_path: str, sha256: str, dtype: str, device: str, vision_attention: str) -> tuple[Any, Any]:
+def _loaded_model(model_path: str, sha256: str, dtype: str, device: str, vision_attention: str,
+                  speed: tuple[tuple[str, str], ...] = ()) -> tuple[Any, Any]:
     from paravt_core.model.loading import load_model, load_processor
 
     logger.info("loading %s (sha256 %s) as %s on %s", model_path, sha256[:12], dtype, device)
     processor = load_processor(model_path)
-    return load_model(model_path, dtype, device, vision_attention=vision_attention), processor
+    return load_model(model_path, dtype, device, vision_attention=vision_attention, **dict(speed)), processor
 
 
 def hf_engine(model: ArtifactRef, dtype: str, max_batch_tokens: int | None = None,
-              vision_attention: str = "per_item") -> tuple[Any, Any]:
+              vision_attention: str = "per_item", **speed: str) -> tuple[Any, Any]:
     """(HFEngine, processor) of a checkpoint on CUDA when there is one, else the CPU; the model is
     loaded once per process and shared by all its splits (the last checkpoint loaded stays
-    cached). `max_batch_tokens`: `eval.hf_batch_tokens`; `vision_attention`: `model.vision_attention`."""
+    cached). `max_batch_tokens`: `eval.hf_batch_tokens`; `vision_attention` and `speed`
+    (vision_dedupe, patch_embed, prefill_attention): `model.*` (`model/fast_paths.py`)."""
     import torch
 
     from paravt_core.agent.hf_engine import HFEngine
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    loaded, processor = _loaded_model(str(model.path), model.sha256, dtype, device, vision_attention)
+    loaded, processor = _loaded_model(str(model.path), model.sha256, dtype, device, vision_attention,
+                                      tuple(sorted(speed.items())))
     return HFEngine(loaded, processor, max_batch_tokens), processor
 
 
@@ -231,7 +234,10 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef, served: Served | None =
         except ServerRenderingMismatch as exc:
             raise EvalError(f"the server does not render prompts as {model.path} does: {exc}") from exc
         return OpenAISampleRunner(client, processor, settings)
-    engine, processor = hf_engine(model, cfg.model.dtype, cfg.eval.hf_batch_tokens, cfg.model.vision_attention)
+    from paravt_core.model.loading import model_speed_options
+
+    engine, processor = hf_engine(model, cfg.model.dtype, cfg.eval.hf_batch_tokens,
+                                  **model_speed_options(cfg.model))
     return HFSampleRunner(engine, processor, settings)
 
 

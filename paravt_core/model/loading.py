@@ -85,7 +85,8 @@ _PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_
 
 
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",
-               zero3_config: dict[str, Any] | None = None, vision_attention: str = "per_item"):
+               zero3_config: dict[str, Any] | None = None, vision_attention: str = "per_item",
+               vision_dedupe: str = "no_grad", patch_embed: str = "conv", prefill_attention: str = "masked"):
     """Load a `Qwen3VLForConditionalGeneration` (or any image-text-to-text model) for training or generation.
 
     Args:
@@ -98,6 +99,8 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
         vision_attention: `model.vision_attention` (`model/vision_attention.py`), set here so every
             stage that loads a model (SFT, RL policy, reference and hf rollout engine, the hf
             evaluator) runs the vision tower the same way.
+        vision_dedupe, patch_embed, prefill_attention: `model.*` of the same names
+            (`model/fast_paths.py`), applied the same way.
     """
     import torch
     from transformers import AutoModelForImageTextToText
@@ -118,7 +121,15 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
     else:
         model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs).to(device)
     apply_vision_attention(model, vision_attention)
-    return model
+    from paravt_core.model.fast_paths import apply_fast_paths
+
+    return apply_fast_paths(model, vision_dedupe, patch_embed, prefill_attention)
+
+
+def model_speed_options(model_cfg: Any) -> dict[str, str]:
+    """`load_model`'s keywords for how the model runs, from a `ModelConfig` (`model.*`)."""
+    return {name: getattr(model_cfg, name)
+            for name in ("vision_attention", "vision_dedupe", "patch_embed", "prefill_attention")}
 
 
 class _ZeroThreeLoading:

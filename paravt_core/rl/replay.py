@@ -209,7 +209,7 @@ def replay_step(run_dir: Path, step: int, rank: int = 0) -> Replay:
     from paravt_core.agent.hf_engine import HFEngine
     from paravt_core.agent.rollout import run_episodes
     from paravt_core.model.integrity import ModelFolderError
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import load_model, load_processor, model_speed_options
     from paravt_core.rl.data import RLRowError, read_rl_prompts
     from paravt_core.video.errors import VideoDecodeError
 
@@ -232,7 +232,9 @@ def replay_step(run_dir: Path, step: int, rank: int = 0) -> Replay:
     state = replay_weights(run_dir, draws.weight_version, cfg.rl.zero_stage)
     torch.set_num_threads(draws.torch_threads)
     try:
-        model = load_model(job.init_model, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation)
+        # The rollout engine's own options: prefill_attention and patch_embed change its numbers.
+        model = load_model(job.init_model, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
+                           **model_speed_options(cfg.model))
         processor = load_processor(job.init_model)
     except ModelFolderError as error:
         raise ReplayError(f"the run's init model is not whole: {error}") from None

@@ -153,11 +153,11 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
     rollout = cfg.rl.rollout
     if rollout.engine == "hf":
         from paravt_core.agent.hf_engine import HFEngine
-        from paravt_core.model.loading import load_model
+        from paravt_core.model.loading import load_model, model_speed_options
 
         model = load_model(init_model, dtype=cfg.model.dtype, device=device,
                            attn_implementation=cfg.model.attn_implementation,
-                           vision_attention=cfg.model.vision_attention).eval()
+                           **model_speed_options(cfg.model)).eval()
         return RolloutBackend(HFEngine(model, processor), pushes_weights=True, world=world)
 
     import torch

@@ -57,7 +57,7 @@ class Trainer:
         from paravt_core import dist as pdist
         from paravt_core.agent.tags import TagLocator
         from paravt_core.memory import record_memory
-        from paravt_core.model.loading import load_model, load_processor
+        from paravt_core.model.loading import load_model, load_processor, model_speed_options
         from paravt_core.rl.contracts import TokenLayout
         from paravt_core.rl.data import read_rl_prompts
         from paravt_core.rl.policy import paravt_reward
@@ -73,7 +73,7 @@ class Trainer:
         self.processor = load_processor(job.init_model)
         policy = load_model(job.init_model, dtype=pdist.training_dtype(self.cfg.model.dtype, on_gpu),
                             attn_implementation=attention, zero3_config=zero3,
-                            vision_attention=self.cfg.model.vision_attention)
+                            **model_speed_options(self.cfg.model))
         if self.rl.gradient_checkpointing:
             policy.gradient_checkpointing_enable()
         policy.train()
@@ -114,15 +114,15 @@ class Trainer:
         engine (same offload settings as the policy, no optimizer), so no rank holds it whole."""
         import deepspeed
 
-        from paravt_core.model.loading import load_model
+        from paravt_core.model.loading import load_model, model_speed_options
 
-        vision = self.cfg.model.vision_attention
+        speed = model_speed_options(self.cfg.model)
         if zero3 is None:
             return load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device,
-                              attn_implementation=attention, vision_attention=vision).eval()
+                              attn_implementation=attention, **speed).eval()
         dtype = "bfloat16" if zero3["bf16"]["enabled"] else "float32"
         reference = load_model(job.init_model, dtype=dtype, attn_implementation=attention, zero3_config=zero3,
-                               vision_attention=vision)
+                               **speed)
         engine, _, _, _ = deepspeed.initialize(model=reference, config=zero3)
         engine.eval()  # DeepSpeedEngine.eval returns None, not the engine
         return engine

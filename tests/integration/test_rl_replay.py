@@ -176,3 +176,17 @@ def test_a_broken_loss_mask_fails_the_trajectory_contract(tmp_path, tiny_model_d
     nan_logp[main.loss_mask.bool().nonzero()[0]] = torch.nan
     with pytest.raises(TrajectoryContractError, match="log-probs"):
         check([dataclasses.replace(main, old_logprobs=nan_logp), *good[1:]])
+
+
+def test_a_step_replays_with_the_rounding_speed_switches_on(tmp_path, monkeypatch, tiny_model_dir, short_video):
+    """Replay loads the rollout model with the run's `model.*` speed options: `prefill_attention` and
+    `patch_embed` change the engine's log-probs in their last bits (docs/speed.md), so a replay on
+    the stock paths would not give the logged digest."""
+    from paravt_core.rl.replay import replay_step
+
+    init = ArtifactRef(kind="sft_model", path=tiny_model_dir, sha256=content_hash(tiny_model_dir))
+    root = tmp_path / "outputs" / "fast"
+    job = _train(monkeypatch, _config(root, "rl.max_steps=1", "rl.checkpoint_every=1",
+                                      "model.prefill_attention=causal_rows", "model.patch_embed=linear"),
+                 init, _run_folder(root, short_video))
+    assert replay_step(job.out_dir, 1).identical
