@@ -30,7 +30,9 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ["OMP_NUM_THREADS"] = str(_threads)
 
 # `--cpu-report PATH`: CPU seconds per test, the measure of the suite's speed (tests/cpu_report.py).
-from tests.cpu_report import pytest_addoption, pytest_configure  # noqa: E402,F401
+from tests import cpu_report  # noqa: E402
+
+pytest_addoption, pytest_configure = cpu_report.pytest_addoption, cpu_report.pytest_configure
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_BENCHMARKS = REPO_ROOT.parent / "shared" / "benchmarks"

@@ -24,8 +24,8 @@ def test_own():
     burn(0.6)
 
 def test_child():
-    subprocess.run([sys.executable, "-c", "import time\\nend = time.process_time() + 0.8\\nwhile time.process_time() < end: pass"],
-                   check=True)
+    burner = "import time\\nend = time.process_time() + 0.8\\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", burner], check=True)
 
 def test_idle():
     time.sleep(0.3)
