@@ -66,7 +66,7 @@ TEST_WORKERS ?= auto
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist load --maxschedchunk 2)
 # Bytecode written for the project's own modules even where the environment turns it off
 # (PYTHONDONTWRITEBYTECODE=1): the suite starts hundreds of Python processes (ranks, CLI
-# commands), and each compiled paravt_core from source again, 10 % of an SFT test's CPU
+# commands), and each compiled paravt_core from source again: 1-2 CPU s per rank
 # (docs/speed.md). __pycache__/ is ignored by git.
 TEST_ENV = PYTHONDONTWRITEBYTECODE=
 
