@@ -64,9 +64,14 @@ demo: $(STAMP)
 # TEST_WORKERS: pytest-xdist workers (auto: one per core, at most 4; 0 runs in this process).
 TEST_WORKERS ?= auto
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --maxprocesses 4 --dist load --maxschedchunk 2)
+# Bytecode written for the project's own modules even where the environment turns it off
+# (PYTHONDONTWRITEBYTECODE=1): the suite starts hundreds of Python processes (ranks, CLI
+# commands), and each compiled paravt_core from source again: 1-2 CPU s per rank
+# (docs/speed.md). __pycache__/ is ignored by git.
+TEST_ENV = PYTHONDONTWRITEBYTECODE=
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not server" $(XDIST) --durations 15
+	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not server" $(XDIST) --durations 15
 
 # The server tier: a real vLLM (from .venv-serve) serving tiny Qwen3-VL models; fails, not
 # skips, when the serve venv is missing (PARAVT_SERVER_TIER=1).
@@ -74,7 +79,7 @@ test-server: $(STAMP) $(SERVE_STAMP)
 	PARAVT_SERVER_TIER=1 $(BIN)/python -m pytest tests/server -m server -rs
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not integration and not gpu and not server"
+	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not integration and not gpu and not server"
 
 # The gpu tier on one CUDA GPU; refuses to "pass" by skipping everything on a machine without one.
 test-gpu:

@@ -18,6 +18,9 @@ os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = str(_SESSION_DIR / "prefect-r
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
+# No flow of the project saves a block, and registering Prefect's block types is a fifth of
+# each test server's start-up CPU (3.4 of 17 s; docs/speed.md).
+os.environ.setdefault("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,6 +31,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ["OMP_NUM_THREADS"] = str(_threads)
+
+# `--cpu-report PATH`: CPU seconds per test, the measure of the suite's speed (tests/cpu_report.py).
+from tests import cpu_report  # noqa: E402
+
+pytest_addoption, pytest_configure = cpu_report.pytest_addoption, cpu_report.pytest_configure
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_BENCHMARKS = REPO_ROOT.parent / "shared" / "benchmarks"
