@@ -139,6 +139,34 @@ def _opening_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampled_probe(args: argparse.Namespace) -> int:
+    from paravt_core.miniature.heldout_probe import sampled_probe
+
+    cfg, model_dir = _probe_inputs(args, "sampled-probe", "sft")
+    split_json = cfg.run.output_dir / "data" / "eval" / args.split / "split.json"
+    if not split_json.is_file():
+        print(f"paravt miniature sampled-probe: no prepared split {args.split!r} at {split_json}; run the data stage "
+              f"of {args.config} first", file=sys.stderr)
+        return 2
+    k = args.frames or max(cfg.rl.gating.choices)
+    if min(args.questions, args.samples, k) < 1 or args.temperature < 0:
+        print("paravt miniature sampled-probe: --questions, --samples and --frames must be at least 1, "
+              "--temperature at least 0", file=sys.stderr)
+        return 2
+    result = sampled_probe(model_dir, cfg, split_json, args.questions, args.samples, k, args.temperature, args.seed)
+    report = {"model": str(model_dir), "split": args.split, "k": k, "samples": args.samples,
+              "temperature": args.temperature, "questions": len(result.calls),
+              "kappa": sum(result.calls.values()) / len(result.calls),
+              "format": sum(result.fmt.values()) / len(result.fmt)}
+    print(json.dumps(report, indent=1))
+    if args.out:
+        from paravt_core.atomic import atomic_write_text
+
+        atomic_write_text(Path(args.out), json.dumps({**report, "probe_calls": result.calls,
+                                                      "probe_format": result.fmt}, indent=1))
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
     from paravt_core.miniature import reproduce
@@ -269,6 +297,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="an overview budget K, repeatable (default: rl.gating.choices and eval.nframes)")
     p.add_argument("--out", default=None, help="also write the tables and per-question records as JSON here")
     p.set_defaults(func=_opening_probe)
+
+    p = commands.add_parser(
+        "sampled-probe",
+        help="κ (crop calls per episode) and format (fixed R_fmt) per held-out question, sampled at one K",
+        description="Samples episodes of each of the first N questions of a prepared evaluation split, asked as the "
+                    "agentic evaluation asks at one overview budget K, and prints the mean κ and format; --out "
+                    "keeps them per question (the maps the reproduction's κ and format verdicts compare).")
+    p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the prepared split")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    p.add_argument("--split", default="videomme", help="prepared evaluation split (the test split by default)")
+    p.add_argument("--questions", type=int, default=32, help="questions of the split, from its first")
+    p.add_argument("--samples", type=int, default=4, help="episodes per question")
+    p.add_argument("--frames", type=int, default=None, help="the overview budget K (default: the largest gating K)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (RL's is 0.7)")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--out", default=None, help="also write the per-question maps as JSON here")
+    p.set_defaults(func=_sampled_probe)
 
     p = commands.add_parser("visibility", help="the share of the generated world's videos whose events show on "
                                                "K overview frames, per K (what nFrames gating can act on)")

@@ -210,14 +210,14 @@ def probe_split(model_dir: Path, cfg: PipelineConfig, split_json: Path, frame_co
     from paravt_core.agent.hf_engine import HFEngine
     from paravt_core.eval.prepared import load_split_file
     from paravt_core.miniature.reproduce import wording_of
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import load_model, load_processor, model_speed_options
 
     openings = dict(OPENINGS if openings is None else openings)
     samples = load_split_file(split_json)[:rows]
     if not samples:
         raise ValueError(f"{split_json}: the split has no questions")
     processor = load_processor(model_dir)
-    model = load_model(model_dir, dtype="float32", device="cpu").eval()
+    model = load_model(model_dir, "float32", "cpu", **model_speed_options(cfg.model)).eval()  # as the evaluation
     engine = HFEngine(model, processor)
     tokenizer = processor.tokenizer
     records: list[OpeningRecord] = []

@@ -98,7 +98,7 @@ def test_summaries_are_per_k_and_wording_with_an_all_row_and_the_tables_show_the
 def test_the_probe_forces_the_openings_after_the_context_the_evaluation_decodes_from(tmp_path, tiny_model_dir):
     """The probe's greedy decoding and its teacher forcing read the same context: forcing the
     greedy tokens gives the engine's own log-probs, and the top first token is the greedy one."""
-    from conftest import write_test_video
+    from tests.conftest import write_test_video
 
     from paravt_core.config import load_config
     from paravt_core.miniature.opening_probe import probe_split

@@ -287,8 +287,12 @@ def test_verdicts_label_each_comparison_from_runs_and_questions_against_the_mini
     unprobed = [ModelRun("sft", None, 0.5, 0.2, 2.5, correct=_correct("1100" * 10)),
                 ModelRun("vanilla_grpo", 0, 0.5, 0.2, 0.1, correct=_correct("1100" * 10))]
     assert "κ falls: inconclusive (not measured: no held-out probe" in "\n".join(verdicts(unprobed))
-    # a finding whose rows were not all run is left out
+    # a finding whose rows were not all run is left out; "both together" compares the RL rows run
     assert not any("Both together" in line for line in verdicts(same))
+    two_rows = "\n".join(verdicts([sft, *_row("vanilla_grpo", 4, "1100" * 10, 0.1, 0.2, 0.01),
+                                    *_row("paragrpo", 4, "1110" * 10, 2.0, 0.8, 0.01)]))
+    assert "Both together win (PARA-GRPO above every other RL row on held-out accuracy): vs vanilla_grpo: " \
+        "reproduced" in two_rows and "vs gating_only" not in two_rows
 
 
 def test_budget_sweep_table_and_its_file(tmp_path):
