@@ -123,6 +123,26 @@ def two_frame_clip():
     return frames, meta
 
 
+def write_mcq_split(root: Path, questions: list[str]) -> Path:
+    """A prepared LVBench-format split of one test video per multiple-choice question (the
+    data stage's `split.json` layout); returns its split.json."""
+    import json
+
+    videos, folder = root / "videos", root / "lvbench"
+    videos.mkdir(parents=True)
+    folder.mkdir()
+    rows = []
+    for i, question in enumerate(questions):
+        write_test_video(videos / f"v{i}.mp4", seconds=12.0)
+        rows.append({"uid": f"u{i}", "key": f"v{i}", "type": "t", "answer": "A", "question_type": ["x"],
+                     "time_reference": "00:01-00:02", "question": f"{question}\n(A) one\n(B) two\n(C) three\n(D) four"})
+    (folder / "lvbench.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    split_json = folder / "split.json"
+    split_json.write_text(json.dumps({"split": "lvbench", "rows": str(folder / "lvbench.jsonl"),
+                                      "video_dir": str(videos), "subtitle_dir": None}))
+    return split_json
+
+
 def write_test_video(path: Path, seconds: float = 12.0, fps: float = 2.0, size: tuple[int, int] = (64, 96)) -> Path:
     """An mp4 whose frame i is a flat colour encoding i (red = 8 * i mod 256), decodable by PyAV/decord."""
     import av

@@ -25,6 +25,19 @@ def _probe_inputs(args: argparse.Namespace, command: str, example: str):
     return cfg, model_dir
 
 
+def _prepared_split(cfg, args: argparse.Namespace, command: str) -> Path | None:
+    """`<output_dir>/data/eval/<split>/split.json` (the data stage's `SPLIT_FILE`), or None after a
+    one-line message saying to run the data stage."""
+    from paravt_core.data.stage import SPLIT_FILE
+
+    split_json = cfg.run.output_dir / "data" / "eval" / args.split / SPLIT_FILE
+    if split_json.is_file():
+        return split_json
+    print(f"paravt miniature {command}: no prepared split {args.split!r} at {split_json}; run the data stage of "
+          f"{args.config} first (source: synth)", file=sys.stderr)
+    return None
+
+
 def _print_report(counts: dict[str, int], report) -> int:
     print(json.dumps({**counts, **report.as_metrics()}, indent=1))
     return 0
@@ -64,16 +77,13 @@ def _perception(args: argparse.Namespace) -> int:
     from paravt_core.miniature.perception import perception_report, window_truths, world_manifest
 
     cfg = load_config(args.config, args.set)
-    data = cfg.run.output_dir / "data"
-    split_json = data / "eval" / args.split / "split.json"
     try:
         manifest = world_manifest(cfg)
     except FileNotFoundError as exc:
         print(f"paravt miniature perception: {exc} ({args.config})", file=sys.stderr)
         return 2
-    if not split_json.is_file():
-        print(f"paravt miniature perception: no prepared split {args.split!r} under {data}; run the data stage of "
-              f"{args.config} first (source: synth)", file=sys.stderr)
+    split_json = _prepared_split(cfg, args, "perception")
+    if split_json is None:
         return 2
     videos = {Path(s.video_path).name: Path(s.video_path).parent for s in load_split_file(split_json)}
     video_dir = next(iter(videos.values()))
@@ -116,10 +126,8 @@ def _opening_probe(args: argparse.Namespace) -> int:
     from paravt_core.miniature.opening_probe import probe_split, render_tables, summarize
 
     cfg, model_dir = _probe_inputs(args, "opening-probe", "sft")
-    split_json = cfg.run.output_dir / "data" / "eval" / args.split / "split.json"
-    if not split_json.is_file():
-        print(f"paravt miniature opening-probe: no prepared split {args.split!r} at {split_json}; run the data stage "
-              f"of {args.config} first", file=sys.stderr)
+    split_json = _prepared_split(cfg, args, "opening-probe")
+    if split_json is None:
         return 2
     frame_counts = args.frames or sorted({*cfg.rl.gating.choices, cfg.eval.nframes})
     if args.rows < 1 or any(k < 1 for k in frame_counts):
@@ -143,10 +151,8 @@ def _sampled_probe(args: argparse.Namespace) -> int:
     from paravt_core.miniature.heldout_probe import sampled_probe
 
     cfg, model_dir = _probe_inputs(args, "sampled-probe", "sft")
-    split_json = cfg.run.output_dir / "data" / "eval" / args.split / "split.json"
-    if not split_json.is_file():
-        print(f"paravt miniature sampled-probe: no prepared split {args.split!r} at {split_json}; run the data stage "
-              f"of {args.config} first", file=sys.stderr)
+    split_json = _prepared_split(cfg, args, "sampled-probe")
+    if split_json is None:
         return 2
     k = args.frames or max(cfg.rl.gating.choices)
     if min(args.questions, args.samples, k) < 1 or args.temperature < 0:

@@ -155,21 +155,28 @@ def _token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id])
 
 
-def forced_logprobs(model, engine, request, ids: Sequence[int]) -> tuple[tuple[float, ...], Any]:
-    """Teacher-force `ids` after `request` (one unpadded row): the log-probability of each of
-    them in context, and the full next-token log-probabilities at the first of them [V]."""
+def forced_logprobs(model, engine, request, openings: Sequence[Sequence[int]]) -> tuple[list[tuple[float, ...]], Any]:
+    """Teacher-force each of `openings` after `request`, all in one left-padded forward (the
+    prompt's frames go through the vision tower once: `model.vision_dedupe`): the log-probability
+    of each forced token in context, per opening, and the next-token log-probabilities at the
+    first forced position [V] (the same context for every opening)."""
     import torch
 
     from paravt_core.agent.engine import GenerationRequest
     from paravt_core.agent.hf_engine import pad_requests
 
-    forced = GenerationRequest(list(request.prompt_ids) + list(ids), request.vision)
-    batch = pad_requests([forced], engine.pad_id, engine.image_token_id, engine.video_token_id)
+    rows = [GenerationRequest(list(request.prompt_ids) + list(ids), request.vision) for ids in openings]
+    batch = pad_requests(rows, engine.pad_id, engine.image_token_id, engine.video_token_id)
     with torch.no_grad():
-        logits = model(**batch.model_inputs(model.device)).logits[0].float()  # [L, V]
-    start = len(request.prompt_ids) - 1  # the logits that predict the first forced token
-    logp = torch.log_softmax(logits[start:start + len(ids)], dim=-1)  # [n, V]
-    return tuple(logp[torch.arange(len(ids)), torch.tensor(list(ids))].tolist()), logp[0]
+        logits = model(**batch.model_inputs(model.device)).logits.float()  # [B, L, V]
+    length = batch.input_ids.shape[1]
+    along, first = [], None
+    for row, ids in enumerate(openings):
+        start = length - len(ids) - 1  # left padding: the logits that predict the row's first forced token
+        logp = torch.log_softmax(logits[row, start:start + len(ids)], dim=-1)  # [n, V]
+        along.append(tuple(logp[torch.arange(len(ids)), torch.tensor(list(ids))].tolist()))
+        first = logp[0] if first is None else first
+    return along, first
 
 
 def evaluation_requests(processor, cfg: PipelineConfig, samples: Sequence, k: int, stack) -> tuple[list, object]:
@@ -229,13 +236,11 @@ def probe_split(model_dir: Path, cfg: PipelineConfig, split_json: Path, frame_co
             greedy = engine.generate(requests, SamplingParams(max_new_tokens=GREEDY_TOKENS, temperature=0.0,
                                                               stop_token_ids=(renderer.turn_end_id,)))
             for sample, request, generation in zip(samples, requests, greedy):
-                along, first = {}, None
-                for name, ids in opening_ids.items():
-                    along[name], next_token = forced_logprobs(model, engine, request, ids)
-                    if first is None:
-                        top = torch.topk(next_token.exp(), TOP_K)
-                        first = tuple((_token_text(tokenizer, int(i)), float(p))
-                                      for p, i in zip(top.values.tolist(), top.indices.tolist()))
+                forced, next_token = forced_logprobs(model, engine, request, list(opening_ids.values()))
+                along = dict(zip(opening_ids, forced))
+                top = torch.topk(next_token.exp(), TOP_K)
+                first = tuple((_token_text(tokenizer, int(i)), float(p))
+                              for p, i in zip(top.values.tolist(), top.indices.tolist()))
                 group = ("second" if wording_of(_question_line(sample.question)) else "first") + " wording"
                 records.append(OpeningRecord(sample.id, group, k, first, along,
                                              followed_opening(generation.token_ids, opening_ids),

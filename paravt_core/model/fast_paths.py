@@ -136,17 +136,17 @@ def apply_patch_embed(model, mode: str) -> int:
         raise ValueError(f"model.patch_embed={mode!r} is not one of {PATCH_EMBED}")
     if mode == "conv":
         return 0
+    from torch import nn
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionPatchEmbed
 
-    rebound = 0
-    for module in model.modules():
-        if isinstance(module, Qwen3VLVisionPatchEmbed):
-            conv = module.proj
-            if tuple(conv.kernel_size) != tuple(conv.stride) or any(conv.padding) or conv.groups != 1:
-                continue  # not a product per patch; keep the convolution
-            conv.forward = MethodType(_linear_patch_embed, conv)
-            rebound += 1
-    return rebound
+    from paravt_core.model.vision_attention import rebind_forward
+
+    def one_product_per_patch(conv) -> bool:  # else keep the convolution
+        return tuple(conv.kernel_size) == tuple(conv.stride) and not any(conv.padding) and conv.groups == 1
+
+    patch_convs = {id(m.proj) for m in model.modules() if isinstance(m, Qwen3VLVisionPatchEmbed)}
+    return rebind_forward(model, nn.Conv3d, _linear_patch_embed,
+                          lambda conv: id(conv) in patch_convs and one_product_per_patch(conv))
 
 
 # --- causal attention on each row's unpadded part ----------------------------------------
@@ -240,12 +240,10 @@ def apply_prefill_attention(model, mode: str) -> int:
         return 0
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextAttention
 
-    rebound = 0
-    for module in model.modules():
-        if isinstance(module, Qwen3VLTextAttention) and module.config._attn_implementation == "sdpa":
-            module.forward = MethodType(_causal_rows_text_forward, module)
-            rebound += 1
-    return rebound
+    from paravt_core.model.vision_attention import rebind_forward
+
+    return rebind_forward(model, Qwen3VLTextAttention, _causal_rows_text_forward,
+                          lambda module: module.config._attn_implementation == "sdpa")
 
 
 def apply_fast_paths(model: Any, vision_dedupe: str = "no_grad", patch_embed: str = "conv",

@@ -82,9 +82,17 @@ def apply_vision_attention(model, mode: str) -> int:
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionAttention
     from transformers.utils.generic import is_flash_attention_requested
 
+    return rebind_forward(model, Qwen3VLVisionAttention, _batched_forward,
+                          lambda module: not is_flash_attention_requested(module.config))
+
+
+def rebind_forward(model, module_type: type, forward, applies=lambda module: True) -> int:
+    """Bind `forward` as the own `forward` of every `module_type` module of `model` that `applies`
+    to; returns how many. The module's forward is rebound, not bypassed: calling the module (what
+    ZeRO-3's hooks gather the partitioned weights on) still runs it."""
     rebound = 0
     for module in model.modules():
-        if isinstance(module, Qwen3VLVisionAttention) and not is_flash_attention_requested(module.config):
-            module.forward = MethodType(_batched_forward, module)
+        if isinstance(module, module_type) and applies(module):
+            module.forward = MethodType(forward, module)
             rebound += 1
     return rebound

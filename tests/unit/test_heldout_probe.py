@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -46,7 +45,7 @@ class _Scripted:
 
 @pytest.mark.integration
 def test_the_probe_counts_each_questions_calls_and_scores_its_format_over_its_samples(tmp_path, tiny_model_dir):
-    from tests.conftest import write_test_video
+    from tests.conftest import write_mcq_split
 
     from paravt_core.agent.hf_engine import HFEngine
     from paravt_core.config import load_config
@@ -56,24 +55,14 @@ def test_the_probe_counts_each_questions_calls_and_scores_its_format_over_its_sa
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.rewards import format_reward
 
-    videos, folder = tmp_path / "videos", tmp_path / "lvbench"
-    videos.mkdir()
-    folder.mkdir()
-    rows = []
-    for i, question in enumerate(["Which colour is first?", "Which shape is last?"]):
-        write_test_video(videos / f"v{i}.mp4", seconds=12.0)
-        rows.append({"uid": f"u{i}", "key": f"v{i}", "type": "t", "answer": "A", "question_type": ["x"],
-                     "time_reference": "00:01-00:02", "question": f"{question}\n(A) one\n(B) two\n(C) three\n(D) four"})
-    (folder / "lvbench.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (folder / "split.json").write_text(json.dumps({"split": "lvbench", "rows": str(folder / "lvbench.jsonl"),
-                                                   "video_dir": str(videos), "subtitle_dir": None}))
+    split_json = write_mcq_split(tmp_path, ["Which colour is first?", "Which shape is last?"])
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["eval.max_new_tokens=12", "rl.rollout.subagent_max_new_tokens=6"])
     answered = "The overview answers this.\n</think>\n<answer>A</answer>"
     crops = "Two windows need a closer look.\n</think>\n" + "\n".join(tool_call_block("v1.mp4", w) for w in ((0.0, 4.0), (4.0, 8.0)))
     processor = load_processor(tiny_model_dir)
     engine = _Scripted(HFEngine(load_model(tiny_model_dir, "float32", "cpu").eval(), processor), processor.tokenizer,
                        {"Which colour is first?": answered, "Which shape is last?": crops})
-    questions = load_split_file(folder / "split.json")
+    questions = load_split_file(split_json)
 
     result = probe_episodes(engine, processor, cfg, questions, samples=2, k=2, seed=0)
     first, second = (q.id for q in questions)

@@ -3,7 +3,6 @@ summaries are pure, and its teacher-forced context is the one the evaluation dec
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from pathlib import Path
@@ -98,24 +97,12 @@ def test_summaries_are_per_k_and_wording_with_an_all_row_and_the_tables_show_the
 def test_the_probe_forces_the_openings_after_the_context_the_evaluation_decodes_from(tmp_path, tiny_model_dir):
     """The probe's greedy decoding and its teacher forcing read the same context: forcing the
     greedy tokens gives the engine's own log-probs, and the top first token is the greedy one."""
-    from tests.conftest import write_test_video
+    from tests.conftest import write_mcq_split
 
     from paravt_core.config import load_config
     from paravt_core.miniature.opening_probe import probe_split
 
-    videos, folder = tmp_path / "videos", tmp_path / "lvbench"
-    videos.mkdir()
-    folder.mkdir()
-    questions = ["What year is shown?", "What is the colour of the star in this video?"]
-    rows = []
-    for i, question in enumerate(questions):
-        write_test_video(videos / f"v{i}.mp4", seconds=12.0)
-        rows.append({"uid": f"u{i}", "key": f"v{i}", "type": "t", "answer": "A", "question_type": ["x"],
-                     "time_reference": "00:01-00:02", "question": f"{question}\n(A) one\n(B) two\n(C) three\n(D) four"})
-    (folder / "lvbench.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    split_json = folder / "split.json"
-    split_json.write_text(json.dumps({"split": "lvbench", "rows": str(folder / "lvbench.jsonl"),
-                                      "video_dir": str(videos), "subtitle_dir": None}))
+    split_json = write_mcq_split(tmp_path, ["What year is shown?", "What is the colour of the star in this video?"])
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml")
 
     first = probe_split(tiny_model_dir, cfg, split_json, [2], rows=2, log_line=lambda _: None)
@@ -166,6 +153,10 @@ def test_the_probe_forces_the_openings_after_the_context_the_evaluation_decodes_
     again = probe_split(tiny_model_dir, cfg, split_json, [2], rows=1, openings={"greedy": text},
                         log_line=lambda _: None)
     assert again[0].greedy == "greedy"
+    # the openings are forced side by side in one left-padded forward: each gives what it gives alone
+    alone = probe_split(tiny_model_dir, cfg, split_json, [2], rows=1, log_line=lambda _: None,
+                        openings={"crop: depends": OPENINGS["crop: depends"]})
+    assert alone[0].along["crop: depends"] == pytest.approx(first[0].along["crop: depends"], abs=1e-4)
     forced = again[0].along["greedy"]
     assert forced == pytest.approx(first[0].greedy_logprobs[:len(forced)], abs=1e-4)
     assert math.exp(forced[0]) == pytest.approx(again[0].first_tokens[0][1], rel=1e-5)
