@@ -1,8 +1,9 @@
 """The miniature reproduction of #15 as one flow (deployment `paravt/reproduce`).
 
     data -> base (+ perception pretraining) -> SFT -> eval (subagent, direct)
+           and the held-out sampled probe (κ, format per question at one K, `reproduce.probe`)
          -> the SFT model at each gating budget K on the validation split (subagent, direct)
-         -> for each RL row x seed: PARA-GRPO variant -> eval (subagent, direct)
+         -> for each RL row x seed: PARA-GRPO variant -> eval (subagent, direct), probe
             (`run.fanout.max_concurrent` rows at a time, flows/fanout.py)
          -> Table 2 in miniature + per-step figure (outputs and MLflow)
 
@@ -33,6 +34,7 @@ from paravt_core.data.stage import DataBundle
 from paravt_core.miniature.reproduce import BudgetPoint, ModelRun, group_breakdown, held_out_groups, read_steps
 from paravt_core.miniature.visibility import manifest_video_sets, visible_share
 from paravt_core.run_lock import hold_output_dir
+from tasks.miniature import sampled_probe
 from tasks.model import base_stage
 from tasks.registry import reproduce_report
 from tasks.rl import rl
@@ -50,7 +52,12 @@ class ReproduceParams(PipelineParams):
         for row in self.load().reproduce.rows:
             if not row_file(self.config_path, row).is_file():
                 raise ValueError(f"reproduce.rows names {row!r} but {row_file(self.config_path, row)} does not exist")
-        check_fanout_fits(self.load().run.fanout)
+        cfg = self.load()
+        check_fanout_fits(cfg.run.fanout)
+        if cfg.reproduce.probe.enabled and cfg.reproduce.probe.split not in cfg.eval.splits:
+            raise ValueError(f"reproduce.probe.split is {cfg.reproduce.probe.split!r} but eval.splits "
+                             f"{list(cfg.eval.splits)} does not prepare it; add it there or set "
+                             "reproduce.probe.enabled=false")
         return self
 
 
@@ -64,7 +71,9 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
     """The held-out evaluation of one model in subagent tool mode and in direct mode on the test
     split and, where the config draws one, in subagent mode on the validation split (the SFT
     model also in direct mode there: the RL rows' direct validation figure chooses nothing, and
-    its evaluation is time the default run does not have, #35)."""
+    its evaluation is time the default run does not have, #35). Then, where `reproduce.probe`
+    is enabled, the held-out sampled probe (`tasks.miniature`): κ and format per question, what
+    the κ and format verdicts compare (#46 item 4)."""
     validation = VALIDATION_SPLIT in cfg.eval.splits
     splits = (HELD_OUT_SPLIT, VALIDATION_SPLIT) if validation else (HELD_OUT_SPLIT,)
     direct_splits = splits if row == "sft" else (HELD_OUT_SPLIT,)
@@ -76,6 +85,7 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
     direct = eval_stage(direct_cfg, model, eval_data, f"{label}-direct")
     summary = tools.summaries[HELD_OUT_SPLIT]
     records = list(ResultsLog(tools.results_dir / f"{HELD_OUT_SPLIT}.jsonl").load().values())
+    probe = sampled_probe(tools_cfg, model, eval_data, label) if cfg.reproduce.probe.enabled else None
     return ModelRun(row=row, seed=seed, accuracy=tools.primary(HELD_OUT_SPLIT),
                     accuracy_direct=direct.primary(HELD_OUT_SPLIT),
                     eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),
@@ -85,7 +95,8 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
                     accuracy_val=tools.primary(VALIDATION_SPLIT) if validation else None,
                     accuracy_direct_val=direct.primary(VALIDATION_SPLIT) if VALIDATION_SPLIT in direct_splits else None,
                     correct={str(r["id"]): bool(r["correct"]) for r in records},
-                    gating_draw_key=cfg.rl.gating.draw_key if row != "sft" else None)
+                    gating_draw_key=cfg.rl.gating.draw_key if row != "sft" else None,
+                    probe_calls=probe.calls if probe else {}, probe_format=probe.fmt if probe else {})
 
 
 def budget_sweep(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef) -> list[BudgetPoint]:

@@ -640,12 +640,31 @@ class EvalConfig(_Section):
         return self
 
 
+class ProbeConfig(_Section):
+    """The held-out sampled probe that the reproduction's κ and format verdicts compare (#46
+    item 4, `miniature/heldout_probe.py`): the first `questions` questions of `split`, each put
+    to every model (the SFT model, before RL, and each RL run, after) `samples` times at ONE
+    overview budget K (`frames`; None: the largest `rl.gating.choices`, where the paper's
+    collapse shows), sampled at `temperature` with the sampler seeded by `seed`. The same
+    questions, K, seed and temperature for every model, so rows compare question by question."""
+
+    enabled: bool = True
+    split: Literal["videomme", "videomme_val"] = "videomme"
+    questions: int = Field(32, ge=1)
+    samples: int = Field(4, ge=1)
+    frames: int | None = Field(None, ge=1)
+    temperature: float = Field(0.7, gt=0)
+    seed: int = 0
+
+
 class ReproduceConfig(_Section):
     """The miniature reproduction (`paravt reproduce`, #15): which RL rows of SPEC §6
-    (`conf/rl/<row>.yaml`), each trained from the one SFT model once per seed (`run.seed`)."""
+    (`conf/rl/<row>.yaml`), each trained from the one SFT model once per seed (`run.seed`),
+    and the held-out probe every model gets (`probe`)."""
 
     rows: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")], ...] = ("vanilla_grpo", "paragrpo")
     seeds: tuple[int, ...] = (0, 1, 2)
+    probe: ProbeConfig = ProbeConfig()
 
     @model_validator(mode="after")
     def _distinct(self) -> ReproduceConfig:
@@ -677,6 +696,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     *(("rl.rollout.vllm", knob) for knob in VLLM_PLACEMENT_KNOBS), ("eval", "hf_batch_tokens"),
     ("eval", "server"), ("eval", "gpus"), ("eval", "server_startup_timeout_s"),
     ("sft", "pin_memory"), ("sft", "host_pixel_dtype"), ("sft", "compile_text_layers"),
+    ("reproduce", "probe"),
 )
 
 

@@ -82,3 +82,38 @@ def sampled_probe(model_dir: Path, cfg: PipelineConfig, split_json: Path, questi
     engine = HFEngine(load_model(model_dir, "float32", "cpu", **model_speed_options(cfg.model)).eval(), processor,
                       max_batch_tokens=cfg.eval.hf_batch_tokens)
     return probe_episodes(engine, processor, cfg, chosen, samples, k, temperature, seed)
+
+
+def probe_frames(cfg: PipelineConfig) -> int:
+    """The probe's overview budget K: `reproduce.probe.frames`, else the largest K nFrames gating
+    draws (where the paper's collapse shows: the overview answers most without a tool)."""
+    return cfg.reproduce.probe.frames or max(cfg.rl.gating.choices)
+
+
+def probe_to_file(model_dir: Path, cfg: PipelineConfig, split_json: Path, out: Path,
+                  fingerprint: str) -> ProbeResult:
+    """`sampled_probe` with `cfg.reproduce.probe`'s settings, kept in `out` (JSON, written
+    atomically) under `fingerprint` (what the result depends on: the model's content, the
+    split's, the settings): a file holding the same fingerprint is read back instead of
+    sampling again, so a reproduction resumed without its task cache does not repeat probes."""
+    import json
+
+    from paravt_core.atomic import atomic_write_text
+
+    if out.is_file():
+        try:
+            kept = json.loads(out.read_text())
+        except (OSError, ValueError):
+            kept = {}
+        if kept.get("fingerprint") == fingerprint:
+            return ProbeResult(dict(kept["probe_calls"]), dict(kept["probe_format"]))
+    probe = cfg.reproduce.probe
+    k = probe_frames(cfg)
+    result = sampled_probe(model_dir, cfg, split_json, probe.questions, probe.samples, k, probe.temperature,
+                           probe.seed)
+    atomic_write_text(out, json.dumps({
+        "fingerprint": fingerprint, "model": str(model_dir), "split": probe.split, "k": k,
+        "samples": probe.samples, "temperature": probe.temperature, "seed": probe.seed,
+        "kappa": statistics.fmean(result.calls.values()), "format": statistics.fmean(result.fmt.values()),
+        "probe_calls": result.calls, "probe_format": result.fmt}, indent=1))
+    return result

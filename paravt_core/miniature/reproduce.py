@@ -261,8 +261,9 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
     sft_accuracy = sft[0].accuracy if sft else None
     head = ("| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) | "
             "gain over SFT (points) | held-out κ | training fτ_fixed | training κ | training fτ_fixed, transcript | "
-            "held-out answers in format (%) | gain over SFT, runs and questions resampled (points) |")
-    lines = [head, "|" + "---|" * 12]
+            "held-out answers in format (%) | gain over SFT, runs and questions resampled (points) | "
+            "probe κ, sampled | probe format, sampled |")
+    lines = [head, "|" + "---|" * 14]
     for row in rows_in_order(runs):
         mine = _by_row(runs, row)
         if row == "sft":
@@ -287,6 +288,8 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
             _cell(f_tau_t, 1, 2),
             _cell(interval95([r.answer_tag_rate for r in mine if r.answer_tag_rate is not None]), 100),
             _bootstrap_cell(None if row == "sft" else accuracy_gain(mine, sft)),
+            _cell(interval95([fmean(r.probe_calls.values()) for r in mine if r.probe_calls]), 1, 2),
+            _cell(interval95([fmean(r.probe_format.values()) for r in mine if r.probe_format]), 1, 2),
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -170,6 +170,7 @@ def reproduce_overrides(out: Path) -> list[str]:
         "rl.prompts_per_step=1", "rl.group_size=2", "rl.checkpoint_every=2", "rl.rollout.max_new_tokens=8",
         "rl.rollout.subagent_max_new_tokens=4", "eval.max_new_tokens=8", "eval.max_samples_per_split=2",
         "reproduce.seeds=[0]", "reproduce.rows=[vanilla_grpo, paragrpo]",
+        "reproduce.probe.questions=2", "reproduce.probe.samples=2",
     ]
 
 
@@ -252,6 +253,15 @@ def test_reproduce_flow_reports_rows_over_seeds_resumes_finished_rows_and_fans_r
     assert [p["k"] for p in budget] == [2, 3, 4, 6] and all(0.0 <= p["visible"] <= 1.0 for p in budget)
     assert "## Before RL: the SFT model at each overview budget K" in text
     assert "Both together win" in text and "PARA-GRPO improves on its SFT model" in text
+    # The held-out sampled probe: every model on the same questions (the split's first, here its only one), κ and
+    # format per question, what the κ verdict compares (it no longer says "not measured"); the finished models'
+    # probes come from the cache.
+    assert all(m["probe_calls"] and m["probe_calls"].keys() == measured[0]["correct"].keys()
+               and m["probe_format"].keys() == m["probe_calls"].keys() for m in measured)
+    assert all(0.0 <= v <= 1.0 for m in measured for v in m["probe_format"].values())
+    assert len(list((tmp_path / "probe").glob("*.json"))) >= len(measured)
+    assert sorted(r.state.name for r in runs["sampled-probe"]).count("Cached") >= 2
+    assert "GRPO after SFT collapses κ" in text and "no held-out probe" not in text
     assert (report.parent / "steps.png").stat().st_size > 1000
 
 

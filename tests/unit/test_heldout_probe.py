@@ -79,3 +79,49 @@ def test_the_command_names_the_split_to_prepare_when_it_is_missing(tmp_path, tin
     assert code == 2
     err = capsys.readouterr().err
     assert "no prepared split 'videomme'" in err and "run the data stage" in err
+
+
+def test_probe_file_is_read_back_under_its_fingerprint_and_sampled_again_otherwise(tmp_path, monkeypatch):
+    """What `tasks.miniature.sampled_probe` keeps: a resumed reproduction whose task cache is
+    gone reads a finished probe back, but never one of another model or other settings."""
+    import json
+
+    from paravt_core.config import load_config
+    from paravt_core.miniature import heldout_probe
+    from paravt_core.miniature.heldout_probe import ProbeResult, probe_frames, probe_to_file
+
+    cfg = load_config(str(REPO / "conf/pipeline/reproduce.yaml"), ["reproduce.probe.questions=2",
+                                                                   "reproduce.probe.samples=3"])
+    calls = []
+
+    def fake_sampled_probe(model_dir, cfg, split_json, questions, samples, k, temperature, seed):
+        calls.append((questions, samples, k, temperature, seed))
+        return ProbeResult({"q0": float(len(calls)), "q1": 0.0}, {"q0": 1.0, "q1": 0.5})
+
+    monkeypatch.setattr(heldout_probe, "sampled_probe", fake_sampled_probe)
+    out = tmp_path / "probe" / "sft-abc.json"
+    first = probe_to_file(tmp_path / "model", cfg, tmp_path / "split.json", out, "fp-1")
+    assert calls == [(2, 3, probe_frames(cfg), 0.7, 0)] and probe_frames(cfg) == max(cfg.rl.gating.choices)
+    kept = json.loads(out.read_text())
+    assert kept["kappa"] == 0.5 and kept["format"] == 0.75 and kept["fingerprint"] == "fp-1"
+    assert probe_to_file(tmp_path / "model", cfg, tmp_path / "split.json", out, "fp-1") == first
+    assert len(calls) == 1  # read back
+    second = probe_to_file(tmp_path / "model", cfg, tmp_path / "split.json", out, "fp-2")
+    assert len(calls) == 2 and second.calls["q0"] == 2.0  # another fingerprint: sampled again
+    out.write_text("{not json")
+    probe_to_file(tmp_path / "model", cfg, tmp_path / "split.json", out, "fp-2")
+    assert len(calls) == 3  # a damaged file is sampled again, not trusted
+
+
+def test_the_reproduction_refuses_a_probe_split_it_does_not_prepare(tmp_path):
+    from pydantic import ValidationError
+
+    from flows.reproduce import ReproduceParams
+
+    with pytest.raises(ValidationError, match="reproduce.probe.split is 'videomme_val'"):
+        ReproduceParams(config_path=str(REPO / "conf/pipeline/reproduce.yaml"),
+                        overrides=[f"run.output_dir={tmp_path}", "eval.splits=[videomme]",
+                                   "reproduce.probe.split=videomme_val"])
+    ReproduceParams(config_path=str(REPO / "conf/pipeline/reproduce.yaml"),
+                    overrides=[f"run.output_dir={tmp_path}", "eval.splits=[videomme]",
+                               "reproduce.probe.split=videomme_val", "reproduce.probe.enabled=false"])

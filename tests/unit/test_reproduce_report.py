@@ -65,7 +65,19 @@ def test_table_has_one_line_per_row_with_gains_and_last_step_means():
     assert sft[5] == "–"  # no gain of SFT over itself
     assert sft[8].startswith("2.45")  # SFT training κ = paragrpo's first steps (2.5, 2.4)
     # runs from before the transcript-scope fτ (and the answer format) were logged leave those columns empty
-    assert all(line.split(" | ")[9] == "–" and line.split(" | ")[10] == "–" and line.split(" | ")[11] == "– |" for line in lines)
+    assert all(line.split(" | ")[9] == "–" and line.split(" | ")[10] == "–" and line.split(" | ")[11] == "–" for line in lines)
+    # and runs without the held-out probe leave its two columns empty
+    assert all(line.split(" | ")[12] == "–" and line.split(" | ")[13] == "– |" for line in lines)
+
+
+def test_table_shows_the_sampled_probe_per_row_as_a_mean_over_runs():
+    runs = [ModelRun("sft", None, 0.5, 0.2, 2.8, probe_calls={"a": 2.0, "b": 3.0}, probe_format={"a": 1.0, "b": 0.5}),
+            ModelRun("vanilla_grpo", 0, 0.5, 0.2, 0.1, probe_calls={"a": 0.0, "b": 1.0}, probe_format={"a": 0.0, "b": 0.0}),
+            ModelRun("vanilla_grpo", 1, 0.5, 0.2, 0.1, probe_calls={"a": 1.0, "b": 1.0}, probe_format={"a": 0.5, "b": 0.5})]
+    lines = [line for line in table_markdown(runs).splitlines() if line.startswith("| ") and not line.startswith("| row")]
+    assert lines[0].split(" | ")[12] == "2.50" and lines[0].split(" | ")[13] == "0.75 |"
+    assert lines[1].split(" | ")[12].startswith("0.75 ± ")  # runs' means 0.5 and 1.0
+    assert lines[1].split(" | ")[13].startswith("0.25 ± ")  # runs' means 0.0 and 0.5
 
 
 def test_table_shows_the_held_out_answer_format_where_measured():

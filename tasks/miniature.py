@@ -1,0 +1,56 @@
+"""Prefect task around the miniature's held-out sampled probe (`miniature/heldout_probe.py`).
+
+`sampled_probe` samples every model of the reproduction on the same held-out questions at one
+overview budget K (`reproduce.probe`) and returns its per-question κ and format, the maps the
+κ and format verdicts compare (#46 item 4). It is cached by what the result depends on: the
+model's content hash, the probed split's prepared folder, the probe settings, the K, and the
+sections that shape an episode (eval prompts and turns, video bounds, rollout lengths, the
+model's speed options); the result is kept as JSON under `<output_dir>/probe/`, read back when
+its fingerprint matches, and a deleted file re-runs the task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.context import TaskRunContext
+
+from paravt_core.config import PipelineConfig
+from paravt_core.data.stage import SPLIT_FILE
+from paravt_core.eval.stage import split_data_hash, split_folder
+from paravt_core.miniature.heldout_probe import ProbeResult, probe_frames, probe_to_file
+from paravt_core.refs import ArtifactRef
+from tasks._cache import stage_key
+
+
+def _fingerprint(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef) -> str:
+    probe = cfg.reproduce.probe
+    return stage_key("sampled-probe", model.sha256, split_data_hash(eval_data, probe.split),
+                     probe.model_dump_json(), probe_frames(cfg), cfg.section_hash("eval", "video", "model"),
+                     cfg.rl.rollout.model_dump_json())
+
+
+def probe_file(cfg: PipelineConfig, model: ArtifactRef, label: str):
+    return cfg.run.output_dir / "probe" / f"{label}-{model.sha256[:12]}.json"
+
+
+def _probe_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    cfg: PipelineConfig = parameters["cfg"]
+    model: ArtifactRef = parameters["model"]
+    return stage_key("sampled-probe-task", _fingerprint(cfg, model, parameters["eval_data"]),
+                     output=probe_file(cfg, model, parameters["label"]))
+
+
+@task(name="sampled-probe", cache_key_fn=_probe_key, persist_result=True, retries=1, retry_delay_seconds=5)
+def sampled_probe(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, label: str) -> ProbeResult:
+    """κ and format per held-out question of one model (`reproduce.probe`)."""
+    probe = cfg.reproduce.probe
+    out = probe_file(cfg, model, label)
+    result = probe_to_file(model.path, cfg, split_folder(eval_data, probe.split) / SPLIT_FILE, out,
+                           _fingerprint(cfg, model, eval_data))
+    n = len(result.calls)
+    get_run_logger().info("%s probe (%s, K=%d, %d questions x %d samples at τ=%.1f): κ %.2f, format %.2f -> %s",
+                          label, probe.split, probe_frames(cfg), n, probe.samples, probe.temperature,
+                          sum(result.calls.values()) / n, sum(result.fmt.values()) / n, out)
+    return result
