@@ -270,6 +270,11 @@ class SFTConfig(_Section):
     """Cold-start SFT (SPEC §1: lr 2e-5 cosine, warmup 5%, bf16, 64 frames at 1 fps)."""
 
     max_steps: int = Field(1500, ge=1)
+    # The seed of cold-start SFT alone (its data order, its initial RNG state) in place of
+    # `run.seed`, which also seeds what SFT starts from (the miniature's pretraining, the replay
+    # rows): several SFT seeds from one base without training the base again (#46 item 1).
+    # None: `run.seed`. `sft.stage.seeded` applies it.
+    seed: int | None = None
     learning_rate: float = Field(2e-5, gt=0)
     lr_schedule: Literal["cosine", "constant"] = "cosine"
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
@@ -696,7 +701,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     *(("rl.rollout.vllm", knob) for knob in VLLM_PLACEMENT_KNOBS), ("eval", "hf_batch_tokens"),
     ("eval", "server"), ("eval", "gpus"), ("eval", "server_startup_timeout_s"),
     ("sft", "pin_memory"), ("sft", "host_pixel_dtype"), ("sft", "compile_text_layers"),
-    ("reproduce", "probe"),
+    ("reproduce", "probe"), ("sft", "seed"),
 )
 
 

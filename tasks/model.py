@@ -41,9 +41,11 @@ def pretrain(cfg: PipelineConfig, base: ArtifactRef) -> ArtifactRef:
     from prefect import get_run_logger
 
     from paravt_core.miniature import pretrain as pretrain_stage
+    from paravt_core.sft.stage import unseeded
 
     log = get_run_logger()
-    return pretrain_stage.run(cfg, base, log_line=lambda line: log.info(line))
+    # sft.seed seeds cold-start SFT only: every SFT seed starts from this one pretraining.
+    return pretrain_stage.run(unseeded(cfg), base, log_line=lambda line: log.info(line))
 
 
 def base_stage(cfg: PipelineConfig) -> ArtifactRef:

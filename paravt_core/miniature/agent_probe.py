@@ -60,7 +60,8 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
     video_file = video_dir / f"{spec.video_id}.mp4"
     video_file.write_bytes(encode_mp4(spec, synth.codec))
     trace = tool_trace(rng, spec, question, video_file.name, synth.max_calls_per_trace, synth.max_crop_s,
-                       cover=synth.teacher_windows == "cover", final_reasoning=synth.final_reasoning)
+                       cover=synth.teacher_windows == "cover", final_reasoning=synth.final_reasoning,
+                       crop_opening=synth.crop_opening)
     return sft_messages(trace, TrainVideo(spec=spec, sentinel=str(video_file)), synth.prompts)
 
 

@@ -8,7 +8,7 @@ evaluation does (`eval.prompting.episode_prompt`, the overview at K frames as ti
 images, the generation prompt ending in the think prefix: `agent.rollout.prepare_prompt`), then
 
 - reads the next-token distribution at the first position after `<think>\\n` (top 5);
-- teacher-forces each opening the cold-start teacher writes (`OPENINGS`, prefixes of the
+- teacher-forces each opening the cold-start teacher writes (`teacher_openings`, prefixes of the
   first think of `data.synth.traces`: two that go on to crop, two that do not) after the
   prompt, and keeps the log-probability of every token along it. The probability of a whole
   opening, relative to the others, is what the model prefers at the branch: `crop_share` is
@@ -36,13 +36,31 @@ from paravt_core.config import PipelineConfig
 
 # Prefixes of the teacher's first thinks (data/synth/traces.py; tests/unit/test_opening_probe.py
 # holds them to the traces): each up to where the teacher's text would start to vary by row.
-OPENINGS = {
-    "crop: depends": "The answer depends on a short event, which can fall between the overview frames. I will crop",
-    "crop: easy to miss": "Short events are easy to miss in the overview frames, so let me crop",
+# The crop openings by `data.synth.crop_opening` (`traces.CROP_OPENING_TEXTS`).
+NO_CROP_OPENINGS = {
     "no crop: enough": "The overview frames should be enough to answer this. No crop is needed.",
     "no crop: background": "The question is about the background, which every overview frame shows",
 }
-CROP_OPENINGS = ("crop: depends", "crop: easy to miss")
+CROP_OPENINGS_BY_STYLE = {
+    "shared": {"crop: depends": "The answer depends on a short event, which can fall between the overview frames. "
+                                "I will crop",
+               "crop: easy to miss": "Short events are easy to miss in the overview frames, so let me crop"},
+    "own_token": {"crop: can fall": "Short events can fall between the overview frames. I will crop",
+                  "crop: easy to miss": "Short events are easy to miss in the overview frames, so let me crop"},
+}
+
+
+def teacher_openings(crop_opening: str = "shared") -> dict[str, str]:
+    """The four openings of the teacher whose tool traces open as `crop_opening` says."""
+    return {**CROP_OPENINGS_BY_STYLE[crop_opening], **NO_CROP_OPENINGS}
+
+
+def is_crop(name: str) -> bool:
+    return name.startswith("crop:")
+
+
+OPENINGS = teacher_openings("shared")
+CROP_OPENINGS = tuple(name for name in OPENINGS if is_crop(name))
 OTHER = "other"
 GREEDY_TOKENS = 24
 MIN_FOLLOWED = 3  # tokens of common prefix for a greedy continuation to count as following an opening
@@ -99,7 +117,7 @@ def crop_share(record: OpeningRecord) -> tuple[float, float]:
     logps = {name: record.opening_logprob(name) for name in record.along}
     top = max(logps.values())
     weights = {name: math.exp(lp - top) for name, lp in logps.items()}  # stable at any length
-    share = sum(weights[name] for name in CROP_OPENINGS if name in weights) / sum(weights.values())
+    share = sum(w for name, w in weights.items() if is_crop(name)) / sum(weights.values())
     return share, sum(math.exp(lp) for lp in logps.values())
 
 
@@ -207,7 +225,7 @@ def evaluation_requests(processor, cfg: PipelineConfig, samples: Sequence, k: in
 def probe_split(model_dir: Path, cfg: PipelineConfig, split_json: Path, frame_counts: Sequence[int],
                 rows: int, openings: dict[str, str] | None = None, log_line=print) -> list[OpeningRecord]:
     """Probe the first `rows` questions of the prepared split `split_json` at each K (module
-    docstring); `openings` defaults to the teacher's (`OPENINGS`)."""
+    docstring); `openings` defaults to the config's teacher's (`teacher_openings`)."""
     import time
     from contextlib import ExitStack
 
@@ -219,7 +237,7 @@ def probe_split(model_dir: Path, cfg: PipelineConfig, split_json: Path, frame_co
     from paravt_core.miniature.reproduce import wording_of
     from paravt_core.model.loading import load_model, load_processor, model_speed_options
 
-    openings = dict(OPENINGS if openings is None else openings)
+    openings = dict(teacher_openings(cfg.data.synth.crop_opening) if openings is None else openings)
     samples = load_split_file(split_json)[:rows]
     if not samples:
         raise ValueError(f"{split_json}: the split has no questions")

@@ -47,6 +47,22 @@ def run_dir(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, stage
     return cfg.run.output_dir / stage / key
 
 
+def seeded(cfg: PipelineConfig) -> PipelineConfig:
+    """`cfg` as the SFT workers see it: `run.seed` replaced by `sft.seed` where that is set."""
+    if cfg.sft.seed is None:
+        return cfg
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"seed": cfg.sft.seed})})
+
+
+def unseeded(cfg: PipelineConfig) -> PipelineConfig:
+    """`cfg` without `sft.seed`: what a stage that trains the base SFT starts from (the
+    miniature's pretraining, which takes its optimisation settings from the `sft` section) runs
+    on, so that SFT seeds share one base."""
+    if cfg.sft.seed is None:
+        return cfg
+    return cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"seed": None})})
+
+
 def sft_shards(sft_data: ArtifactRef) -> list[Path]:
     files = sorted(Path(sft_data.path).glob("*.parquet"))
     if not files:
@@ -66,7 +82,7 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
         if extra is not None:
             files.append(extra.write(out.resolve() / extra.file_name, log_line))
         return SFTJob(
-            config=cfg,
+            config=seeded(cfg),
             base_model=base.path,
             base_model_sha256=base.sha256,
             data_files=files,

@@ -17,8 +17,10 @@ from paravt_core.miniature.opening_probe import (
     OpeningRecord,
     crop_share,
     followed_opening,
+    is_crop,
     render_tables,
     summarize,
+    teacher_openings,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,26 +31,37 @@ def _first_think(text: str) -> str:
     return text.removeprefix("<think>\n")
 
 
-def test_every_opening_is_how_a_teacher_trace_of_its_kind_begins():
+@pytest.mark.parametrize("style", ["shared", "own_token"])
+def test_every_opening_is_how_a_teacher_trace_of_its_kind_begins(style):
     from paravt_core.config import load_config
     from paravt_core.data.synth.questions import background_question, event_question
-    from paravt_core.data.synth.traces import no_tool_trace, tool_trace, unlooked_trace
+    from paravt_core.data.synth.traces import direct_trace, no_tool_trace, tool_trace, unlooked_trace
     from paravt_core.data.synth.world import sample_video, youtube_like_id
 
-    synth = load_config(REPO / "conf/pipeline/reproduce.yaml").data.synth
+    synth = load_config(REPO / "conf/pipeline/reproduce.yaml", [f"data.synth.crop_opening={style}"]).data.synth
+    openings = teacher_openings(style)
+    crop_names = [name for name in openings if is_crop(name)]
     seen = set()
     for seed in range(40):
         rng = random.Random(seed)
         spec = sample_video(rng, synth, youtube_like_id(rng))
         question = event_question(rng, spec, 0, "mcq")
-        trace = tool_trace(rng, spec, question, "v.mp4", synth.max_calls_per_trace, synth.max_crop_s)
-        crop = [name for name in CROP_OPENINGS if _first_think(trace.first_turn).startswith(OPENINGS[name])]
+        trace = tool_trace(rng, spec, question, "v.mp4", synth.max_calls_per_trace, synth.max_crop_s,
+                           crop_opening=synth.crop_opening)
+        crop = [name for name in crop_names if _first_think(trace.first_turn).startswith(openings[name])]
         assert len(crop) == 1, trace.first_turn[:120]
         seen.add(crop[0])
-        assert _first_think(unlooked_trace(spec, question).final_turn).startswith(OPENINGS["no crop: enough"])
+        unlooked = _first_think(unlooked_trace(spec, question).final_turn)
+        assert unlooked.startswith(openings["no crop: enough"])
         background = background_question(rng, spec, "mcq")
-        assert _first_think(no_tool_trace(spec, background).final_turn).startswith(OPENINGS["no crop: background"])
-    assert seen == set(CROP_OPENINGS)  # both crop openings are drawn by the teacher
+        background_think = _first_think(no_tool_trace(spec, background).final_turn)
+        assert background_think.startswith(openings["no crop: background"])
+        direct = [_first_think(direct_trace(spec, question, hidden=h).final_turn) for h in (True, False)]
+        if style == "own_token":  # the first word of a crop plan opens no think that does not crop
+            first_word = {_first_think(trace.first_turn).split()[0]}
+            assert first_word == {"Short"}
+            assert all(text.split()[0] not in first_word for text in (unlooked, background_think, *direct))
+    assert seen == set(crop_names)  # both crop openings are drawn by the teacher
 
 
 def test_a_greedy_continuation_follows_the_opening_it_shares_the_most_tokens_with():

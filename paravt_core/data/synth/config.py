@@ -115,6 +115,13 @@ class SynthConfig(BaseModel):
         "`canonical` in their topic's fixed order (colours alphabetically), so with a 4-colour palette every colour "
         "question lists the same options and the letter follows from the value (#15, questions.OptionStyle)",
     )
+    crop_opening: Literal["shared", "own_token"] = Field(
+        "shared",
+        description="how a tool trace's first think opens (`traces.CROP_OPENING_TEXTS`): `shared` with one plan "
+        "starting \"The\" as every no-crop think does and one starting \"Short\"; `own_token` with both starting "
+        "\"Short\", which no no-crop think starts with, so the first token after the think prefix is the crop "
+        "decision (#46 item 1)",
+    )
     teacher_windows: Literal["target", "cover"] = Field(
         "target",
         description="what a teacher trace crops: `target` the grid segment(s) holding the event plus random "

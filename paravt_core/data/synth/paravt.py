@@ -243,7 +243,8 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
         else:
             traces.append((video, tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace,
                                              cfg.max_crop_s, cover=cfg.teacher_windows == "cover",
-                                             final_reasoning=cfg.final_reasoning)))
+                                             final_reasoning=cfg.final_reasoning,
+                                             crop_opening=cfg.crop_opening)))
     return traces
 
 

@@ -183,9 +183,24 @@ def think(text: str) -> str:
     return f"<think>\n{text}\n</think>"
 
 
+# The two plans a tool trace opens with, by `SynthConfig.crop_opening` ({plural}: the windows).
+# `shared`: the first starts with "The", as every no-crop think does (background, unlooked and
+# direct traces), so the first token after the think prefix carries no decision and the
+# decision falls on a later token, where the no-crop rows outnumber the crop rows (#46 item 1,
+# docs/miniature.md "Why the SFT model does not crop"). `own_token`: both start with "Short",
+# which no no-crop think starts with, so the first token is the decision.
+CROP_OPENING_TEXTS = {
+    "shared": ("The answer depends on a short event, which can fall between the overview frames. "
+               "I will crop {plural} to look closer.",
+               "Short events are easy to miss in the overview frames, so let me crop {plural} and check."),
+    "own_token": ("Short events can fall between the overview frames. I will crop {plural} to look closer.",
+                  "Short events are easy to miss in the overview frames, so let me crop {plural} and check."),
+}
+
+
 def tool_trace(
     rng: random.Random, spec: VideoSpec, question: Question, video_name: str, max_calls: int, max_crop_s: float,
-    cover: bool = False, final_reasoning: str = "all",
+    cover: bool = False, final_reasoning: str = "all", crop_opening: str = "shared",
 ) -> TeacherTrace:
     """A one-round trace with parallel crops for an event question (`cover`: every grid segment).
 
@@ -193,7 +208,7 @@ def tool_trace(
     conclusion: `all` quotes every crop's report with its window, `relevant` only the
     report(s) of the window(s) holding the asked event, `event` names what the reports say of
     the asked event, without windows or times ("A crop reports that a red star appears in the
-    centre.")."""
+    centre."). `crop_opening`: which pair of plans opens the first think (`CROP_OPENING_TEXTS`)."""
     if cover:
         windows = cover_crop_windows(spec, max_calls, max_crop_s)
     else:
@@ -205,13 +220,7 @@ def tool_trace(
     # Worded to stay true whatever the overview frame count K (SPEC §5 gating varies it).
     # The background is not named here either: a tint named like an event colour would be a
     # colour word the final answer could copy (see EMPTY_WINDOW).
-    opening = rng.choice(
-        (
-            f"The answer depends on a short event, which can fall between the overview frames. "
-            f"I will crop {plural} to look closer.",
-            f"Short events are easy to miss in the overview frames, so let me crop {plural} and check.",
-        )
-    )
+    opening = rng.choice(CROP_OPENING_TEXTS[crop_opening]).format(plural=plural)
     first_turn = think(opening) + "\n" + "\n".join(tool_call_block(video_name, w) for w in windows)
     responses = tuple(summarize_window(spec, s, e) for s, e in windows)
     quoted = list(zip(windows, responses, strict=True))
