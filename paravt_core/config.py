@@ -701,7 +701,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     *(("rl.rollout.vllm", knob) for knob in VLLM_PLACEMENT_KNOBS), ("eval", "hf_batch_tokens"),
     ("eval", "server"), ("eval", "gpus"), ("eval", "server_startup_timeout_s"),
     ("sft", "pin_memory"), ("sft", "host_pixel_dtype"), ("sft", "compile_text_layers"),
-    ("reproduce", "probe"), ("sft", "seed"),
+    ("reproduce", "probe"), ("sft", "seed"), ("data.synth", "crop_opening"),
 )
 
 
