@@ -753,6 +753,16 @@ class PipelineConfig(_Section):
                              "sft.zero_stage 0 or 2")
         return self
 
+    @model_validator(mode="after")
+    def _transcripts_open_as_the_teacher(self) -> PipelineConfig:
+        # The reading phase's agent transcripts (`miniature.pretrain.transcript_row`) are written
+        # with the shared crop plans; mixing them with own_token SFT rows would teach both openings.
+        if self.model.pretrain.reading_transcripts and self.data.synth.crop_opening != "shared":
+            raise ValueError(f"data.synth.crop_opening: {self.data.synth.crop_opening} is not written into the "
+                             "reading phase's agent transcripts (model.pretrain.reading_transcripts): set "
+                             "reading_transcripts: 0 or crop_opening: shared")
+        return self
+
     def section_hash(self, *names: str) -> str:
         """Stable hash of some sections (all when none given): a cache key for stages.
 

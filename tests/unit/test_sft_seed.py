@@ -24,3 +24,14 @@ def test_sft_seed_seeds_sft_alone_and_leaves_the_base_to_run_seed(tmp_path):
     assert run_dir(other, model, data) != run_dir(base, model, data)  # its own SFT run folder
     assert run_dir(load_config(CONFIG, [f"run.output_dir={tmp_path}", "sft.seed=0"]), model, data) != \
         run_dir(base, model, data)  # set is set: an explicit seed is its own run, whatever its value
+
+
+def test_own_token_openings_are_refused_beside_the_reading_phases_transcripts(tmp_path):
+    import pytest
+
+    from paravt_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="reading_transcripts"):
+        load_config(CONFIG, [f"run.output_dir={tmp_path}", "data.synth.crop_opening=own_token",
+                             "model.pretrain.reading_transcripts=0.5"])
+    assert load_config(CONFIG, ["data.synth.crop_opening=own_token"]).data.synth.crop_opening == "own_token"
