@@ -147,6 +147,34 @@ def _opening_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _branch_probe(args: argparse.Namespace) -> int:
+    from paravt_core.miniature.branch_probe import branch_probe, precondition, render, summarize
+
+    cfg, model_dir = _probe_inputs(args, "branch-probe", "sft")
+    split_json = _prepared_split(cfg, args, "branch-probe")
+    if split_json is None:
+        return 2
+    frame_counts = sorted(set(args.frames or (min(cfg.rl.gating.choices), max(cfg.rl.gating.choices))))
+    if min(args.questions, args.samples, *frame_counts) < 1:
+        print("paravt miniature branch-probe: --questions, --samples and --frames must be at least 1", file=sys.stderr)
+        return 2
+    records = branch_probe(model_dir, cfg, split_json, args.questions, args.samples, frame_counts,
+                           args.temperature, args.seed)
+    summaries = summarize(records)
+    print(render(summaries))
+    if args.out:
+        from dataclasses import asdict
+
+        from paravt_core.atomic import atomic_write_text
+
+        atomic_write_text(Path(args.out), json.dumps({
+            "model": str(model_dir), "split": args.split, "samples": args.samples, "temperature": args.temperature,
+            "summaries": [asdict(s) for s in summaries],
+            "precondition": [{"check": text, "holds": ok} for text, ok in precondition(summaries)],
+            "records": [asdict(r) for r in records]}, indent=1))
+    return 0
+
+
 def _sampled_probe(args: argparse.Namespace) -> int:
     from paravt_core.miniature.heldout_probe import sampled_probe
 
@@ -321,6 +349,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     p.add_argument("--out", default=None, help="also write the per-question maps as JSON here")
     p.set_defaults(func=_sampled_probe)
+
+    p = commands.add_parser(
+        "branch-probe",
+        help="per held-out question, the full reward of sampled episodes forced to open with the crop plan "
+             "against the skip plan, at the smallest and largest gating K: does calling pay?",
+        description="Forces the main agent's first turn to open with the teacher's crop plan or its skip plan, "
+                    "samples the rest (τ 0.7), scores each episode with the config's full reward and the fixed "
+                    "R_fmt, and checks the precondition of the paper's tool collapse "
+                    "(paravt_core/miniature/branch_probe.py, docs/miniature.md).")
+    p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the prepared split")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    p.add_argument("--split", default="videomme_val", help="prepared evaluation split (validation by default)")
+    p.add_argument("--questions", type=int, default=32, help="questions of the split, from its first")
+    p.add_argument("--samples", type=int, default=8, help="episodes per question and branch")
+    p.add_argument("--frames", type=int, action="append", default=None,
+                   help="an overview budget K, repeatable (default: the smallest and largest rl.gating.choices)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (RL's is 0.7)")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--out", default=None, help="also write the summaries and per-question records as JSON here")
+    p.set_defaults(func=_branch_probe)
 
     p = commands.add_parser("visibility", help="the share of the generated world's videos whose events show on "
                                                "K overview frames, per K (what nFrames gating can act on)")

@@ -1,0 +1,214 @@
+"""Does calling a tool pay? The precondition of the paper's collapse, measured per prompt (#46 item 2).
+
+The paper explains GRPO's tool collapse (SPEC §6) so: with many overview frames a prompt can be
+answered without tools, so the advantage of calling over skipping is near zero, and sampled
+tool paths lose format. A world can only show the collapse where that holds. This probe
+measures it on one model (the SFT model, before any RL) with the model's own samples:
+
+- each question of an evaluation split is put to the model as the agentic evaluation puts it
+  (`eval.prompting.episode_prompt`) at an overview budget K;
+- its first turn is forced to open with the teacher's crop plan, or with its skip plan
+  (`opening_probe.teacher_openings`: "crop: ..." and "no crop: enough"), and the rest of the
+  episode is sampled at τ (the RL temperature, 0.7), `samples` episodes per branch. Only the
+  main agent's first turn is forced; sub-agents and later turns run as they would;
+- each episode is scored with the full SPEC §4 reward of the config's `rl.reward`
+  (`rl.policy.paravt_reward`), and its format with the one fixed R_fmt of every row
+  (`rl.policy.fixed_format_reward`, transcript scope).
+
+Per K it reports the share of questions on which skipping scores at least as well as cropping
+(mean reward over the samples), the share on which it scores worse, and each branch's
+format-failure rate (episodes whose fixed R_fmt is below 1). `precondition` holds these against
+the thresholds written down before the first run (docs/miniature.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from paravt_core.config import PipelineConfig
+
+TEMPERATURE = 0.7
+SKIP = "no crop: enough"
+# Fixed before the first run (#46 item 2, docs/miniature.md "Does calling pay?").
+SKIP_AS_GOOD_AT_LARGEST_K = 0.40  # skipping at least as good as cropping on >= 40 % of prompts
+SKIP_WORSE_AT_SMALLEST_K = 0.80  # and worse on >= 80 % at the smallest K
+FORMAT_GAP = 0.10  # crop-branch format failures at least this far above skip's
+
+
+class ForcedFirstTurn:
+    """An engine whose first `generate` call (the main agent's first turn of every episode in
+    the batch: `run_episodes` asks the main engine once per turn) continues each request after
+    `forced` token ids; the generation returned holds them first, with log-probability 0 (they
+    were not sampled). Every later call goes to the wrapped engine unchanged."""
+
+    def __init__(self, engine, forced: Sequence[int]):
+        self.engine, self.forced, self.used, self.forced_requests = engine, list(forced), False, 0
+
+    def generate(self, requests, params):
+        import dataclasses
+
+        from paravt_core.agent.engine import Generation, GenerationRequest
+
+        if self.used:
+            return self.engine.generate(requests, params)
+        self.used = True
+        self.forced_requests = len(requests)
+        if params.max_new_tokens <= len(self.forced):
+            raise ValueError(f"the forced opening ({len(self.forced)} tokens) leaves no room in the first turn's "
+                             f"{params.max_new_tokens} new tokens")
+        shifted = [GenerationRequest(list(r.prompt_ids) + self.forced, r.vision) for r in requests]
+        budget = dataclasses.replace(params, max_new_tokens=params.max_new_tokens - len(self.forced))
+        return [Generation(self.forced + g.token_ids, [0.0] * len(self.forced) + list(g.logprobs), g.finish_reason)
+                for g in self.engine.generate(shifted, budget)]
+
+    def update_weights(self, state_dict) -> None:
+        self.engine.update_weights(state_dict)
+
+
+@dataclass(frozen=True)
+class BranchRecord:
+    """One question at one K: per branch, the mean full reward, the mean fixed R_fmt, the
+    share of episodes in format (fixed R_fmt 1) and the mean executed crop calls."""
+
+    sample_id: str
+    nframes: int
+    reward: dict[str, float]  # "crop" / "skip" -> mean reward over the samples
+    fmt: dict[str, float]
+    in_format: dict[str, float]
+    calls: dict[str, float]
+
+
+@dataclass(frozen=True)
+class BranchSummary:
+    nframes: int
+    questions: int
+    skip_as_good: float  # share of questions: mean skip reward >= mean crop reward
+    skip_worse: float  # share of questions: mean skip reward < mean crop reward
+    reward: dict[str, float]  # branch -> mean over questions
+    format_failures: dict[str, float]  # branch -> share of episodes not in format
+    calls: dict[str, float]
+
+
+def summarize(records: Sequence[BranchRecord]) -> list[BranchSummary]:
+    """One summary per K (ascending)."""
+    if not records:
+        raise ValueError("no branch-probe records to summarize")
+    out = []
+    for k in sorted({r.nframes for r in records}):
+        rows = [r for r in records if r.nframes == k]
+        as_good = sum(r.reward["skip"] >= r.reward["crop"] for r in rows) / len(rows)
+        out.append(BranchSummary(
+            nframes=k, questions=len(rows), skip_as_good=as_good, skip_worse=1.0 - as_good,
+            reward={b: statistics.fmean(r.reward[b] for r in rows) for b in ("crop", "skip")},
+            format_failures={b: 1.0 - statistics.fmean(r.in_format[b] for r in rows) for b in ("crop", "skip")},
+            calls={b: statistics.fmean(r.calls[b] for r in rows) for b in ("crop", "skip")}))
+    return out
+
+
+def precondition(summaries: Sequence[BranchSummary]) -> list[tuple[str, bool]]:
+    """The three checks written down before the first run, each with whether it holds."""
+    if not summaries:
+        raise ValueError("no summaries")
+    small, large = summaries[0], summaries[-1]
+    gaps = [s.format_failures["crop"] - s.format_failures["skip"] for s in summaries]
+    return [
+        (f"K={large.nframes}: skipping at least as good as cropping on {100 * large.skip_as_good:.0f} % of questions "
+         f"(needs >= {100 * SKIP_AS_GOOD_AT_LARGEST_K:.0f} %)", large.skip_as_good >= SKIP_AS_GOOD_AT_LARGEST_K),
+        (f"K={small.nframes}: skipping worse than cropping on {100 * small.skip_worse:.0f} % of questions "
+         f"(needs >= {100 * SKIP_WORSE_AT_SMALLEST_K:.0f} %)", small.skip_worse >= SKIP_WORSE_AT_SMALLEST_K),
+        (f"crop-branch format failures above skip's by {', '.join(f'{g:+.2f}' for g in gaps)} at K = "
+         f"{', '.join(str(s.nframes) for s in summaries)} (needs >= {FORMAT_GAP:.2f} at every K)",
+         min(gaps) >= FORMAT_GAP),
+    ]
+
+
+def render(summaries: Sequence[BranchSummary]) -> str:
+    lines = ["| K | questions | skip as good as crop (%) | mean reward, crop | mean reward, skip | "
+             "not in format, crop (%) | not in format, skip (%) | crop calls, crop branch | crop calls, skip branch |",
+             "|---:|" + "---:|" * 8]
+    for s in summaries:
+        lines.append(f"| {s.nframes} | {s.questions} | {100 * s.skip_as_good:.1f} | {s.reward['crop']:.3f} | "
+                     f"{s.reward['skip']:.3f} | {100 * s.format_failures['crop']:.1f} | "
+                     f"{100 * s.format_failures['skip']:.1f} | {s.calls['crop']:.2f} | {s.calls['skip']:.2f} |")
+    checks = precondition(summaries)
+    lines += ["", *(f"- {text}: {'holds' if ok else 'does NOT hold'}" for text, ok in checks)]
+    return "\n".join(lines)
+
+
+def branch_records(engine, processor, cfg: PipelineConfig, questions: Sequence, samples: int, k: int,
+                   openings: dict[str, str], temperature: float = TEMPERATURE, seed: int = 0) -> list[BranchRecord]:
+    """Both branches of every question in `questions` at K overview frames (module docstring);
+    `openings` maps "crop" and "skip" to the forced opening texts."""
+    from paravt_core.agent.context import ChatRenderer
+    from paravt_core.agent.rollout import run_episodes
+    from paravt_core.eval.prompting import episode_prompt, is_agentic, prompt_mode_for, rollout_config
+    from paravt_core.rl.data import RLPrompt
+    from paravt_core.rl.policy import fixed_format_reward, paravt_reward
+
+    if not questions or samples < 1 or k < 1:
+        raise ValueError(f"need questions, and samples and K of at least 1 (got {len(questions)}, {samples}, {k})")
+    mode = prompt_mode_for(questions[0], cfg.eval)
+    if not is_agentic(mode):
+        raise ValueError(f"eval.prompt_mode {mode!r} is not agentic: the probe forces a tool decision")
+    if any(q.kind != "mcq" for q in questions):
+        raise ValueError("the branch probe scores multiple-choice questions only")
+    prompts = [episode_prompt(s, mode, cfg.eval.dispatch, k) for s in questions]
+    rl_prompts = [RLPrompt(p, str(s.answer), "mcq", s.question) for p, s in zip(prompts, questions)]
+    rollout = rollout_config(cfg.eval, mode, cfg.rl.rollout)
+    renderer = ChatRenderer(processor, rollout.think_prefix, (cfg.video.min_pixels, cfg.video.max_pixels))
+    reward_fn = paravt_reward(cfg.rl)
+    per_branch = {}
+    for branch, text in openings.items():
+        forced = ForcedFirstTurn(engine, renderer.encode(text).token_ids)
+        episodes = run_episodes(forced, processor, prompts, rollout, cfg.video, group_size=samples,
+                                temperature=temperature, seed=seed, tool_mode="subagent", subagent_engine=engine)
+        if forced.forced_requests != len(prompts) * samples:  # every episode's first turn, in one call
+            raise RuntimeError(f"the {branch} opening was forced on {forced.forced_requests} first turns, not "
+                               f"{len(prompts) * samples}")
+        per_branch[branch] = [(reward_fn(e, rl_prompts[e.prompt_index]).total, fixed_format_reward(e, "transcript"),
+                               e.tool_calls) for e in episodes]
+    records = []
+    for i, sample in enumerate(questions):
+        block = slice(i * samples, (i + 1) * samples)
+        rows = {b: per_branch[b][block] for b in per_branch}
+        records.append(BranchRecord(
+            sample.id, k,
+            reward={b: statistics.fmean(r for r, _, _ in v) for b, v in rows.items()},
+            fmt={b: statistics.fmean(f for _, f, _ in v) for b, v in rows.items()},
+            in_format={b: statistics.fmean(float(f >= 1.0) for _, f, _ in v) for b, v in rows.items()},
+            calls={b: statistics.fmean(c for _, _, c in v) for b, v in rows.items()}))
+    return records
+
+
+def branch_probe(model_dir: Path, cfg: PipelineConfig, split_json: Path, questions: int, samples: int,
+                 frame_counts: Sequence[int], temperature: float = TEMPERATURE, seed: int = 0,
+                 log_line=print) -> list[BranchRecord]:
+    """Load the model in `model_dir` as the evaluation does and probe the first `questions`
+    questions of the prepared split `split_json` at each K in `frame_counts`."""
+    import time
+
+    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.eval.prepared import load_split_file
+    from paravt_core.miniature.opening_probe import is_crop, teacher_openings
+    from paravt_core.model.loading import load_model, load_processor, model_speed_options
+
+    chosen = load_split_file(split_json)[:questions]
+    if not chosen:
+        raise ValueError(f"{split_json}: the split has no questions")
+    teacher = teacher_openings(cfg.data.synth.crop_opening)
+    crop = next(text for name, text in teacher.items() if is_crop(name))
+    processor = load_processor(model_dir)
+    engine = HFEngine(load_model(model_dir, "float32", "cpu", **model_speed_options(cfg.model)).eval(), processor,
+                      max_batch_tokens=cfg.eval.hf_batch_tokens)
+    records = []
+    for k in frame_counts:
+        started = time.perf_counter()
+        records += branch_records(engine, processor, cfg, chosen, samples, k, {"crop": crop, "skip": teacher[SKIP]},
+                                  temperature, seed)
+        seconds = time.perf_counter() - started
+        log_line(f"branch probe: K={k}, {len(chosen)} questions x 2 branches x {samples} samples in {seconds:.0f} s "
+                 f"({2 * len(chosen) * samples / max(seconds, 1e-9):.2f} episodes/s)")
+    return records

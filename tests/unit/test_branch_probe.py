@@ -1,0 +1,87 @@
+"""The branch probe (paravt_core.miniature.branch_probe): does calling a tool pay, per question."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paravt_core.miniature.branch_probe import (
+    BranchRecord,
+    ForcedFirstTurn,
+    precondition,
+    render,
+    summarize,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class _Echo:
+    """Continues every request with two tokens: its prompt length and the budget it was given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, requests, params):
+        from paravt_core.agent.engine import Generation
+
+        self.calls.append(([list(r.prompt_ids) for r in requests], params.max_new_tokens))
+        return [Generation([len(r.prompt_ids), params.max_new_tokens], [-0.5, -0.5], "stop") for r in requests]
+
+
+def test_the_first_call_continues_after_the_forced_tokens_and_later_calls_pass_through():
+    from paravt_core.agent.engine import GenerationRequest, SamplingParams
+
+    inner = _Echo()
+    engine = ForcedFirstTurn(inner, [7, 8, 9])
+    first = engine.generate([GenerationRequest([1, 2]), GenerationRequest([3])], SamplingParams(max_new_tokens=10))
+    assert inner.calls[0] == ([[1, 2, 7, 8, 9], [3, 7, 8, 9]], 7)  # forced tokens in the prompt, out of the budget
+    assert [g.token_ids for g in first] == [[7, 8, 9, 5, 7], [7, 8, 9, 4, 7]]  # the turn holds them first
+    assert first[0].logprobs == [0.0, 0.0, 0.0, -0.5, -0.5] and engine.forced_requests == 2
+    later = engine.generate([GenerationRequest([1])], SamplingParams(max_new_tokens=10))
+    assert inner.calls[1] == ([[1]], 10) and later[0].token_ids == [1, 10]
+    with pytest.raises(ValueError, match="leaves no room"):
+        ForcedFirstTurn(_Echo(), [1, 2, 3]).generate([GenerationRequest([1])], SamplingParams(max_new_tokens=3))
+
+
+def _record(k: int, crop: float, skip: float, crop_fmt: float = 1.0, skip_fmt: float = 1.0) -> BranchRecord:
+    return BranchRecord("q", k, {"crop": crop, "skip": skip}, {"crop": crop_fmt, "skip": skip_fmt},
+                        {"crop": crop_fmt, "skip": skip_fmt}, {"crop": 2.0, "skip": 0.0})
+
+
+def test_the_precondition_checks_each_threshold_at_its_k():
+    # K=2: skip worse on 4 of 5; K=6: skip as good on 2 of 5; crop format failures 0.2 above skip's at both
+    records = [_record(2, 1.0, 0.5, 0.8) for _ in range(4)] + [_record(2, 0.5, 0.5, 0.8)]
+    records += [_record(6, 1.0, 1.0, 0.8) for _ in range(2)] + [_record(6, 1.0, 0.2, 0.8) for _ in range(3)]
+    small, large = summarize(records)
+    assert (small.nframes, small.skip_worse, large.nframes, large.skip_as_good) == (2, 0.8, 6, 0.4)
+    assert small.format_failures == pytest.approx({"crop": 0.2, "skip": 0.0})
+    assert [ok for _, ok in precondition([small, large])] == [True, True, True]
+    # one question less where skipping is as good at K=6, and no format gap at K=2: two checks fail
+    fewer = [r for r in records if not (r.nframes == 6 and r.reward["skip"] == 1.0)][:-1] + [_record(6, 1.0, 1.0, 0.8)]
+    fewer = [(_record(2, r.reward["crop"], r.reward["skip"]) if r.nframes == 2 else r) for r in fewer]
+    checks = precondition(summarize(fewer))
+    assert [ok for _, ok in checks] == [False, True, False]
+    assert "does NOT hold" in render(summarize(fewer)) and "| 6 | 3 |" in render(summarize(fewer))
+
+
+@pytest.mark.integration
+def test_both_branches_are_rolled_out_on_the_tiny_model_and_scored(tmp_path, tiny_model_dir):
+    from tests.conftest import write_mcq_split
+
+    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.config import load_config
+    from paravt_core.eval.prepared import load_split_file
+    from paravt_core.miniature.branch_probe import branch_records
+    from paravt_core.model.loading import load_model, load_processor
+
+    split_json = write_mcq_split(tmp_path, ["Which colour is first?"])
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["eval.max_new_tokens=48", "rl.rollout.subagent_max_new_tokens=4"])
+    processor = load_processor(tiny_model_dir)
+    engine = HFEngine(load_model(tiny_model_dir, "float32", "cpu").eval(), processor)
+    openings = {"crop": "Short events are easy to miss.", "skip": "The overview frames should be enough."}
+    (record,) = branch_records(engine, processor, cfg, load_split_file(split_json), samples=2, k=2, openings=openings)
+    assert set(record.reward) == set(record.fmt) == set(record.calls) == {"crop", "skip"} and record.nframes == 2
+    # a random model writes no well-formed answer after either opening
+    assert all(0.0 <= v <= 1.0 for v in record.fmt.values()) and all(v == 0.0 for v in record.in_format.values())
