@@ -161,8 +161,10 @@ def branch_records(engine, processor, cfg: PipelineConfig, questions: Sequence, 
     renderer = ChatRenderer(processor, rollout.think_prefix, (cfg.video.min_pixels, cfg.video.max_pixels))
     reward_fn = paravt_reward(cfg.rl)
     per_branch = {}
+    # Without the think prefix (vanilla GRPO's rollouts) the model writes `<think>` itself: forced too.
+    lead = "" if rollout.think_prefix else "<think>\n"
     for branch, text in openings.items():
-        forced = ForcedFirstTurn(engine, renderer.encode(text).token_ids)
+        forced = ForcedFirstTurn(engine, renderer.encode(lead + text).token_ids)
         episodes = run_episodes(forced, processor, prompts, rollout, cfg.video, group_size=samples,
                                 temperature=temperature, seed=seed, tool_mode="subagent", subagent_engine=engine)
         if forced.forced_requests != len(prompts) * samples:  # every episode's first turn, in one call

@@ -17,7 +17,7 @@ def _probe_inputs(args: argparse.Namespace, command: str, example: str):
     """(config, model folder) of a probe command; a folder without config.json is refused."""
     from paravt_core.config import load_config
 
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set, getattr(args, "rl_row", None))
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         raise SystemExit(f"paravt miniature {command}: {model_dir} is not a model folder (no config.json); pass e.g. "
@@ -361,6 +361,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the prepared split")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    p.add_argument("--rl-row", default=None, help="an RL row file (conf/rl/<row>.yaml) whose reward and rollout "
+                                                  "knobs score and roll out the episodes, e.g. vanilla_grpo's")
     p.add_argument("--split", default="videomme_val", help="prepared evaluation split (validation by default)")
     p.add_argument("--questions", type=int, default=32, help="questions of the split, from its first")
     p.add_argument("--samples", type=int, default=8, help="episodes per question and branch")

@@ -67,7 +67,8 @@ def test_the_precondition_checks_each_threshold_at_its_k():
 
 
 @pytest.mark.integration
-def test_both_branches_are_rolled_out_on_the_tiny_model_and_scored(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("think_prefix", [True, False])  # False: vanilla GRPO's rollouts, `<think>` forced too
+def test_both_branches_are_rolled_out_on_the_tiny_model_and_scored(tmp_path, tiny_model_dir, think_prefix):
     from tests.conftest import write_mcq_split
 
     from paravt_core.agent.hf_engine import HFEngine
@@ -77,7 +78,8 @@ def test_both_branches_are_rolled_out_on_the_tiny_model_and_scored(tmp_path, tin
     from paravt_core.model.loading import load_model, load_processor
 
     split_json = write_mcq_split(tmp_path, ["Which colour is first?"])
-    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["eval.max_new_tokens=48", "rl.rollout.subagent_max_new_tokens=4"])
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["eval.max_new_tokens=48", "rl.rollout.subagent_max_new_tokens=4",
+                                                          f"rl.rollout.think_prefix={str(think_prefix).lower()}"])
     processor = load_processor(tiny_model_dir)
     engine = HFEngine(load_model(tiny_model_dir, "float32", "cpu").eval(), processor)
     openings = {"crop": "Short events are easy to miss.", "skip": "The overview frames should be enough."}
