@@ -99,14 +99,17 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
                     probe_calls=probe.calls if probe else {}, probe_format=probe.fmt if probe else {})
 
 
-def budget_sweep(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef) -> list[BudgetPoint]:
+def budget_sweep(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef,
+                 world: Path | None = None) -> list[BudgetPoint]:
     """Before RL, on the validation split: the SFT model at every overview budget K that nFrames
     gating draws (`rl.gating.choices`) and the evaluation's own, with tools and without, beside
     the share of the split's videos whose event the K overview frames show (#35 item 2). Empty
-    where the world draws no validation split."""
+    where the world draws no validation split. `world`: the world folder the data stage used,
+    named when the flow started (its name hashes the generator's code: an edit during a long
+    run would otherwise name another folder, which a run measured crashing here)."""
     if VALIDATION_SPLIT not in cfg.eval.splits:
         return []
-    manifest = json.loads((world_dir(cfg) / "manifest.json").read_text())
+    manifest = json.loads(((world or world_dir(cfg)) / "manifest.json").read_text())
     videos = manifest_video_sets(manifest)[VALIDATION_SPLIT]
     points = []
     for k in sorted({*cfg.rl.gating.choices, cfg.eval.nframes}):
@@ -136,11 +139,12 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
     with hold_output_dir(cfg.run.output_dir, "paravt flow (reproduce)"):
         log = get_run_logger()
         PROGRESS.reset()
+        world = world_dir(cfg) if cfg.data.source == "synth" else None  # before any stage: see budget_sweep
         data = data_stage(cfg)
         sft_model = sft(cfg, base_stage(cfg), data.sft)
         PROGRESS.stage("sft_model", sft_model.path)
         runs = [measure(cfg, sft_model, data.eval, "sft", None, "sft")]
-        budget = budget_sweep(cfg, sft_model, data.eval)
+        budget = budget_sweep(cfg, sft_model, data.eval, world)
         PROGRESS.stage("budget sweep (validation)", sft_model.path)
         rows = []
         for row in cfg.reproduce.rows:
