@@ -25,7 +25,7 @@ def test_top_level_commands_run_from_the_pipeline_to_the_reports_then_the_miniat
 
 def test_the_miniature_group_holds_its_probes_and_report():
     miniature = _commands(_commands(build_parser())["miniature"])
-    assert set(miniature) == {"reading-probe", "caption-probe", "agent-probe", "perception", "rollout-probe", "opening-probe", "sampled-probe", "visibility",
+    assert set(miniature) == {"reading-probe", "caption-probe", "agent-probe", "perception", "rollout-probe", "opening-probe", "sampled-probe", "branch-probe", "visibility",
                               "report"}
 
 
