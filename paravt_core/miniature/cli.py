@@ -175,6 +175,13 @@ def _branch_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split_probe_args(p: argparse.ArgumentParser) -> None:
+    """--config, --set and --model of a probe that reads a prepared evaluation split."""
+    p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the prepared split")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+
+
 def _sampled_probe(args: argparse.Namespace) -> int:
     from paravt_core.miniature.heldout_probe import sampled_probe
 
@@ -322,9 +329,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "the teacher openings' probability, the openings' first-token probabilities, each opening "
                     "token by token, and which opening greedy decoding follows (paravt_core/miniature/"
                     "opening_probe.py).")
-    p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the prepared split")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    _split_probe_args(p)
     p.add_argument("--split", default="videomme_val", help="prepared evaluation split (validation by default)")
     p.add_argument("--rows", type=int, default=32, help="questions of the split, from its first")
     p.add_argument("--frames", type=int, action="append", default=None,
@@ -338,9 +343,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Samples episodes of each of the first N questions of a prepared evaluation split, asked as the "
                     "agentic evaluation asks at one overview budget K, and prints the mean κ and format; --out "
                     "keeps them per question (the maps the reproduction's κ and format verdicts compare).")
-    p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the prepared split")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    _split_probe_args(p)
     p.add_argument("--split", default="videomme", help="prepared evaluation split (the test split by default)")
     p.add_argument("--questions", type=int, default=32, help="questions of the split, from its first")
     p.add_argument("--samples", type=int, default=4, help="episodes per question")
@@ -358,9 +361,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "samples the rest (τ 0.7), scores each episode with the config's full reward and the fixed "
                     "R_fmt, and checks the precondition of the paper's tool collapse "
                     "(paravt_core/miniature/branch_probe.py, docs/miniature.md).")
-    p.add_argument("--config", required=True, help="the pipeline YAML whose output_dir holds the prepared split")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--model", required=True, help="model folder (e.g. <output_dir>/sft/<key>/model)")
+    _split_probe_args(p)
     p.add_argument("--rl-row", default=None, help="an RL row file (conf/rl/<row>.yaml) whose reward and rollout "
                                                   "knobs score and roll out the episodes, e.g. vanilla_grpo's")
     p.add_argument("--split", default="videomme_val", help="prepared evaluation split (validation by default)")
