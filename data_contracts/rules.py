@@ -10,7 +10,8 @@ Row formats (SPEC §8 and the loaders of `paravt_core.eval.samples`, SPEC §7):
 - SFT `messages`: a non-empty list of turns `{role, content}`; `content` is a string or a
   non-empty list of items `{"type": "text", "text"}`, `{"type": "video_url", "video_url":
   {"url"}}` or `{"type": "image_url", "image_url": {"url"}}`; a video item may carry
-  `video_start` / `video_end` seconds (a sub-agent row's crop, 0 <= start < end).
+  `video_start` / `video_end` seconds (a sub-agent row's crop, 0 <= start < end), or, on a
+  whole video, `nframes` (the row's own overview budget, a positive whole number).
 - RL `prompt`: turns with string content; `<video>` marks where the one video goes.
 - RL `extra_info`: a JSON object with `answer`, `question_type` (mcq | tvg | oe) and
   optionally `question`. A ground truth is valid when the SPEC §4.2 scorer of its type can
@@ -140,7 +141,7 @@ def _content_item_problem(item: Any) -> Problem:
         return None if isinstance(item.get("text"), str) else "text item without a text string"
     if not is_text(media_url(item)):
         return f"{kind} item without a url"
-    return _window_problem(item) if kind == "video_url" else None
+    return (_window_problem(item) or _nframes_problem(item)) if kind == "video_url" else None
 
 
 def _is_nan(value: Any) -> bool:
@@ -155,6 +156,19 @@ def _window_problem(item: Mapping[str, Any]) -> Problem:
     numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (start, end))
     if not numbers or not 0 <= start < end:
         return f"video window video_start={start!r} video_end={end!r} must be two numbers with 0 <= start < end"
+    return None
+
+
+def _nframes_problem(item: Mapping[str, Any]) -> Problem:
+    """A whole-video item may set its own overview budget: `nframes`, a positive whole number."""
+    value = item.get("nframes")
+    if value is None or _is_nan(value):
+        return None
+    whole = isinstance(value, numbers.Integral) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < 1:
+        return f"video item nframes={value!r} must be a positive whole number of frames"
+    if item.get("video_start") is not None and not _is_nan(item.get("video_start")):
+        return f"video item nframes={value!r} on a window: a crop's frames follow SPEC §3, not an overview budget"
     return None
 
 

@@ -84,6 +84,11 @@ class PretrainConfig(_Section):
     # the question, the teacher's crop calls, the notes as the tool's replies and the final turn,
     # so the options stand as far back as in an agent's own transcript (hundreds of tokens).
     reading_transcripts: float = Field(0.0, ge=0, le=1)
+    # Overview rows per pretraining video in the captioning corpus (`pretrain.overview_row`): the
+    # whole video's K overview frames (K from data.synth.teacher_budgets, else the SFT budgets),
+    # captioned with what those K frames show, so the main agent can read an overview as the real
+    # base model can (#46 item 2). 0: clips only.
+    overview_rows: int = Field(0, ge=0)
     # Rows of the pretraining corpora (reading rows and captioned clips, drawn uniformly from
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
     # what pretraining taught (`paravt_core.miniature.pretrain.replay_shard`). 0: none.
@@ -702,6 +707,8 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("eval", "server"), ("eval", "gpus"), ("eval", "server_startup_timeout_s"),
     ("sft", "pin_memory"), ("sft", "host_pixel_dtype"), ("sft", "compile_text_layers"),
     ("reproduce", "probe"), ("sft", "seed"), ("data.synth", "crop_opening"),
+    ("data.synth", "teacher_budgets"), ("data.synth", "subagent_error_rate"),
+    ("data.synth", "skip_when_seen"), ("model.pretrain", "overview_rows"),
 )
 
 
@@ -761,6 +768,13 @@ class PipelineConfig(_Section):
             raise ValueError(f"data.synth.crop_opening: {self.data.synth.crop_opening} is not written into the "
                              "reading phase's agent transcripts (model.pretrain.reading_transcripts): set "
                              "reading_transcripts: 0 or crop_opening: shared")
+        budgets = self.data.synth.teacher_budgets
+        if budgets and max(budgets) > self.video.sft_max_frames:
+            raise ValueError(f"data.synth.teacher_budgets {list(budgets)} go past video.sft_max_frames "
+                             f"({self.video.sft_max_frames}): SFT would show fewer frames than the teacher read")
+        if budgets and self.model.pretrain.reading_transcripts:
+            raise ValueError("data.synth.teacher_budgets is not written into the reading phase's agent transcripts "
+                             "(model.pretrain.reading_transcripts): set reading_transcripts: 0")
         return self
 
     def section_hash(self, *names: str) -> str:

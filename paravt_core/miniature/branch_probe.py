@@ -8,7 +8,8 @@ measures it on one model (the SFT model, before any RL) with the model's own sam
 - each question of an evaluation split is put to the model as the agentic evaluation puts it
   (`eval.prompting.episode_prompt`) at an overview budget K;
 - its first turn is forced to open with the teacher's crop plan, or with its skip plan
-  (`opening_probe.teacher_openings`: "crop: ..." and "no crop: enough"), and the rest of the
+  (`opening_probe.config_openings`: "crop: ..." and "no crop: enough", or "no crop: seen" for the
+  overview-reading teacher, whose skip plan goes on to say what the frames show), and the rest of the
   episode is sampled at τ (the RL temperature, 0.7), `samples` episodes per branch. Only the
   main agent's first turn is forced; sub-agents and later turns run as they would;
 - each episode is scored with the full SPEC §4 reward of the config's `rl.reward`
@@ -31,7 +32,6 @@ from pathlib import Path
 from paravt_core.config import PipelineConfig
 
 TEMPERATURE = 0.7
-SKIP = "no crop: enough"
 # Fixed before the first run (#46 item 2, docs/miniature.md "Does calling pay?").
 SKIP_AS_GOOD_AT_LARGEST_K = 0.40  # skipping at least as good as cropping on >= 40 % of prompts
 SKIP_WORSE_AT_SMALLEST_K = 0.80  # and worse on >= 80 % at the smallest K
@@ -194,21 +194,22 @@ def branch_probe(model_dir: Path, cfg: PipelineConfig, split_json: Path, questio
 
     from paravt_core.agent.hf_engine import HFEngine
     from paravt_core.eval.prepared import load_split_file
-    from paravt_core.miniature.opening_probe import is_crop, teacher_openings
+    from paravt_core.miniature.opening_probe import config_openings, is_crop, skip_opening
     from paravt_core.model.loading import load_model, load_processor, model_speed_options
 
     chosen = load_split_file(split_json)[:questions]
     if not chosen:
         raise ValueError(f"{split_json}: the split has no questions")
-    teacher = teacher_openings(cfg.data.synth.crop_opening)
+    teacher = config_openings(cfg)
     crop = next(text for name, text in teacher.items() if is_crop(name))
+    skip = teacher[skip_opening(cfg)]
     processor = load_processor(model_dir)
     engine = HFEngine(load_model(model_dir, "float32", "cpu", **model_speed_options(cfg.model)).eval(), processor,
                       max_batch_tokens=cfg.eval.hf_batch_tokens)
     records = []
     for k in frame_counts:
         started = time.perf_counter()
-        records += branch_records(engine, processor, cfg, chosen, samples, k, {"crop": crop, "skip": teacher[SKIP]},
+        records += branch_records(engine, processor, cfg, chosen, samples, k, {"crop": crop, "skip": skip},
                                   temperature, seed)
         seconds = time.perf_counter() - started
         log_line(f"branch probe: K={k}, {len(chosen)} questions x 2 branches x {samples} samples in {seconds:.0f} s "

@@ -50,9 +50,30 @@ CROP_OPENINGS_BY_STYLE = {
 }
 
 
-def teacher_openings(crop_opening: str = "shared") -> dict[str, str]:
-    """The four openings of the teacher whose tool traces open as `crop_opening` says."""
-    return {**CROP_OPENINGS_BY_STYLE[crop_opening], **NO_CROP_OPENINGS}
+# The skip plan of the overview-reading teacher (`data.synth.teacher_budgets`, `traces.seen_trace`):
+# it names what the K frames show, so only its first words are the same for every row.
+SEEN_OPENING = {"no crop: seen": "The overview frames show that"}
+
+
+def teacher_openings(crop_opening: str = "shared", reads_overview: bool = False) -> dict[str, str]:
+    """The four openings of the teacher whose tool traces open as `crop_opening` says;
+    `reads_overview`: the overview-reading teacher's, whose skip plan says what the frames show."""
+    no_crop = dict(NO_CROP_OPENINGS)
+    if reads_overview:
+        del no_crop["no crop: enough"]
+        no_crop = {**SEEN_OPENING, **no_crop}
+    return {**CROP_OPENINGS_BY_STYLE[crop_opening], **no_crop}
+
+
+def config_openings(cfg: PipelineConfig) -> dict[str, str]:
+    """The openings of the teacher `cfg`'s world was written by."""
+    synth = cfg.data.synth
+    return teacher_openings(synth.crop_opening, reads_overview=synth.teacher_budgets is not None)
+
+
+def skip_opening(cfg: PipelineConfig) -> str:
+    """The name of the skip plan of `cfg`'s teacher among `config_openings`."""
+    return "no crop: seen" if cfg.data.synth.teacher_budgets is not None else "no crop: enough"
 
 
 def is_crop(name: str) -> bool:
@@ -237,7 +258,7 @@ def probe_split(model_dir: Path, cfg: PipelineConfig, split_json: Path, frame_co
     from paravt_core.miniature.reproduce import wording_of
     from paravt_core.model.loading import load_model, load_processor, model_speed_options
 
-    openings = dict(teacher_openings(cfg.data.synth.crop_opening) if openings is None else openings)
+    openings = dict(config_openings(cfg) if openings is None else openings)
     samples = load_split_file(split_json)[:rows]
     if not samples:
         raise ValueError(f"{split_json}: the split has no questions")

@@ -55,6 +55,7 @@ from paravt_core.refs import ArtifactRef, content_hash
 from paravt_core.sft.stage import ExtraShard
 
 CAPTION_REQUEST = "Describe what happens in these frames."
+OVERVIEW_REQUEST = "Describe what these overview frames of the whole video show."
 CORPUS_FILE = "captions.parquet"
 READING_FILE = "reading.parquet"
 READING_NOTES = "Notes on a video:"
@@ -77,8 +78,11 @@ def corpus_dir(cfg: PipelineConfig) -> Path:
     geometry and events (`WORLD_FIELDS`) and the code that draws them."""
     from paravt_core.refs import source_digest
 
-    settings = {"pretrain": cfg.model.pretrain.model_dump(mode="json", exclude=set(READING_FIELDS)),
+    pre = cfg.model.pretrain
+    settings = {"pretrain": pre.model_dump(mode="json", exclude={*READING_FIELDS, "overview_rows"}),
                 "world": cfg.data.synth.model_dump(mode="json", include=set(WORLD_FIELDS))}
+    if pre.overview_rows:  # named only when set, so corpora without them keep their folders
+        settings["overview"] = {"rows": pre.overview_rows, "budgets": list(overview_budgets(cfg))}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     builder = source_digest("paravt_core.data.synth")
     return cfg.run.output_dir / "pretrain" / f"corpus-{key}-{builder}"
@@ -111,6 +115,34 @@ def clip_windows(
         if (start, start + length) not in windows:
             windows.append((start, start + length))
     return windows
+
+
+def overview_budgets(cfg: PipelineConfig) -> tuple[int, ...]:
+    """The budgets K the overview rows draw from: the teacher's (`data.synth.teacher_budgets`), else
+    SFT's (`video.sft_frame_choices`), else the one SFT budget (`video.sft_max_frames`)."""
+    return tuple(cfg.data.synth.teacher_budgets or cfg.video.sft_frame_choices or (cfg.video.sft_max_frames,))
+
+
+def overview_caption(spec: VideoSpec, k: int) -> str:
+    """What the video's K overview frames (the pipeline's own sampler) show, in the words of the
+    overview-reading teacher (`data.synth.traces.seen_trace`): the events on them, else the
+    plain background with its tint named (as an empty clip's caption names it)."""
+    from paravt_core.data.synth.traces import SEEN_OPENING, background_phrase, event_clause
+    from paravt_core.data.synth.world import event_on_overview
+
+    shown = [e for e in spec.events if event_on_overview(spec, e, k)]
+    if not shown:
+        return f"The overview frames show only the plain {background_phrase(spec)} background."
+    return f"{SEEN_OPENING} " + " and ".join(event_clause(e) for e in shown) + "."
+
+
+def overview_row(video_file: Path, k: int, caption: str) -> dict:
+    """An SFT row: the whole video's K overview frames (`nframes`, sampled as SFT samples an
+    overview), the overview request, the caption."""
+    video = {"type": "video_url", "video_url": {"url": video_file.resolve().as_uri()}, "nframes": k}
+    return {"messages": [{"role": "user", "content": [video, {"type": "text", "text": OVERVIEW_REQUEST}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": caption}]}],
+            "videos": [video_file.resolve().as_uri()]}
 
 
 def caption_row(video_file: Path, window: tuple[int, int], caption: str) -> dict:
@@ -224,11 +256,33 @@ def build_corpus(cfg: PipelineConfig, log_line: LogLine = print) -> ArtifactRef:
                 for window in clip_windows(rng, spec, int(synth.max_crop_s), pre.windows_per_video,
                                            pre.event_windows):
                     rows.append(caption_row(final_file, window, summarize_window(spec, *window, background=True)))
+                for k in overview_row_budgets(rng, cfg, spec):
+                    rows.append(overview_row(final_file, k, overview_caption(spec, k)))
                 if (index + 1) % 100 == 0:
                     log_line(f"pretrain corpus: {index + 1}/{pre.videos} videos")
             pq.write_table(_table(rows), tmp / CORPUS_FILE)
         log_line(f"pretrain corpus: {len(rows)} captioned clips of {pre.videos} videos in {out}")
     return ArtifactRef(kind="pretrain_corpus", path=out.resolve(), sha256=content_hash(out / CORPUS_FILE))
+
+
+def overview_row_budgets(rng: random.Random, cfg: PipelineConfig, spec: VideoSpec) -> list[int]:
+    """The budgets of a pretraining video's `model.pretrain.overview_rows` overview rows: each
+    drawn from `overview_budgets`, half of them (when the video has an event) among the budgets
+    whose frames show it, so seen and unseen overviews are both common (distinct, as many as
+    there are budgets)."""
+    from paravt_core.data.synth.world import event_on_overview
+
+    count = cfg.model.pretrain.overview_rows
+    if not count:
+        return []
+    budgets = list(overview_budgets(cfg))
+    seen = [k for k in budgets if any(event_on_overview(spec, e, k) for e in spec.events)]
+    chosen: list[int] = []
+    for index in range(min(count, len(budgets))):
+        pool = [k for k in (seen if index % 2 == 0 and seen else budgets) if k not in chosen]
+        pool = pool or [k for k in budgets if k not in chosen]
+        chosen.append(rng.choice(pool))
+    return chosen
 
 
 def reading_dir(cfg: PipelineConfig, clips: ArtifactRef) -> Path:

@@ -186,10 +186,36 @@ def overview_budget(source: str, choices: Sequence[int]) -> int:
     return frame_budget_of(f"sft-overview|{source}", choices)
 
 
+def row_budget(messages) -> int | None:
+    """The overview budget a row sets itself: `nframes` on a whole-video item (the generator's
+    overview-reading teacher chose K and wrote what those K frames show, `data.synth.teacher_budgets`),
+    which then wins over `overview_budget`'s draw. None when no item sets one.
+
+    Raises:
+        ConversationError: `nframes` is not a positive integer, or two items set different ones.
+    """
+    found: set[int] = set()
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for item in content:
+            value = item.get("nframes") if isinstance(item, dict) else None
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConversationError(f"video item nframes={value!r} must be a positive integer")
+            found.add(value)
+    if len(found) > 1:
+        raise ConversationError(f"video items set different nframes {sorted(found)}: one overview budget per row")
+    return found.pop() if found else None
+
+
 class SFTDataset:
     """Index -> EncodedSample, encoding lazily (frames through the cache).
 
-    With `frame_choices`, each row's whole-video frames are capped at its `overview_budget`."""
+    A row's whole-video frames are capped at its own `row_budget` when it sets one, else, with
+    `frame_choices`, at its `overview_budget`."""
 
     def __init__(self, rows: list[dict[str, Any]], processor, cache: FrameCache, overlong: OverlongPolicy,
                  tools: Sequence[dict[str, Any]] | None = None, frame_choices: Sequence[int] | None = None):
@@ -214,8 +240,10 @@ class SFTDataset:
         try:
             sampling = self.cache.sampling
             load_video = self.cache.load
-            if self.frame_choices:
+            budget = row_budget(row["messages"])
+            if budget is None and self.frame_choices:
                 budget = overview_budget(row["source"], self.frame_choices)
+            if budget is not None:
                 load_video = functools.partial(self.cache.load, max_frames=budget)
             sample = encode_conversation(row["messages"], self.processor, load_video, load_image, self.tools,
                                          (sampling.min_pixels, sampling.max_pixels))

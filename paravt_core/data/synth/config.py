@@ -150,6 +150,30 @@ class SynthConfig(BaseModel):
         "teacher crops; in the rest it answers from the overview without looking and is right by luck, as a "
         "rejection-sampled cold start keeps a lucky guess (`traces.unlooked_trace`). 1: it always looks",
     )
+    teacher_budgets: tuple[Annotated[int, Field(ge=1)], ...] | None = Field(
+        None,
+        min_length=1,
+        description="the overview-reading teacher (#46 item 2, docs/miniature.md \"World version 3\"): every "
+        "main-agent SFT row carries its own overview budget K (`nframes` on its video item, drawn from these "
+        "budgets by a stable hash), and the teacher of an agentic event question reads the K frames: it answers "
+        "from them, naming what they show, when the asked event is on them (`traces.seen_trace`), and crops "
+        "otherwise; direct rows say what the K frames show. None: the budget is drawn later by the SFT dataset "
+        "(`video.sft_frame_choices`) and the teacher's look decision follows the question's wording",
+    )
+    skip_when_seen: float = Field(
+        1.0, ge=0.0, le=1.0,
+        description="with teacher_budgets: share of the agentic event questions whose asked event is on the row's "
+        "K overview frames that the teacher answers from them (`traces.seen_trace`, a stable draw per slot); in "
+        "the rest it crops anyway, as a cold start that calls tools by habit does (the paper's SFT model calls "
+        "2.5 times per episode, SPEC §6). Where the frames do not show the event it always crops",
+    )
+    subagent_error_rate: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="share of the teacher's reports of an event in a window that name a wrong colour (a stable "
+        "draw per video and window, the same in the sub-agent's own rows and in the main agent's tool responses, "
+        "whose answer then follows the report): a sub-agent that is not always right, so tool paths carry a risk "
+        "of their own (#46 item 2). 0: every report is the ground truth",
+    )
     codec: Literal["libx264", "mpeg4"] = "libx264"
     empty_videos: tuple[VideoSet, ...] = Field(
         (),
@@ -204,6 +228,17 @@ class SynthConfig(BaseModel):
                 f"second_wording_look {self.second_wording_look} applies to second-wording questions: "
                 "set second_wording > 0 or leave second_wording_look at 1"
             )
+        if self.teacher_budgets is not None and self.second_wording_look < 1:
+            raise ValueError(
+                f"second_wording_look {self.second_wording_look} is the wording teacher's look decision; with "
+                "teacher_budgets the teacher looks when the overview does not show the event: leave it at 1"
+            )
+        if self.skip_when_seen < 1 and self.teacher_budgets is None:
+            raise ValueError(f"skip_when_seen {self.skip_when_seen} applies to the overview-reading teacher: "
+                             "set teacher_budgets or leave skip_when_seen at 1")
+        if self.subagent_error_rate > 0 and (self.colours is None or len(self.colours) != 4):
+            raise ValueError(f"subagent_error_rate {self.subagent_error_rate} needs a palette of exactly 4 colours "
+                             "(data.synth.colours), so every colour question lists the colour a report names")
         if len(set(self.empty_videos)) != len(self.empty_videos):
             raise ValueError(f"empty_videos {list(self.empty_videos)} names a set twice")
         return self

@@ -22,6 +22,7 @@ Shard names follow the release's (each root feeds one shard).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -36,16 +37,19 @@ from paravt_core.agent.prompts import subagent_instruction
 from paravt_core.data.synth.prompts import SYSTEM_PROMPT, eval_style_text, question_prompt
 from paravt_core.data.synth.questions import OptionStyle, Question, background_question, random_event_question
 from paravt_core.data.synth.traces import (
+    TRUTH,
+    Reporter,
     TeacherTrace,
     Window,
     direct_trace,
     no_tool_trace,
+    seen_trace,
     segment_grid,
     summarize_window,
     tool_trace,
     unlooked_trace,
 )
-from paravt_core.data.synth.world import VideoSpec, derived_rng, event_off_overviews
+from paravt_core.data.synth.world import VideoSpec, derived_rng, event_off_overviews, event_on_overview
 
 SENTINEL_ROOTS = ("longvt_source", "museg/charades", "museg/et_instruct_164k", "selfqa")
 SFT_SHARD_OF_ROOT = {
@@ -66,6 +70,7 @@ _CONTENT_ITEM = pa.struct(
         ("video_url", pa.struct([("url", pa.string())])),
         ("video_start", pa.float64()),
         ("video_end", pa.float64()),
+        ("nframes", pa.int64()),
     ]
 )
 SFT_SCHEMA = pa.schema(
@@ -132,6 +137,8 @@ def main_prompt(question: Question, video: TrainVideo, prompts: str = "training"
 def sft_messages(trace: TeacherTrace, video: TrainVideo, prompts: str = "training") -> list[dict]:
     """The chat turns of one SFT row (see the module docstring for the tool turns)."""
     video_item = {"type": "video_url", "video_url": {"url": video.sentinel}}
+    if trace.nframes is not None:  # the overview budget K the teacher read (SynthConfig.teacher_budgets)
+        video_item["nframes"] = trace.nframes
     system, user_text = main_prompt(trace.question, video, prompts, trace.direct)
     user = [video_item, *_text(user_text)]
     messages = [{"role": "system", "content": _text(system)}, {"role": "user", "content": user}]
@@ -146,7 +153,7 @@ def sft_row(trace: TeacherTrace, video: TrainVideo, prompts: str = "training") -
     return {"messages": sft_messages(trace, video, prompts), "videos": [video.sentinel]}
 
 
-def subagent_sft_row(video: TrainVideo, window: Window) -> dict:
+def subagent_sft_row(video: TrainVideo, window: Window, reporter: Reporter = TRUTH) -> dict:
     """A sub-agent row (SPEC §3): the prompt the rollout gives a sub-agent for `window` (its
     frames, then the summary request of `agent.prompts`), answered by the window's summary."""
     start, end = window
@@ -154,7 +161,7 @@ def subagent_sft_row(video: TrainVideo, window: Window) -> dict:
             "video_end": float(end)}
     messages = [
         {"role": "user", "content": [crop, *_text(subagent_instruction(start, end))]},
-        {"role": "assistant", "content": _text(summarize_window(video.spec, start, end))},
+        {"role": "assistant", "content": _text(summarize_window(video.spec, start, end, reporter=reporter))},
     ]
     return {"messages": messages, "videos": [video.sentinel]}
 
@@ -218,34 +225,54 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
     """Up to `sft_traces_per_video` distinct traces per video; the no-tool slots are
     round(no_tool_share * n). A slot whose video has no question left is dropped. An agentic
     event question in the second wording is answered without a crop unless a stable draw per
-    slot falls under `second_wording_look` (`traces.unlooked_trace`)."""
+    slot falls under `second_wording_look` (`traces.unlooked_trace`).
+
+    With `teacher_budgets` (the overview-reading teacher, #46 item 2) every main-agent row gets
+    its overview budget K by a stable draw per slot, and an agentic event question is answered
+    from the K frames when the asked event is on them (`traces.seen_trace`; in a `skip_when_seen`
+    share of those slots, the rest crop), else with crops;
+    the wording no longer decides. With `subagent_error_rate`, reports follow `traces.Reporter`."""
     slots = [(video, k) for video in videos for k in range(cfg.sft_traces_per_video)]
     no_tool = set(derived_rng(cfg.seed, "no-tool").sample(range(len(slots)), round(cfg.no_tool_share * len(slots))))
     rest = [i for i in range(len(slots)) if i not in no_tool]
     direct = set(derived_rng(cfg.seed, "direct").sample(rest, round(cfg.direct_share * len(slots))))
-    traces, seen, style = [], set(), OptionStyle.of(cfg)
+    traces, seen, style, reporter = [], set(), OptionStyle.of(cfg), Reporter.of(cfg)
     for index, (video, k) in enumerate(slots):
         rng = derived_rng(cfg.seed, "sft", video.spec.video_id, k)
+        budget = teacher_budget(cfg, video.spec.video_id, k)
         if index in no_tool:
             question = _distinct(lambda: background_question(rng, video.spec, rng.choice(("mcq", "oe")), style=style), seen)
             if question is not None:
-                traces.append((video, no_tool_trace(video.spec, question)))
+                traces.append((video, dataclasses.replace(no_tool_trace(video.spec, question), nframes=budget)))
             continue
         question = _distinct(lambda: random_event_question(rng, video.spec, topics=cfg.question_topics, style=style), seen)
         if question is None:
             continue
+        event = video.spec.events[question.event_index]
+        on_overview = budget is not None and event_on_overview(video.spec, event, budget)
+        answer_seen = on_overview and derived_rng(cfg.seed, "skip-seen", video.spec.video_id, k).random() < cfg.skip_when_seen
         if index in direct:
-            event = video.spec.events[question.event_index]
             hidden = event_off_overviews(video.spec, event, cfg)
-            traces.append((video, direct_trace(video.spec, question, hidden=hidden)))
-        elif question.wording and derived_rng(cfg.seed, "look", video.spec.video_id, k).random() >= cfg.second_wording_look:
+            traces.append((video, direct_trace(video.spec, question, hidden=hidden, nframes=budget, seen=on_overview)))
+        elif answer_seen:
+            traces.append((video, seen_trace(video.spec, question, budget)))
+        elif (budget is None and question.wording
+              and derived_rng(cfg.seed, "look", video.spec.video_id, k).random() >= cfg.second_wording_look):
             traces.append((video, unlooked_trace(video.spec, question)))
         else:
             traces.append((video, tool_trace(rng, video.spec, question, video.name, cfg.max_calls_per_trace,
                                              cfg.max_crop_s, cover=cfg.teacher_windows == "cover",
                                              final_reasoning=cfg.final_reasoning,
-                                             crop_opening=cfg.crop_opening)))
+                                             crop_opening=cfg.crop_opening, reporter=reporter, nframes=budget)))
     return traces
+
+
+def teacher_budget(cfg: SynthConfig, video_id: str, slot: int) -> int | None:
+    """The overview budget K of a main-agent SFT row (`teacher_budgets`), a stable draw per
+    video and slot; None without the overview-reading teacher."""
+    if cfg.teacher_budgets is None:
+        return None
+    return derived_rng(cfg.seed, "teacher-budget", video_id, slot).choice(list(cfg.teacher_budgets))
 
 
 def sft_shards(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> dict[str, list[dict]]:
@@ -255,7 +282,7 @@ def sft_shards(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> dict[str, list
         shards[sft_file(SFT_SHARD_OF_ROOT[video.root])].append(sft_row(trace, video, cfg.prompts))
     for video in videos:
         for window in subagent_windows(cfg, video):
-            shards[sft_file(SFT_SHARD_OF_ROOT[video.root])].append(subagent_sft_row(video, window))
+            shards[sft_file(SFT_SHARD_OF_ROOT[video.root])].append(subagent_sft_row(video, window, Reporter.of(cfg)))
     return shards
 
 

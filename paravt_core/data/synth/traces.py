@@ -39,6 +39,7 @@ class TeacherTrace:
     tool_responses: tuple[str, ...]
     final_turn: str
     direct: bool = False  # asked in the evaluation's direct mode (no tools)
+    nframes: int | None = None  # the row's overview budget K, when the teacher chose it (teacher_budgets)
 
 
 def clock(seconds: float) -> str:
@@ -81,7 +82,39 @@ def describe_event(event: Event, start_s: float, end_s: float) -> str:
 EMPTY_WINDOW = "Nothing notable happens in this window: only the plain background is visible."
 
 
-def summarize_window(spec: VideoSpec, start_s: float, end_s: float, background: bool = False) -> str:
+@dataclass(frozen=True)
+class Reporter:
+    """What the teacher's sub-agent reports of an event (`SynthConfig.subagent_error_rate`): the
+    ground truth, except for a stable share of the world's events, whose colour it names wrongly
+    (another colour of the palette) in every window and every row that shows them. The sub-agent's
+    own rows and the main agent's tool responses report alike, and the main agent's answer follows
+    its report: a sub-agent that is not always right, so calling carries a risk (#46 item 2)."""
+
+    error_rate: float = 0.0
+    seed: int = 0
+    palette: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, cfg) -> Reporter:
+        return cls(cfg.subagent_error_rate, cfg.seed, tuple(cfg.colours or ()))
+
+    def event(self, spec: VideoSpec, event: Event) -> Event:
+        """`event` as the sub-agent reports it."""
+        if not self.error_rate:
+            return event
+        from paravt_core.data.synth.world import derived_rng
+
+        rng = derived_rng(self.seed, "misreport", spec.video_id, event.start_frame, event.colour)
+        if rng.random() >= self.error_rate:
+            return event
+        return dataclasses.replace(event, colour=rng.choice([c for c in self.palette if c != event.colour]))
+
+
+TRUTH = Reporter()
+
+
+def summarize_window(spec: VideoSpec, start_s: float, end_s: float, background: bool = False,
+                     reporter: Reporter = TRUTH) -> str:
     """What a sub-agent watching [start_s, end_s) should report, in temporal order.
 
     `background`: an empty window's summary also names the background tint, as the tiny
@@ -92,7 +125,8 @@ def summarize_window(spec: VideoSpec, start_s: float, end_s: float, background: 
     events = events_in_window(spec, start_s, end_s)
     if not events:
         return EMPTY_WINDOW.replace("plain", f"plain {background_phrase(spec)}") if background else EMPTY_WINDOW
-    return " ".join(describe_event(e, max(e.start_s, start_s), min(e.end_s, end_s)) for e in events)
+    return " ".join(describe_event(reporter.event(spec, e), max(e.start_s, start_s), min(e.end_s, end_s))
+                    for e in events)
 
 
 def segment_grid(spec: VideoSpec, length: int) -> list[Window]:
@@ -200,7 +234,8 @@ CROP_OPENING_TEXTS = {
 
 def tool_trace(
     rng: random.Random, spec: VideoSpec, question: Question, video_name: str, max_calls: int, max_crop_s: float,
-    cover: bool = False, final_reasoning: str = "all", crop_opening: str = "shared",
+    cover: bool = False, final_reasoning: str = "all", crop_opening: str = "shared", reporter: Reporter = TRUTH,
+    nframes: int | None = None,
 ) -> TeacherTrace:
     """A one-round trace with parallel crops for an event question (`cover`: every grid segment).
 
@@ -208,7 +243,9 @@ def tool_trace(
     conclusion: `all` quotes every crop's report with its window, `relevant` only the
     report(s) of the window(s) holding the asked event, `event` names what the reports say of
     the asked event, without windows or times ("A crop reports that a red star appears in the
-    centre."). `crop_opening`: which pair of plans opens the first think (`CROP_OPENING_TEXTS`)."""
+    centre."). `crop_opening`: which pair of plans opens the first think (`CROP_OPENING_TEXTS`).
+    `reporter`: what the tool responses say (`Reporter`); the final think and answer follow them.
+    `nframes`: the row's overview budget K, when the teacher knows it (`SynthConfig.teacher_budgets`)."""
     if cover:
         windows = cover_crop_windows(spec, max_calls, max_crop_s)
     else:
@@ -222,17 +259,31 @@ def tool_trace(
     # colour word the final answer could copy (see EMPTY_WINDOW).
     opening = rng.choice(CROP_OPENING_TEXTS[crop_opening]).format(plural=plural)
     first_turn = think(opening) + "\n" + "\n".join(tool_call_block(video_name, w) for w in windows)
-    responses = tuple(summarize_window(spec, s, e) for s, e in windows)
+    responses = tuple(summarize_window(spec, s, e, reporter=reporter) for s, e in windows)
     quoted = list(zip(windows, responses, strict=True))
-    asked = spec.events[question.event_index]
+    truth = spec.events[question.event_index]
+    asked = reporter.event(spec, truth)
+    question = reported_question(question, truth, asked)
     if final_reasoning == "event":
         evidence = f"A crop reports that {event_clause(asked)}."
     else:
         if final_reasoning == "relevant":  # only the report(s) of the window(s) the asked event is in
-            quoted = [(w, r) for w, r in quoted if asked in events_in_window(spec, *w)]
+            quoted = [(w, r) for w, r in quoted if truth in events_in_window(spec, *w)]
         evidence = " ".join(f"The crop from {clock(s)} to {clock(e)} reports: {r}" for (s, e), r in quoted)
     final_turn = think(f"{evidence} {conclusion(question, spec)}") + f"\n<answer>{question.answer}</answer>"
-    return TeacherTrace(question, windows, first_turn, responses, final_turn)
+    return TeacherTrace(question, windows, first_turn, responses, final_turn, nframes=nframes)
+
+
+def reported_question(question: Question, truth: Event, reported: Event) -> Question:
+    """`question` with the answer its sub-agent's report gives (`Reporter`): a colour question on
+    a misreported event is answered with the reported colour's option; anything else is unchanged."""
+    if reported == truth or question.topic != "colour":
+        return question
+    value = reported.colour
+    if question.qtype == "mcq":
+        letter = question.letters[question.options.index(option_text(value))]
+        return dataclasses.replace(question, answer=letter, answer_text=value)
+    return dataclasses.replace(question, answer=value, answer_text=value)
 
 
 def no_tool_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
@@ -257,15 +308,40 @@ def unlooked_trace(spec: VideoSpec, question: Question) -> TeacherTrace:
     return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>")
 
 
-def direct_trace(spec: VideoSpec, question: Question, hidden: bool = True) -> TeacherTrace:
+def seen_trace(spec: VideoSpec, question: Question, nframes: int) -> TeacherTrace:
+    """An agentic answer read off the row's K overview frames (`SynthConfig.teacher_budgets`): the
+    asked event is on them, so the teacher names what they show and answers without a crop. The
+    opening, "The overview frames show", is the skip plan; the crop plans open otherwise."""
+    if question.event_index is None:
+        raise ValueError("seen_trace answers an event question; background questions take no_tool_trace")
+    reasoning = (f"{SEEN_OPENING} {event_clause(spec.events[question.event_index])}. No crop is needed. "
+                 f"{conclusion(question, spec)}")
+    return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>",
+                        nframes=nframes)
+
+
+SEEN_OPENING = "The overview frames show that"
+
+
+def direct_trace(spec: VideoSpec, question: Question, hidden: bool = True, nframes: int | None = None,
+                 seen: bool = False) -> TeacherTrace:
     """An answer in the evaluation's direct mode (no tools): a short look at the overview, then
     the answer. `hidden`: the asked event lies off every overview the world's rows can be shown
     (`world.event_off_overviews`), so the trace says it is not in them; otherwise (a long event,
     #35) it says the overview may show it, which is true whatever the row's overview budget K,
     unknown here. The label is the ground truth either way (what a model answering from the
-    overview alone is taught)."""
+    overview alone is taught). `nframes` (the overview-reading teacher, `SynthConfig.teacher_budgets`):
+    the row's K, whose frames show the event when `seen`; the think then says what they show."""
     if question.event_index is None:
-        return dataclasses.replace(no_tool_trace(spec, question), direct=True)
+        return dataclasses.replace(no_tool_trace(spec, question), direct=True, nframes=nframes)
+    if nframes is not None:
+        if seen:
+            reasoning = f"{SEEN_OPENING} {event_clause(spec.events[question.event_index])}."
+        else:
+            reasoning = (f"The overview frames show only the plain background; "
+                         f"{asked_object(spec.events[question.event_index], question.topic)} is not in them.")
+        return TeacherTrace(question, (), None, (), think(reasoning) + f"\n<answer>{question.answer}</answer>",
+                            direct=True, nframes=nframes)
     # The event named as the question names it: by its label ("the red star") the answer was in
     # the reasoning, and a model answering blind learnt to name a colour and answer by it (#15).
     asked = asked_object(spec.events[question.event_index], question.topic)

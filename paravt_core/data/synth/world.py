@@ -221,6 +221,14 @@ def event_off_overviews(spec: VideoSpec, event: Event, cfg: SynthConfig) -> bool
     return bool(instants) and not any(event.start_frame <= i < event.end_frame for i in instants)
 
 
+def event_on_overview(spec: VideoSpec, event: Event, k: int) -> bool:
+    """Whether `event` is on one of the K overview frames the pipeline takes of the video
+    (`video.sampling.overview_frame_indices`, the same for SFT, RL and evaluation)."""
+    from paravt_core.video.sampling import overview_frame_indices as pipeline_overview
+
+    return any(event.start_frame <= i < event.end_frame for i in pipeline_overview(spec.n_frames, k))
+
+
 def sample_events(rng: random.Random, cfg: SynthConfig, n_frames: int, visible: bool = False) -> tuple[Event, ...]:
     """1-3 events of distinct kinds (or of `cfg.event_kinds`), colours and shapes, in temporal order
     (`visible`: the first drawn is long and placed anywhere, `place_event_windows`)."""
