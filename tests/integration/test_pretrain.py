@@ -273,6 +273,40 @@ def test_pretraining_is_refused_for_a_real_checkpoint(tmp_path: Path):
         _cfg(tmp_path, "model.base=Qwen/Qwen3-VL-8B-Instruct")
 
 
+def test_overview_rows_show_the_k_frames_their_caption_describes(tmp_path: Path, tiny_model_dir: Path):
+    """World version 3 (#46 item 2): the corpus's overview rows reach the trainer as the K
+    overview frames of their video, and the caption says what those frames show."""
+    from paravt_core.data.synth.world import derived_rng, event_on_overview, sample_video, youtube_like_id
+    from paravt_core.model.loading import load_processor
+    from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
+
+    cfg = _cfg(tmp_path, "data.synth.teacher_budgets=[2,3,4,6]", "data.synth.second_wording_look=1.0",
+               "model.pretrain.overview_rows=2")
+    corpus = pretrain.build_corpus(cfg, log_line=lambda line: None)
+    assert corpus.path != pretrain.build_corpus(_cfg(tmp_path / "plain"), log_line=lambda line: None).path
+    rows = read_sft_rows([Path(corpus.path) / pretrain.CORPUS_FILE])
+    overview = [r for r in rows if r["messages"][0]["content"][1]["text"] == pretrain.OVERVIEW_REQUEST]
+    assert len(rows) == 3 * (4 + 2) and len(overview) == 3 * 2
+    specs = {}
+    for index in range(3):
+        rng = derived_rng(cfg.data.synth.seed, "pretrain", cfg.model.pretrain.seed, index)
+        spec = sample_video(rng, cfg.data.synth, youtube_like_id(rng))
+        specs[spec.video_id] = spec
+    # a frame choice the rows must override: every overview row shows its own K frames
+    data = SFTDataset(overview, load_processor(tiny_model_dir),
+                      FrameCache(tmp_path / "frames", FrameSampling.from_config(cfg.video)),
+                      OverlongPolicy(4096, "skip"), frame_choices=(6,))
+    for index, row in enumerate(overview):
+        video = row["messages"][0]["content"][0]
+        k, spec = video["nframes"], specs[Path(video["video_url"]["url"]).stem]
+        caption = row["messages"][1]["content"][0]["text"]
+        assert caption == pretrain.overview_caption(spec, k)
+        assert caption.startswith("The overview frames show") and (
+            "plain" in caption) != any(event_on_overview(spec, e, k) for e in spec.events)
+        sample = data.encode(index)
+        assert sample is not None and sample.image_grid_thw.shape[0] == k  # one timestamped image per frame
+
+
 def test_corpus_depends_on_the_world_geometry_not_on_trace_settings(tmp_path: Path):
     same = _cfg(tmp_path, "data.synth.sft_traces_per_video=2", "data.synth.subagent_traces_per_video=1")
     assert pretrain.corpus_dir(same) == pretrain.corpus_dir(_cfg(tmp_path))
