@@ -25,9 +25,10 @@ the thresholds written down before the first run (docs/miniature.md).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from paravt_core.config import PipelineConfig
 
@@ -123,6 +124,40 @@ def precondition(summaries: Sequence[BranchSummary]) -> list[tuple[str, bool]]:
          f"{', '.join(str(s.nframes) for s in summaries)} (needs >= {FORMAT_GAP:.2f} at every K)",
          min(gaps) >= FORMAT_GAP),
     ]
+
+
+def shown_on_overview(samples: Sequence, manifest: Mapping[str, Any], split: str,
+                      frame_counts: Sequence[int]) -> dict[tuple[str, int], bool]:
+    """(sample id, K) -> whether the question's video has its event on its K overview frames,
+    from the generated world's ground truth (`manifest.json`, `miniature.visibility`).
+
+    Raises:
+        ValueError: the manifest has no such split, or a sample's video is not among its videos.
+    """
+    from paravt_core.miniature.visibility import event_visible
+
+    block = manifest.get("eval", {}).get(split)
+    if block is None:
+        raise ValueError(f"the world's manifest has no evaluation split {split!r}: was the split generated with it?")
+    videos = {entry["file_name"]: entry["video"] for entry in block.get("videos", ())}
+    missing = sorted({Path(s.video_path).name for s in samples} - set(videos))
+    if missing:
+        raise ValueError(f"videos of split {split} not in the world's manifest: {missing[:3]}")
+    return {(s.id, k): event_visible(videos[Path(s.video_path).name], k) for s in samples for k in frame_counts}
+
+
+def render_by_shown(records: Sequence[BranchRecord], shown: Mapping[tuple[str, int], bool]) -> str:
+    """The per-K table again, split by whether the K overview frames show the question's event:
+    where skipping can be right by sight, and where only a crop sees it."""
+    lines = ["| K | event on the K frames | questions | skip as good as crop (%) | mean reward, crop | "
+             "mean reward, skip | not in format, crop (%) | not in format, skip (%) |", "|---:|---|" + "---:|" * 6]
+    for flag in (True, False):
+        part = [r for r in records if shown[(r.sample_id, r.nframes)] == flag]
+        for s in summarize(part) if part else ():
+            lines.append(f"| {s.nframes} | {'yes' if flag else 'no'} | {s.questions} | {100 * s.skip_as_good:.1f} | "
+                         f"{s.reward['crop']:.3f} | {s.reward['skip']:.3f} | {100 * s.format_failures['crop']:.1f} | "
+                         f"{100 * s.format_failures['skip']:.1f} |")
+    return "\n".join(lines[:2] + sorted(lines[2:], key=lambda line: int(line.split("|")[1])))
 
 
 def render(summaries: Sequence[BranchSummary]) -> str:

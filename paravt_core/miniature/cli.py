@@ -162,6 +162,12 @@ def _branch_probe(args: argparse.Namespace) -> int:
                            args.temperature, args.seed)
     summaries = summarize(records)
     print(render(summaries))
+    shown = _shown_on_overview(cfg, split_json, args.split, frame_counts)
+    if shown is not None:
+        from paravt_core.miniature.branch_probe import render_by_shown
+
+        print("\nBy whether the K overview frames show the question's event (the world's ground truth):\n")
+        print(render_by_shown(records, shown))
     if args.out:
         from dataclasses import asdict
 
@@ -171,8 +177,22 @@ def _branch_probe(args: argparse.Namespace) -> int:
             "model": str(model_dir), "split": args.split, "samples": args.samples, "temperature": args.temperature,
             "summaries": [asdict(s) for s in summaries],
             "precondition": [{"check": text, "holds": ok} for text, ok in precondition(summaries)],
-            "records": [asdict(r) for r in records]}, indent=1))
+            "records": [asdict(r) for r in records],
+            "shown": None if shown is None else [{"sample_id": i, "nframes": k, "shown": v}
+                                                 for (i, k), v in sorted(shown.items())]}, indent=1))
     return 0
+
+
+def _shown_on_overview(cfg, split_json: Path, split: str, frame_counts) -> dict | None:
+    """(sample id, K) -> event on the K frames, for a generated world whose manifest is on disk; else None."""
+    from paravt_core.data.mirror import world_dir
+    from paravt_core.eval.prepared import load_split_file
+    from paravt_core.miniature.branch_probe import shown_on_overview
+
+    if cfg.data.source != "synth" or not (world_dir(cfg) / "manifest.json").is_file():
+        return None
+    manifest = json.loads((world_dir(cfg) / "manifest.json").read_text())
+    return shown_on_overview(load_split_file(split_json), manifest, split, frame_counts)
 
 
 def _split_probe_args(p: argparse.ArgumentParser) -> None:

@@ -66,6 +66,31 @@ def test_the_precondition_checks_each_threshold_at_its_k():
     assert "does NOT hold" in render(summarize(fewer)) and "| 6 | 3 |" in render(summarize(fewer))
 
 
+def test_records_split_by_whether_the_k_frames_show_the_event():
+    from paravt_core.eval.samples import EvalSample
+    from paravt_core.miniature.branch_probe import render_by_shown, shown_on_overview
+
+    # two videos of 20 frames: one with its event on frames 8-11 (K=2 takes 0 and 19; K=6 takes 8),
+    # one with its event on frames 1-2 (on no K=2 or K=6 frame)
+    manifest = {"eval": {"val": {"videos": [
+        {"file_name": "a.mp4", "video": {"n_frames": 20, "events": [{"start_frame": 8, "end_frame": 12}]}},
+        {"file_name": "b.mp4", "video": {"n_frames": 20, "events": [{"start_frame": 1, "end_frame": 3}]}}]}}}
+    samples = [EvalSample(id=i, split="val", video_path=Path(f"/media/{i}.mp4"), question="q", answer="A", kind="mcq", options=("x", "y"))
+               for i in ("a", "b")]
+    shown = shown_on_overview(samples, manifest, "val", [2, 6])
+    assert shown == {("a", 2): False, ("a", 6): True, ("b", 2): False, ("b", 6): False}
+    records = [BranchRecord(i, k, {"crop": 1.0, "skip": 1.2 if shown[(i, k)] else 0.2}, {"crop": 1.0, "skip": 1.0},
+                            {"crop": 1.0, "skip": 1.0}, {"crop": 2.0, "skip": 0.0}) for i in ("a", "b") for k in (2, 6)]
+    table = render_by_shown(records, shown)
+    assert "| 2 | no | 2 | 0.0 |" in table and "| 6 | yes | 1 | 100.0 |" in table and "| 6 | no | 1 | 0.0 |" in table
+    assert table.index("| 2 | no") < table.index("| 6 | yes")  # ordered by K
+    with pytest.raises(ValueError, match="no evaluation split 'test'"):
+        shown_on_overview(samples, manifest, "test", [2])
+    with pytest.raises(ValueError, match="not in the world's manifest"):
+        shown_on_overview([samples[0], EvalSample(id="c", split="val", video_path=Path("c.mp4"), question="q",
+                                                  answer="A", kind="mcq", options=("x", "y"))], manifest, "val", [2])
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("think_prefix", [True, False])  # False: vanilla GRPO's rollouts, `<think>` forced too
 def test_both_branches_are_rolled_out_on_the_tiny_model_and_scored(tmp_path, tiny_model_dir, think_prefix):
