@@ -281,6 +281,34 @@ def _visibility(args: argparse.Namespace) -> int:
     manifest = json.loads((root / "manifest.json").read_text())
     print(f"Share of videos with an event on their K overview frames (world {root}):\n")
     print(table_markdown(visibility_table(manifest, budgets)))
+    if args.eval:
+        return _eval_by_shown(cfg, manifest, Path(args.eval), args.budget or [cfg.eval.nframes])
+    return 0
+
+
+def _eval_by_shown(cfg, manifest: dict, records_file: Path, budgets) -> int:
+    """`--eval`: the evaluation's records split by whether each question's K frames show its event."""
+    from paravt_core.data.stage import SPLIT_FILE
+    from paravt_core.eval.prepared import load_split_file
+    from paravt_core.miniature.visibility import records_by_shown, shown_markdown
+
+    if not records_file.is_file():
+        print(f"paravt miniature visibility: no evaluation records at {records_file} (an eval folder's "
+              "<split>.jsonl)", file=sys.stderr)
+        return 2
+    split = records_file.stem
+    split_json = cfg.run.output_dir / "data" / "eval" / split / SPLIT_FILE
+    block = manifest.get("eval", {}).get(split)
+    if block is None or not split_json.is_file():
+        print(f"paravt miniature visibility: split {split!r} of {records_file} is not a prepared split of this "
+              f"world (looked for {split_json} and the manifest's eval.{split})", file=sys.stderr)
+        return 2
+    videos = {entry["file_name"]: entry["video"] for entry in block.get("videos", ())}
+    video_of = {s.id: videos[s.video_path.name] for s in load_split_file(split_json) if s.video_path.name in videos}
+    records = [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()]
+    for k in budgets:
+        print(f"\n{records_file} by whether the K={k} overview frames show the question's event:\n")
+        print(shown_markdown(records_by_shown(records, video_of, k), k))
     return 0
 
 
@@ -400,6 +428,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--budget", type=int, action="append", default=None,
                    help="an overview budget K, repeatable (default: rl.gating.choices, video.nframes, eval.nframes)")
+    p.add_argument("--eval", default=None, metavar="FILE",
+                   help="an evaluation's per-question records (<output_dir>/eval/<key>/<split>.jsonl): also split its "
+                        "accuracy and crop calls by whether the K frames show each question's event (K: --budget, "
+                        "default eval.nframes, the K that evaluation used)")
     p.set_defaults(func=_visibility)
 
     p = commands.add_parser("report", help="the reproduction's table (95 %% intervals over seeds), findings and "

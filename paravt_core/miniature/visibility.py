@@ -8,7 +8,9 @@ indices for evaluation, SFT and RL overviews), so it is counted here from the gr
 `start_frame <= i < end_frame`), without rendering or decoding a frame.
 
 `paravt miniature visibility --config C` prints, for the training videos and each evaluation
-split, the share of videos with at least one event on an overview frame, per K.
+split, the share of videos with at least one event on an overview frame, per K. With `--eval
+FILE` (an evaluation's per-question `<split>.jsonl`) it also splits that evaluation's accuracy and
+crop calls by whether the K frames of each question's video show its event (`records_by_shown`).
 """
 
 from __future__ import annotations
@@ -60,4 +62,38 @@ def table_markdown(rows: Sequence[VisibilityRow]) -> str:
     lines = ["| videos | n | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|---:|" + "---:|" * len(ks)]
     for row in rows:
         lines.append(f"| {row.videos} | {row.n} | " + " | ".join(f"{100 * row.shares[k]:.1f} %" for k in ks) + " |")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ShownRow:
+    shown: bool  # the question's video has its event on its K overview frames
+    questions: int
+    accuracy: float
+    calls: float  # crop calls per question
+
+
+def records_by_shown(records: Sequence[Mapping[str, Any]], video_of: Mapping[str, Mapping[str, Any]],
+                     k: int) -> list[ShownRow]:
+    """An evaluation's per-question records (`id`, `correct`, `tool_calls`) split by whether the K
+    overview frames of the question's video (`video_of[id]`, a manifest video) show its event.
+
+    Raises:
+        ValueError: a record's question has no video in `video_of`.
+    """
+    missing = sorted({r["id"] for r in records} - set(video_of))
+    if missing:
+        raise ValueError(f"questions without a video in the world's manifest: {missing[:3]}")
+    rows = []
+    for flag in (True, False):
+        part = [r for r in records if event_visible(video_of[r["id"]], k) == flag]
+        if part:
+            rows.append(ShownRow(flag, len(part), sum(bool(r["correct"]) for r in part) / len(part),
+                                 sum(r["tool_calls"] for r in part) / len(part)))
+    return rows
+
+
+def shown_markdown(rows: Sequence[ShownRow], k: int) -> str:
+    lines = [f"| event on the K={k} frames | questions | accuracy (%) | crop calls per question |", "|---|---:|---:|---:|"]
+    lines += [f"| {'yes' if r.shown else 'no'} | {r.questions} | {100 * r.accuracy:.1f} | {r.calls:.2f} |" for r in rows]
     return "\n".join(lines)

@@ -34,3 +34,23 @@ def test_the_table_has_a_row_per_video_set_and_a_share_per_budget():
     assert table_markdown(rows).splitlines()[2] == "| train | 2 | 50.0 % | 50.0 % |"
     with pytest.raises(ValueError, match="no videos"):
         visible_share([], 3)
+
+
+def test_evaluation_records_split_by_whether_the_k_frames_show_the_event():
+    import pytest
+
+    from paravt_core.miniature.visibility import records_by_shown, shown_markdown
+
+    # 20 frames; K=6 takes 0, 4, 8, 11, 15, 19: "a" shows its event (8-11), "b" (1-2) does not
+    video_of = {"a": {"n_frames": 20, "events": [{"start_frame": 8, "end_frame": 12}]},
+                "b": {"n_frames": 20, "events": [{"start_frame": 1, "end_frame": 3}]},
+                "c": {"n_frames": 20, "events": [{"start_frame": 9, "end_frame": 10}]}}
+    records = [{"id": "a", "correct": True, "tool_calls": 0}, {"id": "c", "correct": False, "tool_calls": 2},
+               {"id": "b", "correct": True, "tool_calls": 3}]
+    shown, hidden = records_by_shown(records, video_of, 6)
+    assert (shown.shown, shown.questions, shown.accuracy, shown.calls) == (True, 1, 1.0, 0.0)
+    assert (hidden.shown, hidden.questions, hidden.accuracy, hidden.calls) == (False, 2, 0.5, 2.5)
+    assert "| no | 2 | 50.0 | 2.50 |" in shown_markdown([shown, hidden], 6)
+    assert [r.shown for r in records_by_shown(records, video_of, 2)] == [False]  # K=2: frames 0 and 19 only
+    with pytest.raises(ValueError, match="without a video"):
+        records_by_shown(records + [{"id": "d", "correct": True, "tool_calls": 0}], video_of, 6)
