@@ -772,6 +772,12 @@ class PipelineConfig(_Section):
         if budgets and max(budgets) > self.video.sft_max_frames:
             raise ValueError(f"data.synth.teacher_budgets {list(budgets)} go past video.sft_max_frames "
                              f"({self.video.sft_max_frames}): SFT would show fewer frames than the teacher read")
+        rows = self.model.pretrain.overview_rows
+        overview = budgets or self.video.sft_frame_choices or (self.video.sft_max_frames,)
+        if rows > len(set(overview)):
+            raise ValueError(f"model.pretrain.overview_rows {rows}: a pretraining video's overview rows take distinct "
+                             f"budgets, and there are {len(set(overview))} ({sorted(set(overview))}, from "
+                             "data.synth.teacher_budgets, else video.sft_frame_choices): lower it")
         if budgets and self.model.pretrain.reading_transcripts:
             raise ValueError("data.synth.teacher_budgets is not written into the reading phase's agent transcripts "
                              "(model.pretrain.reading_transcripts): set reading_transcripts: 0")

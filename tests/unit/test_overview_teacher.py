@@ -168,6 +168,9 @@ def test_the_config_refuses_what_the_overview_teacher_cannot_write():
         _world3("data.synth.teacher_budgets=[2,8]")
     with pytest.raises(ValueError, match="reading_transcripts"):
         _world3("model.pretrain.reading_transcripts=0.2")
+    with pytest.raises(ValueError, match="overview_rows 5: .* there are 4"):  # never a silent cap
+        _world3("model.pretrain.overview_rows=5")
+    assert _world3("model.pretrain.overview_rows=4").model.pretrain.overview_rows == 4
     with pytest.raises(ValueError, match="skip_when_seen"):
         load_config(REPO / "conf/pipeline/reproduce.yaml", ["data.synth.skip_when_seen=0.5"])
     with pytest.raises(ValueError, match="exactly 4 colours"):
