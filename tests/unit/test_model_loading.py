@@ -57,3 +57,16 @@ def test_real_shapes_have_the_real_parameter_counts(tiny_model_dir: Path, shape:
     from paravt_core.model.shapes import parameter_count
 
     assert parameter_count(shape, tiny_model_dir) / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+def test_a_tied_shape_counts_its_embedding_once_even_when_the_constructor_leaves_it_untied(
+        tiny_model_dir: Path, monkeypatch):
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from paravt_core.model.shapes import parameter_count
+
+    tied = parameter_count("2b", tiny_model_dir)
+    # what one xdist worker saw: the constructor's tying skipped, the head a parameter of its own
+    monkeypatch.setattr(Qwen3VLForConditionalGeneration, "tie_weights", lambda self, *a, **k: None)
+    assert parameter_count("2b", tiny_model_dir) == tied
+    assert parameter_count("8b", tiny_model_dir) / 1e9 == pytest.approx(8.77, abs=0.01)  # untied shape: unchanged
