@@ -134,16 +134,10 @@ def shown_on_overview(samples: Sequence, manifest: Mapping[str, Any], split: str
     Raises:
         ValueError: the manifest has no such split, or a sample's video is not among its videos.
     """
-    from paravt_core.miniature.visibility import event_visible
+    from paravt_core.miniature.visibility import event_visible, videos_of_samples
 
-    block = manifest.get("eval", {}).get(split)
-    if block is None:
-        raise ValueError(f"the world's manifest has no evaluation split {split!r}: was the split generated with it?")
-    videos = {entry["file_name"]: entry["video"] for entry in block.get("videos", ())}
-    missing = sorted({Path(s.video_path).name for s in samples} - set(videos))
-    if missing:
-        raise ValueError(f"videos of split {split} not in the world's manifest: {missing[:3]}")
-    return {(s.id, k): event_visible(videos[Path(s.video_path).name], k) for s in samples for k in frame_counts}
+    video_of = videos_of_samples(manifest, split, samples)
+    return {(s.id, k): event_visible(video_of[s.id], k) for s in samples for k in frame_counts}
 
 
 def render_by_shown(records: Sequence[BranchRecord], shown: Mapping[tuple[str, int], bool]) -> str:

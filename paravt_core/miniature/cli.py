@@ -290,7 +290,7 @@ def _eval_by_shown(cfg, manifest: dict, records_file: Path, budgets) -> int:
     """`--eval`: the evaluation's records split by whether each question's K frames show its event."""
     from paravt_core.data.stage import SPLIT_FILE
     from paravt_core.eval.prepared import load_split_file
-    from paravt_core.miniature.visibility import records_by_shown, shown_markdown
+    from paravt_core.miniature.visibility import records_by_shown, shown_markdown, videos_of_samples
 
     if not records_file.is_file():
         print(f"paravt miniature visibility: no evaluation records at {records_file} (an eval folder's "
@@ -303,8 +303,7 @@ def _eval_by_shown(cfg, manifest: dict, records_file: Path, budgets) -> int:
         print(f"paravt miniature visibility: split {split!r} of {records_file} is not a prepared split of this "
               f"world (looked for {split_json} and the manifest's eval.{split})", file=sys.stderr)
         return 2
-    videos = {entry["file_name"]: entry["video"] for entry in block.get("videos", ())}
-    video_of = {s.id: videos[s.video_path.name] for s in load_split_file(split_json) if s.video_path.name in videos}
+    video_of = videos_of_samples(manifest, split, load_split_file(split_json))
     records = [json.loads(line) for line in records_file.read_text().splitlines() if line.strip()]
     for k in budgets:
         print(f"\n{records_file} by whether the K={k} overview frames show the question's event:\n")

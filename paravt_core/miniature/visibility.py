@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from paravt_core.video.sampling import overview_frame_indices
@@ -97,3 +98,20 @@ def shown_markdown(rows: Sequence[ShownRow], k: int) -> str:
     lines = [f"| event on the K={k} frames | questions | accuracy (%) | crop calls per question |", "|---|---:|---:|---:|"]
     lines += [f"| {'yes' if r.shown else 'no'} | {r.questions} | {100 * r.accuracy:.1f} | {r.calls:.2f} |" for r in rows]
     return "\n".join(lines)
+
+
+def videos_of_samples(manifest: Mapping[str, Any], split: str, samples: Iterable) -> dict[str, Mapping[str, Any]]:
+    """Sample id -> the manifest video of a prepared evaluation split's sample (matched by file name).
+
+    Raises:
+        ValueError: the manifest has no such split, or a sample's video is not among its videos.
+    """
+    block = manifest.get("eval", {}).get(split)
+    if block is None:
+        raise ValueError(f"the world's manifest has no evaluation split {split!r}: was the split generated with it?")
+    videos = {entry["file_name"]: entry["video"] for entry in block.get("videos", ())}
+    samples = list(samples)
+    missing = sorted({Path(s.video_path).name for s in samples} - set(videos))
+    if missing:
+        raise ValueError(f"videos of split {split} not in the world's manifest: {missing[:3]}")
+    return {s.id: videos[Path(s.video_path).name] for s in samples}
