@@ -192,6 +192,30 @@ def short_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_test_video(tmp_path_factory.mktemp("videos") / "clip.mp4")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def rank_forkserver():
+    """One fork server per test process (paravt_core/forkserver.py): the DeepSpeed ranks the
+    tests start fork from it instead of importing torch, transformers and DeepSpeed each (about
+    10 CPU s a rank). It imports in the background while the first tests run; a rank asked for
+    before it listens waits for it. PARAVT_TEST_FORKSERVER=0 starts every rank as a subprocess."""
+    if os.environ.get("PARAVT_TEST_FORKSERVER", "1") == "0":
+        yield None
+        return
+    from paravt_core import forkserver
+
+    path = _SESSION_DIR / f"ranks-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.sock"
+    # A rank's OMP_NUM_THREADS must be the server's to fork (torch read it at import): this
+    # process's (one core per xdist worker), else 1, what each of two ranks on 2 cores gets.
+    server = forkserver.start(path, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                              ready_timeout=None)
+    os.environ[forkserver.SOCKET_ENV] = str(path)
+    try:
+        yield server
+    finally:
+        os.environ.pop(forkserver.SOCKET_ENV, None)
+        server.stop()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import shutil
 

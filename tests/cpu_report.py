@@ -3,8 +3,8 @@
 On a shared machine wall times follow the neighbours; CPU time does not, so this is what a
 speed-up of the suite is measured in (issue #45, docs/speed.md). Per test, the deltas of
 `getrusage(RUSAGE_SELF)` (the test process, all its threads) and `getrusage(RUSAGE_CHILDREN)`
-(every child process once it has been reaped, with its own reaped children) over setup, call
-and teardown. A child still running when the test ends (a session fixture's server) is counted
+(every child process once it has been reaped, with its own reaped children, and the ranks this
+process had forked by the fork server, paravt_core/forkserver.py) over setup, call and teardown. A child still running when the test ends (a session fixture's server) is counted
 in the test during which it is reaped, and CPU outside any test (collection, imports) is a row
 of its own. Under pytest-xdist each worker measures its tests and the controller writes the
 table.
@@ -24,8 +24,10 @@ _KEY = "cpu_report"
 
 def _cpu() -> tuple[float, float]:
     """(this process's user + system CPU seconds, its reaped children's)."""
+    from paravt_core.forkserver import forked_cpu_seconds
+
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime
+    return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime + forked_cpu_seconds()
 
 
 class CpuReport:
