@@ -206,7 +206,7 @@ def _run_ranks(commands: list[tuple[list[str], dict[str, str]]], timeout_s: floa
                 group = {}
                 if own_group:
                     group = {"process_group": procs[0].pid if procs else 0}  # rank 0 leads it
-                procs.append(_start_rank(cmd, env, write_fd, group.get("process_group")))
+                procs.append(_start_rank(cmd, env, write_fd, group.get("process_group"), log_line))
         finally:
             os.close(write_fd)  # the ranks hold the pipe now: it ends when the last of them exits
         if watchdog is not None:
@@ -229,16 +229,20 @@ def _run_ranks(commands: list[tuple[list[str], dict[str, str]]], timeout_s: floa
     return failed[0] if failed else next((code for code in codes if code != 0), 0)
 
 
-def _start_rank(cmd: list[str], env: dict[str, str], out_fd: int, process_group: int | None):
+def _start_rank(cmd: list[str], env: dict[str, str], out_fd: int, process_group: int | None, log_line: LogLine):
     """One rank: forked from the fork server where the environment names one and it takes
-    the request (`paravt_core.forkserver`: torch, transformers and DeepSpeed imported once),
-    else a subprocess. Either way its stdout and stderr are `out_fd` and its stdin is empty."""
+    the request (`paravt_core.forkserver`: torch, transformers and DeepSpeed imported once;
+    a line says why where it does not), else a subprocess. Either way its stdout and stderr
+    are `out_fd` and its stdin is empty."""
     if os.environ.get("PARAVT_RANK_FORKSERVER"):
         from paravt_core import forkserver
 
+        def fallback(reason: str) -> None:
+            log_line(f"rank started as a subprocess, not forked: {reason}")
+
         with open(os.devnull, "rb") as devnull:
             forked = forkserver.spawn(cmd, env, stdin=devnull.fileno(), stdout=out_fd, stderr=out_fd,
-                                      process_group=process_group)
+                                      process_group=process_group, on_fallback=fallback)
         if forked is not None:
             return forked
     group = {} if process_group is None else {"process_group": process_group}

@@ -49,7 +49,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 SOCKET_ENV = "PARAVT_RANK_FORKSERVER"
@@ -86,7 +86,7 @@ def env_differences(env: dict[str, str], base_env: dict[str, str], set_by_import
     the server's `base_env`; one the server's imports set counts as agreeing where `env`
     lacks it."""
     wanted = import_time_env(env)
-    for key, value in set_by_imports.items():
+    for key, value in import_time_env(set_by_imports).items():
         wanted.setdefault(key, value)
     return sorted(key for key in set(wanted) | set(base_env) if wanted.get(key) != base_env.get(key))
 
@@ -166,13 +166,19 @@ class ForkedProcess:
 
 def spawn(cmd: Sequence[str], env: dict[str, str], *, stdin: int, stdout: int, stderr: int,
           process_group: int | None = None, socket_path: str | os.PathLike | None = None,
-          cwd: str | os.PathLike | None = None) -> ForkedProcess | None:
+          cwd: str | os.PathLike | None = None, on_fallback: Callable[[str], None] | None = None
+          ) -> ForkedProcess | None:
     """Fork `cmd` (`[python, -u, script, args...]`) from the server at `socket_path` (default:
     $PARAVT_RANK_FORKSERVER). None where no server is named, the command is not a Python
     script, or `env` differs from the server's in what its libraries read at import: start a
-    subprocess then. Raises OSError where a named server does not answer."""
+    subprocess then; `on_fallback` gets the reason of the last two. Raises OSError where a
+    named server does not answer."""
     socket_path = socket_path or os.environ.get(SOCKET_ENV)
-    if not socket_path or len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-u" or not cmd[2].endswith(".py"):
+    if not socket_path:
+        return None
+    if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] != "-u" or not cmd[2].endswith(".py"):
+        if on_fallback:
+            on_fallback(f"not a `{sys.executable} -u script.py` command: {' '.join(cmd[:3])}")
         return None
     deadline = time.monotonic() + READY_WAIT_S
     while not os.path.exists(socket_path):  # a server started without waiting may still be importing
@@ -193,6 +199,8 @@ def spawn(cmd: Sequence[str], env: dict[str, str], *, stdin: int, stdout: int, s
     if "pid" not in reply:
         conn.close()
         if reply.get("fallback"):
+            if on_fallback:
+                on_fallback(f"its environment differs from the fork server's in {', '.join(reply['fallback'])}")
             return None
         raise OSError(f"fork server {socket_path} refused {cmd[2]}: {reply.get('error')}")
     return ForkedProcess(conn, int(reply["pid"]), list(cmd))

@@ -122,11 +122,26 @@ def test_an_environment_the_server_was_not_started_with_gets_a_subprocess(light_
     script.write_text(REPORT)
     for name, value in (("HF_HOME", str(tmp_path)), ("OMP_NUM_THREADS", "7"), ("MALLOC_ARENA_MAX", "2")):
         env = {**os.environ, name: value}
+        reasons: list[str] = []
         assert forkserver.spawn([sys.executable, "-u", str(script)], env, stdin=0, stdout=1, stderr=2,
-                                socket_path=light_server.socket_path) is None, name
+                                socket_path=light_server.socket_path, on_fallback=reasons.append) is None, name
+        assert reasons == [f"its environment differs from the fork server's in {name}"]
     # not a `python -u script.py` command: nothing to fork
     assert forkserver.spawn([sys.executable, "-u", "-m", "json.tool"], dict(os.environ), stdin=0, stdout=1,
                             stderr=2, socket_path=light_server.socket_path) is None
+
+
+def test_variables_the_imports_set_agree_where_the_request_lacks_them():
+    base = {"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor"}
+    by_imports = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor", "_MLFLOW_TELEMETRY_SESSION_ID": "a"}
+    assert forkserver.env_differences({"OMP_NUM_THREADS": "1", "PATH": "/x"}, base, by_imports) == []
+    # a launcher that imported torch has the same value; MLflow's session is not read at import
+    assert forkserver.env_differences({"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor",
+                                       "_MLFLOW_TELEMETRY_SESSION_ID": "b"}, base, by_imports) == []
+    assert forkserver.env_differences({"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}, base,
+                                      by_imports) == ["TORCHINDUCTOR_CACHE_DIR"]
+    assert forkserver.env_differences({"OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1", "PYTHONPATH": "/x"}, base,
+                                      by_imports) == ["HF_HUB_OFFLINE", "OMP_NUM_THREADS"]
 
 
 LAUNCHER = textwrap.dedent("""
