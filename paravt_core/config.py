@@ -708,7 +708,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("sft", "pin_memory"), ("sft", "host_pixel_dtype"), ("sft", "compile_text_layers"),
     ("reproduce", "probe"), ("sft", "seed"), ("data.synth", "crop_opening"),
     ("data.synth", "teacher_budgets"), ("data.synth", "subagent_error_rate"),
-    ("data.synth", "skip_when_seen"), ("model.pretrain", "overview_rows"),
+    ("data.synth", "skip_when_seen"), ("model.pretrain", "overview_rows"), ("data.synth", "direct_check"),
 )
 
 

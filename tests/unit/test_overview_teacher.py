@@ -101,6 +101,31 @@ def test_the_teacher_reports_a_wrong_colour_at_the_error_rate_and_answers_by_its
                     assert reporter.event(video.spec, event).label in summary
 
 
+def test_direct_rows_whose_frames_show_the_event_end_with_the_option_check_when_asked():
+    """`data.synth.direct_check`: the shown direct rows end as the agentic skips do, the answer
+    named and the options checked; every other row is the row version 3 wrote."""
+    plain, checked = _world3().data.synth, _world3("data.synth.direct_check=true").data.synth
+    videos = _videos(plain)
+    before, after = P.teacher_traces(plain, videos), P.teacher_traces(checked, videos)
+    assert [v.spec.video_id for v, _ in before] == [v.spec.video_id for v, _ in after]
+    changed = 0
+    for (video, old), (_, new) in zip(before, after, strict=True):
+        event_index = new.question.event_index
+        shown = event_index is not None and event_on_overview(video.spec, video.spec.events[event_index], new.nframes)
+        if not (new.direct and shown):
+            assert new == old
+            continue
+        think = new.final_turn.removeprefix("<think>\n")
+        assert think.startswith(f"{SEEN_OPENING} {event_clause(video.spec.events[event_index])}.")
+        assert not new.calls and new.nframes == old.nframes and new.question == old.question
+        if new.question.qtype == "mcq":
+            assert f"So the answer is option {new.question.answer}.\n</think>" in new.final_turn, new.final_turn
+            assert "Checking the options:" in new.final_turn and "Checking the options:" not in old.final_turn
+        assert new.final_turn.endswith(f"<answer>{new.question.answer}</answer>")
+        changed += 1
+    assert changed > 5  # the world draws such rows
+
+
 def test_no_error_rate_and_no_budgets_write_the_rows_they_always_wrote():
     synth = load_config(REPO / "conf/pipeline/reproduce.yaml").data.synth
     assert Reporter.of(synth).event(*_first_event(synth)) == _first_event(synth)[1]
@@ -173,19 +198,23 @@ def test_the_config_refuses_what_the_overview_teacher_cannot_write():
     assert _world3("model.pretrain.overview_rows=4").model.pretrain.overview_rows == 4
     with pytest.raises(ValueError, match="skip_when_seen"):
         load_config(REPO / "conf/pipeline/reproduce.yaml", ["data.synth.skip_when_seen=0.5"])
+    with pytest.raises(ValueError, match="direct_check"):
+        load_config(REPO / "conf/pipeline/reproduce.yaml", ["data.synth.direct_check=true"])
     with pytest.raises(ValueError, match="exactly 4 colours"):
         load_config(REPO / "conf/pipeline/reproduce.yaml",
                     ["data.synth.subagent_error_rate=0.2", "data.synth.colours=[blue,green,red,yellow,purple]"])
     # the new knobs at their defaults leave every cache key as it was
     plain = load_config(REPO / "conf/pipeline/reproduce.yaml")
     explicit = load_config(REPO / "conf/pipeline/reproduce.yaml", [
-        "data.synth.skip_when_seen=1.0", "data.synth.subagent_error_rate=0.0", "model.pretrain.overview_rows=0"])
+        "data.synth.skip_when_seen=1.0", "data.synth.subagent_error_rate=0.0", "model.pretrain.overview_rows=0",
+        "data.synth.direct_check=false"])
     assert plain.section_hash("data", "model") == explicit.section_hash("data", "model")
     from paravt_core.config import HASHED_ONLY_WHEN_SET
 
     assert {("data.synth", "teacher_budgets"), ("data.synth", "skip_when_seen"), ("data.synth", "subagent_error_rate"),
-            ("model.pretrain", "overview_rows")} <= set(HASHED_ONLY_WHEN_SET)
+            ("model.pretrain", "overview_rows"), ("data.synth", "direct_check")} <= set(HASHED_ONLY_WHEN_SET)
     assert _world3().section_hash("data", "model") != plain.section_hash("data", "model")
+    assert _world3("data.synth.direct_check=true").section_hash("data") != _world3().section_hash("data")
 
 
 def test_overview_rows_caption_what_the_k_frames_show(tmp_path):

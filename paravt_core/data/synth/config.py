@@ -167,6 +167,14 @@ class SynthConfig(BaseModel):
         "the rest it crops anyway, as a cold start that calls tools by habit does (the paper's SFT model calls "
         "2.5 times per episode, SPEC §6). Where the frames do not show the event it always crops",
     )
+    direct_check: bool = Field(
+        False,
+        description="with teacher_budgets: a direct-mode row (no tools) whose K overview frames show the asked "
+        "event ends its think as the agentic rows do, with the answer named and the options checked "
+        "(`traces.conclusion`), so the letter is copied from the check the model learned there; version 3's "
+        "direct rows answered with a bare letter and direct mode scored 13 % (docs/miniature.md). False: the "
+        "letter follows the think at once",
+    )
     subagent_error_rate: float = Field(
         0.0, ge=0.0, lt=1.0,
         description="share of the teacher's reports of an event in a window that name a wrong colour (a stable "
@@ -236,6 +244,9 @@ class SynthConfig(BaseModel):
         if self.skip_when_seen < 1 and self.teacher_budgets is None:
             raise ValueError(f"skip_when_seen {self.skip_when_seen} applies to the overview-reading teacher: "
                              "set teacher_budgets or leave skip_when_seen at 1")
+        if self.direct_check and self.teacher_budgets is None:
+            raise ValueError("direct_check applies to the overview-reading teacher's direct rows: set "
+                             "teacher_budgets or leave direct_check false")
         if self.subagent_error_rate > 0 and (self.colours is None or len(self.colours) != 4):
             raise ValueError(f"subagent_error_rate {self.subagent_error_rate} needs a palette of exactly 4 colours "
                              "(data.synth.colours), so every colour question lists the colour a report names")

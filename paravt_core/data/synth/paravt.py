@@ -253,7 +253,8 @@ def teacher_traces(cfg: SynthConfig, videos: Sequence[TrainVideo]) -> list[tuple
         answer_seen = on_overview and derived_rng(cfg.seed, "skip-seen", video.spec.video_id, k).random() < cfg.skip_when_seen
         if index in direct:
             hidden = event_off_overviews(video.spec, event, cfg)
-            traces.append((video, direct_trace(video.spec, question, hidden=hidden, nframes=budget, seen=on_overview)))
+            traces.append((video, direct_trace(video.spec, question, hidden=hidden, nframes=budget, seen=on_overview,
+                                               check=cfg.direct_check)))
         elif answer_seen:
             traces.append((video, seen_trace(video.spec, question, budget)))
         elif (budget is None and question.wording

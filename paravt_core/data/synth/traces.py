@@ -324,19 +324,23 @@ SEEN_OPENING = "The overview frames show that"
 
 
 def direct_trace(spec: VideoSpec, question: Question, hidden: bool = True, nframes: int | None = None,
-                 seen: bool = False) -> TeacherTrace:
+                 seen: bool = False, check: bool = False) -> TeacherTrace:
     """An answer in the evaluation's direct mode (no tools): a short look at the overview, then
     the answer. `hidden`: the asked event lies off every overview the world's rows can be shown
     (`world.event_off_overviews`), so the trace says it is not in them; otherwise (a long event,
     #35) it says the overview may show it, which is true whatever the row's overview budget K,
     unknown here. The label is the ground truth either way (what a model answering from the
     overview alone is taught). `nframes` (the overview-reading teacher, `SynthConfig.teacher_budgets`):
-    the row's K, whose frames show the event when `seen`; the think then says what they show."""
+    the row's K, whose frames show the event when `seen`; the think then says what they show, and
+    with `check` (`SynthConfig.direct_check`) ends as `seen_trace` does, the answer named and the
+    options checked. Where the frames miss the event there is nothing to check against."""
     if question.event_index is None:
         return dataclasses.replace(no_tool_trace(spec, question), direct=True, nframes=nframes)
     if nframes is not None:
         if seen:
             reasoning = f"{SEEN_OPENING} {event_clause(spec.events[question.event_index])}."
+            if check:
+                reasoning += f" {conclusion(question, spec)}"
         else:
             reasoning = (f"The overview frames show only the plain background; "
                          f"{asked_object(spec.events[question.event_index], question.topic)} is not in them.")
