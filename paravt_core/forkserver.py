@@ -75,6 +75,12 @@ _HEADER = struct.Struct("!I")
 READY_WAIT_S = 300.0  # how long `spawn` waits for a named server still importing its libraries
 
 
+def failed_marker(socket_path: str | os.PathLike) -> Path:
+    """Written by a server whose imports failed, with the traceback: `spawn` raises it at once
+    instead of waiting READY_WAIT_S for a socket that will never appear."""
+    return Path(f"{socket_path}.failed")
+
+
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
     """The part of `env` that preloaded libraries read at import (module docstring)."""
     return {key: value for key, value in env.items()
@@ -182,6 +188,9 @@ def spawn(cmd: Sequence[str], env: dict[str, str], *, stdin: int, stdout: int, s
         return None
     deadline = time.monotonic() + READY_WAIT_S
     while not os.path.exists(socket_path):  # a server started without waiting may still be importing
+        if failed_marker(socket_path).exists():
+            raise OSError(f"the fork server for {socket_path} failed to start:\n"
+                          f"{failed_marker(socket_path).read_text()[-2000:]}")
         if time.monotonic() > deadline:
             raise OSError(f"no fork server listens on {socket_path} (${SOCKET_ENV}) after {READY_WAIT_S:.0f} s")
         time.sleep(0.1)
@@ -260,7 +269,9 @@ def start(socket_path: str | os.PathLike, preload: Sequence[str] = DEFAULT_PRELO
     deadline = time.monotonic() + ready_timeout
     while not socket_path.exists():
         if proc.poll() is not None:
-            raise RuntimeError(f"the fork server exited with code {proc.returncode} before listening on {socket_path}")
+            why = failed_marker(socket_path).read_text()[-2000:] if failed_marker(socket_path).exists() else ""
+            raise RuntimeError(f"the fork server exited with code {proc.returncode} before listening on "
+                               f"{socket_path}\n{why}")
         if time.monotonic() > deadline:
             server.stop()
             raise TimeoutError(f"the fork server did not listen on {socket_path} within {ready_timeout:.0f} s")
@@ -277,8 +288,15 @@ def serve(socket_path: Path, preload: Sequence[str]) -> None:
     import importlib
 
     before = dict(os.environ)
-    for name in preload:
-        importlib.import_module(name)
+    try:
+        for name in preload:
+            importlib.import_module(name)
+    except BaseException:
+        import traceback
+
+        # Where a launcher waiting for the socket finds why it will never appear (`spawn`).
+        failed_marker(socket_path).write_text(traceback.format_exc())
+        raise
     # Variables the imports set (measured: torch's TORCHINDUCTOR_CACHE_DIR and
     # PYTORCH_NVML_BASED_CUDA_CHECK, MLflow's telemetry session): a rank's own imports would
     # have set them in its environment; a launcher that imported the same libraries has them.

@@ -144,6 +144,21 @@ def test_variables_the_imports_set_agree_where_the_request_lacks_them():
                                       by_imports) == ["HF_HUB_OFFLINE", "OMP_NUM_THREADS"]
 
 
+def test_a_server_whose_imports_fail_fails_the_launch_at_once_with_the_reason(tmp_path):
+    server = forkserver.start(tmp_path / "s.sock", preload=("no_such_module_for_the_fork_server",),
+                              ready_timeout=None)
+    try:
+        started = time.monotonic()
+        with pytest.raises(OSError, match="failed to start:(.|\n)*no_such_module_for_the_fork_server"):
+            forkserver.spawn([sys.executable, "-u", str(tmp_path / "x.py")], dict(os.environ), stdin=0, stdout=1,
+                             stderr=2, socket_path=server.socket_path)
+        assert time.monotonic() - started < 60  # not READY_WAIT_S
+    finally:
+        server.stop()
+    with pytest.raises(RuntimeError, match="no_such_module_for_the_fork_server"):
+        forkserver.start(tmp_path / "t.sock", preload=("no_such_module_for_the_fork_server",))
+
+
 LAUNCHER = textwrap.dedent("""
     import os, sys
     from paravt_core import forkserver
