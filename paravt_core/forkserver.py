@@ -72,6 +72,7 @@ IMPORT_TIME_ENV_NAMES = ("LANG", "LANGUAGE", "TMPDIR", "GLIBC_TUNABLES")
 APPLIED_IN_CHILD = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
 _INHERITED_IGNORES = ("SIGINT", "SIGQUIT", "SIGHUP", "SIGTERM", "SIGUSR1", "SIGUSR2")
 _HEADER = struct.Struct("!I")
+SOCKET_PATH_LIMIT = 108  # sun_path on Linux, its terminating NUL included
 READY_WAIT_S = 300.0  # how long `spawn` waits for a named server still importing its libraries
 
 
@@ -260,6 +261,9 @@ def start(socket_path: str | os.PathLike, preload: Sequence[str] = DEFAULT_PRELO
     imported `preload` and listens (`ready_timeout` None: return at once; `spawn` waits).
     It lives until `stop()`, or until this process is gone (its stdin closes)."""
     socket_path = Path(socket_path)
+    if len(os.fsencode(f"{socket_path}.tmp")) >= SOCKET_PATH_LIMIT:
+        raise ValueError(f"fork server socket path {socket_path} is too long for a Unix socket "
+                         f"({SOCKET_PATH_LIMIT} bytes with the '.tmp' it is bound under first): choose a shorter folder")
     proc = subprocess.Popen([sys.executable, "-u", "-m", "paravt_core.forkserver", "--socket", str(socket_path),
                              "--preload", ",".join(preload)], stdin=subprocess.PIPE, env=env,
                             stdout=subprocess.DEVNULL, start_new_session=True)

@@ -203,7 +203,9 @@ def rank_forkserver():
         return
     from paravt_core import forkserver
 
-    path = _SESSION_DIR / f"ranks-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.sock"
+    # A Unix socket path has at most 107 bytes: under /tmp whatever TMPDIR a CI runner sets.
+    folder = Path(tempfile.mkdtemp(prefix="paravt-fs-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    path = folder / f"ranks-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.sock"
     # A rank's OMP_NUM_THREADS must be the server's to fork (torch read it at import): this
     # process's (one core per xdist worker), else 1, what each of two ranks on 2 cores gets.
     server = forkserver.start(path, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
@@ -214,6 +216,9 @@ def rank_forkserver():
     finally:
         os.environ.pop(forkserver.SOCKET_ENV, None)
         server.stop()
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

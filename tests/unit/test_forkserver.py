@@ -159,6 +159,11 @@ def test_a_server_whose_imports_fail_fails_the_launch_at_once_with_the_reason(tm
         forkserver.start(tmp_path / "t.sock", preload=("no_such_module_for_the_fork_server",))
 
 
+def test_a_socket_path_too_long_for_a_unix_socket_is_refused_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match="too long for a Unix socket"):
+        forkserver.start(tmp_path / ("x" * 120) / "s.sock")
+
+
 LAUNCHER = textwrap.dedent("""
     import os, sys
     from paravt_core import forkserver
