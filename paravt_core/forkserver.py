@@ -116,7 +116,7 @@ def forked_cpu_seconds() -> float:
 
 class ForkedProcess:
     """A rank forked by the server, with the parts of `subprocess.Popen` the launcher uses:
-    `pid`, `returncode`, `poll()`, `wait()`, `send_signal()`, `kill()`, `terminate()`."""
+    `pid`, `returncode`, `poll()`, `wait()` and `send_signal()`."""
 
     def __init__(self, conn: socket.socket, pid: int, args: list[str]):
         import threading
@@ -163,12 +163,6 @@ class ForkedProcess:
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
             os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def spawn(cmd: Sequence[str], env: dict[str, str], *, stdin: int, stdout: int, stderr: int,
