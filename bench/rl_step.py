@@ -28,8 +28,16 @@ dict) and the evaluation's predictions of `old` and `new`; the bench stops with 
 when they do not. `fast` is held to bounds instead: its largest metric and weight differences
 from `old` and its share of equal predictions are printed.
 
+`--kernels` says how far removing overhead alone could go: after its timed work each child runs
+one more RL step and one more evaluation under torch.profiler and splits their CPU time into the
+self time of the kernels of matrix products (mm, addmm, bmm, convolutions, forward and backward),
+of attention (sdpa, forward and backward) and everything else (the profiler's own overhead
+lands there). Old's unprofiled CPU seconds over a variant's product-and-attention seconds is
+the largest ratio that variant could reach by cutting everything else to nothing while
+computing the same products on the same tokens.
+
 Old tree: `git worktree add --detach /tmp/h5-old 8f8d49a` (the issue's baseline), then
-Run: `.venv/bin/python bench/rl_step.py --old /tmp/h5-old [--repeats 2] [--steps 2] [--threads 1]`.
+Run: `.venv/bin/python bench/rl_step.py --old /tmp/h5-old [--repeats 2] [--steps 2] [--threads 1] [--kernels]`.
 """
 
 from __future__ import annotations
@@ -131,6 +139,41 @@ def build_inputs(root: Path, questions: int) -> dict:
     return {"model": str(model), "rl": str(rl), "eval_data": str(data.path), "eval_sha256": data.sha256}
 
 
+MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
+              "aten::_mkldnn_convolution", "aten::convolution_backward", "aten::_convolution"}
+ATTENTION_OPS = {"aten::_scaled_dot_product_flash_attention_for_cpu",
+                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
+
+
+class KernelSplit:
+    """CPU seconds of a block, and under `--kernels` its profiler split: self CPU time of the matrix
+    product kernels, of the attention kernels, and of everything else."""
+
+    def __init__(self, profiled: bool):
+        self.profiled, self.split = profiled, {}
+
+    def __enter__(self):
+        self.cpu, self.wall = time.process_time(), time.perf_counter()
+        if self.profiled:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU])
+            self.prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.profiled:
+            self.prof.__exit__(*exc)
+        self.cpu_s, self.wall_s = time.process_time() - self.cpu, time.perf_counter() - self.wall
+        if self.profiled and exc[0] is None:
+            ops = [(e.key, e.self_cpu_time_total / 1e6) for e in self.prof.key_averages()]
+            matmul = sum(t for key, t in ops if key in MATMUL_OPS)
+            attention = sum(t for key, t in ops if key in ATTENTION_OPS)
+            self.split = {"cpu_s": self.cpu_s, "matmul_s": matmul, "attention_s": attention,
+                          "rest_s": self.cpu_s - matmul - attention}
+        return False
+
+
 FAST = ["model.vision_dedupe=always", "model.patch_embed=linear", "model.prefill_attention=causal_rows"]
 
 
@@ -174,12 +217,16 @@ def child(args) -> None:
     trainer = rl_worker.Trainer(job)
     trainer.engine = ScriptedFirstTurn(trainer.engine, trainer.processor.tokenizer)
     trainer.train_step(0)  # warm-up
-    rows, step_s, step_cpu = [], [], []
-    for step in range(1, args.steps + 1):
-        started, cpu = time.perf_counter(), time.process_time()
-        row = trainer.train_step(step)
-        step_s.append(time.perf_counter() - started)
-        step_cpu.append(time.process_time() - cpu)
+    rows, step_s, step_cpu, step_split = [], [], [], {}
+    for step in range(1, args.steps + 1 + args.kernels):
+        profiled = step > args.steps  # under --kernels, one more step, profiled, after the timed ones
+        with KernelSplit(profiled) as timed:
+            row = trainer.train_step(step)
+        if profiled:
+            step_split = timed.split
+        else:
+            step_s.append(timed.wall_s)
+            step_cpu.append(timed.cpu_s)
         rows.append({k: v for k, v in sorted(row.items()) if not k.startswith("time_")})
     state = trainer.policy.module.state_dict()
     torch.save({name: value.detach().cpu() for name, value in state.items()}, out / "weights.pt")
@@ -198,18 +245,22 @@ def child(args) -> None:
         speed = {}
     engine, processor = eval_stage.hf_engine(model, cfg.model.dtype, **speed)
     runner = HFSampleRunner(ScriptedFirstTurn(engine, processor.tokenizer), processor, EvalSettings.from_pipeline(cfg))
-    eval_s, eval_cpu, predictions = [], [], []
-    for attempt in ("warm-up", "timed"):
+    eval_s, eval_cpu, predictions, eval_split = [], [], [], {}
+    for attempt in ("warm-up", "timed", *(["profiled"] if args.kernels else [])):
         run_cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_dir": out / f"eval-{attempt}"})})
-        started, cpu = time.perf_counter(), time.process_time()
-        eval_stage.evaluate_prepared_split(run_cfg, model, data, "videomme", runner=runner, progress=False)
-        eval_s.append(time.perf_counter() - started)
-        eval_cpu.append(time.process_time() - cpu)
+        with KernelSplit(attempt == "profiled") as timed:
+            eval_stage.evaluate_prepared_split(run_cfg, model, data, "videomme", runner=runner, progress=False)
+        if attempt == "profiled":
+            eval_split = timed.split
+            continue
+        eval_s.append(timed.wall_s)
+        eval_cpu.append(timed.cpu_s)
         records = json.loads(next((out / f"eval-{attempt}").rglob("videomme.json")).read_text())["samples"]
         predictions = [[r.get("id", r.get("sample_id")), r["response"]] for r in records]
     print("BENCH " + json.dumps({"rl_step_s": step_s, "rl_step_cpu_s": step_cpu, "rl_metrics": rows,
                                  "weights_sha256": digest.hexdigest(), "eval_s": eval_s[-1], "eval_cpu_s": eval_cpu[-1],
-                                 "eval_predictions": predictions}), flush=True)
+                                 "eval_predictions": predictions, "rl_step_split": step_split,
+                                 "eval_split": eval_split}), flush=True)
 
 
 def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
@@ -218,12 +269,33 @@ def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--tree", str(tree), "--inputs",
                str(inputs), "--out", str(out), "--threads", str(args.threads), "--steps", str(args.steps),
                "--questions", str(args.questions), "--main-tokens", str(args.main_tokens),
-               "--subagent-tokens", str(args.subagent_tokens), "--variant", args.variant_of_child]
+               "--subagent-tokens", str(args.subagent_tokens), "--variant", args.variant_of_child,
+               *(["--kernels"] if args.kernels else [])]
     done = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH ")]
     if done.returncode != 0 or not lines:
         sys.exit(f"bench/rl_step.py: the child on {tree} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(lines[-1].removeprefix("BENCH "))
+
+
+def print_kernel_split(results: dict[str, list[dict]]) -> None:
+    """Under --kernels: the profiled CPU seconds split by kernel, medians over the children, and the
+    ratio each variant could reach with everything but its products and attention cut to nothing
+    (against old's unprofiled, timed CPU seconds)."""
+    print("| block | variant | profiled CPU s | matrix products s | attention s | everything else s | "
+          "old (unprofiled) / (products + attention) |")
+    print("|---|---|---|---|---|---|---|")
+    for label, key in (("RL step", "rl_step_split"), ("evaluation", "eval_split")):
+        medians = {}
+        for name in ("old", "new", "fast"):
+            splits = [s for r in results[name] for s in _as_list(r[key])]
+            medians[name] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
+        timed_key = "rl_step_cpu_s" if key == "rl_step_split" else "eval_cpu_s"
+        old_cpu = statistics.median(s for r in results["old"] for s in _as_list(r[timed_key]))
+        for name, m in medians.items():
+            bound = old_cpu / (m["matmul_s"] + m["attention_s"])
+            print(f"| {label} | {name} | {m['cpu_s']:.2f} | {m['matmul_s']:.2f} | {m['attention_s']:.2f} | "
+                  f"{m['rest_s']:.2f} | {bound:.2f}x |")
 
 
 def _as_list(value) -> list[float]:
@@ -239,6 +311,8 @@ def main() -> int:
     parser.add_argument("--main-tokens", type=int, default=64)
     parser.add_argument("--subagent-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kernels", action="store_true",
+                        help="profile the timed step and evaluation and split their CPU time by kernel (module docstring)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tree", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
@@ -282,6 +356,8 @@ def main() -> int:
         old, new, fast = (statistics.median(s for r in results[name] for s in _as_list(r[key]))
                           for name in ("old", "new", "fast"))
         print(f"| {label} | {old:.2f} | {new:.2f} | {fast:.2f} | {old / new:.2f}x | {old / fast:.2f}x |")
+    if args.kernels:
+        print_kernel_split(results)
     print(f"same results, new against old (RL metrics of every step, final weights, eval predictions): "
           f"{'yes' if same else 'NO'}")
     for r in results["fast"]:
@@ -289,7 +365,7 @@ def main() -> int:
         weight_gap = max(float((weights["fast"][k] - weights["old"][k]).abs().max()) for k in weights["old"])
         equal = sum(a == b for a, b in zip(r["eval_predictions"], reference["eval_predictions"]))
         print(f"fast against old: largest RL metric difference {metric_gap:.3g}, largest weight difference "
-              f"{weight_gap:.3g} after {args.steps + 1} steps, {equal} of {len(r['eval_predictions'])} "
+              f"{weight_gap:.3g} after {args.steps + 1 + args.kernels} steps, {equal} of {len(r['eval_predictions'])} "
               "predictions equal")
     return 0 if same else 1
 
