@@ -312,7 +312,8 @@ def main() -> int:
     parser.add_argument("--subagent-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--kernels", action="store_true",
-                        help="profile the timed step and evaluation and split their CPU time by kernel (module docstring)")
+                        help="after the timed work, one more step and evaluation under torch.profiler, their CPU time "
+                        "split by kernel (module docstring)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tree", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
