@@ -20,10 +20,23 @@ Per K it reports the share of questions on which skipping scores at least as wel
 (mean reward over the samples), the share on which it scores worse, and each branch's
 format-failure rate (episodes whose fixed R_fmt is below 1). `precondition` holds these against
 the thresholds written down before the first run (docs/miniature.md).
+
+Which way GRPO pushes the decision is not the sign of the mean gap (`grpo_push`). The
+trainer's advantage is group-normalized (SPEC §5 step 2): (R - group mean) / group std. In a
+group where one rollout crops and the others skip with equal rewards, the crop's advantage is
+±(G-1)/sqrt(G) whatever the size of the gap, so a right crop (+0.6 of R_tool over a right skip)
+counts as much as a wrong one (-0.9). `grpo_push` draws groups of G rollouts, each cropping with
+probability π and taking its reward from the question's own samples of that branch, normalizes
+them with the trainer's functions (`rl.grpo.shaped_reward`, `group_advantages`), and averages
+the decision logit's gradient Σ_i A_i (1[crop_i] - π): positive pushes towards cropping.
+Step 4's batch normalization adds one constant to every advantage and scales them all, which
+leaves that expectation's sign as it is (Σ_i (1[crop_i] - π) has mean 0); the per-token KL term
+is left out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -80,6 +93,7 @@ class BranchRecord:
     fmt: dict[str, float]
     in_format: dict[str, float]
     calls: dict[str, float]
+    samples: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # branch -> each episode's reward
 
 
 @dataclass(frozen=True)
@@ -124,6 +138,90 @@ def precondition(summaries: Sequence[BranchSummary]) -> list[tuple[str, bool]]:
          f"{', '.join(str(s.nframes) for s in summaries)} (needs >= {FORMAT_GAP:.2f} at every K)",
          min(gaps) >= FORMAT_GAP),
     ]
+
+
+def grpo_push(crop: Sequence[float], skip: Sequence[float], p_crop: float, group_size: int, *, shift: float = 0.2,
+              scale: float = 10.0, clip: float | None = 20.0, eps: float = 1e-5, groups: int = 4000,
+              seed: int = 0) -> float:
+    """The expected gradient GRPO's group-normalized advantage puts on the crop decision's logit
+    for one question (module docstring): mean over `groups` drawn groups of Σ_i A_i (1[crop_i] - π).
+
+    Each of the `group_size` rollouts crops with probability `p_crop` and draws its reward
+    uniformly from that branch's samples (`crop` or `skip`); `shift`, `scale`, `clip` and `eps`
+    are the config's `rl.reward_shift`, `reward_scale`, `reward_clip` and `adv_eps`. Positive:
+    the update makes cropping likelier; negative: skipping. Deterministic for a given `seed`.
+
+    Raises:
+        ValueError: an empty branch, π outside (0, 1), a group under 2 or no groups.
+    """
+    import torch
+
+    from paravt_core.rl.grpo import group_advantages, shaped_reward
+
+    if not crop or not skip:
+        raise ValueError("grpo_push needs at least one sampled reward in each branch")
+    if not 0.0 < p_crop < 1.0 or group_size < 2 or groups < 1:
+        raise ValueError(f"need 0 < p_crop < 1, group_size >= 2 and groups >= 1 (got {p_crop}, {group_size}, {groups})")
+    gen = torch.Generator().manual_seed(seed)
+    crops = torch.rand(groups, group_size, generator=gen, dtype=torch.float64) < p_crop
+    crop_t, skip_t = torch.tensor(list(crop), dtype=torch.float64), torch.tensor(list(skip), dtype=torch.float64)
+    drawn_crop = crop_t[torch.randint(len(crop_t), (groups, group_size), generator=gen)]
+    drawn_skip = skip_t[torch.randint(len(skip_t), (groups, group_size), generator=gen)]
+    rewards = torch.where(crops, drawn_crop, drawn_skip)
+    adv = group_advantages(shaped_reward(rewards.reshape(-1), shift, scale, clip), group_size, eps).view(groups, -1)
+    return float((adv * (crops.to(torch.float64) - p_crop)).sum(dim=1).mean())
+
+
+@dataclass(frozen=True)
+class PushRow:
+    nframes: int
+    shown: bool | None  # None: every question at this K
+    questions: int
+    skip_by_mean: float  # share of questions whose mean reward favours skipping (skip >= crop)
+    skip_by_push: dict[float, float]  # π -> share of questions whose GRPO push favours skipping (push <= 0)
+    push: dict[float, float]  # π -> mean push over the questions
+
+
+def push_rows(records: Sequence[BranchRecord], p_crops: Sequence[float], group_size: int,
+              shown: Mapping[tuple[str, int], bool] | None = None, **knobs) -> list[PushRow]:
+    """Per K (and, with `shown`, per whether the K frames show the event): how often the mean
+    reward and GRPO's push (`grpo_push` at each π of `p_crops`, `knobs` passed on) favour skipping.
+
+    Raises:
+        ValueError: a record without its per-episode rewards (written before they were kept).
+    """
+    if any(not r.samples for r in records):
+        raise ValueError("branch records without per-episode rewards: probe again to get them")
+    out = []
+    for k in sorted({r.nframes for r in records}):
+        at_k = [r for r in records if r.nframes == k]
+        parts = [(None, at_k)] if shown is None else [
+            (flag, [r for r in at_k if shown[(r.sample_id, k)] == flag]) for flag in (True, False)]
+        for flag, rows in parts:
+            if not rows:
+                continue
+            pushes = {p: [grpo_push(r.samples["crop"], r.samples["skip"], p, group_size, **knobs) for r in rows]
+                      for p in p_crops}
+            out.append(PushRow(k, flag, len(rows), sum(r.reward["skip"] >= r.reward["crop"] for r in rows) / len(rows),
+                               {p: sum(v <= 0 for v in vals) / len(rows) for p, vals in pushes.items()},
+                               {p: statistics.fmean(vals) for p, vals in pushes.items()}))
+    return out
+
+
+def render_push(rows: Sequence[PushRow], group_size: int) -> str:
+    ps = sorted({p for r in rows for p in r.push})
+    lines = [f"| K | event on the K frames | questions | skip favoured by the mean reward (%) | "
+             + " | ".join(f"skip favoured by GRPO's push at π={p:g} (%)" for p in ps) + " | "
+             + " | ".join(f"mean push at π={p:g}" for p in ps) + " |",
+             "|---:|---|" + "---:|" * (2 + 2 * len(ps))]
+    for r in rows:
+        where = "all" if r.shown is None else ("yes" if r.shown else "no")
+        lines.append(f"| {r.nframes} | {where} | {r.questions} | {100 * r.skip_by_mean:.1f} | "
+                     + " | ".join(f"{100 * r.skip_by_push[p]:.1f}" for p in ps) + " | "
+                     + " | ".join(f"{r.push[p]:+.3f}" for p in ps) + " |")
+    lines.append(f"\nGroups of {group_size}; push: E[Σ_i A_i (1[crop_i] - π)] under the trainer's group-normalized "
+                 "advantage, positive towards cropping.")
+    return "\n".join(lines)
 
 
 def shown_on_overview(samples: Sequence, manifest: Mapping[str, Any], split: str,
@@ -210,7 +308,8 @@ def branch_records(engine, processor, cfg: PipelineConfig, questions: Sequence, 
             reward={b: statistics.fmean(r for r, _, _ in v) for b, v in rows.items()},
             fmt={b: statistics.fmean(f for _, f, _ in v) for b, v in rows.items()},
             in_format={b: statistics.fmean(float(f >= 1.0) for _, f, _ in v) for b, v in rows.items()},
-            calls={b: statistics.fmean(c for _, _, c in v) for b, v in rows.items()}))
+            calls={b: statistics.fmean(c for _, _, c in v) for b, v in rows.items()},
+            samples={b: tuple(r for r, _, _ in v) for b, v in rows.items()}))
     return records
 
 

@@ -168,6 +168,7 @@ def _branch_probe(args: argparse.Namespace) -> int:
 
         print("\nBy whether the K overview frames show the question's event (the world's ground truth):\n")
         print(render_by_shown(records, shown))
+    _print_push(records, shown, cfg, args.push_p, args.group_size)
     if args.out:
         from dataclasses import asdict
 
@@ -183,6 +184,65 @@ def _branch_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_push(records, shown, cfg, p_crops, group_size) -> None:
+    from paravt_core.miniature.branch_probe import push_rows, render_push
+
+    group = group_size or cfg.rl.group_size
+    rows = push_rows(records, p_crops or (0.1, 0.3, 0.5), group, shown, shift=cfg.rl.reward_shift,
+                     scale=cfg.rl.reward_scale, clip=cfg.rl.reward_clip, eps=cfg.rl.adv_eps)
+    print("\nWhich way GRPO's group-normalized advantage pushes the crop decision, if the policy crops with "
+          "probability π:\n")
+    print(render_push(rows, group))
+
+
+def _branch_push(args: argparse.Namespace) -> int:
+    from paravt_core.miniature.branch_probe import BranchRecord
+
+    from paravt_core.config import load_config
+
+    cfg = load_config(args.config, args.set, getattr(args, "rl_row", None))
+    source = Path(args.source)
+    try:
+        saved = json.loads(source.read_text())
+        records = [BranchRecord(**{**r, "samples": {b: tuple(v) for b, v in r.get("samples", {}).items()}})
+                   for r in saved["records"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"paravt miniature branch-push: {source} is not a branch probe's --out file ({error})", file=sys.stderr)
+        return 2
+    shown = None if saved.get("shown") is None else {(r["sample_id"], r["nframes"]): r["shown"] for r in saved["shown"]}
+    try:
+        _print_push(records, shown, cfg, args.push_p, args.group_size)
+    except ValueError as error:
+        print(f"paravt miniature branch-push: {source}: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _advantage_split(args: argparse.Namespace) -> int:
+    from paravt_core.config import load_config
+    from paravt_core.data.mirror import world_dir
+    from paravt_core.miniature.advantage_split import render, split_rows, train_videos_by_name
+    from paravt_core.rl.episode_log import read_episode_log
+
+    cfg = load_config(args.config, args.set)
+    manifest_path = world_dir(cfg) / "manifest.json"
+    if cfg.data.source != "synth" or not manifest_path.is_file():
+        print(f"paravt miniature advantage-split: no generated world's manifest at {manifest_path}; pass the config "
+              "(and --set) the run was trained with", file=sys.stderr)
+        return 2
+    if args.blocks < 1:
+        print("paravt miniature advantage-split: --blocks must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        records = read_episode_log(Path(args.run))
+        rows = split_rows(records, train_videos_by_name(json.loads(manifest_path.read_text())), args.blocks)
+    except (OSError, ValueError) as error:
+        print(f"paravt miniature advantage-split: {error}", file=sys.stderr)
+        return 2
+    print(render(rows))
+    return 0
+
+
 def _shown_on_overview(cfg, split_json: Path, split: str, frame_counts) -> dict | None:
     """(sample id, K) -> event on the K frames, for a generated world whose manifest is on disk; else None."""
     from paravt_core.data.mirror import world_dir
@@ -193,6 +253,12 @@ def _shown_on_overview(cfg, split_json: Path, split: str, frame_counts) -> dict 
         return None
     manifest = json.loads((world_dir(cfg) / "manifest.json").read_text())
     return shown_on_overview(load_split_file(split_json), manifest, split, frame_counts)
+
+
+def _push_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--push-p", type=float, action="append", default=None, metavar="P",
+                   help="a crop probability π for GRPO's push, repeatable (default: 0.1, 0.3 and 0.5)")
+    p.add_argument("--group-size", type=int, default=None, help="rollouts per group for the push (default: rl.group_size)")
 
 
 def _split_probe_args(p: argparse.ArgumentParser) -> None:
@@ -419,7 +485,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (RL's is 0.7)")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     p.add_argument("--out", default=None, help="also write the summaries and per-question records as JSON here")
+    _push_args(p)
     p.set_defaults(func=_branch_probe)
+
+    p = commands.add_parser(
+        "branch-push",
+        help="from a branch probe's --out file: which way GRPO's group-normalized advantage pushes the crop "
+             "decision on each question, against what its mean reward favours",
+        description="Draws groups of rollouts from each question's sampled crop and skip rewards, normalizes them "
+                    "as the trainer does and averages the crop logit's gradient (paravt_core/miniature/"
+                    "branch_probe.py, grpo_push).")
+    p.add_argument("--config", required=True, help="the pipeline YAML whose rl knobs shape the rewards")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--rl-row", default=None, help="an RL row file (conf/rl/<row>.yaml) whose rl knobs apply")
+    p.add_argument("--from", dest="source", required=True, help="a branch probe's --out JSON")
+    _push_args(p)
+    p.set_defaults(func=_branch_push)
+
+    p = commands.add_parser(
+        "advantage-split",
+        help="from an RL run's episode log: crop share, rewards and the push on the crop decision, split by whether "
+             "each episode's K overview frames show the asked event",
+        description="Reads <run>/episodes/*.jsonl (rl/episode_log.py) and the world's manifest "
+                    "(paravt_core/miniature/advantage_split.py).")
+    p.add_argument("--config", required=True, help="the pipeline YAML (with --set) the run's world was generated from")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    p.add_argument("--run", required=True, help="the RL run folder (outputs/.../rl/<row>-<key>)")
+    p.add_argument("--blocks", type=int, default=1, help="cut the steps into this many consecutive blocks")
+    p.set_defaults(func=_advantage_split)
 
     p = commands.add_parser("visibility", help="the share of the generated world's videos whose events show on "
                                                "K overview frames, per K (what nFrames gating can act on)")

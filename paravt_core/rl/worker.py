@@ -14,7 +14,8 @@ On several ranks (SPEC §5): the ranks agree on the number of micro-batches of e
 that runs collectives (the ZeRO-3 reference, the policy) and a rank with fewer runs
 fillers, so no rank is left blocked in a gather; the loss is ONE token mean over every
 trained token of the step on every rank (the count is all-reduced). Before the loss every
-trajectory passes `rl/contracts.py`, and each rank logs its step's draws (`rl/replay.py`).
+trajectory passes `rl/contracts.py`, and each rank logs its step's draws (`rl/replay.py`) and what
+its episodes were trained with (`rl/episode_log.py`).
 
 Departures from the release (SPEC §5): sub-agent trajectories are trained (each with its
 episode's advantage); K really sets the overview frame count; token-level anchoring is
@@ -190,6 +191,7 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, float]:
         from paravt_core.rl import policy as P
         from paravt_core.rl.contracts import check_trajectories
+        from paravt_core.rl.episode_log import episode_records, write_episode_log
 
         t0 = time.perf_counter()
         prompts, episodes = self.rollout(step)
@@ -217,6 +219,8 @@ class Trainer:
             P.normalize_token_advantages(trajs, Moments(*self._all_ranks(local.total, local.total_sq, local.count)),
                                          self.rl.adv_eps)
         total = self._all_ranks(float(sum(t.loss_mask.sum() for t in trajs)))[0]  # ONE token mean (SPEC §5)
+        write_episode_log(self.job.out_dir, step + 1, self.rank, episode_records(
+            step + 1, self.rank, episodes, prompts, adv.rewards, adv.per_episode, trajs, total))
         loss_sum, clip_sum, dropped = 0.0, 0.0, 0.0
         for i, batch in enumerate(P.micro_batches(trajs, micro, count)):
             self.policy.set_gradient_accumulation_boundary(i == count - 1)

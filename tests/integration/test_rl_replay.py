@@ -88,6 +88,16 @@ def test_two_output_folders_give_identical_gated_runs_and_steps_replay(tmp_path,
         assert all(p.nframes in (2, 3, 4) for p in da.prompts)
     assert draws[0][0].weight_version == 0 and draws[0][1].weight_version == 1
     assert _metrics(job_a.out_dir) == _metrics(job_b.out_dir)
+    from paravt_core.rl.episode_log import read_episode_log
+
+    logged = [read_episode_log(job.out_dir) for job in (job_a, job_b)]
+    assert logged[0] == logged[1] and [r["step"] for r in logged[0]] == [1] * 4 + [2] * 4  # 2 prompts x 2 a step
+    for step in (1, 2):
+        rows = [r for r in logged[0] if r["step"] == step]
+        assert [r["prompt_id"] for r in rows] == [p.prompt_id for p in draws[0][step - 1].prompts for _ in range(2)]
+        assert all(r["nframes"] in (2, 3, 4) and r["main_tokens"] >= len(r["first_token_ids"]) > 0 for r in rows)
+        for group in (rows[:2], rows[2:]):  # group-normalized: each group's scalar advantages sum to 0
+            assert sum(r["advantage"] for r in group) == pytest.approx(0.0, abs=1e-4)
 
     first = replay_step(job_a.out_dir, 1)
     assert first.identical, "step 1 (the SFT weights) did not replay to the logged rollouts"

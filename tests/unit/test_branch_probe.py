@@ -91,6 +91,66 @@ def test_records_split_by_whether_the_k_frames_show_the_event():
                                                   answer="A", kind="mcq", options=("x", "y"))], manifest, "val", [2])
 
 
+def test_grpo_push_counts_the_sign_of_each_rollout_against_its_group_not_the_size_of_the_gap():
+    from paravt_core.miniature.branch_probe import grpo_push
+
+    # Skips always right (R 1.0); a crop right (1.6: R_tool's 0.1 + 0.5) 11 times in 20, else wrong (0.1).
+    # The mean favours skipping (0.925 < 1.0), yet with few crops per group each one is
+    # ±(G-1)/sqrt(G) against equal skips, so right crops (more than half) push towards cropping.
+    crop = [1.6] * 11 + [0.1] * 9
+    assert sum(crop) / len(crop) < 1.0
+    assert grpo_push(crop, [1.0], 0.1, 8) > 0
+    # right 8 times in 20: both views favour skipping
+    assert grpo_push([1.6] * 8 + [0.1] * 12, [1.0], 0.1, 8) < 0
+    # with about half the group cropping, two crop rewards meet in a group more often and the margin shrinks
+    assert grpo_push(crop, [1.0], 0.5, 8) < grpo_push(crop, [1.0], 0.1, 8)
+    # one branch better in every sample pushes its way at every π; equal branches do not push
+    for p in (0.1, 0.5, 0.9):
+        assert grpo_push([1.2, 1.1], [0.2, 0.3], p, 4) > 0 and grpo_push([0.2], [1.0, 0.9], p, 4) < 0
+        assert grpo_push([1.0], [1.0], p, 4) == 0.0
+    assert grpo_push(crop, [1.0], 0.3, 8, seed=3) == grpo_push(crop, [1.0], 0.3, 8, seed=3)
+    for bad in (dict(crop=[], skip=[1.0], p_crop=0.5, group_size=4), dict(crop=[1.0], skip=[1.0], p_crop=1.0, group_size=4),
+                dict(crop=[1.0], skip=[1.0], p_crop=0.5, group_size=1)):
+        with pytest.raises(ValueError):
+            grpo_push(**bad)
+
+
+def test_push_rows_compare_the_mean_with_the_push_per_k_and_shown(tmp_path, capsys):
+    import argparse
+    import json
+    from dataclasses import asdict
+
+    from paravt_core.miniature import cli
+    from paravt_core.miniature.branch_probe import push_rows, render_push
+
+    def record(i: str, k: int, crop: list[float], skip: list[float]) -> BranchRecord:
+        mean = {"crop": sum(crop) / len(crop), "skip": sum(skip) / len(skip)}
+        return BranchRecord(i, k, mean, {"crop": 1.0, "skip": 1.0}, {"crop": 1.0, "skip": 1.0}, {"crop": 2.0, "skip": 0.0},
+                            samples={"crop": tuple(crop), "skip": tuple(skip)})
+
+    split = [1.6] * 11 + [0.1] * 9  # the mean favours skipping, the push at a small π cropping
+    records = [record("a", 6, split, [1.0]), record("b", 6, [0.1], [1.0]), record("c", 2, [1.6], [0.1])]
+    shown = {("a", 6): True, ("b", 6): True, ("c", 2): False}
+    rows = push_rows(records, [0.1], 8, shown)
+    assert [(r.nframes, r.shown, r.questions) for r in rows] == [(2, False, 1), (6, True, 2)]
+    assert rows[1].skip_by_mean == 1.0 and rows[1].skip_by_push == {0.1: 0.5} and rows[0].skip_by_push == {0.1: 0.0}
+    assert "| 6 | yes | 2 | 100.0 | 50.0 |" in render_push(rows, 8)
+    assert [r.shown for r in push_rows(records, [0.1], 8)] == [None, None]
+    with pytest.raises(ValueError, match="probe again"):
+        push_rows([_record(6, 1.0, 1.0)], [0.1], 8)
+
+    saved = tmp_path / "branch.json"
+    saved.write_text(json.dumps({"records": [asdict(r) for r in records],
+                                 "shown": [{"sample_id": i, "nframes": k, "shown": v} for (i, k), v in shown.items()]}))
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["miniature", "branch-push", "--config", str(REPO / "conf/pipeline/tiny.yaml"),
+                              "--from", str(saved), "--push-p", "0.1", "--group-size", "8"])
+    assert args.func(args) == 0 and "| 6 | yes | 2 | 100.0 | 50.0 |" in capsys.readouterr().out
+    saved.write_text(json.dumps({"records": [{"sample_id": "q"}]}))
+    assert args.func(args) == 2 and "not a branch probe's --out file" in capsys.readouterr().err
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("think_prefix", [True, False])  # False: vanilla GRPO's rollouts, `<think>` forced too
 def test_both_branches_are_rolled_out_on_the_tiny_model_and_scored(tmp_path, tiny_model_dir, think_prefix):
@@ -110,5 +170,7 @@ def test_both_branches_are_rolled_out_on_the_tiny_model_and_scored(tmp_path, tin
     openings = {"crop": "Short events are easy to miss.", "skip": "The overview frames should be enough."}
     (record,) = branch_records(engine, processor, cfg, load_split_file(split_json), samples=2, k=2, openings=openings)
     assert set(record.reward) == set(record.fmt) == set(record.calls) == {"crop", "skip"} and record.nframes == 2
+    assert {b: len(v) for b, v in record.samples.items()} == {"crop": 2, "skip": 2}  # each episode's reward, for grpo_push
+    assert record.reward["crop"] == pytest.approx(sum(record.samples["crop"]) / 2)
     # a random model writes no well-formed answer after either opening
     assert all(0.0 <= v <= 1.0 for v in record.fmt.values()) and all(v == 0.0 for v in record.in_format.values())

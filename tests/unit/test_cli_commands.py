@@ -25,8 +25,8 @@ def test_top_level_commands_run_from_the_pipeline_to_the_reports_then_the_miniat
 
 def test_the_miniature_group_holds_its_probes_and_report():
     miniature = _commands(_commands(build_parser())["miniature"])
-    assert set(miniature) == {"reading-probe", "caption-probe", "agent-probe", "perception", "rollout-probe", "opening-probe", "sampled-probe", "branch-probe", "visibility",
-                              "report"}
+    assert set(miniature) == {"reading-probe", "caption-probe", "agent-probe", "perception", "rollout-probe", "opening-probe", "sampled-probe", "branch-probe", "branch-push",
+                              "advantage-split", "visibility", "report"}
 
 
 def test_help_texts_are_written_for_users_not_issue_trackers():
