@@ -5,8 +5,14 @@ answered without tools, so the advantage of calling over skipping is near zero, 
 tool paths lose format. A world can only show the collapse where that holds. This probe
 measures it on one model (the SFT model, before any RL) with the model's own samples:
 
-- each question of an evaluation split is put to the model as the agentic evaluation puts it
-  (`eval.prompting.episode_prompt`) at an overview budget K;
+- each question of an evaluation split is put to the model in the agentic evaluation's words
+  (`eval.prompting.episode_prompt`, which the miniature's RL rows use too) at an overview budget
+  K, and rolled out as the RL trainer rolls out: with the row's own rollout knobs (`rl.rollout`:
+  think prefix, turns, token budgets; `probe_rollout`). The evaluation forces a think prefix that
+  vanilla GRPO's rollouts do not have, and under `reward.scope: generated` a forced prefix earns
+  no format credit (SPEC §4.5); until 2026-11-28 the probe rolled out as the evaluation does, so
+  for vanilla GRPO it scored neither branch's `<think>` and none of a tool path's +0.3 for
+  thinking before its call, which its training rollouts earn (docs/miniature.md);
 - its first turn is forced to open with the teacher's crop plan, or with its skip plan
   (`opening_probe.config_openings`: "crop: ..." and "no crop: enough", or "no crop: seen" for the
   overview-reading teacher, whose skip plan goes on to say what the frames show), and the rest of the
@@ -265,13 +271,19 @@ def render(summaries: Sequence[BranchSummary]) -> str:
     return "\n".join(lines)
 
 
+def probe_rollout(cfg: PipelineConfig):
+    """The rollout knobs the probe's episodes run with: the RL row's, as `rl.worker` passes them
+    to `run_episodes` (not the evaluation's, which force the think prefix)."""
+    return cfg.rl.rollout
+
+
 def branch_records(engine, processor, cfg: PipelineConfig, questions: Sequence, samples: int, k: int,
                    openings: dict[str, str], temperature: float = TEMPERATURE, seed: int = 0) -> list[BranchRecord]:
     """Both branches of every question in `questions` at K overview frames (module docstring);
     `openings` maps "crop" and "skip" to the forced opening texts."""
     from paravt_core.agent.context import ChatRenderer
     from paravt_core.agent.rollout import run_episodes
-    from paravt_core.eval.prompting import episode_prompt, is_agentic, prompt_mode_for, rollout_config
+    from paravt_core.eval.prompting import episode_prompt, is_agentic, prompt_mode_for
     from paravt_core.rl.data import RLPrompt
     from paravt_core.rl.policy import fixed_format_reward, paravt_reward
 
@@ -284,7 +296,7 @@ def branch_records(engine, processor, cfg: PipelineConfig, questions: Sequence, 
         raise ValueError("the branch probe scores multiple-choice questions only")
     prompts = [episode_prompt(s, mode, cfg.eval.dispatch, k) for s in questions]
     rl_prompts = [RLPrompt(p, str(s.answer), "mcq", s.question) for p, s in zip(prompts, questions)]
-    rollout = rollout_config(cfg.eval, mode, cfg.rl.rollout)
+    rollout = probe_rollout(cfg)
     renderer = ChatRenderer(processor, rollout.think_prefix, (cfg.video.min_pixels, cfg.video.max_pixels))
     reward_fn = paravt_reward(cfg.rl)
     per_branch = {}
