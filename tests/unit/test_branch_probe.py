@@ -174,3 +174,15 @@ def test_both_branches_are_rolled_out_on_the_tiny_model_and_scored(tmp_path, tin
     assert record.reward["crop"] == pytest.approx(sum(record.samples["crop"]) / 2)
     # a random model writes no well-formed answer after either opening
     assert all(0.0 <= v <= 1.0 for v in record.fmt.values()) and all(v == 0.0 for v in record.in_format.values())
+
+
+def test_the_probe_rolls_out_with_the_rl_rows_knobs_not_the_evaluations():
+    from paravt_core.config import load_config
+    from paravt_core.eval.prompting import rollout_config
+    from paravt_core.miniature.branch_probe import probe_rollout
+
+    cfg = load_config(REPO / "conf/pipeline/reproduce.yaml", [], REPO / "conf/rl/vanilla_grpo.yaml")
+    # vanilla GRPO's rollouts have no think prefix; the evaluation's force one, which the generated
+    # scope does not score (SPEC §4.5), so probing with them under-scored vanilla's format
+    assert probe_rollout(cfg) == cfg.rl.rollout and probe_rollout(cfg).think_prefix is False
+    assert rollout_config(cfg.eval, "agentic_general", cfg.rl.rollout).think_prefix is True
