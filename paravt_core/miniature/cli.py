@@ -196,9 +196,8 @@ def _print_push(records, shown, cfg, p_crops, group_size) -> None:
 
 
 def _branch_push(args: argparse.Namespace) -> int:
-    from paravt_core.miniature.branch_probe import BranchRecord
-
     from paravt_core.config import load_config
+    from paravt_core.miniature.branch_probe import BranchRecord
 
     cfg = load_config(args.config, args.set, getattr(args, "rl_row", None))
     source = Path(args.source)
