@@ -92,13 +92,13 @@ def split_rows(records: Sequence[Mapping[str, Any]], videos: Mapping[str, Mappin
     groups: dict[tuple[int, int, str, int], list] = defaultdict(list)
     for r in records:
         groups[(int(r["step"]), int(r["rank"]), str(r["prompt_id"]), int(r["nframes"]))].append(r)
+    kinds = {key: episode_kind(g[0], videos) for key, g in groups.items()}  # a group shares its prompt
     out = []
     for block in (b for b in blocks if b):
         chosen = set(block)
         for k in sorted({int(r["nframes"]) for r in records}):
             for kind in KINDS:
-                mine = [g for key, g in groups.items() if key[0] in chosen and key[3] == k
-                        and episode_kind(g[0], videos) == kind]
+                mine = [g for key, g in groups.items() if key[0] in chosen and key[3] == k and kinds[key] == kind]
                 episodes = [r for g in mine for r in g]
                 if not episodes:
                     continue

@@ -199,7 +199,7 @@ def _branch_push(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
     from paravt_core.miniature.branch_probe import BranchRecord
 
-    cfg = load_config(args.config, args.set, getattr(args, "rl_row", None))
+    cfg = load_config(args.config, args.set, args.rl_row)
     source = Path(args.source)
     try:
         saved = json.loads(source.read_text())
@@ -224,17 +224,17 @@ def _advantage_split(args: argparse.Namespace) -> int:
     from paravt_core.rl.episode_log import read_episode_log
 
     cfg = load_config(args.config, args.set)
-    manifest_path = world_dir(cfg) / "manifest.json"
-    if cfg.data.source != "synth" or not manifest_path.is_file():
-        print(f"paravt miniature advantage-split: no generated world's manifest at {manifest_path}; pass the config "
-              "(and --set) the run was trained with", file=sys.stderr)
+    manifest = _world_manifest(cfg)
+    if manifest is None:
+        print(f"paravt miniature advantage-split: no generated world's manifest at {world_dir(cfg) / 'manifest.json'}; "
+              "pass the config (and --set) the run was trained with", file=sys.stderr)
         return 2
     if args.blocks < 1:
         print("paravt miniature advantage-split: --blocks must be at least 1", file=sys.stderr)
         return 2
     try:
         records = read_episode_log(Path(args.run))
-        rows = split_rows(records, train_videos_by_name(json.loads(manifest_path.read_text())), args.blocks)
+        rows = split_rows(records, train_videos_by_name(manifest), args.blocks)
     except (OSError, ValueError) as error:
         print(f"paravt miniature advantage-split: {error}", file=sys.stderr)
         return 2
@@ -242,16 +242,33 @@ def _advantage_split(args: argparse.Namespace) -> int:
     return 0
 
 
+def _world_manifest(cfg) -> dict | None:
+    """The generated world's ground truth (`manifest.json`) when the config's world is on disk; else None."""
+    from paravt_core.data.mirror import world_dir
+
+    path = world_dir(cfg) / "manifest.json"
+    if cfg.data.source != "synth" or not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
 def _shown_on_overview(cfg, split_json: Path, split: str, frame_counts) -> dict | None:
     """(sample id, K) -> event on the K frames, for a generated world whose manifest is on disk; else None."""
-    from paravt_core.data.mirror import world_dir
     from paravt_core.eval.prepared import load_split_file
     from paravt_core.miniature.branch_probe import shown_on_overview
 
-    if cfg.data.source != "synth" or not (world_dir(cfg) / "manifest.json").is_file():
+    manifest = _world_manifest(cfg)
+    if manifest is None:
         return None
-    manifest = json.loads((world_dir(cfg) / "manifest.json").read_text())
     return shown_on_overview(load_split_file(split_json), manifest, split, frame_counts)
+
+
+def _config_args(p: argparse.ArgumentParser, config_help: str, rl_row_help: str | None = None) -> None:
+    """--config and --set (and --rl-row when `rl_row_help` is given) of a command that loads a pipeline config."""
+    p.add_argument("--config", required=True, help=config_help)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    if rl_row_help is not None:
+        p.add_argument("--rl-row", default=None, help=rl_row_help)
 
 
 def _push_args(p: argparse.ArgumentParser) -> None:
@@ -494,9 +511,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Draws groups of rollouts from each question's sampled crop and skip rewards, normalizes them "
                     "as the trainer does and averages the crop logit's gradient (paravt_core/miniature/"
                     "branch_probe.py, grpo_push).")
-    p.add_argument("--config", required=True, help="the pipeline YAML whose rl knobs shape the rewards")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
-    p.add_argument("--rl-row", default=None, help="an RL row file (conf/rl/<row>.yaml) whose rl knobs apply")
+    _config_args(p, "the pipeline YAML whose rl knobs shape the rewards",
+                 "an RL row file (conf/rl/<row>.yaml) whose rl knobs apply")
     p.add_argument("--from", dest="source", required=True, help="a branch probe's --out JSON")
     _push_args(p)
     p.set_defaults(func=_branch_push)
@@ -507,8 +523,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "each episode's K overview frames show the asked event",
         description="Reads <run>/episodes/*.jsonl (rl/episode_log.py) and the world's manifest "
                     "(paravt_core/miniature/advantage_split.py).")
-    p.add_argument("--config", required=True, help="the pipeline YAML (with --set) the run's world was generated from")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+    _config_args(p, "the pipeline YAML (with --set) the run's world was generated from")
     p.add_argument("--run", required=True, help="the RL run folder (outputs/.../rl/<row>-<key>)")
     p.add_argument("--blocks", type=int, default=1, help="cut the steps into this many consecutive blocks")
     p.set_defaults(func=_advantage_split)

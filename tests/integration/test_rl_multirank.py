@@ -80,6 +80,16 @@ def test_two_ranks_with_uneven_trajectories_stay_in_step_under_zero3(tmp_path, t
     assert ranks[0]["pushed"] == ranks[1]["pushed"] and len(ranks[0]["pushed"]) == 2
     assert ranks[0]["pushed"][0] != ranks[0]["pushed"][1]
     assert (job.out_dir / "model" / "config.json").is_file()
+    # Each rank logs its own episodes; the loss's token denominator is the step's over both ranks.
+    from paravt_core.rl.episode_log import read_episode_log
+
+    logged = read_episode_log(job.out_dir)
+    assert sorted({(r["step"], r["rank"]) for r in logged}) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    for step in (1, 2):
+        mine = {rank: [r for r in logged if r["step"] == step and r["rank"] == rank] for rank in (0, 1)}
+        assert all(r["subagent_tokens"] > 0 for r in mine[0]) and all(r["subagent_tokens"] == 0 for r in mine[1])
+        assert len({r["step_tokens"] for r in mine[0] + mine[1]}) == 1
+        assert mine[0][0]["step_tokens"] == sum(r["main_tokens"] + r["subagent_tokens"] for r in mine[0] + mine[1])
 
 
 def test_two_ranks_give_the_gradient_of_one_rank_holding_both(tmp_path, tiny_model_dir, short_video):
