@@ -21,7 +21,7 @@ GPU_STAMP := $(GPU_VENV)/.installed
 # The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
 GPU_PY ?= $(GPU_VENV)/bin/python
 
-.PHONY: install install-gpu install-serve demo test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
+.PHONY: install install-gpu install-serve demo reproduce reproduce-table2 test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,15 @@ install-serve: $(SERVE_STAMP)
 # ARGS: extra `paravt run` arguments, e.g. ARGS="--set data.on_bad_rows=quarantine".
 demo: $(STAMP)
 	$(BIN)/paravt run --config $(CONFIG) $(ARGS)
+
+# The miniature reproduction (docs/miniature.md): by default vanilla GRPO against PARA-GRPO,
+# 4 runs each; reproduce-table2 adds Table 2's anchoring-only and gating-only rows (SPEC §6).
+reproduce: $(STAMP)
+	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml $(ARGS)
+
+reproduce-table2: $(STAMP)
+	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
+	  --set 'reproduce.rows=[vanilla_grpo,paragrpo,anchoring_only,gating_only]' $(ARGS)
 
 # TEST_WORKERS: pytest-xdist workers (auto: one per core, at most 4; 0 runs in this process).
 TEST_WORKERS ?= auto

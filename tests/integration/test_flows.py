@@ -191,7 +191,8 @@ def test_reproduce_flow_reports_rows_over_seeds_resumes_finished_rows_and_fans_r
     from paravt_core.refs import content_hash, file_hash
 
     config = str(REPO / "conf/pipeline/reproduce.yaml")
-    overrides = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1"]
+    # One row at a time in the first run (the default config runs two), two in the second.
+    overrides = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1", "run.fanout.max_concurrent=1"]
 
     def row_runs(state) -> list[dict]:
         runs = json.loads((Path(state.result()).parent / "runs.json").read_text())

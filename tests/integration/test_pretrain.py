@@ -32,7 +32,11 @@ def test_corpus_clips_are_captioned_with_the_truth_of_their_window(tmp_path: Pat
     cfg = _cfg(tmp_path)
     corpus = pretrain.build_corpus(cfg, log_line=lambda line: None)
     rows = pq.read_table(corpus.path / pretrain.CORPUS_FILE).to_pylist()
-    assert len(rows) == 3 * 4
+    # each video's clip windows, and its overview at model.pretrain.overview_rows of the teacher's budgets
+    requests = [json.loads(row["messages"])[0]["content"][-1]["text"] for row in rows]
+    assert requests.count(pretrain.CAPTION_REQUEST) == 3 * 4
+    assert requests.count(pretrain.OVERVIEW_REQUEST) == 3 * cfg.model.pretrain.overview_rows == 3 * 4
+    assert len(rows) == 3 * 4 + 3 * 4
     messages = json.loads(rows[0]["messages"])
     clip, request = messages[0]["content"]
     assert request["text"] == pretrain.CAPTION_REQUEST
@@ -93,7 +97,10 @@ def test_transcript_reading_rows_are_text_only_agent_transcripts_of_the_sft_layo
 
     from paravt_core.data.synth.world import sample_video
 
-    cfg = _cfg(tmp_path, "model.pretrain.reading_rows=40", "model.pretrain.reading_transcripts=0.5")
+    cfg = _cfg(tmp_path, "model.pretrain.reading_rows=40", "model.pretrain.reading_transcripts=0.5",
+               # transcripts are written in the shared opening, without the teacher's budgets
+               "data.synth.crop_opening=shared", "data.synth.teacher_budgets=null", "data.synth.skip_when_seen=1",
+               "data.synth.direct_check=false")
     clips = pretrain.build_corpus(cfg, log_line=lambda line: None)
     corpus = pretrain.build_reading_corpus(cfg, clips, log_line=lambda line: None)
     rows = [json.loads(r["messages"]) for r in pq.read_table(corpus.path / pretrain.READING_FILE).to_pylist()]
