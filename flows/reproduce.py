@@ -71,10 +71,11 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
     """The held-out evaluation of one model in subagent tool mode and in direct mode on the test
     split and, where the config draws one, in subagent mode on the validation split (the SFT
     model also in direct mode there: the RL rows' direct validation figure chooses nothing, and
-    its evaluation is time the default run does not have, #35). Then, where `reproduce.probe`
+    its evaluation is time the default run does not have, #35; an RL run only where
+    `reproduce.rl_validation`). Then, where `reproduce.probe`
     is enabled, the held-out sampled probe (`tasks.miniature`): κ and format per question, what
     the κ and format verdicts compare (#46 item 4)."""
-    validation = VALIDATION_SPLIT in cfg.eval.splits
+    validation = VALIDATION_SPLIT in cfg.eval.splits and (row == "sft" or cfg.reproduce.rl_validation)
     splits = (HELD_OUT_SPLIT, VALIDATION_SPLIT) if validation else (HELD_OUT_SPLIT,)
     direct_splits = splits if row == "sft" else (HELD_OUT_SPLIT,)
     tools_cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(
@@ -85,7 +86,10 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
     direct = eval_stage(direct_cfg, model, eval_data, f"{label}-direct")
     summary = tools.summaries[HELD_OUT_SPLIT]
     records = list(ResultsLog(tools.results_dir / f"{HELD_OUT_SPLIT}.jsonl").load().values())
-    probe = sampled_probe(tools_cfg, model, eval_data, label) if cfg.reproduce.probe.enabled else None
+    # The probe asks as the agentic evaluation does, keyed on the config's own splits, not on which of them this
+    # model is evaluated on (`reproduce.rl_validation` leaves its cached probes valid).
+    probe_cfg = tools_cfg.model_copy(update={"eval": tools_cfg.eval.model_copy(update={"splits": cfg.eval.splits})})
+    probe = sampled_probe(probe_cfg, model, eval_data, label) if cfg.reproduce.probe.enabled else None
     return ModelRun(row=row, seed=seed, accuracy=tools.primary(HELD_OUT_SPLIT),
                     accuracy_direct=direct.primary(HELD_OUT_SPLIT),
                     eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),

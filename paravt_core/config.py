@@ -70,7 +70,12 @@ class PretrainConfig(_Section):
     # "Nothing" (`paravt miniature caption-probe`'s `detected`).
     event_windows: float = Field(0.0, ge=0.0, le=1.0)
     max_steps: int = Field(1000, ge=1)
-    micro_batch_size: int = Field(8, ge=1)
+    micro_batch_size: int = Field(8, ge=1)  # per rank: a step trains on micro_batch_size x num_ranks rows
+    # Data-parallel ranks of both phases (DeepSpeed, as cold-start SFT's `sft.num_ranks`), each on its
+    # share of the host's cores. On this 2-core machine 2 ranks of 4 rows trained the captioning phase
+    # at 29.5 rows/s against 22.8 for 1 rank of 8 on both cores (docs/miniature.md, session 57). A
+    # step's loss is then the mean of the ranks' own token means, not one token mean over its rows.
+    num_ranks: int = Field(1, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     checkpoint_every: int = Field(200, ge=1)
@@ -675,6 +680,9 @@ class ReproduceConfig(_Section):
     rows: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")], ...] = ("vanilla_grpo", "paragrpo")
     seeds: tuple[int, ...] = (0, 1, 2)
     probe: ProbeConfig = ProbeConfig()
+    # Whether each RL run is also evaluated on the validation split (with tools), beside the SFT
+    # model, which always is where the world draws one. Off: a run that chooses nothing skips it.
+    rl_validation: bool = True
 
     @model_validator(mode="after")
     def _distinct(self) -> ReproduceConfig:
@@ -709,6 +717,7 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("reproduce", "probe"), ("sft", "seed"), ("data.synth", "crop_opening"),
     ("data.synth", "teacher_budgets"), ("data.synth", "subagent_error_rate"),
     ("data.synth", "skip_when_seen"), ("model.pretrain", "overview_rows"), ("data.synth", "direct_check"),
+    ("model.pretrain", "num_ranks"), ("reproduce", "rl_validation"),
 )
 
 

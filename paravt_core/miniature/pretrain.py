@@ -395,7 +395,8 @@ def training_config(cfg: PipelineConfig, steps: int | None = None,
     sft = cfg.sft.model_copy(update=dict(
         max_steps=pre.max_steps if steps is None else steps, learning_rate=pre.learning_rate,
         micro_batch_size=pre.micro_batch_size if micro_batch_size is None else micro_batch_size,
-        grad_accum_steps=1, warmup_ratio=pre.warmup_ratio, lr_schedule="cosine", weight_decay=0.0,
+        num_ranks=pre.num_ranks, grad_accum_steps=1, warmup_ratio=pre.warmup_ratio, lr_schedule="cosine",
+        weight_decay=0.0,
         checkpoint_every=pre.checkpoint_every, max_seq_len=cfg.sft.max_seq_len))
     # Clips are crops and reading rows are text: the SFT overview budgets do not apply.
     video = cfg.video.model_copy(update={"sft_frame_choices": None})

@@ -193,6 +193,8 @@ def test_reproduce_flow_reports_rows_over_seeds_resumes_finished_rows_and_fans_r
     config = str(REPO / "conf/pipeline/reproduce.yaml")
     # One row at a time in the first run (the default config runs two), two in the second.
     overrides = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1", "run.fanout.max_concurrent=1"]
+    # The first run also evaluates its RL runs on validation; the second does not (the config's default).
+    first_only = ["reproduce.rl_validation=true"]
 
     def row_runs(state) -> list[dict]:
         runs = json.loads((Path(state.result()).parent / "runs.json").read_text())
@@ -204,8 +206,9 @@ def test_reproduce_flow_reports_rows_over_seeds_resumes_finished_rows_and_fans_r
         # The weight files only: the export's paravt_meta.json also names the MLflow run and full config.
         return {f.name: file_hash(f) for f in sorted((folder / "model").glob("*.safetensors"))}
 
-    first = reproduce(ReproduceParams(config_path=config, overrides=overrides), return_state=True)
+    first = reproduce(ReproduceParams(config_path=config, overrides=[*overrides, *first_only]), return_state=True)
     assert first.is_completed()
+    assert all(0.0 <= m["accuracy_val"] <= 1.0 for m in row_runs(first))
     runs = task_runs(first.state_details.flow_run_id)
     assert len(runs["pretrain"]) == 1 and len(runs["sft"]) == 1 and len(runs["rl"]) == 2
     (alone,) = [run for run in row_runs(first) if run["row"] == "paragrpo"]
@@ -229,7 +232,8 @@ def test_reproduce_flow_reports_rows_over_seeds_resumes_finished_rows_and_fans_r
         assert any(a.start_time < b.end_time and b.start_time < a.end_time
                    for i, a in enumerate(trained) for b in trained[i + 1:])
     (together,) = [run for run in row_runs(second) if run["row"] == "paragrpo" and run["seed"] == 0]
-    assert together == alone
+    assert together["accuracy_val"] is None  # reproduce.rl_validation: false
+    assert together == {**alone, "accuracy_val": None}
     assert weights(paragrpo_dir) == alone_weights
 
     report = Path(second.result())
@@ -242,9 +246,9 @@ def test_reproduce_flow_reports_rows_over_seeds_resumes_finished_rows_and_fans_r
         ("sft", None), ("vanilla_grpo", 0), ("vanilla_grpo", 1), ("paragrpo", 0), ("paragrpo", 1)]
     assert all(len(m["steps"]) == 2 for m in measured[1:])
     assert all(0.0 <= m["answer_tag_rate"] <= 1.0 for m in measured)  # the held-out answer format, every model
-    # Every model is also measured on the validation split (the SFT model in both modes), and the report says
-    # which is which.
-    assert all(0.0 <= m["accuracy_val"] <= 1.0 for m in measured)
+    # The SFT model is also measured on the validation split, in both modes (the RL runs were in the first run,
+    # with tools), and the report says which is which.
+    assert 0.0 <= measured[0]["accuracy_val"] <= 1.0 and all(m["accuracy_val"] is None for m in measured[1:])
     assert 0.0 <= measured[0]["accuracy_direct_val"] <= 1.0 and all(m["accuracy_direct_val"] is None for m in measured[1:])
     assert "## Validation split" in text and "Knobs, rates and budgets are chosen on this one" in text
     # Per-question correctness on test, what the paired bootstrap resamples
