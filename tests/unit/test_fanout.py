@@ -14,7 +14,10 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def test_fanout_is_checked_at_load_and_never_changes_a_cache_key():
-    base = load_config(CONF / "pipeline" / "reproduce.yaml")
+    shipped = load_config(CONF / "pipeline" / "reproduce.yaml").run.fanout
+    assert (shipped.max_concurrent, shipped.threads_per_run) == (2, 1)  # the default reproduction's, #46 item 5
+    base = load_config(CONF / "pipeline" / "reproduce.yaml",
+                       ["run.fanout.max_concurrent=1", "run.fanout.threads_per_run=null"])
     assert (base.run.fanout.max_concurrent, base.run.fanout.threads_per_run) == (1, None)  # sequential, as before
     fanned = load_config(CONF / "pipeline" / "reproduce.yaml",
                          ["run.fanout.max_concurrent=2", "run.fanout.threads_per_run=1"])
@@ -61,6 +64,6 @@ def test_rows_at_once_are_refused_before_any_stage_where_they_would_share_gpus(m
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValidationError, match=r"run\.fanout\.max_concurrent=2 runs RL rows at once.*share cards"):
         make[flow_params](overrides)
-    make[flow_params]([f"run.output_dir={tmp_path}"])  # one row at a time is fine there
+    make[flow_params]([f"run.output_dir={tmp_path}", "run.fanout.max_concurrent=1"])  # one row at a time is fine there
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     make[flow_params](overrides)  # and rows at once on a CPU machine

@@ -22,11 +22,20 @@ from paravt_core.sft.encode import ConversationError
 REPO = Path(__file__).resolve().parents[2]
 WORLD3 = ["data.synth.teacher_budgets=[2,3,4,6]", "data.synth.second_wording_look=1.0",
           "data.synth.crop_opening=own_token", "data.synth.subagent_error_rate=0.6",
-          "data.synth.visible_event_share=0.7", "data.synth.skip_when_seen=0.3", "model.pretrain.overview_rows=2"]
+          "data.synth.visible_event_share=0.7", "data.synth.skip_when_seen=0.3", "model.pretrain.overview_rows=2",
+          "data.synth.direct_check=false"]
+# World version 2 (the reproduce config's world before version 3c became its default): no overview teacher.
+WORLD2 = ["data.synth.teacher_budgets=null", "data.synth.second_wording_look=0.5", "data.synth.crop_opening=shared",
+          "data.synth.subagent_error_rate=0.0", "data.synth.visible_event_share=0.5", "data.synth.skip_when_seen=1.0",
+          "model.pretrain.overview_rows=0", "data.synth.direct_check=false"]
 
 
 def _world3(*extra: str):
     return load_config(REPO / "conf/pipeline/reproduce.yaml", [*WORLD3, *extra])
+
+
+def _world2(*extra: str):
+    return load_config(REPO / "conf/pipeline/reproduce.yaml", [*WORLD2, *extra])
 
 
 def _videos(synth, n: int = 120) -> list[P.TrainVideo]:
@@ -127,7 +136,7 @@ def test_direct_rows_whose_frames_show_the_event_end_with_the_option_check_when_
 
 
 def test_no_error_rate_and_no_budgets_write_the_rows_they_always_wrote():
-    synth = load_config(REPO / "conf/pipeline/reproduce.yaml").data.synth
+    synth = _world2().data.synth
     assert Reporter.of(synth).event(*_first_event(synth)) == _first_event(synth)[1]
     traces = P.teacher_traces(synth, _videos(synth, 30))
     assert all(t.nframes is None for _, t in traces)
@@ -197,15 +206,15 @@ def test_the_config_refuses_what_the_overview_teacher_cannot_write():
         _world3("model.pretrain.overview_rows=5")
     assert _world3("model.pretrain.overview_rows=4").model.pretrain.overview_rows == 4
     with pytest.raises(ValueError, match="skip_when_seen"):
-        load_config(REPO / "conf/pipeline/reproduce.yaml", ["data.synth.skip_when_seen=0.5"])
+        _world2("data.synth.skip_when_seen=0.5")
     with pytest.raises(ValueError, match="direct_check"):
-        load_config(REPO / "conf/pipeline/reproduce.yaml", ["data.synth.direct_check=true"])
+        _world2("data.synth.direct_check=true")
     with pytest.raises(ValueError, match="exactly 4 colours"):
-        load_config(REPO / "conf/pipeline/reproduce.yaml",
-                    ["data.synth.subagent_error_rate=0.2", "data.synth.colours=[blue,green,red,yellow,purple]"])
+        _world2("data.synth.subagent_error_rate=0.2", "data.synth.colours=[blue,green,red,yellow,purple]")
     # the new knobs at their defaults leave every cache key as it was
-    plain = load_config(REPO / "conf/pipeline/reproduce.yaml")
-    explicit = load_config(REPO / "conf/pipeline/reproduce.yaml", [
+    # (tiny.yaml leaves them unset; the reproduce config now sets them, version 3c)
+    plain = load_config(REPO / "conf/pipeline/tiny.yaml")
+    explicit = load_config(REPO / "conf/pipeline/tiny.yaml", [
         "data.synth.skip_when_seen=1.0", "data.synth.subagent_error_rate=0.0", "model.pretrain.overview_rows=0",
         "data.synth.direct_check=false"])
     assert plain.section_hash("data", "model") == explicit.section_hash("data", "model")
@@ -213,7 +222,7 @@ def test_the_config_refuses_what_the_overview_teacher_cannot_write():
 
     assert {("data.synth", "teacher_budgets"), ("data.synth", "skip_when_seen"), ("data.synth", "subagent_error_rate"),
             ("model.pretrain", "overview_rows"), ("data.synth", "direct_check")} <= set(HASHED_ONLY_WHEN_SET)
-    assert _world3().section_hash("data", "model") != plain.section_hash("data", "model")
+    assert _world3().section_hash("data", "model") != _world2().section_hash("data", "model")
     assert _world3("data.synth.direct_check=true").section_hash("data") != _world3().section_hash("data")
 
 
@@ -285,5 +294,5 @@ def test_the_probes_force_the_skip_plan_this_teacher_writes():
     # the crop plans' first word opens no other think: the first token is the decision
     assert {w for kind, w in firsts if kind == "crop"} == {"Short"}
     assert "Short" not in {w for kind, w in firsts if kind == "other"}
-    plain = load_config(REPO / "conf/pipeline/reproduce.yaml")
+    plain = _world2()
     assert skip_opening(plain) == "no crop: enough" and skip_opening(plain) in config_openings(plain)
