@@ -184,6 +184,9 @@ def test_reproduce_config_pretrains_the_tiny_base_and_runs_the_contrast_over_fou
     assert cfg.reproduce.rows == ("vanilla_grpo", "paragrpo") and len(cfg.reproduce.seeds) == 4
     # pretraining's step is 8 rows however many ranks share it
     assert cfg.model.pretrain.num_ranks * cfg.model.pretrain.micro_batch_size == 8
+    from paravt_core.miniature.pretrain import training_config
+
+    assert (training_config(cfg).sft.num_ranks, training_config(cfg, 5).sft.num_ranks) == (2, 2)  # both phases
     assert max(cfg.rl.gating.choices) <= cfg.eval.nframes  # gating never shows more than the evaluation
     # SFT has shown the tiny policy every overview budget gating draws, and RL trains on the
     # evaluation's question type
