@@ -86,10 +86,7 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
     direct = eval_stage(direct_cfg, model, eval_data, f"{label}-direct")
     summary = tools.summaries[HELD_OUT_SPLIT]
     records = list(ResultsLog(tools.results_dir / f"{HELD_OUT_SPLIT}.jsonl").load().values())
-    # The probe asks as the agentic evaluation does, keyed on the config's own splits, not on which of them this
-    # model is evaluated on (`reproduce.rl_validation` leaves its cached probes valid).
-    probe_cfg = tools_cfg.model_copy(update={"eval": tools_cfg.eval.model_copy(update={"splits": cfg.eval.splits})})
-    probe = sampled_probe(probe_cfg, model, eval_data, label) if cfg.reproduce.probe.enabled else None
+    probe = sampled_probe(tools_cfg, model, eval_data, label) if cfg.reproduce.probe.enabled else None
     return ModelRun(row=row, seed=seed, accuracy=tools.primary(HELD_OUT_SPLIT),
                     accuracy_direct=direct.primary(HELD_OUT_SPLIT),
                     eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),

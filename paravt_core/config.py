@@ -760,13 +760,17 @@ class PipelineConfig(_Section):
     def _text_only_rows_fit_zero3(self) -> PipelineConfig:
         # Measured: the reading phase at 2 CPU ranks under ZeRO-3 stalled before its first step
         # (a text-only micro-batch skips the vision tower whose weights the other ranks gather).
+        # The reading phase runs on model.pretrain.num_ranks (`pretrain.training_config`), the SFT
+        # that replays its rows on sft.num_ranks; both take sft.zero_stage.
         pre = self.model.pretrain
-        if pre.enabled and (pre.reading_rows or pre.sft_replay_rows) and self.sft.num_ranks > 1 \
-                and self.sft.zero_stage == 3:
-            raise ValueError("model.pretrain.reading_rows / sft_replay_rows train on text-only rows, "
-                             f"which hang sft.num_ranks={self.sft.num_ranks} under sft.zero_stage=3 (a text-only micro-batch "
-                             "skips the vision tower the other ranks gather): set sft.num_ranks: 1 or "
-                             "sft.zero_stage 0 or 2")
+        if not pre.enabled or self.sft.zero_stage != 3:
+            return self
+        for rows, ranks, knob in ((pre.reading_rows, pre.num_ranks, "model.pretrain.num_ranks"),
+                                  (pre.sft_replay_rows, self.sft.num_ranks, "sft.num_ranks")):
+            if rows and ranks > 1:
+                raise ValueError(f"model.pretrain.reading_rows / sft_replay_rows train on text-only rows, which hang "
+                                 f"{knob}={ranks} under sft.zero_stage=3 (a text-only micro-batch skips the vision "
+                                 f"tower the other ranks gather): set {knob}: 1 or sft.zero_stage 0 or 2")
         return self
 
     @model_validator(mode="after")

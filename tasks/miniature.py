@@ -18,16 +18,19 @@ from prefect.context import TaskRunContext
 
 from paravt_core.config import PipelineConfig
 from paravt_core.data.stage import SPLIT_FILE
-from paravt_core.eval.stage import split_data_hash, split_folder
+from paravt_core.eval.stage import results_config_hash, split_data_hash, split_folder
 from paravt_core.miniature.heldout_probe import ProbeResult, probe_frames, probe_to_file
 from paravt_core.refs import ArtifactRef
 from tasks._cache import stage_key
 
 
 def _fingerprint(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef) -> str:
+    # The evaluation's settings a result depends on (`results_config`: not the splits a model is also
+    # evaluated on, nor the concurrency; the probe samples its questions in one call), so a model's probe
+    # is found again whichever splits its evaluation covered (`reproduce.rl_validation`).
     probe = cfg.reproduce.probe
     return stage_key("sampled-probe", model.sha256, split_data_hash(eval_data, probe.split),
-                     probe.model_dump_json(), probe_frames(cfg), cfg.section_hash("eval", "video", "model"),
+                     probe.model_dump_json(), probe_frames(cfg), results_config_hash(cfg), cfg.section_hash("model"),
                      cfg.rl.rollout.model_dump_json())
 
 

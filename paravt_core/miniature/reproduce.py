@@ -556,7 +556,10 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
            f"A direction is claimed only for an effect of at least {100 * MIN_ACCURACY:.0f} points of accuracy, "
            f"{MIN_FORMAT:.2f} of the probe's answers in format, or a κ fall of {KAPPA_FALL:.0%} of the SFT model's; "
            f"\"equivalent\" when the whole equivalence interval lies within that effect; an RL row of fewer than "
-           f"{MIN_RUNS} runs is inconclusive by rule.", "\n".join(f"- {line}" for line in found)]
+           f"{MIN_RUNS} runs is inconclusive by rule. Every RL run starts from the one SFT model, so the "
+           "intervals hold the noise of runs and questions, not of SFT builds: another build of the same world "
+           "can come out the other way (docs/miniature.md, \"The default from a fresh clone\").",
+           "\n".join(f"- {line}" for line in found)]
           if (found := verdicts(runs)) else []),
         f"![per-step curves]({figure})",
     ]) + "\n"

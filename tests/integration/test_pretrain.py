@@ -326,7 +326,14 @@ def test_text_only_rows_refuse_zero3_across_ranks_at_load(tmp_path: Path, rows: 
     """Text-only micro-batches (reading rows, and their replay in SFT) skip the vision tower
     that other ZeRO-3 ranks gather: measured to stall at 2 CPU ranks, so the config says so
     when it loads instead of a stage hanging."""
+    one = "model.pretrain.num_ranks=1"
+    # SFT's ranks, where SFT replays the text-only rows
     with pytest.raises(ConfigError, match="hang sft.num_ranks=2 under sft.zero_stage=3"):
-        _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3", rows)
+        _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3", one, "model.pretrain.sft_replay_rows=4")
     _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=2", rows)
+    _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3", one, "model.pretrain.sft_replay_rows=0")
     _cfg(tmp_path, "sft.num_ranks=2", "sft.zero_stage=3", "model.pretrain.reading_rows=0")
+    # the reading phase's own ranks (model.pretrain.num_ranks), whatever SFT's are
+    with pytest.raises(ConfigError, match="hang model.pretrain.num_ranks=2 under sft.zero_stage=3"):
+        _cfg(tmp_path, "model.pretrain.num_ranks=2", "sft.num_ranks=1", "sft.zero_stage=3", rows)
+    _cfg(tmp_path, "model.pretrain.num_ranks=2", "sft.num_ranks=1", "sft.zero_stage=0", rows)
