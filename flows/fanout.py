@@ -1,7 +1,8 @@
 """RL rows fanned out over Prefect (issue #45 item 5; docs/scale.md, "Fanning out RL rows").
 
-`fan_out` submits each row's unit of work (its RL run, then its evaluations) as one task,
-the `rl-row` task, to a `ThreadPoolTaskRunner` of `run.fanout.max_concurrent` threads, and
+`fan_out` submits each row's unit of work (its RL run, then its evaluations; in the
+reproduction also the SFT model's evaluations, flows/reproduce.py) as one task, the
+`fanned-out` task, to a `ThreadPoolTaskRunner` of `run.fanout.max_concurrent` threads, and
 hands back the results in the order the rows were given, so a report built from them is the
 same whichever row finished first. With `max_concurrent: 1` the rows run one after the
 other, in order, as the flows did before.
@@ -36,7 +37,7 @@ T = TypeVar("T")
 
 # Not cached and not retried itself: the tasks it chains (rl, eval-checkpoint, eval-log) are,
 # so a re-run finds a finished row in their caches and a failed one resumes from its checkpoint.
-@task(name="rl-row", cache_policy=NO_CACHE)
+@task(name="fanned-out", cache_policy=NO_CACHE)
 def run_row(work: Callable[[], T], label: str, threads: int | None) -> T:
     """One row's RL run and evaluations (`work`), on `threads` torch threads in this thread."""
     if threads is not None:
@@ -63,7 +64,7 @@ def check_fanout_fits(fanout: FanoutConfig) -> None:
 
 def fan_out(rows: Sequence[tuple[str, Callable[[], T]]], fanout: FanoutConfig,
             gathered: Callable[[str, T], None] = lambda label, result: None) -> list[T]:
-    """Run each `(label, work)` as an `rl-row` task, at most `fanout.max_concurrent` at once.
+    """Run each `(label, work)` as a `fanned-out` task, at most `fanout.max_concurrent` at once.
 
     Returns the results in the order of `rows`; `gathered(label, result)` is called in that
     order, from the caller's thread, as each becomes available. A row that fails raises here

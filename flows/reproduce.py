@@ -1,10 +1,11 @@
 """The miniature reproduction of #15 as one flow (deployment `paravt/reproduce`).
 
-    data -> base (+ perception pretraining) -> SFT -> eval (subagent, direct)
-           and the held-out sampled probe (κ, format per question at one K, `reproduce.probe`)
-         -> the SFT model at each gating budget K on the validation split (subagent, direct)
-         -> for each RL row x seed: PARA-GRPO variant -> eval (subagent, direct), probe
-            (`run.fanout.max_concurrent` rows at a time, flows/fanout.py)
+    data -> base (+ perception pretraining) -> SFT -> fanned out, `run.fanout.max_concurrent`
+         jobs at a time (flows/fanout.py):
+           - for each RL row x seed: PARA-GRPO variant -> eval (subagent, direct), probe;
+           - the SFT model: eval (subagent, direct) and the held-out sampled probe (κ, format
+             per question at one K, `reproduce.probe`);
+           - the SFT model at each gating budget K on the validation split (subagent, direct);
          -> Table 2 in miniature + per-step figure (outputs and MLflow)
 
 Every stage is a cached task, so an interrupted reproduction resumes with the rows and
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
 from pydantic import Field, model_validator
@@ -100,31 +103,56 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
                     probe_calls=probe.calls if probe else {}, probe_format=probe.fmt if probe else {})
 
 
-def budget_sweep(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef,
-                 world: Path | None = None) -> list[BudgetPoint]:
-    """Before RL, on the validation split: the SFT model at every overview budget K that nFrames
-    gating draws (`rl.gating.choices`) and the evaluation's own, with tools and without, beside
-    the share of the split's videos whose event the K overview frames show (#35 item 2). Empty
-    where the world draws no validation split. `world`: the world folder the data stage used,
-    named when the flow started (its name hashes the generator's code: an edit during a long
-    run would otherwise name another folder, which a run measured crashing here)."""
-    if VALIDATION_SPLIT not in cfg.eval.splits:
-        return []
+def budget_ks(cfg: PipelineConfig) -> list[int]:
+    """The overview budgets of the SFT model's sweep: every K nFrames gating draws
+    (`rl.gating.choices`) and the evaluation's own; none where the world draws no validation
+    split."""
+    return sorted({*cfg.rl.gating.choices, cfg.eval.nframes}) if VALIDATION_SPLIT in cfg.eval.splits else []
+
+
+def validation_videos(cfg: PipelineConfig, world: Path | None = None) -> list:
+    """The validation split's videos from the world's manifest. `world`: the world folder the
+    data stage used, named when the flow started (its name hashes the generator's code: an edit
+    during a long run would otherwise name another folder, which a run measured crashing here)."""
     manifest = json.loads(((world or world_dir(cfg)) / "manifest.json").read_text())
-    videos = manifest_video_sets(manifest)[VALIDATION_SPLIT]
-    points = []
-    for k in sorted({*cfg.rl.gating.choices, cfg.eval.nframes}):
-        at_k = cfg.eval.model_copy(update={"nframes": k, "splits": (VALIDATION_SPLIT,),
-                                           "prompt_mode": "agentic_general", "tool_mode": "subagent"})
-        tools = eval_stage(cfg.model_copy(update={"eval": at_k}), model, eval_data, f"sft-k{k}")
-        direct = eval_stage(cfg.model_copy(update={"eval": at_k.model_copy(update={"prompt_mode": "direct"})}),
-                            model, eval_data, f"sft-k{k}-direct")
-        summary = tools.summaries[VALIDATION_SPLIT]
-        points.append(BudgetPoint(k=k, accuracy=tools.primary(VALIDATION_SPLIT),
-                                  accuracy_direct=direct.primary(VALIDATION_SPLIT),
-                                  eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),
-                                  visible=visible_share(videos, k), n=len(videos)))
-    return points
+    return manifest_video_sets(manifest)[VALIDATION_SPLIT]
+
+
+def budget_point(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, k: int,
+                 videos: list) -> BudgetPoint:
+    """Before RL, on the validation split: the SFT model with an overview of `k` frames, with
+    tools and without, beside the share of the split's `videos` whose event the K overview
+    frames show (#35 item 2)."""
+    at_k = cfg.eval.model_copy(update={"nframes": k, "splits": (VALIDATION_SPLIT,),
+                                       "prompt_mode": "agentic_general", "tool_mode": "subagent"})
+    tools = eval_stage(cfg.model_copy(update={"eval": at_k}), model, eval_data, f"sft-k{k}")
+    direct = eval_stage(cfg.model_copy(update={"eval": at_k.model_copy(update={"prompt_mode": "direct"})}),
+                        model, eval_data, f"sft-k{k}-direct")
+    summary = tools.summaries[VALIDATION_SPLIT]
+    return BudgetPoint(k=k, accuracy=tools.primary(VALIDATION_SPLIT),
+                       accuracy_direct=direct.primary(VALIDATION_SPLIT),
+                       eval_tool_calls=float(summary.get("avg_tool_calls", 0.0)),
+                       visible=visible_share(videos, k), n=len(videos))
+
+
+def sft_jobs(cfg: PipelineConfig, sft_model: ArtifactRef, eval_data: ArtifactRef,
+             world: Path | None) -> list[tuple[str, Callable[[], tuple[str, Any]]]]:
+    """The SFT model's measurements as fan-out jobs, each `(label, work)` whose work returns
+    `(kind, result)`: its held-out evaluations and probe, then the sweep's point at the
+    evaluation's own K (the same evaluation's results, so in the same job: two jobs must never
+    write one results folder at once), and one job per other K of the sweep."""
+    ks = budget_ks(cfg)
+    videos = validation_videos(cfg, world) if ks else []
+    own = [k for k in ks if k == cfg.eval.nframes]
+
+    def measured() -> tuple[str, Any]:
+        run = measure(cfg, sft_model, eval_data, "sft", None, "sft")
+        return "sft", (run, [budget_point(cfg, sft_model, eval_data, k, videos) for k in own])
+
+    def point(k: int) -> tuple[str, Any]:
+        return "budget", budget_point(cfg, sft_model, eval_data, k, videos)
+
+    return [("sft", measured), *((f"sft at K={k}", functools.partial(point, k)) for k in ks if k not in own)]
 
 
 def train_and_measure(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: DataBundle, row: str,
@@ -134,29 +162,45 @@ def train_and_measure(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: Dat
     return measure(row_cfg, model, data.eval, row, seed, f"{row}-seed{seed}"), model
 
 
+def rl_job(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: DataBundle, row: str,
+           seed: int) -> tuple[str, tuple[ModelRun, ArtifactRef]]:
+    return "rl", train_and_measure(row_cfg, sft_model, data, row, seed)
+
+
 @flow(name="paravt", log_prints=True)
 def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
     cfg = params.load()
     with hold_output_dir(cfg.run.output_dir, "paravt flow (reproduce)"):
         log = get_run_logger()
         PROGRESS.reset()
-        world = world_dir(cfg) if cfg.data.source == "synth" else None  # before any stage: see budget_sweep
+        world = world_dir(cfg) if cfg.data.source == "synth" else None  # before any stage: see validation_videos
         data = data_stage(cfg)
         sft_model = sft(cfg, base_stage(cfg), data.sft)
         PROGRESS.stage("sft_model", sft_model.path)
-        runs = [measure(cfg, sft_model, data.eval, "sft", None, "sft")]
-        budget = budget_sweep(cfg, sft_model, data.eval, world)
-        PROGRESS.stage("budget sweep (validation)", sft_model.path)
-        rows = []
+        jobs = []
         for row in cfg.reproduce.rows:
             for seed in cfg.reproduce.seeds:
                 row_cfg = load_config(params.config_path, [*params.overrides, f"run.seed={seed}"],
                                       row_file(params.config_path, row))
-                rows.append((f"{row} seed {seed}", functools.partial(train_and_measure, row_cfg, sft_model, data, row,
-                                                                     seed)))
-        # Rows x seeds at most run.fanout.max_concurrent at a time, gathered in this order (flows/fanout.py).
-        runs += [run for run, _ in fan_out(rows, cfg.run.fanout,
-                                            lambda label, done: PROGRESS.stage(label, done[1].path))]
+                jobs.append((f"{row} seed {seed}", functools.partial(rl_job, row_cfg, sft_model, data, row, seed)))
+        # The SFT model's own measurements run in the same fan-out, after the RL runs: each is
+        # shorter than a run, so they fill the slots the last runs leave (longest first), and
+        # each takes the fan-out's thread budget (two evaluations side by side on one thread
+        # each finished 1.33x sooner than one after the other on two, docs/miniature.md).
+        jobs += sft_jobs(cfg, sft_model, data.eval, world)
+        # At most run.fanout.max_concurrent at a time, gathered in this order (flows/fanout.py).
+        done = fan_out(jobs, cfg.run.fanout, lambda label, result: PROGRESS.stage(
+            label, result[1][1].path if result[0] == "rl" else sft_model.path))
+        sft_run, budget, rl_runs, points = None, [], [], []
+        for kind, result in done:
+            if kind == "sft":
+                sft_run, budget = result
+            elif kind == "rl":
+                rl_runs.append(result[0])
+            else:
+                points.append(result)
+        budget = sorted([*budget, *points], key=lambda point: point.k)
+        runs = [sft_run, *rl_runs]
         report = reproduce_report(cfg, runs, budget)
         text = report.read_text()
         log.info("miniature reproduction (%s):\n%s", report, text)

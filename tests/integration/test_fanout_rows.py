@@ -48,7 +48,7 @@ def test_rows_run_at_once_and_come_back_in_order(prefect_harness, task_runs):
     results, before, after = state.result()
     assert results == [("a", 1), ("b", 1)] and gathered == ["a", "b"]
     assert after == before  # the budget was set in the rows' threads only
-    assert len(task_runs(state.state_details.flow_run_id)["rl-row"]) == 2
+    assert len(task_runs(state.state_details.flow_run_id)["fanned-out"]) == 2
 
 
 def test_one_at_a_time_keeps_the_given_order(prefect_harness):
