@@ -29,7 +29,7 @@ from flows.eval import eval_stage
 from flows.fanout import check_fanout_fits, fan_out
 from flows.params import PipelineParams
 from flows.progress import PROGRESS
-from paravt_core.config import VALIDATION_SPLITS, FanoutConfig, PipelineConfig, config_file, load_config
+from paravt_core.config import VALIDATION_SPLITS, PipelineConfig, config_file, load_config
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
 from paravt_core.data.mirror import world_dir
@@ -174,12 +174,8 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         log = get_run_logger()
         PROGRESS.reset()
         world = world_dir(cfg) if cfg.data.source == "synth" else None  # before any stage: see validation_videos
-        # The world and the base model (its pretraining) read nothing of each other, so where the
-        # config runs jobs side by side they run so too: the world's rendering holds one core.
-        (_, data), (_, base) = fan_out([("data", lambda: ("data", data_stage(cfg))),
-                                        ("base model", lambda: ("base", base_stage(cfg)))],
-                                       FanoutConfig(max_concurrent=min(2, cfg.run.fanout.max_concurrent)))
-        sft_model = sft(cfg, base, data.sft)
+        data = data_stage(cfg)
+        sft_model = sft(cfg, base_stage(cfg), data.sft)
         PROGRESS.stage("sft_model", sft_model.path)
         jobs = []
         for row in cfg.reproduce.rows:

@@ -226,9 +226,8 @@ def test_reproduce_flow_reports_rows_over_seeds_resumes_finished_rows_and_fans_r
     assert second.is_completed()
     runs = task_runs(second.state_details.flow_run_id)
     assert runs["sft"][0].state.name == "Cached"
-    # Fanned-out jobs: the world and the base model side by side, then one per RL run, one for the SFT model's
-    # held-out measurements and one per other K of its sweep.
-    assert len(runs["fanned-out"]) == 2 + 4 + 1 + 3
+    # One fanned-out job per RL run, one for the SFT model's held-out measurements, one per other K of its sweep.
+    assert len(runs["fanned-out"]) == 4 + 1 + 3
     assert sorted(r.state.name for r in runs["rl"]) == ["Cached", "Completed", "Completed", "Completed"]
     trained = [r for r in runs["rl"] if r.state.name == "Completed"]
     if not torch.cuda.is_available():  # two of them at the same time
