@@ -39,7 +39,8 @@ T = TypeVar("T")
 # so a re-run finds a finished row in their caches and a failed one resumes from its checkpoint.
 @task(name="fanned-out", cache_policy=NO_CACHE)
 def run_row(work: Callable[[], T], label: str, threads: int | None) -> T:
-    """One row's RL run and evaluations (`work`), on `threads` torch threads in this thread."""
+    """One job (`work`: a row's RL run and evaluations, or one of the reproduction's SFT-model
+    measurements), on `threads` torch threads in this thread."""
     if threads is not None:
         import torch
 
