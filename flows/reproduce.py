@@ -1,7 +1,7 @@
 """The miniature reproduction of #15 as one flow (deployment `paravt/reproduce`).
 
     data -> base (+ perception pretraining) -> SFT -> fanned out, `run.fanout.max_concurrent`
-         jobs at a time (flows/fanout.py):
+         jobs at a time (flows/fanout.py; their order: `job_order`):
            - for each RL row x seed: PARA-GRPO variant -> eval (subagent, direct), probe;
            - the SFT model: eval (subagent, direct) and the held-out sampled probe (κ, format
              per question at one K, `reproduce.probe`);
@@ -29,7 +29,7 @@ from flows.eval import eval_stage
 from flows.fanout import check_fanout_fits, fan_out
 from flows.params import PipelineParams
 from flows.progress import PROGRESS
-from paravt_core.config import VALIDATION_SPLITS, PipelineConfig, config_file, load_config
+from paravt_core.config import VALIDATION_SPLITS, FanoutConfig, PipelineConfig, config_file, load_config
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
 from paravt_core.data.mirror import world_dir
@@ -162,6 +162,15 @@ def train_and_measure(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: Dat
     return measure(row_cfg, model, data.eval, row, seed, f"{row}-seed{seed}"), model
 
 
+def job_order(fanout: FanoutConfig, rl_jobs: list, sft_measurements: list) -> list:
+    """The fan-out's jobs in the order they start. Side by side, the SFT model's measurements go
+    after the RL runs: each is shorter than a run, so they fill the slots the last runs leave
+    (longest first), on the fan-out's thread budget (two evaluations side by side on one thread
+    each finished 1.33x sooner than one after the other on two, docs/miniature.md). One at a
+    time, they go first, as before: the SFT model's figures are then known before hours of RL."""
+    return [*rl_jobs, *sft_measurements] if fanout.max_concurrent > 1 else [*sft_measurements, *rl_jobs]
+
+
 def rl_job(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: DataBundle, row: str,
            seed: int) -> tuple[str, tuple[ModelRun, ArtifactRef]]:
     return "rl", train_and_measure(row_cfg, sft_model, data, row, seed)
@@ -177,17 +186,14 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         data = data_stage(cfg)
         sft_model = sft(cfg, base_stage(cfg), data.sft)
         PROGRESS.stage("sft_model", sft_model.path)
-        jobs = []
+        rl_jobs = []
         for row in cfg.reproduce.rows:
             for seed in cfg.reproduce.seeds:
                 row_cfg = load_config(params.config_path, [*params.overrides, f"run.seed={seed}"],
                                       row_file(params.config_path, row))
-                jobs.append((f"{row} seed {seed}", functools.partial(rl_job, row_cfg, sft_model, data, row, seed)))
-        # The SFT model's own measurements run in the same fan-out, after the RL runs: each is
-        # shorter than a run, so they fill the slots the last runs leave (longest first), and
-        # each takes the fan-out's thread budget (two evaluations side by side on one thread
-        # each finished 1.33x sooner than one after the other on two, docs/miniature.md).
-        jobs += sft_jobs(cfg, sft_model, data.eval, world)
+                rl_jobs.append((f"{row} seed {seed}", functools.partial(rl_job, row_cfg, sft_model, data, row, seed)))
+        # The SFT model's own measurements run in the same fan-out (`job_order` says when).
+        jobs = job_order(cfg.run.fanout, rl_jobs, sft_jobs(cfg, sft_model, data.eval, world))
         # At most run.fanout.max_concurrent at a time, gathered in this order (flows/fanout.py).
         done = fan_out(jobs, cfg.run.fanout, lambda label, result: PROGRESS.stage(
             label, result[1][1].path if result[0] == "rl" else sft_model.path))

@@ -67,3 +67,15 @@ def test_rows_at_once_are_refused_before_any_stage_where_they_would_share_gpus(m
     make[flow_params]([f"run.output_dir={tmp_path}", "run.fanout.max_concurrent=1"])  # one row at a time is fine there
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     make[flow_params](overrides)  # and rows at once on a CPU machine
+
+
+def test_the_sft_measurements_fill_the_tail_side_by_side_and_go_first_one_at_a_time():
+    from flows.reproduce import job_order
+    from paravt_core.config import FanoutConfig
+
+    rl, sft = [("vanilla_grpo seed 0", None), ("paragrpo seed 0", None)], [("sft", None), ("sft at K=2", None)]
+    labels = lambda jobs: [label for label, _ in jobs]  # noqa: E731
+    assert labels(job_order(FanoutConfig(max_concurrent=2, threads_per_run=1), rl, sft)) == [
+        "vanilla_grpo seed 0", "paragrpo seed 0", "sft", "sft at K=2"]
+    assert labels(job_order(FanoutConfig(max_concurrent=1), rl, sft)) == [
+        "sft", "sft at K=2", "vanilla_grpo seed 0", "paragrpo seed 0"]
