@@ -24,12 +24,18 @@ from paravt_core.refs import ArtifactRef
 from tasks._cache import stage_key
 
 
+# 2: probes sampled beside another sampled call in the flow process drew from a shared generator
+# and so depended on thread timing until the `hf` engine ran one sampled call at a time
+# (`agent.hf_engine._SAMPLING`); results of version 1 are computed again.
+PROBE_DRAWS = 2
+
+
 def _fingerprint(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef) -> str:
     # The evaluation's settings a result depends on (`results_config`: not the splits a model is also
     # evaluated on, nor the concurrency; the probe samples its questions in one call), so a model's probe
     # is found again whichever splits its evaluation covered (`reproduce.rl_validation`).
     probe = cfg.reproduce.probe
-    return stage_key("sampled-probe", model.sha256, split_data_hash(eval_data, probe.split),
+    return stage_key("sampled-probe", PROBE_DRAWS, model.sha256, split_data_hash(eval_data, probe.split),
                      probe.model_dump_json(), probe_frames(cfg), results_config_hash(cfg), cfg.section_hash("model"),
                      cfg.rl.rollout.model_dump_json())
 

@@ -28,6 +28,7 @@ leaks into the rollout.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -153,15 +154,30 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+# transformers' sampling draws from torch's default generator, which is one per process (per
+# device), not per thread. Two sampled `generate` calls at once in one process (the fan-out runs
+# rows' and the SFT model's evaluations on threads of the flow process) would take turns drawing
+# from it, and a seeded sample would then depend on how the threads happened to interleave. One
+# sampled call at a time in a process keeps each seeded sample what it is when run alone; greedy
+# calls draw nothing and run side by side.
+_SAMPLING = threading.Lock()
+
+
 @contextmanager
-def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    if seed is None:
+def _seeded(seed: int | None, device: torch.device, sampling: bool = True) -> Iterator[None]:
+    """Run a `generate` call alone on the process's random generator when it samples, from
+    `seed` when one is given (the caller's generator state is restored afterwards)."""
+    if not sampling:
         yield
         return
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
+    with _SAMPLING:
+        if seed is None:
+            yield
+            return
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield
 
 
 @contextmanager
@@ -224,7 +240,8 @@ class HFEngine:
         recorder = StepLogprobRecorder(params.temperature, self.media_token_ids)
         device = self.model.device
         cache = PreallocatedCache(self.num_layers, batch.input_ids.shape[1] + params.max_new_tokens)
-        with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device), _without_cudnn_attention(device):
+        with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device, params.temperature > 0), \
+                _without_cudnn_attention(device):
             sequences = self.model.generate(
                 **batch.model_inputs(device),
                 generation_config=self._generation_config(params, stop_ids),
