@@ -114,7 +114,8 @@ class ModelRun:
         accuracy_val, accuracy_direct_val: the same on the validation split (`videomme_val`,
             where knobs are chosen); None where the world draws none or it was not measured.
         correct: per held-out (test) question id, whether the subagent-mode answer was right:
-            what the accuracy comparisons resample; empty in runs from before it.
+            kept with the measurements (the verdicts compare each run's `accuracy`, its mean);
+            empty in runs from before it.
         gating_draw_key: the RL run's `rl.gating.draw_key` (None for SFT).
         probe_calls, probe_format: per question of the held-out probe (sampled at τ = 0.7 at a
             fixed K), crop calls per episode and the share of episodes whose answer is in
