@@ -343,6 +343,10 @@ def _report(args: argparse.Namespace) -> int:
     except reproduce.MeasurementsError as exc:
         print(f"paravt miniature report: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a read-only or full --out: the earlier report, if any, is left whole
+        print(f"paravt miniature report: cannot write the report to {out}: {exc.strerror or exc} "
+              f"({exc.filename or out}); give a writable --out with free space", file=sys.stderr)
+        return 2
     print(path.read_text())
     print(f"report written to {path} (figure and measurements beside it), from {source}")
     return 0
@@ -545,8 +549,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                description="Rebuild the reproduction's report from the measurements (runs.json, "
                                            "budget.json) logged in MLflow or kept in a report folder. Exit 0: report "
                                            "written; 2: the measurements are missing or invalid (the message names "
-                                           "the file and the entry), or --out would overwrite the folder read or "
-                                           "files that are not a report's.")
+                                           "the file and the entry: a run listed twice, a second SFT model, an "
+                                           "empty row name, a malformed step record), --out would overwrite the "
+                                           "folder read or files that are not a report's, or --out cannot be "
+                                           "written (read-only, full).")
     p.add_argument("--experiment", default=None, help="MLflow experiment name (mlflow.experiment in the config)")
     p.add_argument("--from", dest="from_dir", default=None,
                    help="a report folder (<run.output_dir>/report) to rebuild from its runs.json and budget.json "

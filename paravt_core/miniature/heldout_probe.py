@@ -11,7 +11,7 @@ episodes each at temperature τ (0.7 by default, RL's sampling), the sampler see
 question it returns the mean executed crop calls per episode (κ) and the mean fixed R_fmt over
 the whole transcript (`rl.policy.fixed_format_reward`, scope `transcript`: every model is
 probed with the same forced think prefix, so the scope is fair to all) — the per-question maps
-`ModelRun.probe_calls` and `probe_format` that `reproduce.verdicts` resamples.
+`ModelRun.probe_calls` and `probe_format`, whose means per run `miniature.verdicts` compares.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ This module turns those measurements into
   format asked for (a closed `<answer>` block with a body, SPEC §4.3), where the paper's
   format claims show on the evaluation rather than on sampled training text;
 - `findings`: the issue's checks, computed (tools necessary, RL learns, the κ / fτ contrast);
-- `verdicts`: one line per finding of SPEC §6, each comparison labelled from a two-level
-  bootstrap over runs and questions against minimum effects fixed in code (`inference.py`);
+- `verdicts`: one line per finding of SPEC §6, each comparison labelled from tests on run
+  means (the SFT build a level) against minimum effects and Holm families fixed in code
+  (`verdicts.py`, `inference.py`), and the runs that fell as their own outcome;
 - `plot_steps`: fτ_fixed, κ and the rollouts' accuracy per RL step for all rows in one figure
   (mean over seeds, min-max band).
 
@@ -26,7 +27,6 @@ Everything but `write_report` is a pure function of the measurements.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,24 +35,64 @@ from pathlib import Path
 from statistics import fmean
 from typing import Annotated
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
-from paravt_core.miniature.inference import MIN_RUNS, Estimate, holm, two_level
-from paravt_core.miniature.inference import label as verdict_label
+from paravt_core.miniature import verdicts as judged
 
 LAST_STEPS = 3
-# Two-sided 95 % Student t quantiles by degrees of freedom (n seeds - 1).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 STEP_METRICS = (("f_tau_fixed", "fτ (fixed R_fmt, τ = 0.7)"), ("kappa", "κ (tool calls per rollout)"),
                 ("reward_acc", "accuracy of the rollouts (R_acc)"))
 
 # What runs.json / budget.json may hold, checked when they are read back (#48 item 6): a NaN,
 # a string or an accuracy above 1 would otherwise print as a table cell such as "nan ± nan".
 # Strict: a number written as a string is an error, not a value. Per-step training metrics are
-# kept as logged (a NaN there is a measurement of a diverged step, shown as such).
+# kept as logged (a NaN or inf there is a measurement of a diverged step, shown as such), but a
+# finite one beyond STEP_BOUND is no measurement (1e308 overflowed the report's sums, #61 item 3).
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 MEASUREMENTS = ConfigDict(strict=True, extra="forbid")
+STEP_BOUND = 1e12
+
+
+def _row_name(name: str) -> str:
+    if not name.strip() or name != name.strip():
+        raise ValueError(f"{name!r} is not a row name: give sft or an RL row (conf/rl/<row>.yaml)")
+    return name
+
+
+def _step_value(value: int | float) -> int | float:
+    # an int as large as 10**400 is compared exactly (math.isfinite would overflow on it)
+    if (isinstance(value, int) or math.isfinite(value)) and abs(value) > STEP_BOUND:
+        small = isinstance(value, float) or abs(value) < 1e300
+        shown = f"{float(value):.3g}" if small else f"an integer of {len(str(abs(value)))} digits"
+        raise ValueError(f"{shown} is beyond ±{STEP_BOUND:g}: not a measurement of a step")
+    return value
+
+
+def _step_records(steps: list[dict]) -> list[dict]:
+    seen = set()
+    for i, record in enumerate(steps):
+        step = record.get("step")
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"step record [{i}] has no whole, non-negative 'step' (got {step!r})")
+        if step in seen:
+            raise ValueError(f"step record [{i}] repeats step {step}")
+        seen.add(step)
+    return steps
+
+
+StepRecord = dict[str, Annotated[int | float, AfterValidator(_step_value)]]
+
+
+class GroupMeasure(TypedDict):
+    """One question group's held-out measurements of a run (`group_breakdown`)."""
+
+    __pydantic_config__ = MEASUREMENTS  # type: ignore[misc]
+
+    n: Annotated[int, Field(ge=1)]
+    accuracy: Fraction
+    tool_calls: NonNegative
 
 
 @dataclass(frozen=True)
@@ -74,29 +114,34 @@ class ModelRun:
         accuracy_val, accuracy_direct_val: the same on the validation split (`videomme_val`,
             where knobs are chosen); None where the world draws none or it was not measured.
         correct: per held-out (test) question id, whether the subagent-mode answer was right:
-            what the accuracy comparisons resample; empty in runs from before it.
+            kept with the measurements (the verdicts compare each run's `accuracy`, its mean);
+            empty in runs from before it.
         gating_draw_key: the RL run's `rl.gating.draw_key` (None for SFT).
         probe_calls, probe_format: per question of the held-out probe (sampled at τ = 0.7 at a
             fixed K), crop calls per episode and the share of episodes whose answer is in
             format: what the κ and format verdicts compare (`verdicts`); empty where not measured.
+        sft_build: which SFT model the run is (the SFT row) or started from (RL rows), e.g. its
+            content key; None: the one SFT model of the report. The verdicts take the SFT build as
+            a level (`miniature.verdicts`).
     """
 
     __pydantic_config__ = MEASUREMENTS
 
-    row: str
+    row: Annotated[str, AfterValidator(_row_name)]
     seed: int | None
     accuracy: Fraction
     accuracy_direct: Fraction
     eval_tool_calls: NonNegative
-    steps: list[dict[str, int | float]] = field(default_factory=list)
+    steps: Annotated[list[StepRecord], AfterValidator(_step_records)] = field(default_factory=list)
     answer_tag_rate: Fraction | None = None
-    by_group: dict[str, dict[str, int | float]] = field(default_factory=dict)
+    by_group: dict[str, GroupMeasure] = field(default_factory=dict)
     accuracy_val: Fraction | None = None
     accuracy_direct_val: Fraction | None = None
     correct: dict[str, bool] = field(default_factory=dict)
     gating_draw_key: int | None = None
     probe_calls: dict[str, NonNegative] = field(default_factory=dict)
     probe_format: dict[str, Fraction] = field(default_factory=dict)
+    sft_build: str | None = None
 
     def final(self, metric: str) -> float | None:
         values = [s[metric] for s in sorted(self.steps, key=lambda s: s["step"]) if metric in s][-LAST_STEPS:]
@@ -152,8 +197,10 @@ def interval95(values: Sequence[float]) -> Interval | None:
     n, mean = len(values), sum(values) / len(values)
     if n == 1:
         return Interval(mean, mean, mean, 1)
+    from scipy import stats
+
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
 
 
@@ -261,9 +308,8 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
     sft_accuracy = sft[0].accuracy if sft else None
     head = ("| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) | "
             "gain over SFT (points) | held-out κ | training fτ_fixed | training κ | training fτ_fixed, transcript | "
-            "held-out answers in format (%) | gain over SFT, runs and questions resampled (points) | "
-            "probe κ, sampled | probe format, sampled |")
-    lines = [head, "|" + "---|" * 14]
+            "held-out answers in format (%) | probe κ, sampled | probe format, sampled |")
+    lines = [head, "|" + "---|" * 13]
     for row in rows_in_order(runs):
         mine = _by_row(runs, row)
         if row == "sft":
@@ -287,18 +333,11 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
             _cell(kappa, 1, 2),
             _cell(f_tau_t, 1, 2),
             _cell(interval95([r.answer_tag_rate for r in mine if r.answer_tag_rate is not None]), 100),
-            _bootstrap_cell(None if row == "sft" else accuracy_gain(mine, sft)),
             _cell(interval95([fmean(r.probe_calls.values()) for r in mine if r.probe_calls]), 1, 2),
             _cell(interval95([fmean(r.probe_format.values()) for r in mine if r.probe_format]), 1, 2),
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _bootstrap_cell(estimate: Estimate | None) -> str:
-    if estimate is None:
-        return "–"
-    return f"{100 * estimate.mean:+.1f} [{100 * estimate.low:+.1f}, {100 * estimate.high:+.1f}]"
 
 
 def validation_table_markdown(runs: Sequence[ModelRun]) -> str:
@@ -331,123 +370,10 @@ def budget_table_markdown(points: Sequence[BudgetPoint]) -> str:
     return "\n".join(lines) + f"\n\nValidation videos: {points[0].n}."
 
 
-def accuracy_gain(runs_a: Sequence[ModelRun], runs_b: Sequence[ModelRun]) -> Estimate | None:
-    """Held-out accuracy of row A minus row B with runs and questions resampled
-    (`inference.two_level` over each run's per-question `correct`); None where a side has no
-    per-question records (runs from before them)."""
-    if not runs_a or not runs_b or not all(r.correct for r in (*runs_a, *runs_b)):
-        return None
-    return two_level([{q: float(ok) for q, ok in r.correct.items()} for r in runs_a],
-                     [{q: float(ok) for q, ok in r.correct.items()} for r in runs_b])
-
-
-# Minimum effects of the verdicts, fixed before any run of the world they judge (#46 item 4):
-# a finding's direction is claimed only for an effect at least this large (`inference.label`).
-MIN_ACCURACY = 0.05  # 5 points of held-out accuracy
-MIN_FORMAT = 0.10  # |Δ| of the share of probe answers in format (fτ measured on the held-out probe)
-KAPPA_FALL = 0.5  # a collapse or a suppression: κ falls by at least half of the SFT model's
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One comparison of a finding: `measure` of row `a` minus row `b`, the sign the paper's
-    finding predicts, the minimum effect."""
-
-    part: str
-    measure: str  # "accuracy" (ModelRun.correct), "kappa" (probe_calls), "format" (probe_format)
-    a: str
-    b: str
-    sign: int
-    min_effect: float | None = None  # None: KAPPA_FALL x the SFT model's probe κ
-
-
-# SPEC §6's findings as comparisons of rows (Table 2: SFT κ 2.50; GRPO κ 0.02 and fτ 0.13;
-# anchoring only κ 0.19, fτ 0.35; gating only κ 1.36, fτ 0.10; PARA-GRPO κ 0.21, fτ 0.41).
-FINDINGS: tuple[tuple[str, tuple[Comparison, ...]], ...] = (
-    ("GRPO after SFT collapses κ", (Comparison("κ falls", "kappa", "vanilla_grpo", "sft", -1),)),
-    ("Anchoring alone holds format but suppresses tools", (
-        Comparison("format held (vs vanilla_grpo)", "format", "anchoring_only", "vanilla_grpo", +1, MIN_FORMAT),
-        Comparison("tools suppressed (vs SFT)", "kappa", "anchoring_only", "sft", -1))),
-    ("Gating alone keeps tools but loses format", (
-        Comparison("tools kept (vs vanilla_grpo)", "kappa", "gating_only", "vanilla_grpo", +1),
-        Comparison("format lost (vs paragrpo)", "format", "gating_only", "paragrpo", -1, MIN_FORMAT))),
-    # against every other RL row the run trained (`_comparisons`)
-    ("Both together win (PARA-GRPO above every other RL row on held-out accuracy)",
-     (Comparison("vs {row}", "accuracy", "paragrpo", "{row}", +1, MIN_ACCURACY),)),
-    ("PARA-GRPO improves on its SFT model", (Comparison("accuracy", "accuracy", "paragrpo", "sft", +1, MIN_ACCURACY),)),
-)
-
-
-def _comparisons(comparisons: Sequence[Comparison], rows: Mapping[str, list[ModelRun]]) -> list[Comparison]:
-    """A comparison against "{row}" stands for one against each RL row the run trained but its own `a`."""
-    out = []
-    for c in comparisons:
-        if c.b != "{row}":
-            out.append(c)
-            continue
-        out += [dataclasses.replace(c, part=c.part.format(row=row), b=row) for row in rows
-                if row not in ("sft", c.a) and rows[row]]
-    return out
-
-
-def _per_question(run: ModelRun, measure: str) -> dict[str, float]:
-    if measure == "accuracy":
-        return {q: float(ok) for q, ok in run.correct.items()}
-    return dict(run.probe_calls if measure == "kappa" else run.probe_format)
-
-
-def _estimate(rows: Mapping[str, list[ModelRun]], c: Comparison) -> Estimate | None:
-    a, b = rows.get(c.a, []), rows.get(c.b, [])
-    if not a or not b or not all(_per_question(r, c.measure) for r in (*a, *b)):
-        return None
-    return two_level([_per_question(r, c.measure) for r in a], [_per_question(r, c.measure) for r in b])
-
-
-def _value_text(measure: str, e: Estimate) -> str:
-    scale, unit = (100, " points") if measure == "accuracy" else (1, "")
-    return f"{scale * e.mean:+.2f}{unit} [{scale * e.low:+.2f}, {scale * e.high:+.2f}]" if scale == 1 else \
-        f"{scale * e.mean:+.1f}{unit} [{scale * e.low:+.1f}, {scale * e.high:+.1f}]"
-
-
 def verdicts(runs: Sequence[ModelRun]) -> list[str]:
-    """One line per finding of SPEC §6 (`FINDINGS`) whose rows were run: each comparison labelled
-    reproduced / reversed / equivalent / inconclusive (`inference.label`) from a two-level
-    bootstrap over runs and questions, Holm-adjusted over the comparisons of the finding,
-    against the minimum effects above. κ and format are read from the held-out probe
-    (`ModelRun.probe_calls`, `probe_format`); a comparison without its measurements says so."""
-    rows = {row: _by_row(runs, row) for row in rows_in_order(runs)}
-    sft_kappa = None
-    if rows.get("sft") and rows["sft"][0].probe_calls:
-        sft_kappa = fmean(rows["sft"][0].probe_calls.values())
-    out = []
-    for finding, comparisons in FINDINGS:
-        comparisons = _comparisons(comparisons, rows)
-        if not comparisons or not all(rows.get(c.a) and rows.get(c.b) for c in comparisons):
-            continue
-        estimates = [_estimate(rows, c) for c in comparisons]
-        adjusted = iter(holm([e.p for e in estimates if e is not None]))
-        parts = []
-        for c, e in zip(comparisons, estimates):
-            p_holm = next(adjusted) if e is not None else None
-            if e is None:
-                what = "held-out probe" if c.measure != "accuracy" else "per-question records"
-                parts.append(f"{c.part}: inconclusive (not measured: no {what} for {c.a} or {c.b})")
-                continue
-            minimum = c.min_effect
-            if minimum is None:
-                if not sft_kappa:
-                    parts.append(f"{c.part}: inconclusive (the SFT model makes no tool call on the probe: no κ "
-                                 f"to fall from; {c.a} - {c.b} {_value_text(c.measure, e)})")
-                    continue
-                minimum = KAPPA_FALL * sft_kappa
-            rl_runs = min(len(rows[row]) for row in (c.a, c.b) if row != "sft")
-            verdict = verdict_label(e, minimum, c.sign, p_holm, rl_runs=rl_runs)
-            parts.append(f"{c.part}: {verdict} ({c.a} - {c.b} {_value_text(c.measure, e)}, Holm p {p_holm:.3f}, "
-                         f"minimum effect {minimum * (100 if c.measure == 'accuracy' else 1):.2f}"
-                         f"{' points' if c.measure == 'accuracy' else ''}, runs {e.runs[0]} vs {e.runs[1]}, "
-                         f"{e.questions} questions)")
-        out.append(f"{finding}: " + "; ".join(parts) + ".")
-    return out
+    """One line per finding of SPEC §6 whose rows were run, then the runs that fell
+    (`miniature.verdicts`: tests on run means, the SFT build a level, Holm families fixed in code)."""
+    return [*judged.verdict_lines(runs), *judged.falls_lines(runs)]
 
 
 def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_target: float = 0.10) -> list[str]:
@@ -530,6 +456,18 @@ def plot_steps(runs: Sequence[ModelRun], out: Path) -> Path:
     return out
 
 
+VERDICT_RULES = (
+    "The unit is the training run: each comparison is row A minus row B on one number per run (held-out "
+    "accuracy, or the probe's κ or format), tested by Welch's t (t-based 95 % interval in brackets) and by an "
+    "exact permutation test over runs; against the SFT model (one run) by a one-sample t and an exact sign-flip "
+    "test. A direction is claimed only when both tests' Holm-adjusted p is below "
+    f"{judged.ALPHA} and the effect is at least {100 * judged.MIN_ACCURACY:.0f} points of accuracy, "
+    f"{judged.MIN_FORMAT:.2f} of the probe's answers in format, or a κ fall of {judged.KAPPA_FALL:.0%} of the "
+    "SFT model's; \"equivalent\" when the 90 % t interval lies within that effect; otherwise inconclusive, with "
+    "the runs a row the measured spread asks for. With four runs a row the exact tests cannot give p below 2/70 "
+    "= 0.029 (two rows) or 2/16 = 0.125 (against the SFT model).")
+
+
 def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
                     budget: Sequence[BudgetPoint] = ()) -> str:
     return "\n\n".join([
@@ -550,16 +488,10 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
           if (table := budget_table_markdown(budget)) else []),
         "## Findings",
         "\n".join(f"- {line}" for line in findings(runs)),
-        *(["## The paper's findings (SPEC §6), verdicts",
-           "Each comparison is row A minus row B, its interval from resampling the runs of each row and then "
-           "the questions (the same questions for both rows), Holm-adjusted over the comparisons of one finding. "
-           f"A direction is claimed only for an effect of at least {100 * MIN_ACCURACY:.0f} points of accuracy, "
-           f"{MIN_FORMAT:.2f} of the probe's answers in format, or a κ fall of {KAPPA_FALL:.0%} of the SFT model's; "
-           f"\"equivalent\" when the whole equivalence interval lies within that effect; an RL row of fewer than "
-           f"{MIN_RUNS} runs is inconclusive by rule. Every RL run starts from the one SFT model, so the "
-           "intervals hold the noise of runs and questions, not of SFT builds: another build of the same world "
-           "can come out the other way (docs/miniature.md, \"The default from a fresh clone\").",
-           "\n".join(f"- {line}" for line in found)]
+        *(["## The paper's findings (SPEC §6), verdicts", VERDICT_RULES, judged.design_line(runs),
+           "\n".join(f"- {line}" for line in found),
+           "Holm families, fixed in code before any run (`miniature.verdicts.FAMILIES`, `FALLS_FAMILY`); a "
+           "comparison whose rows were not run counts at p 1:", judged.families_markdown()]
           if (found := verdicts(runs)) else []),
         f"![per-step curves]({figure})",
     ]) + "\n"
@@ -596,7 +528,28 @@ def runs_from_json(text: str | bytes, source: str = "runs.json") -> list[ModelRu
     if not runs:
         raise MeasurementsError(f"{source}: holds no runs, so there is nothing to report; give the report folder "
                                 "of a finished `paravt reproduce`")
+    check_distinct(runs, source)
     return runs
+
+
+def check_distinct(runs: Sequence[ModelRun], source: str) -> None:
+    """Each run listed once and one SFT model per SFT build (#61 item 3: a run listed twice was
+    counted as two seeds and narrowed the interval from ±12.7 to ±2.9).
+
+    Raises:
+        MeasurementsError: naming both entries.
+    """
+    first: dict[tuple, int] = {}
+    for i, r in enumerate(runs):
+        # an SFT build has one SFT model whatever its seed; an RL run is its row, seed, draw key and build
+        key = ("sft", r.sft_build) if r.row == "sft" else (r.row, r.seed, r.gating_draw_key, r.sft_build)
+        if key in first:
+            what = (f"a second SFT model of {'the report' if r.sft_build is None else f'SFT build {r.sft_build!r}'}"
+                    if r.row == "sft" else f"the same run ({r.row}, seed {r.seed}, draw key {r.gating_draw_key}"
+                                           f"{'' if r.sft_build is None else f', SFT build {r.sft_build!r}'})")
+            raise MeasurementsError(f"{source}: [{i}] is {what} as [{first[key]}]; a run listed twice would be "
+                                    "counted twice: remove one, or restore the file from the run's MLflow artifacts")
+        first[key] = i
 
 
 def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], list[BudgetPoint]]:

@@ -1,47 +1,112 @@
-"""The miniature's verdict statistics (paravt_core.miniature.inference): pure functions."""
+"""The miniature's verdict statistics (paravt_core.miniature.inference): pure functions, checked
+against hand-computed values and scipy's own implementations."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+from scipy import stats
 
-from paravt_core.miniature.inference import MIN_RUNS, Estimate, holm, label, runs_needed, two_level
+from paravt_core.miniature import inference
+from paravt_core.miniature.inference import (
+    Estimate,
+    against_value,
+    exact_floor,
+    fisher_exact,
+    holm,
+    label,
+    permutation_p,
+    sign_flip_p,
+    units_needed,
+    welch,
+)
 
-
-def _run(accuracy: float, n: int = 80) -> dict[str, float]:
-    """A run answering the first `accuracy` share of n questions right."""
-    return {f"q{i}": float(i < round(accuracy * n)) for i in range(n)}
-
-
-def test_run_to_run_spread_widens_the_interval_that_question_resampling_alone_keeps_narrow():
-    """The last reproduction's defect: its bootstrap resampled questions with each row's runs
-    fixed, so runs that disagree by 40 points gave a 'significant' difference."""
-    a = [_run(0.9), _run(0.5), _run(0.9), _run(0.5)]  # mean 0.7, runs 40 points apart
-    b = [_run(0.6)] * 4
-    two = two_level(a, b)
-    # questions only: each row's runs averaged into one, so only the questions are resampled
-    averaged = [{q: sum(r[q] for r in a) / len(a) for q in a[0]}]
-    questions_only = two_level(averaged, [b[0]])
-    assert two.mean == pytest.approx(0.1) == questions_only.mean
-    assert (two.high - two.low) > 2 * (questions_only.high - questions_only.low)
-    assert questions_only.low > 0 and two.low < 0  # "A wins" only if run noise is ignored
-    assert two.runs == (4, 4) and two.questions == 80
+# The default reproduction of 2026-11-28 (docs/miniature.md): held-out accuracy per run.
+VANILLA = [0.938, 0.945, 0.945, 0.906]
+PARAGRPO = [0.938, 0.469, 0.891, 0.547]
 
 
-def test_identical_rows_differ_by_exactly_nothing_and_a_clear_gap_is_significant():
-    same = two_level([_run(0.5)] * 4, [_run(0.5)] * 4)
-    assert same.mean == same.low == same.high == 0.0 and same.p == 1.0
-    gap = two_level([_run(0.9), _run(0.88), _run(0.92), _run(0.9)], [_run(0.5), _run(0.52), _run(0.48), _run(0.5)])
-    assert gap.mean == pytest.approx(0.4) and gap.low > 0.25 and gap.p < 0.001
-    assert two_level([_run(0.9)], [_run(0.5)], seed=3) == two_level([_run(0.9)], [_run(0.5)], seed=3)
+def test_welch_by_hand_and_against_scipy():
+    e = welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    # by hand: variances 1 and 1, se = sqrt(1/3 + 1/3), df = (2/3)^2 / (2 (1/3)^2 / 2) = 4
+    se = math.sqrt(2 / 3)
+    assert e.mean == -3.0 and e.df == pytest.approx(4.0) and e.sd == pytest.approx(1.0)
+    assert e.high == pytest.approx(-3.0 + 2.776445 * se, abs=1e-5)  # t(0.975, 4) = 2.776445
+    assert e.p_t == pytest.approx(2 * stats.t.sf(3 / se, 4))
+    ref = stats.ttest_ind(PARAGRPO, VANILLA, equal_var=False)
+    e = welch(PARAGRPO, VANILLA)
+    assert (e.p_t, e.df) == pytest.approx((ref.pvalue, ref.df))
+    assert (e.low, e.high) == pytest.approx(tuple(ref.confidence_interval(0.95)))
+    assert (e.eq_low, e.eq_high) == pytest.approx(tuple(ref.confidence_interval(0.90)))
+    assert e.units == (4, 4) and e.unit == "run" and not e.paired
+    with pytest.raises(ValueError, match="at least 2 runs a row"):
+        welch([0.5], VANILLA)
 
 
-def test_only_questions_every_run_answered_count_and_an_empty_side_gives_none():
-    partial = [{"q0": 1.0, "q1": 0.0, "extra": 1.0}]
-    assert two_level(partial, [_run(0.5, 4)]).questions == 2
-    assert two_level([], [_run(0.5)]) is None
-    assert two_level([{"x": 1.0}], [{"y": 1.0}]) is None
+def test_the_issue_s_eight_run_means():
+    """#62: Welch p 0.16 (95 % CI -59.9 to +15.4 points), exact permutation over runs p 0.086."""
+    e = welch(PARAGRPO, VANILLA)
+    assert round(e.p_t, 2) == 0.16 and (round(100 * e.low, 1), round(100 * e.high, 1)) == (-59.9, 15.4)
+    assert e.p_exact == pytest.approx(6 / 70) and e.p_floor == pytest.approx(2 / 70)
+    assert e.p == e.p_t  # a direction needs both tests: the larger p
+
+
+def test_permutation_p_by_hand_and_against_scipy():
+    # the 6 splits of {1,2,3,4} into pairs: |differences| 2, 1, 0, 0, 1, 2; observed 2
+    assert permutation_p([1.0, 2.0], [3.0, 4.0]) == pytest.approx((2 / 6, 2 / 6))
+    assert permutation_p([1.0], [2.0, 3.0]) == pytest.approx((2 / 3, 1 / 3))  # unequal sizes: no mirror
+    ref = stats.permutation_test((PARAGRPO, VANILLA), lambda x, y: sum(x) / len(x) - sum(y) / len(y),
+                                 permutation_type="independent", n_resamples=math.inf)
+    assert permutation_p(PARAGRPO, VANILLA)[0] == pytest.approx(ref.pvalue)
+
+
+def test_sign_flip_p_by_hand_and_against_scipy():
+    # 8 sign patterns of (1, 2, 3): |sum| 6 only for all + and all -
+    assert sign_flip_p([1.0, 2.0, 3.0]) == pytest.approx((2 / 8, 2 / 8))
+    assert sign_flip_p([0.0, 0.0]) == (1.0, 0.5)
+    d = [0.3, -0.1, 0.25, 0.4, 0.05]
+    ref = stats.permutation_test((d,), lambda x: sum(x) / len(x), permutation_type="samples", n_resamples=math.inf)
+    assert sign_flip_p(d)[0] == pytest.approx(ref.pvalue)
+
+
+def test_against_value_is_scipy_s_one_sample_t_with_the_sign_flip_test():
+    e = against_value(PARAGRPO, 0.820)
+    ref = stats.ttest_1samp(PARAGRPO, 0.820)
+    assert e.mean == pytest.approx(sum(PARAGRPO) / 4 - 0.820) and e.p_t == pytest.approx(ref.pvalue)
+    assert (e.low, e.high) == pytest.approx(tuple(v - 0.820 for v in ref.confidence_interval(0.95)))
+    assert e.p_floor == pytest.approx(2 / 16) and e.paired and e.units == (4, 1)
+    assert against_value([0.1, 0.2, 0.3], 0.0, unit="build").unit == "build"
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        against_value([0.5], 0.4)
+
+
+def test_no_spread_at_all_gives_a_point_interval():
+    same = welch([0.5, 0.5], [0.5, 0.5])
+    assert same.low == same.high == 0.0 and same.p_t == 1.0 and same.p_exact == 1.0
+    apart = welch([0.9, 0.9, 0.9], [0.5, 0.5, 0.5])
+    assert apart.p_t == 0.0 and apart.p_exact == pytest.approx(2 / 20) and apart.p == pytest.approx(0.1)
+
+
+def test_the_exact_tests_fall_back_to_a_seeded_monte_carlo_beyond_the_limit(monkeypatch):
+    a, b = [0.9, 0.7, 0.85, 0.6, 0.95], [0.5, 0.65, 0.4, 0.7, 0.55]
+    exact = permutation_p(a, b)[0]
+    flips = sign_flip_p([x - y for x, y in zip(a, b)])[0]
+    monkeypatch.setattr(inference, "EXACT_LIMIT", 10)
+    sampled, floor = permutation_p(a, b)
+    assert sampled == pytest.approx(exact, abs=0.005) and floor == pytest.approx(1 / (inference.MONTE_CARLO + 1))
+    assert sign_flip_p([x - y for x, y in zip(a, b)])[0] == pytest.approx(flips, abs=0.005)
+    assert permutation_p(a, b) == (sampled, floor)  # seeded
+
+
+def test_fisher_exact_against_scipy():
+    assert fisher_exact(2, 4, 0, 4) == pytest.approx(0.4285714)  # #62: two fallen runs of four against none
+    for table in ((3, 10, 7, 10), (0, 5, 5, 5), (1, 8, 1, 2), (4, 4, 4, 4)):
+        k_a, n_a, k_b, n_b = table
+        ref = stats.fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]]).pvalue
+        assert fisher_exact(*table) == pytest.approx(ref)
+    with pytest.raises(ValueError, match="out of range"):
+        fisher_exact(5, 4, 0, 4)
 
 
 def test_holm_steps_down_and_stays_monotone():
@@ -52,23 +117,33 @@ def test_holm_steps_down_and_stays_monotone():
 
 
 def _estimate(mean: float, half: float, p: float) -> Estimate:
-    return Estimate(mean, mean - half, mean + half, mean - 0.8 * half, mean + 0.8 * half, p, (MIN_RUNS, MIN_RUNS), 100)
+    return Estimate(mean, mean - half, mean + half, mean - 0.8 * half, mean + 0.8 * half, p, p, 0.001, 10.0,
+                    (8, 8), "run", 0.1, False)
 
 
 def test_labels_claim_a_direction_only_for_a_significant_effect_of_at_least_the_minimum():
     assert label(_estimate(-0.2, 0.05, 0.001), 0.1, -1, 0.001) == "reproduced"
     assert label(_estimate(+0.2, 0.05, 0.001), 0.1, -1, 0.001) == "reversed"
-    assert label(_estimate(0.03, 0.02, 0.001), 0.1, +1, 0.001) == "equivalent"  # significant but too small: a 0.03 fall
+    assert label(_estimate(0.03, 0.02, 0.001), 0.1, +1, 0.001) == "equivalent"  # significant but too small
     assert label(_estimate(0.03, 0.2, 0.5), 0.1, +1, 0.5) == "inconclusive"  # an interval over 0 is not "not reproduced"
     assert label(_estimate(0.3, 0.1, 0.01), 0.1, +1, 0.08) == "inconclusive"  # Holm's adjusted p decides
-    assert label(_estimate(0.3, 0.1, 0.001), 0.1, +1, 0.001, rl_runs=MIN_RUNS - 1) == "inconclusive"
     assert label(None, 0.1, +1, 1.0) == "inconclusive"
     with pytest.raises(ValueError, match="minimum effect"):
         label(_estimate(0.3, 0.1, 0.001), 0.0, +1, 0.001)
 
 
-def test_runs_needed_is_the_two_sample_normal_approximation():
-    z = 1.959964 + 0.841621
-    assert runs_needed(0.145, 0.05) == math.ceil(2 * (z * 0.145 / 0.05) ** 2)  # the last run's spread: 133 a row
-    assert runs_needed(0.01, 0.5) == MIN_RUNS
-    assert runs_needed(0.3, 0.1, power=0.9) > runs_needed(0.3, 0.1)
+def test_exact_floors_and_the_runs_a_comparison_needs():
+    assert exact_floor(4, paired=False) == pytest.approx(2 / 70) and exact_floor(4, paired=True) == 2 / 16
+    # four runs a row can never pass Holm over three: 2/70 > 0.05/3; six can (2/924)
+    assert units_needed(0.0, 0.05, family=3, paired=False) == 5  # 2/252 < 0.0167, 2/70 not
+    assert units_needed(0.0, 0.05, family=1, paired=True) == 6  # 2/64 < 0.05, 2/32 not
+    n = units_needed(0.168, 0.05, family=3, paired=False)
+    level, df = 0.05 / 3, 2 * n - 2
+
+    def power(m: int) -> float:  # the t statistic beyond the critical value on the effect's side
+        d = 2 * m - 2
+        return stats.nct.sf(stats.t.ppf(1 - level / 2, d), d, 0.05 / (0.168 * math.sqrt(2 / m)))
+
+    assert power(n) >= 0.8 > power(n - 1) and df > 0
+    assert units_needed(0.3, 0.1, family=1, paired=False, power=0.9) > units_needed(0.3, 0.1, family=1, paired=False)
+    assert units_needed(50.0, 0.01, family=1, paired=True) is None  # beyond MAX_UNITS

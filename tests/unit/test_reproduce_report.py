@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict
 
 import pytest
@@ -43,9 +44,13 @@ def _runs():
 def test_interval95_is_the_student_t_interval():
     iv = interval95([1.0, 2.0, 3.0])
     assert iv.mean == pytest.approx(2.0)
-    # sd = 1, n = 3, t(0.975, 2) = 4.303
-    assert iv.high - iv.mean == pytest.approx(4.303 / math.sqrt(3))
-    assert iv.low == pytest.approx(2.0 - 4.303 / math.sqrt(3))
+    # sd = 1, n = 3, t(0.975, 2) = 4.302653
+    assert iv.high - iv.mean == pytest.approx(4.302653 / math.sqrt(3))
+    assert iv.low == pytest.approx(2.0 - 4.302653 / math.sqrt(3))
+    # beyond 11 runs too a t quantile, not the normal 1.96: t(0.975, 14) = 2.144787
+    values = [float(i % 2) for i in range(15)]
+    wide = interval95(values)
+    assert wide.high - wide.mean == pytest.approx(2.144787 * statistics.stdev(values) / math.sqrt(15))
     assert interval95([]) is None
     single = interval95([0.4])
     assert (single.low, single.high, single.n) == (0.4, 0.4, 1)
@@ -67,7 +72,7 @@ def test_table_has_one_line_per_row_with_gains_and_last_step_means():
     # runs from before the transcript-scope fτ (and the answer format) were logged leave those columns empty
     assert all(line.split(" | ")[9] == "–" and line.split(" | ")[10] == "–" and line.split(" | ")[11] == "–" for line in lines)
     # and runs without the held-out probe leave its two columns empty
-    assert all(line.split(" | ")[12] == "–" and line.split(" | ")[13] == "– |" for line in lines)
+    assert all(line.split(" | ")[11] == "–" and line.split(" | ")[12] == "– |" for line in lines)
 
 
 def test_table_shows_the_sampled_probe_per_row_as_a_mean_over_runs():
@@ -75,9 +80,9 @@ def test_table_shows_the_sampled_probe_per_row_as_a_mean_over_runs():
             ModelRun("vanilla_grpo", 0, 0.5, 0.2, 0.1, probe_calls={"a": 0.0, "b": 1.0}, probe_format={"a": 0.0, "b": 0.0}),
             ModelRun("vanilla_grpo", 1, 0.5, 0.2, 0.1, probe_calls={"a": 1.0, "b": 1.0}, probe_format={"a": 0.5, "b": 0.5})]
     lines = [line for line in table_markdown(runs).splitlines() if line.startswith("| ") and not line.startswith("| row")]
-    assert lines[0].split(" | ")[12] == "2.50" and lines[0].split(" | ")[13] == "0.75 |"
-    assert lines[1].split(" | ")[12].startswith("0.75 ± ")  # runs' means 0.5 and 1.0
-    assert lines[1].split(" | ")[13].startswith("0.25 ± ")  # runs' means 0.0 and 0.5
+    assert lines[0].split(" | ")[11] == "2.50" and lines[0].split(" | ")[12] == "0.75 |"
+    assert lines[1].split(" | ")[11].startswith("0.75 ± ")  # runs' means 0.5 and 1.0
+    assert lines[1].split(" | ")[12].startswith("0.25 ± ")  # runs' means 0.0 and 0.5
 
 
 def test_table_shows_the_held_out_answer_format_where_measured():
@@ -240,71 +245,160 @@ def test_rl_rows_without_a_direct_validation_figure_show_a_dash_there():
     assert validation_table_markdown(runs).splitlines()[3] == "| paragrpo | 1 | 55.0 | – | – |"
 
 
-def _correct(pattern: str) -> dict[str, bool]:
-    return {f"q{i}": c == "1" for i, c in enumerate(pattern)}
-
-
-def test_accuracy_gain_resamples_runs_and_questions_and_needs_per_question_records():
-    from paravt_core.miniature.reproduce import accuracy_gain
-
-    sft = [ModelRun("sft", None, 0.5, 0.2, 2.8, correct=_correct("1100" * 10))]
-    better = [ModelRun("paragrpo", s, 0.9, 0.2, 2.8, correct=_correct(p)) for s, p in
-              enumerate(("1111" * 10, "1110" * 10))]
-    d = accuracy_gain(better, sft)
-    assert d.questions == 40 and d.runs == (2, 1)
-    assert d.mean == pytest.approx((40 + 30) / 2 / 40 - 0.5)  # 0.875 - 0.5
-    assert 0 < d.low < d.mean < d.high
-    assert accuracy_gain(better, sft) == d  # seeded: the same interval every time
-    assert accuracy_gain(sft, sft).low == accuracy_gain(sft, sft).high == 0.0
-    assert accuracy_gain([ModelRun("paragrpo", 0, 0.9, 0.2, 2.8)], sft) is None  # runs from before the records
-
-
 def _calls(value: float, n: int = 40, spread: float = 0.0) -> dict[str, float]:
     return {f"q{i}": max(0.0, value + spread * ((i % 3) - 1)) for i in range(n)}
 
 
-def _row(row: str, runs: int, correct: str, calls: float, fmt: float, jitter: float = 0.0) -> list[ModelRun]:
-    return [ModelRun(row, s, 0.5, 0.2, calls, correct=_correct(correct), probe_calls=_calls(calls + jitter * s, spread=0.1),
-                     probe_format={f"q{i}": min(1.0, max(0.0, fmt + jitter * s)) for i in range(40)})
+def _row(row: str, runs: int, accuracy: float, calls: float, fmt: float, jitter: float = 0.0,
+         build: str | None = None) -> list[ModelRun]:
+    """`runs` runs of `row` whose accuracy, probe κ and format move by `jitter` from run to run."""
+    return [ModelRun(row, s, min(1.0, accuracy + jitter * s), 0.2, calls,
+                     probe_calls=_calls(calls + jitter * s, spread=0.1),
+                     probe_format={f"q{i}": min(1.0, max(0.0, fmt + jitter * s)) for i in range(40)}, sft_build=build)
             for s in range(runs)]
 
 
-def test_verdicts_label_each_comparison_from_runs_and_questions_against_the_minimum_effects():
+def _sft(calls: float = 2.5, accuracy: float = 0.5, build: str | None = None) -> ModelRun:
+    return ModelRun("sft", None, accuracy, 0.2, calls, probe_calls=_calls(calls, spread=0.5), probe_format=_calls(0.9),
+                    sft_build=build)
+
+
+def test_verdicts_label_each_comparison_from_run_level_tests_against_the_minimum_effects():
     from paravt_core.miniature.reproduce import verdicts
 
-    sft = ModelRun("sft", None, 0.5, 0.2, 2.5, correct=_correct("1100" * 10), probe_calls=_calls(2.5, spread=0.5),
-                   probe_format=_calls(0.9))
-    runs = [sft, *_row("vanilla_grpo", 4, "1100" * 10, 0.1, 0.2, 0.01), *_row("paragrpo", 4, "1110" * 10, 2.0, 0.8, 0.01),
-            *_row("anchoring_only", 4, "1100" * 10, 0.2, 0.7, 0.01), *_row("gating_only", 4, "1100" * 10, 2.4, 0.3, 0.01)]
+    runs = [_sft(), *_row("vanilla_grpo", 6, 0.5, 0.1, 0.2, 0.01), *_row("paragrpo", 6, 0.75, 2.0, 0.8, 0.01),
+            *_row("anchoring_only", 6, 0.5, 0.2, 0.7, 0.01), *_row("gating_only", 6, 0.5, 2.4, 0.3, 0.01)]
     text = "\n".join(verdicts(runs))
     assert "GRPO after SFT collapses κ: κ falls: reproduced (vanilla_grpo - sft" in text
+    assert "6 runs vs the SFT model" in text and "one-sample t (df 5.0)" in text and "exact sign-flip p 0.031" in text
     assert "format held (vs vanilla_grpo): reproduced" in text and "tools suppressed (vs SFT): reproduced" in text
     assert "tools kept (vs vanilla_grpo): reproduced" in text and "format lost (vs paragrpo): reproduced" in text
-    assert text.count("vs vanilla_grpo: reproduced") == 1 and "vs gating_only: reproduced" in text
-    assert "PARA-GRPO improves on its SFT model: accuracy: reproduced (paragrpo - sft +25.0 points" in text
+    assert "vs vanilla_grpo: reproduced (paragrpo - vanilla_grpo +25.0 points" in text and "Welch t (df 10.0)" in text
+    assert "vs gating_only: reproduced" in text and "exact permutation p 0.002" in text
+    assert "PARA-GRPO improves on its SFT model: accuracy: reproduced (paragrpo - sft +27.5 points" in text
+    assert "no direction can be claimed" not in text and "not run (counted" not in text
     # the opposite measurements give the opposite labels
-    flipped = [sft, *_row("vanilla_grpo", 4, "1100" * 10, 4.0, 0.2, 0.01), *_row("paragrpo", 4, "1000" * 10, 2.0, 0.8)]
+    flipped = [_sft(), *_row("vanilla_grpo", 6, 0.5, 4.0, 0.2, 0.01), *_row("paragrpo", 6, 0.25, 2.0, 0.8, 0.01)]
     text = "\n".join(verdicts(flipped))
     assert "collapses κ: κ falls: reversed" in text and "improves on its SFT model: accuracy: reversed" in text
-    # the same answers to every question: equivalent, not "not reproduced"
-    same = [sft, *_row("paragrpo", 4, "1100" * 10, 2.0, 0.8)]
+    # runs that agree with SFT to within a hair: equivalent, not "not reproduced"
+    same = [_sft(), *_row("paragrpo", 4, 0.5, 2.0, 0.8, 0.001)]
     assert "improves on its SFT model: accuracy: equivalent" in "\n".join(verdicts(same))
-    # three runs a row: inconclusive by rule, whatever the estimate (inference.MIN_RUNS)
-    three = [sft, *_row("vanilla_grpo", 3, "1100" * 10, 0.1, 0.2, 0.01)]
-    assert "collapses κ: κ falls: inconclusive (vanilla_grpo - sft" in "\n".join(verdicts(three))
+    # four runs against the SFT model: the sign-flip test cannot go below 2/16, so no direction, whatever the estimate
+    four = "\n".join(verdicts([_sft(), *_row("vanilla_grpo", 4, 0.5, 0.1, 0.2, 0.01)]))
+    assert "collapses κ: κ falls: inconclusive (vanilla_grpo - sft" in four and "needs 6 runs (80% power" in four
+    assert "no direction can be claimed: the exact test's smallest p is 0.125" in four
     # an SFT model that never calls a tool has no κ to collapse; runs without a probe are not measured
-    idle = ModelRun("sft", None, 0.5, 0.2, 0.0, correct=_correct("1100" * 10), probe_calls=_calls(0.0),
-                    probe_format=_calls(0.9))
-    assert "no κ to fall from" in "\n".join(verdicts([idle, *_row("vanilla_grpo", 4, "1100" * 10, 0.1, 0.2)]))
-    unprobed = [ModelRun("sft", None, 0.5, 0.2, 2.5, correct=_correct("1100" * 10)),
-                ModelRun("vanilla_grpo", 0, 0.5, 0.2, 0.1, correct=_correct("1100" * 10))]
+    idle = ModelRun("sft", None, 0.5, 0.2, 0.0, probe_calls=_calls(0.0), probe_format=_calls(0.9))
+    assert "no κ to fall from" in "\n".join(verdicts([idle, *_row("vanilla_grpo", 4, 0.5, 0.1, 0.2, 0.01)]))
+    unprobed = [ModelRun("sft", None, 0.5, 0.2, 2.5), *[ModelRun("vanilla_grpo", s, 0.5, 0.2, 0.1) for s in range(2)]]
     assert "κ falls: inconclusive (not measured: no held-out probe" in "\n".join(verdicts(unprobed))
-    # a finding whose rows were not all run is left out; "both together" compares the RL rows run
+    one = "\n".join(verdicts([_sft(), *_row("vanilla_grpo", 1, 0.5, 0.1, 0.2)]))
+    assert "κ falls: inconclusive (1 run of vanilla_grpo: no spread between runs" in one
+    # a finding none of whose rows were run is left out; the rows of a fixed family not run count at p 1
     assert not any("Both together" in line for line in verdicts(same))
-    two_rows = "\n".join(verdicts([sft, *_row("vanilla_grpo", 4, "1100" * 10, 0.1, 0.2, 0.01),
-                                    *_row("paragrpo", 4, "1110" * 10, 2.0, 0.8, 0.01)]))
+    two_rows = "\n".join(verdicts([_sft(), *_row("vanilla_grpo", 6, 0.5, 0.1, 0.2, 0.01),
+                                    *_row("paragrpo", 6, 0.75, 2.0, 0.8, 0.01)]))
     assert "Both together win (PARA-GRPO above every other RL row on held-out accuracy): vs vanilla_grpo: " \
-        "reproduced" in two_rows and "vs gating_only" not in two_rows
+        "reproduced" in two_rows and "vs gating_only: not run (counted at p 1 in the family)" in two_rows
+
+
+def _docs_runs(rows=("vanilla_grpo", "paragrpo")) -> list[ModelRun]:
+    """The default reproduction of 2026-11-28 and the Table 2 profile's extra rows, as docs/miniature.md
+    records them per run (held-out accuracy of 128 questions, probe κ), with per-question records that
+    give those accuracies (what the earlier bootstrap resampled)."""
+    recorded = {"vanilla_grpo": [(120, 2.77), (121, 2.93), (121, 2.89), (116, 2.90)],  # 93.8 94.5 94.5 90.6 %
+                "paragrpo": [(120, 2.91), (60, 2.42), (114, 2.71), (70, 0.91)],  # 93.8 46.9 89.1 54.7 %
+                "anchoring_only": [(86, 1.84), (108, 2.66), (123, 2.75), (107, 2.94)],  # 67.2 84.4 96.1 83.6 %
+                "gating_only": [(124, 2.77), (115, 2.91), (100, 2.91), (109, 2.89)]}  # 96.9 89.8 78.1 85.2 %
+
+    def run(row, seed, right, kappa):
+        return ModelRun(row, seed, right / 128, 0.75, 2.9, correct={f"q{i:03d}": i < right for i in range(128)},
+                        probe_calls={"mean": kappa})
+
+    return [run("sft", None, 105, 2.92),  # 82.0 %
+            *[run(row, s, right, kappa) for row in rows for s, (right, kappa) in enumerate(recorded[row])]]
+
+
+def test_four_runs_with_one_run_s_spread_are_inconclusive_where_the_bootstrap_said_reversed():
+    """#62: the default's eight run means. The percentile bootstrap over runs and questions called
+    "both together win" reversed (-22.3 points [-43.6, -1.4]); on runs, Welch's p is 0.16 and the
+    exact permutation p 6/70, and Holm over the family's three comparisons needs p below 0.017,
+    which four runs a row cannot give (2/70 = 0.029)."""
+    from paravt_core.miniature.reproduce import verdicts
+
+    text = "\n".join(verdicts(_docs_runs()))
+    assert ("vs vanilla_grpo: inconclusive (paragrpo - vanilla_grpo -22.3 points [-59.9, +15.4], Welch t (df 3.0) "
+            "p 0.157, exact permutation p 0.086, Holm p 0.472") in text
+    assert "needs 240 runs a row (80% power of the t test at two-sided 0.05/3" in text
+    assert "no direction can be claimed: the exact test's smallest p is 0.029 and Holm over the family's 3 needs " \
+           "one below 0.017" in text
+    assert "reversed" not in text
+    assert "paragrpo against vanilla_grpo: inconclusive (2 of 4 against 0 of 4, Fisher exact p 0.429" in text
+
+
+def test_a_label_does_not_change_with_the_rows_a_profile_trains():
+    """The Holm family is fixed in code: the default's two rows and the Table 2 profile's four give the
+    same Holm p for PARA-GRPO against vanilla (the bootstrap's 0.028 became 0.085 among three)."""
+    from paravt_core.miniature.reproduce import verdicts
+
+    def against_vanilla(runs):
+        (line,) = [line for line in verdicts(runs) if line.startswith("Both together")]
+        return line.split("vs vanilla_grpo: ")[1].split("; ")[0]
+
+    table2 = _docs_runs(("vanilla_grpo", "paragrpo", "anchoring_only", "gating_only"))
+    assert against_vanilla(_docs_runs()) == against_vanilla(table2)
+
+
+def test_several_sft_builds_are_a_level_of_the_verdicts():
+    from paravt_core.miniature import verdicts as judged
+    from paravt_core.miniature.inference import against_value
+    from paravt_core.miniature.reproduce import report_markdown, verdicts
+
+    runs = []
+    for b, (shift, sft_acc) in enumerate(((0.0, 0.5), (0.2, 0.6), (-0.1, 0.4))):
+        runs += [_sft(accuracy=sft_acc, build=f"b{b}"), *_row("vanilla_grpo", 2, 0.5 + shift, 2.0, 0.9, 0.02, f"b{b}"),
+                 *_row("paragrpo", 2, 0.6 + shift + 0.01 * b, 2.0, 0.9, 0.02, f"b{b}")]
+    assert judged.builds(runs) == ["b0", "b1", "b2"]
+    e, why = judged.compare(runs, judged.FAMILIES[3][1][0])
+    # per build: the mean of each row's runs, then their difference; the builds are the units
+    expected = against_value([0.1, 0.11, 0.12], 0.0, unit="build")
+    assert (e.mean, e.p_t, e.p_exact, e.low) == pytest.approx((expected.mean, expected.p_t, expected.p_exact,
+                                                                expected.low)) and why == ""
+    assert e.units == (3, 1) and e.unit == "build" and e.p_floor == pytest.approx(0.25)
+    text = "\n".join(verdicts(runs))
+    assert "3 builds" in text and "needs" in text and "builds (80% power" in text
+    assert "3 SFT builds" in report_markdown(runs, "s.png", "t")
+    assert "nothing generalizes past that build" in report_markdown(_docs_runs(), "s.png", "t")
+    # a build missing a row is left out of that comparison
+    assert judged.compare([r for r in runs if not (r.sft_build == "b2" and r.row == "paragrpo")],
+                          judged.FAMILIES[3][1][0])[0].units == (2, 1)
+
+
+def test_runs_that_fell_are_their_own_outcome():
+    from paravt_core.miniature.verdicts import FALL_POINTS, fell, falls_lines
+
+    runs = _docs_runs(("vanilla_grpo", "paragrpo", "anchoring_only", "gating_only"))
+    assert fell(runs) == {"vanilla_grpo": (0, 4), "paragrpo": (2, 4), "anchoring_only": (1, 4), "gating_only": (0, 4)}
+    edge = [_sft(accuracy=0.8), ModelRun("paragrpo", 0, 0.8 - FALL_POINTS, 0.2, 1.0),
+            ModelRun("paragrpo", 1, 0.71, 0.2, 1.0)]
+    assert fell(edge) == {"paragrpo": (1, 2)}  # exactly 10 points below falls
+    lines = falls_lines(runs)
+    assert lines[0] == ("Runs that fell (held-out accuracy 10 or more points below their SFT model's): vanilla_grpo "
+                        "0 of 4, paragrpo 2 of 4, anchoring_only 1 of 4, gating_only 0 of 4.")
+    assert "paragrpo against anchoring_only: inconclusive (2 of 4 against 1 of 4, Fisher exact p 1.000" in lines[1]
+    assert falls_lines([_row("paragrpo", 2, 0.5, 1.0, 1.0)][0]) == []  # no SFT model: nothing to fall from
+
+
+def test_the_report_prints_the_holm_families_fixed_in_code(tmp_path):
+    from paravt_core.miniature.verdicts import FAMILIES
+
+    text = write_report(_docs_runs(), tmp_path / "r", "t").read_text()
+    assert "Holm families, fixed in code before any run" in text
+    for finding, comparisons in FAMILIES:
+        assert f"- {finding} ({len(comparisons)}): " in text
+    assert "- Runs that fell (3, Fisher exact): paragrpo vs vanilla_grpo" in text
+    assert "cannot give p below 2/70 = 0.029" in text
 
 
 def test_budget_sweep_table_and_its_file(tmp_path):
@@ -385,6 +479,82 @@ def test_report_from_a_damaged_folder_exits_2_naming_the_file_and_writes_nothing
     assert f"{tmp_path / 'report' / name}: " in err and message in err and "Traceback" not in err
     assert _folder_bytes(tmp_path / "report") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # no rebuilt folder, no leftovers
+
+
+def _first_steps(runs: list) -> list:
+    return runs[1]["steps"]
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda runs: runs.append(runs[1]), "[5] is the same run (vanilla_grpo, seed 0, draw key None) as [1]"),
+    (lambda runs: runs.append(dict(runs[2], accuracy=0.9)), "[5] is the same run (vanilla_grpo, seed 1"),
+    (lambda runs: runs.append(runs[0]), "[5] is a second SFT model of the report as [0]"),
+    (lambda runs: runs[3].update(row=""), "[3].row: Value error, '' is not a row name"),
+    (lambda runs: runs[3].update(row=" paragrpo"), "[3].row: Value error, ' paragrpo' is not a row name"),
+    (lambda runs: _first_steps(runs)[0].pop("step"), "[1].steps: Value error, step record [0] has no whole, "
+                                                      "non-negative 'step'"),
+    (lambda runs: _first_steps(runs)[2].update(step=2.0), "step record [2] has no whole, non-negative 'step'"),
+    (lambda runs: _first_steps(runs)[1].update(step=1), "[1].steps: Value error, step record [1] repeats step 1"),
+    (lambda runs: _first_steps(runs)[0].update(kappa=1e308), "[1].steps[0].kappa: Value error, 1e+308 is beyond ±1e+12"),
+    (lambda runs: runs[1].update(by_group={"first wording": {}}), "[1].by_group.first wording.n: Field required"),
+    (lambda runs: runs[1].update(by_group={"g": {"n": 4, "accuracy": 1.5, "tool_calls": 1}}),
+     "[1].by_group.g.accuracy: Input should be less than or equal to 1"),
+])
+def test_report_inputs_that_would_count_a_run_twice_or_break_the_report_are_refused(tmp_path, capsys, mutate, message):
+    """#61 item 3 and the report partials: a run listed twice reported "3 seeds", two SFT entries
+    "sft 2", a row named "" was accepted; step records without `step`, with 1e308 or an empty
+    group were tracebacks."""
+    write_report(_runs(), tmp_path / "report", "t")
+    runs = json.loads((tmp_path / "report" / "runs.json").read_text())
+    mutate(runs)
+    (tmp_path / "report" / "runs.json").write_text(json.dumps(runs))
+    assert _report_command("--from", str(tmp_path / "report")) == 2
+    err = capsys.readouterr().err
+    assert message in err and f"{tmp_path / 'report' / 'runs.json'}: " in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_a_step_value_too_large_for_a_float_is_refused_naming_it(tmp_path, capsys):
+    write_report(_runs(), tmp_path / "report", "t")
+    text = (tmp_path / "report" / "runs.json").read_text()
+    (tmp_path / "report" / "runs.json").write_text(text.replace('"kappa": 2.5', '"kappa": 1' + "0" * 400, 1))
+    assert _report_command("--from", str(tmp_path / "report")) == 2
+    err = capsys.readouterr().err
+    assert "[1].steps[0].kappa: Value error, an integer of 401 digits is beyond ±1e+12" in err and "Traceback" not in err
+
+
+def test_runs_of_different_builds_or_draw_keys_are_not_duplicates():
+    from paravt_core.miniature.reproduce import MeasurementsError, check_distinct
+
+    runs = [ModelRun("sft", None, 0.5, 0.2, 2.0, sft_build="a"), ModelRun("sft", None, 0.6, 0.2, 2.0, sft_build="b"),
+            ModelRun("paragrpo", 0, 0.6, 0.2, 2.0, sft_build="a"), ModelRun("paragrpo", 0, 0.6, 0.2, 2.0, sft_build="b"),
+            ModelRun("paragrpo", 0, 0.6, 0.2, 2.0, gating_draw_key=1, sft_build="b")]
+    check_distinct(runs, "runs.json")
+    assert runs_from_json(json.dumps([asdict(r) for r in runs])) == runs
+    with pytest.raises(MeasurementsError, match=r"\[1\] is a second SFT model of SFT build 'a' as \[0\]"):
+        check_distinct([runs[0], runs[0]], "runs.json")
+
+
+@pytest.mark.parametrize(("errno_code", "reason"), [(30, "Read-only file system"), (28, "No space left on device")])
+def test_report_out_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, errno_code, reason):
+    """#61's partials: --out on a read-only mount, or a full disk, were tracebacks. (Simulated: this
+    machine's tests run as root, whom a read-only folder's mode bits do not stop.)"""
+    import os
+
+    from paravt_core import atomic
+
+    write_report(_runs(), tmp_path / "report", "t")
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno_code, os.strerror(errno_code), str(tmp_path / "mount"))
+
+    monkeypatch.setattr(atomic.tempfile, "mkdtemp" if errno_code == 30 else "mkstemp", refuse)
+    assert _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "mount" / "out")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"paravt miniature report: cannot write the report to {tmp_path / 'mount' / 'out'}: {reason}")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "mount" / "out").exists()
 
 
 def test_report_from_never_writes_into_the_folder_it_reads(tmp_path, capsys):
