@@ -213,7 +213,8 @@ def test_a_local_model_folder_gives_its_shape(tmp_path):
     ("text_config", "hidden_size", -4096), ("text_config", "num_hidden_layers", -36),
     ("text_config", "hidden_size", 4096.5), ("text_config", "num_attention_heads", 0),
     ("text_config", "hidden_size", "4096"), ("text_config", "vocab_size", None),
-    pytest.param("text_config", "intermediate_size", 10**400, id="intermediate_size-10^400"), ("text_config", "num_key_value_heads", True),
+    pytest.param("text_config", "intermediate_size", 10**400, id="intermediate_size-10^400"),
+    ("text_config", "num_key_value_heads", True),
     ("text_config", "head_dim", 0), ("vision_config", "depth", -1), ("vision_config", "hidden_size", 1e308),
     ("vision_config", "num_position_embeddings", -2304), ("vision_config", "out_hidden_size", "big"),
 ])
