@@ -9,6 +9,7 @@ transformers and friends inside those callables keeps `paravt --help` fast.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -37,6 +38,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 INPUT_ERROR = 2
+FAILED = 1
+# Where a command's outputs cannot be written (#61): the disk is full, or the folder is read-only
+# or not ours. A one-line error naming the file at any command, not a traceback from deep inside.
+FULL, UNWRITABLE = (errno.ENOSPC, errno.EDQUOT), (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _storage_error(exc: BaseException) -> OSError | None:
+    """The full-disk or unwritable-folder OSError behind `exc` (itself, or what caused it), if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in FULL + UNWRITABLE:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _storage_message(command: str, error: OSError) -> tuple[str, int]:
+    """One line saying which file could not be written and what to do; the exit status."""
+    where = error.filename or "(a file it names no further)"
+    if error.errno in FULL:
+        return (f"paravt {command}: no space left writing {where} ({error.strerror}); free space on that disk "
+                "(df -h) or point the output elsewhere, then run the command again (finished stages are reused)",
+                FAILED)
+    return (f"paravt {command}: cannot write {where} ({error.strerror}); the folder is read-only or not yours: "
+            "choose an output folder you can write to (--out, run.output_dir)", INPUT_ERROR)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         from paravt_core.config import ConfigError  # here, not at the top: it imports pydantic
 
+        storage = _storage_error(exc)
+        if storage is not None:
+            line, status = _storage_message(args.command, storage)
+            print(line, file=sys.stderr)
+            return status
         if not isinstance(exc, ConfigError):
             raise
         # A config that does not load is the user's input, whichever command read it: one line

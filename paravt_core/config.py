@@ -21,6 +21,14 @@ from pydantic_core import to_jsonable_python
 from paravt_core.atomic import folder_problem
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.model.tiny import TinyModelSpec
+from paravt_core.seeds import Seed
+
+
+# The most threads or processes a knob may ask of one machine (#61 item 6): well above the
+# hardware threads of any one node (384 on a two-socket, 192-core one), and far below what
+# makes the OS refuse threads (torch.set_num_threads(65536) ends in SIGSEGV once libgomp
+# cannot create them). A count above this machine's cores only oversubscribes it.
+MAX_WORKERS = 1024
 
 
 class _Section(BaseModel):
@@ -42,13 +50,13 @@ class FanoutConfig(_Section):
     runs should keep it."""
 
     max_concurrent: int = Field(1, ge=1)  # 1: one row after the other, as before
-    threads_per_run: int | None = Field(None, ge=1)
+    threads_per_run: int | None = Field(None, ge=1, le=MAX_WORKERS)
 
 
 class RunConfig(_Section):
     name: str = Field("paravt-tiny", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     output_dir: Path = Path("outputs/tiny")
-    seed: int = 0
+    seed: Seed = 0  # 0 to paravt_core.seeds.MAX_SEED (2^26 - 1), as every seed
     fanout: FanoutConfig = FanoutConfig()
 
 
@@ -61,7 +69,7 @@ class PretrainConfig(_Section):
     """
 
     enabled: bool = False
-    seed: int = 0  # the corpus's own video stream (never a training or evaluation video)
+    seed: Seed = 0  # the corpus's own video stream (never a training or evaluation video)
     videos: int = Field(300, ge=1)
     windows_per_video: int = Field(8, ge=1)
     # The share of a video's random clip windows (those beyond its grid segments) drawn to hold
@@ -217,7 +225,7 @@ class DataConfig(_Section):
     max_quarantine_share: float | None = Field(None, ge=0, le=1)
     # Processes probing the videos of the media-health rule (`paravt_core.video.health`); None: one
     # per CPU core. Changes no verdict (NEVER_HASHED).
-    probe_workers: int | None = Field(None, ge=1)
+    probe_workers: int | None = Field(None, ge=1, le=MAX_WORKERS)
 
     @model_validator(mode="after")
     def _pins_name_benchmark_repos(self) -> DataConfig:
@@ -284,7 +292,7 @@ class SFTConfig(_Section):
     # `run.seed`, which also seeds what SFT starts from (the miniature's pretraining, the replay
     # rows): several SFT seeds from one base without training the base again (#46 item 1).
     # None: `run.seed`. `sft.stage.seeded` applies it.
-    seed: int | None = None
+    seed: Seed | None = None
     learning_rate: float = Field(2e-5, gt=0)
     lr_schedule: Literal["cosine", "constant"] = "cosine"
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
@@ -314,7 +322,7 @@ class SFTConfig(_Section):
     # Worker processes that encode the next micro-batches while the GPU trains (sft/loader.py):
     # the same samples in the same order. 0 encodes in the training process (CPU runs, whose
     # two cores the workers would only take from the training).
-    data_workers: int = Field(0, ge=0)
+    data_workers: int = Field(0, ge=0, le=MAX_WORKERS)
     # Compute the 3-D rope positions and the vision tower's position tables where the samples are
     # encoded (CPU, a data worker if any), not in the forward: on a GPU the forward's own loop over
     # images is ~3,400 small kernels and 256 host syncs per 64-frame sample (model/positions.py).
@@ -669,7 +677,7 @@ class ProbeConfig(_Section):
     samples: int = Field(4, ge=1)
     frames: int | None = Field(None, ge=1)
     temperature: float = Field(0.7, gt=0)
-    seed: int = 0
+    seed: Seed = 0
 
 
 class ReproduceConfig(_Section):
@@ -678,7 +686,7 @@ class ReproduceConfig(_Section):
     and the held-out probe every model gets (`probe`)."""
 
     rows: tuple[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")], ...] = ("vanilla_grpo", "paragrpo")
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[Seed, ...] = (0, 1, 2)
     probe: ProbeConfig = ProbeConfig()
     # Whether each RL run is also evaluated on the validation split (with tools), beside the SFT
     # model, which always is where the world draws one. Off: a run that chooses nothing skips it.

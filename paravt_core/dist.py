@@ -19,9 +19,12 @@ the DeepSpeed runner documents (the first host of the hostfile).
 Checkpoints are DeepSpeed's own (model, optimizer, scheduler and our client state). Each
 saved tag gets a manifest of its files' sizes and sha256 (`paravt_checkpoint.json`, as
 exported models get theirs in `model/integrity.py`), and only then does `latest` name it,
-so an interrupted save never becomes the resume point. A tag damaged after the fact (a
-truncated, corrupted or replaced file) is skipped on resume for the newest intact older
-one (`resume`), and replay refuses it (`rl/replay.py`).
+so an interrupted save never becomes the resume point. The manifest also names the stage
+and run folder that saved the tag. A tag damaged after the fact (a truncated, corrupted or
+replaced file), or saved by another stage or run, is skipped on resume for the newest intact
+older one of this run (`resume`), and replay refuses it (`rl/replay.py`). A missing or damaged
+`latest` is never a fresh start while a finished tag is there (#61 item 4): only deleting the
+checkpoints folder starts a stage over, and with it its step logs.
 With `sft/rl.keep_last`, older tags are pruned once a newer one is complete and `latest`
 names it (`prune_checkpoints`; issue #44: ~105 GB per ZeRO-3 checkpoint at 8B).
 """
@@ -496,8 +499,15 @@ def _tag_files(tag_dir: Path) -> dict[str, Path]:
     return {f.relative_to(tag_dir).as_posix(): f for f in files}
 
 
-def write_checkpoint_manifest(tag_dir: Path) -> None:
-    """Record every file of a finished tag (size, sha256) in its `paravt_checkpoint.json`.
+def checkpoint_owner(checkpoint_dir: Path, stage: str) -> dict[str, str]:
+    """Who saves into `checkpoint_dir`: the stage and its run folder's name (the folder that
+    holds `checkpoints/`), as recorded in each tag's manifest."""
+    return {"stage": stage, "run": Path(checkpoint_dir).resolve().parent.name}
+
+
+def write_checkpoint_manifest(tag_dir: Path, owner: dict[str, str] | None = None) -> None:
+    """Record every file of a finished tag (size, sha256) in its `paravt_checkpoint.json`,
+    with `owner` (`checkpoint_owner`) when given.
 
     Collective: every rank hashes its share of the files (the tag folder is shared, as the
     ZeRO-3 consolidation on rank 0 already needs) and rank 0 writes the manifest."""
@@ -514,8 +524,8 @@ def write_checkpoint_manifest(tag_dir: Path) -> None:
         dist.all_gather_object(shares, entries)
         entries = {name: entry for share in shares for name, entry in share.items()}
     if rank == 0:
-        atomic_write_text(tag_dir / CHECKPOINT_MANIFEST, json.dumps({"files": dict(sorted(entries.items()))},
-                                                                    indent=1) + "\n")
+        record = {**(owner or {}), "files": dict(sorted(entries.items()))}
+        atomic_write_text(tag_dir / CHECKPOINT_MANIFEST, json.dumps(record, indent=1) + "\n")
 
 
 def _manifest_damage(tag_dir: Path, checksums: bool, share: tuple[int, int]) -> str | None:
@@ -573,6 +583,21 @@ def checkpoint_damage(tag_dir: Path, checksums: bool = True, share: tuple[int, i
     return _manifest_damage(tag_dir, checksums, share)
 
 
+def _owner_problem(tag_dir: Path, owner: dict[str, str] | None) -> str | None:
+    """Why the tag was not saved by `owner` (its manifest names another stage or run), or None
+    (also for a tag whose manifest predates owners, or that has none: the checks stay as they were)."""
+    try:
+        saved = json.loads((tag_dir / CHECKPOINT_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None  # no manifest, or a damaged one: `checkpoint_damage` says so
+    if owner is None or not isinstance(saved, dict) or "stage" not in saved:
+        return None
+    if {key: saved.get(key) for key in owner} == owner:
+        return None
+    return (f"{tag_dir} was saved by stage {saved.get('stage')!r} of run folder {saved.get('run')!r} "
+            f"({CHECKPOINT_MANIFEST}), not by this {owner['stage']} run ({owner['run']!r}); it cannot resume it")
+
+
 def _latest_tag(checkpoint_dir: Path) -> str | None:
     """The tag `latest` names, or None when the file is missing, empty, unreadable or names
     no step folder (a run killed while DeepSpeed rewrote it)."""
@@ -616,23 +641,35 @@ def _intact_on_every_rank(intact: bool) -> bool:
     return all(verdicts)
 
 
-def resume(engine, checkpoint_dir: Path, warn: LogLine = print) -> dict[str, Any]:
-    """Load the newest intact checkpoint if there is one; returns its client state ({} if none).
+def resume(engine, checkpoint_dir: Path, warn: LogLine = print, stage: str | None = None) -> dict[str, Any]:
+    """Load the newest intact checkpoint of this run if there is one; returns its client state
+    ({} when no save ever finished: a fresh start).
 
-    A damaged tag (see `checkpoint_damage`) is skipped with a warning naming it, and the
-    next older one is tried; every rank must find a tag intact for it to be used, so all
-    ranks resume from the same step.
+    A damaged tag (see `checkpoint_damage`), or with `stage` one whose manifest names another
+    stage or run folder (`checkpoint_owner`), is skipped with a warning naming it, and the next
+    older one is tried; every rank must find a tag intact for it to be used, so all ranks
+    resume from the same step. Without `latest` (deleted, or a save killed before naming its
+    tag), only tags with a manifest are candidates: a finished save writes it before `latest`.
 
     Raises:
-        CheckpointError: checkpoints exist but none is intact.
+        CheckpointError: finished checkpoints exist but none is intact and of this run.
     """
-    if not (checkpoint_dir / "latest").is_file():
-        return {}  # no save ever finished (DeepSpeed writes `latest` last)
+    owner = checkpoint_owner(checkpoint_dir, stage) if stage else None
     damaged = []
-    if _latest_tag(checkpoint_dir) is None:
-        damaged.append(f"{checkpoint_dir / 'latest'} (empty, unreadable or naming no step folder)")
-    for tag in resume_candidates(checkpoint_dir):
-        problem = checkpoint_damage(checkpoint_dir / tag, share=(_rank(), _world()))
+    if not (checkpoint_dir / "latest").is_file():
+        finished = [tag for tag in resume_candidates(checkpoint_dir)
+                    if (checkpoint_dir / tag / CHECKPOINT_MANIFEST).is_file()]
+        if not finished:
+            return {}  # no save ever finished (the manifest, then `latest`, are written last)
+        damaged.append(f"{checkpoint_dir / 'latest'} (missing)")
+        candidates = finished
+    else:
+        if _latest_tag(checkpoint_dir) is None:
+            damaged.append(f"{checkpoint_dir / 'latest'} (empty, unreadable or naming no step folder)")
+        candidates = resume_candidates(checkpoint_dir)
+    for tag in candidates:
+        problem = (_owner_problem(checkpoint_dir / tag, owner)
+                   or checkpoint_damage(checkpoint_dir / tag, share=(_rank(), _world())))
         if _intact_on_every_rank(problem is None):
             if damaged:
                 warn(f"warning: resuming from {checkpoint_dir / tag}, the newest intact checkpoint; skipped the "
@@ -646,8 +683,9 @@ def resume(engine, checkpoint_dir: Path, warn: LogLine = print) -> dict[str, Any
             return client_state or {}
         damaged.append(problem or f"{checkpoint_dir / tag} (damaged on another rank)")
     raise CheckpointError(
-        f"no intact checkpoint in {checkpoint_dir} to resume from: {'; '.join(damaged)}. Delete {checkpoint_dir} "
-        f"to start this stage over (its finished steps are lost), or restore an intact step folder from a backup"
+        f"no intact checkpoint in {checkpoint_dir} to resume from: {'; '.join(damaged)}. Delete "
+        f"{checkpoint_dir} to start this stage over (its finished steps and their logs are lost), or restore an "
+        f"intact step folder from a backup"
     )
 
 
@@ -671,9 +709,10 @@ def trim_step_log(path: Path, resumed_step: int) -> None:
 
 
 def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any], keep_last: int | None = None,
-         warn: LogLine = print) -> None:
-    """Save tag `step<N>`, its manifest, then point `latest` at it (collective: every rank calls it);
-    with `keep_last`, rank 0 then prunes the older tags (`prune_checkpoints`)."""
+         warn: LogLine = print, stage: str | None = None) -> None:
+    """Save tag `step<N>`, its manifest (naming `stage` and the run folder when given), then point
+    `latest` at it (collective: every rank calls it); with `keep_last`, rank 0 then prunes the
+    older tags (`prune_checkpoints`)."""
     import torch.distributed as dist
 
     from paravt_core.atomic import atomic_write_text
@@ -681,7 +720,7 @@ def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any], 
     tag = f"step{step:07d}"
     # `latest` is ours to write: a tag becomes the resume point only once its manifest exists
     engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state=client_state, save_latest=False)
-    write_checkpoint_manifest(Path(checkpoint_dir) / tag)
+    write_checkpoint_manifest(Path(checkpoint_dir) / tag, checkpoint_owner(checkpoint_dir, stage) if stage else None)
     if _rank() == 0:
         atomic_write_text(Path(checkpoint_dir) / "latest", tag)
     if _world() > 1:

@@ -171,6 +171,58 @@ KNOWN_SHAPES = {f"Qwen/Qwen3-VL-{size}-{kind}": shape for size, shape in (("2B",
                 for kind in ("Instruct", "Thinking")}
 
 
+# A bound far above any released model's dimension (Qwen3-VL-8B's largest is its 151,936-token
+# vocabulary) that keeps the plan's byte counts within a float: a config past it is damaged.
+MAX_DIMENSION = 1 << 24
+
+
+def _dimension(config: Path, section: dict, section_name: str, key: str, default: int | None = None) -> int:
+    """`section[key]` as a whole number in [1, MAX_DIMENSION], else a PlanError naming the file and key."""
+    value = section.get(key, default)
+    if value is None and key not in section:
+        raise PlanError(f"{config}: {section_name}.{key} is missing; the plan needs it (a Qwen3-VL config has it)")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIMENSION:
+        raise PlanError(f"{config}: {section_name}.{key} is {json.dumps(value)[:40]}, not a whole number from 1 to "
+                        f"{MAX_DIMENSION:,}; no model has that shape: fix the file or download the model again")
+    return value
+
+
+def _shape_from_config(name: str, config: Path, raw: object) -> ModelShape:
+    """Every field the plan reads, checked here once (#61 item 2): a shape that cannot exist is refused."""
+    if not isinstance(raw, dict) or not all(isinstance(raw.get(k), dict) for k in ("text_config", "vision_config")):
+        raise PlanError(f"{config}: not a Qwen3-VL config (no text_config and vision_config objects); the plan needs "
+                        "both")
+    text, vision = raw["text_config"], raw["vision_config"]
+
+    def txt(key: str, default: int | None = None) -> int:
+        return _dimension(config, text, "text_config", key, default)
+
+    def vis(key: str, default: int | None = None) -> int:
+        return _dimension(config, vision, "vision_config", key, default)
+
+    hidden, heads, kv_heads = txt("hidden_size"), txt("num_attention_heads"), txt("num_key_value_heads")
+    if heads % kv_heads:
+        raise PlanError(f"{config}: text_config.num_attention_heads {heads} is not a multiple of "
+                        f"num_key_value_heads {kv_heads}; no model has that shape: fix the file")
+    if text.get("head_dim") is None and hidden % heads:
+        raise PlanError(f"{config}: text_config.hidden_size {hidden} does not divide into num_attention_heads "
+                        f"{heads} and no head_dim is given; fix the file")
+    deepstack = vision.get("deepstack_visual_indexes", [])
+    if not isinstance(deepstack, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in deepstack):
+        raise PlanError(f"{config}: vision_config.deepstack_visual_indexes is {json.dumps(deepstack)[:40]}, not a "
+                        "list of layer numbers; fix the file")
+    tied = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    if not isinstance(tied, bool):
+        raise PlanError(f"{config}: tie_word_embeddings is {json.dumps(tied)[:40]}, not true or false; fix the file")
+    return ModelShape(
+        name=name, hidden=hidden, layers=txt("num_hidden_layers"), heads=heads, kv_heads=kv_heads,
+        head_dim=hidden // heads if text.get("head_dim") is None else txt("head_dim"),
+        intermediate=txt("intermediate_size"), vocab=txt("vocab_size"), tied=tied,
+        vision_hidden=vis("hidden_size"), vision_depth=vis("depth"), vision_intermediate=vis("intermediate_size"),
+        vision_out=vis("out_hidden_size"), deepstack=len(deepstack),
+        vision_positions=vis("num_position_embeddings", 2304))
+
+
 def model_shape(base: str) -> ModelShape:
     """The shape of `model.base`: a known hub id, or a local model folder's config.json."""
     if base in KNOWN_SHAPES:
@@ -181,20 +233,10 @@ def model_shape(base: str) -> ModelShape:
                         f"model folder, or one of {sorted(KNOWN_SHAPES)}")
     try:
         raw = json.loads(config.read_text())
-        text, vision = raw["text_config"], raw["vision_config"]
-        return ModelShape(
-            name=str(base), hidden=text["hidden_size"], layers=text["num_hidden_layers"],
-            heads=text["num_attention_heads"], kv_heads=text["num_key_value_heads"],
-            head_dim=text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"],
-            intermediate=text["intermediate_size"], vocab=text["vocab_size"],
-            tied=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            vision_hidden=vision["hidden_size"], vision_depth=vision["depth"],
-            vision_intermediate=vision["intermediate_size"], vision_out=vision["out_hidden_size"],
-            deepstack=len(vision.get("deepstack_visual_indexes", ())),
-            vision_positions=vision.get("num_position_embeddings", 2304))
-    except (ValueError, KeyError, TypeError) as err:
-        raise PlanError(f"{config}: not a Qwen3-VL config ({type(err).__name__}: {err}); the plan needs its "
-                        "text_config and vision_config") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise PlanError(f"{config}: not readable as JSON ({type(err).__name__}: {err}); the plan needs the model's "
+                        "config: download the model again") from None
+    return _shape_from_config(str(base), config, raw)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ import argparse
 import sys
 
 READY, MISSING, INPUT_ERROR = 0, 1, 2
+# Far above any card (an H200 has 141 GB); bounds --gpu-memory-gib so inf or 1e300 is a usage error.
+MAX_GPU_MEMORY_GIB = 1 << 20
 
 
 def _load(command: str, args: argparse.Namespace):
@@ -24,8 +26,9 @@ def _plan(args: argparse.Namespace) -> int:
     cfg = _load("plan", args)
     if cfg is None:
         return INPUT_ERROR
-    if args.gpus < 1 or not args.gpu_memory_gib > 0:
-        print("paravt plan: --gpus must be >= 1 and --gpu-memory-gib > 0", file=sys.stderr)
+    if args.gpus < 1 or not 0 < args.gpu_memory_gib < MAX_GPU_MEMORY_GIB:
+        print(f"paravt plan: --gpus must be >= 1 and --gpu-memory-gib a number of GiB above 0 and below "
+              f"{MAX_GPU_MEMORY_GIB:,} (got --gpus {args.gpus}, --gpu-memory-gib {args.gpu_memory_gib})", file=sys.stderr)
         return INPUT_ERROR
     if cfg.model.is_tiny:
         print(f"paravt plan: {args.config} trains the tiny model (model.base: tiny), which runs on CPU; the plan is "

@@ -11,7 +11,11 @@ run and writes the holder's pid, host, start time and command into it:
   killed run is stale by construction: the next run takes it over and logs a warning
   naming the dead holder (pid, start time) from the record it finds;
 - within one process the lock is re-entrant (a flow that calls code which also takes it
-  does not lock itself out).
+  does not lock itself out);
+- the output directory itself is locked too (a `flock` on its descriptor), so deleting
+  `.paravt.lock` under a running run does not let a second one in (#61): a new lock file
+  would be a new inode, free to lock, but the directory is the same. Where the filesystem
+  refuses a lock on a directory, the lock file alone is taken, as before.
 
 `flock` locks are local to a host; runs sharing an output directory over NFS from several
 hosts are not covered (the record's host is in the message to help see that case).
@@ -51,6 +55,30 @@ def _holder_text(record: dict | None) -> str:
             f"{record.get('what')!r}: {record.get('command')})")
 
 
+def _busy(output_dir: Path) -> OutputDirBusy:
+    return OutputDirBusy(f"{output_dir} is in use by another run: {_holder_text(read_holder(output_dir))}. Wait for "
+                         f"it to finish or stop it, or point this run at another run.output_dir")
+
+
+def _lock_folder(folder: Path) -> int | None:
+    """An open descriptor of `folder` holding an exclusive `flock`, or None where the filesystem
+    refuses one on a directory (the lock file then locks alone).
+
+    Raises:
+        OutputDirBusy: another live process holds it.
+    """
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _busy(folder) from None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def read_holder(output_dir: Path) -> dict | None:
     """The record in the lock file, or None when there is none or it does not parse."""
     try:
@@ -85,15 +113,13 @@ def hold_output_dir(output_dir: Path, what: str) -> Iterator[Path]:
                 _held[path] -= 1
         return
     path.parent.mkdir(parents=True, exist_ok=True)
+    folder_fd = _lock_folder(path.parent)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise OutputDirBusy(
-                f"{path.parent} is in use by another run: {_holder_text(read_holder(path.parent))}. Wait for it "
-                f"to finish or stop it, or point this run at another run.output_dir"
-            ) from None
+            raise _busy(path.parent) from None
         previous = read_holder(path.parent)
         if previous and previous.get("pid") != os.getpid():
             log.warning("%s: taking over a stale lock left by %s, which is no longer running", path,
@@ -112,4 +138,6 @@ def hold_output_dir(output_dir: Path, what: str) -> Iterator[Path]:
                 del _held[path]
             os.ftruncate(fd, 0)  # a clean exit leaves no holder record behind
     finally:
-        os.close(fd)  # closing the descriptor releases the flock
+        os.close(fd)  # closing the descriptors releases the flocks
+        if folder_fd is not None:
+            os.close(folder_fd)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from paravt_core.atomic import output_folder
+from paravt_core.seeds import seed_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     parser.add_argument("--out", required=True, type=output_folder, help="output folder; the hub cache goes to OUT/hub")
-    parser.add_argument("--seed", type=int, default=None, help="random seed (overrides the config's)")
+    parser.add_argument("--seed", type=seed_argument, default=None, help="random seed (overrides the config's)")
     parser.add_argument("--config", type=Path, default=None, help="YAML file with SynthConfig fields")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_synth)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from paravt_core.atomic import output_folder
+from paravt_core.seeds import seed_argument
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
@@ -21,5 +22,5 @@ def _tiny_model(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("tiny-model", help="write a tiny random-weight Qwen3-VL model directory")
     p.add_argument("--out", required=True, type=output_folder, help="output model directory")
-    p.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed (same seed, same files)")
+    p.add_argument("--seed", type=seed_argument, default=0, help="weight and tokenizer seed (same seed, same files)")
     p.set_defaults(func=_tiny_model)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from paravt_core.seeds import Seed
+
 # Qwen's control tokens; names as in the Qwen2/Qwen3 tokenizers.
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -59,7 +61,7 @@ class TinyModelSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    seed: int = 0
+    seed: Seed = 0
     vocab_size: int = Field(2048, ge=512, le=32768)
     hidden_size: int = Field(128, ge=16)
     intermediate_size: int = Field(384, ge=16)

@@ -179,11 +179,31 @@ def replay_weights(run_dir: Path, version: int, zero_stage: int) -> dict[str, to
         raise ReplayError(f"step {version + 1} rolled out with the weights after step {version}, but there is no "
                           f"checkpoint {tag} (checkpoints kept: {kept or 'none'}); replay step 1 or a step right "
                           f"after a kept checkpoint (rl.checkpoint_every, rl.keep_last)")
-    problem = checkpoint_damage(tag)
+    problem = checkpoint_damage(tag) or _misfiled(tag, version)
     if problem:
         raise ReplayError(f"the checkpoint of step {version + 1}'s weights is damaged: {problem}; replay step 1 or "
                           "a step right after another checkpoint")
     return checkpoint_state_dict(tag.parent, tag.name, zero_stage)
+
+
+def _misfiled(tag: Path, version: int) -> str | None:
+    """Why `tag` does not hold the state after step `version`, for what its manifest cannot say
+    (#61: one deleted, another step's file copied in): each model-states file records the step
+    it was saved after (the trainers' client state, `{"step": N}`), and a tag whose manifest is
+    gone while the run's other tags have theirs is named."""
+    from paravt_core.dist import CHECKPOINT_MANIFEST
+
+    for states in sorted(tag.glob("*model_states.pt")):
+        saved = torch.load(states, map_location="cpu", weights_only=False, mmap=True)
+        step = saved.get("step") if isinstance(saved, dict) else None
+        if isinstance(step, int) and step != version:
+            return (f"{states} holds the state after step {step}, not step {version} (its recorded step): a file of "
+                    "another step was copied there; restore this step's file")
+    others = [p for p in tag.parent.glob("step*") if p != tag and (p / CHECKPOINT_MANIFEST).is_file()]
+    if others and not (tag / CHECKPOINT_MANIFEST).is_file():
+        return (f"{tag / CHECKPOINT_MANIFEST} is missing (the run's other checkpoints have theirs), so {tag}'s files "
+                "cannot be checked against what was saved")
+    return None
 
 
 def read_job(run_dir: Path) -> RLJob:

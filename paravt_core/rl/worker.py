@@ -100,7 +100,7 @@ class Trainer:
         self.policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config)
         record_memory(job.out_dir, "rl", "engine", self.rank, self.world, self.device, self.policy.module)
         self.ckpt_dir = job.out_dir / "checkpoints"
-        self.start = int(pdist.resume(self.policy, self.ckpt_dir).get("step", 0))
+        self.start = int(pdist.resume(self.policy, self.ckpt_dir, stage="rl").get("step", 0))
         if self.rank == 0:
             pdist.trim_step_log(job.out_dir / "metrics.jsonl", self.start)  # re-run steps are logged once
         # A server holds whatever it was last given (another run's weights, issue #48): it gets
@@ -363,7 +363,8 @@ def _train_loop(trainer: Trainer, job: RLJob) -> None:
                           rollout_s=row["time_rollout_s"])
         done = step + 1
         if not job.steps_only and (done % rl.checkpoint_every == 0 or done == rl.max_steps):
-            pdist.save(trainer.policy, trainer.ckpt_dir, done, {"step": done}, keep_last=rl.keep_last)
+            pdist.save(trainer.policy, trainer.ckpt_dir, done, {"step": done}, keep_last=rl.keep_last,
+                       stage="rl")
         pdist.maybe_kill_for_test(done)
     if job.steps_only:
         metrics.finish()

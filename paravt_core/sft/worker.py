@@ -120,7 +120,7 @@ def train(job: SFTJob) -> None:
                                            config=ds_config)
     record_memory(job.out_dir, job.stage, "engine", rank, world, device, engine.module)
     ckpt_dir = job.out_dir / "checkpoints"
-    start = int(pdist.resume(engine, ckpt_dir).get("step", 0))
+    start = int(pdist.resume(engine, ckpt_dir, stage=job.stage).get("step", 0))
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
     losses_path = job.out_dir / "losses.jsonl"
     if rank == 0:
@@ -185,7 +185,7 @@ def train(job: SFTJob) -> None:
             progress.step(step + 1, loss=loss_mean, lr=row["lr"], tok_s=row["tokens_per_s"])
         done = step + 1
         if not job.steps_only and (done % sft.checkpoint_every == 0 or done == sft.max_steps):
-            pdist.save(engine, ckpt_dir, done, {"step": done}, keep_last=sft.keep_last)
+            pdist.save(engine, ckpt_dir, done, {"step": done}, keep_last=sft.keep_last, stage=job.stage)
         pdist.maybe_kill_for_test(done)
 
     record_memory(job.out_dir, job.stage, "trained", rank, world, device, engine.module)

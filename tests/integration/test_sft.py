@@ -201,6 +201,34 @@ def test_kill_then_resume_matches_uninterrupted(sft_setup, monkeypatch):
         assert resumed[step] == pytest.approx(expected[step], rel=1e-6, abs=1e-7), step
 
 
+def test_a_deleted_latest_resumes_the_newest_step_and_keeps_what_was_written(sft_setup, monkeypatch):
+    """#61 item 4: with `checkpoints/latest` deleted, SFT restarted from step 0, truncating
+    losses.jsonl and overwriting the saved tags. Now it resumes from the newest finished step
+    with a warning: the rows and tags written before stay as they were."""
+    from paravt_core.sft import stage
+
+    config, base, sft_data = sft_setup
+    cfg = config("sft.max_steps=6", "sft.checkpoint_every=2", "run.name=no-latest")
+    monkeypatch.setenv("PARAVT_TEST_KILL_AT_STEP", "5")
+    with pytest.raises(RuntimeError, match="exited with code"):
+        stage.run(cfg, base, sft_data, log_line=lambda line: None)
+    monkeypatch.delenv("PARAVT_TEST_KILL_AT_STEP")
+    run_dir = stage.run_dir(cfg, base, sft_data)
+    checkpoints = run_dir / "checkpoints"
+    (checkpoints / "latest").unlink()
+    before = (run_dir / "losses.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in before] == [1, 2, 3, 4, 5]
+    saved = {p: p.stat().st_mtime_ns for p in checkpoints.glob("step*/*") if p.is_file()}
+    lines: list[str] = []
+    stage.run(cfg, base, sft_data, log_line=lines.append)
+    assert any("warning: resuming from" in line and "step0000004" in line and "latest (missing)" in line
+               for line in lines), [line for line in lines if "warning" in line or "resum" in line]
+    after = (run_dir / "losses.jsonl").read_text().splitlines()
+    assert after[:4] == before[:4]  # steps 1-4 (up to the checkpoint) kept, not run again
+    assert [json.loads(line)["step"] for line in after] == [1, 2, 3, 4, 5, 6]
+    assert {p: p.stat().st_mtime_ns for p in saved} == saved  # step 2's and step 4's files not rewritten
+
+
 def test_pruned_checkpoints_resume_exactly_in_the_same_run_folder(sft_setup, monkeypatch):
     """Issue #44 item 9: with sft.keep_last only the newest checkpoints stay, a killed run
     resumes from them to the same losses as an uninterrupted run that kept every one, and

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import re
 
 import pytest
@@ -97,3 +99,44 @@ def test_an_out_folder_under_a_file_is_a_usage_error(tmp_path, capsys, argv):
     err = capsys.readouterr().err
     assert f"argument --out: {out}: {tmp_path / 'a_file'} is a file, not a folder" in err
     assert "Traceback" not in err
+
+
+def _raise(error: BaseException):
+    def fail(*args, **kwargs):
+        raise error
+    return fail
+
+
+@pytest.mark.parametrize("code, status, says", [
+    (errno.ENOSPC, 1, "no space left writing {file} (No space left on device); free space on that disk"),
+    (errno.EDQUOT, 1, "no space left writing {file}"),
+    (errno.EROFS, 2, "cannot write {file} (Read-only file system); the folder is read-only or not yours"),
+    (errno.EACCES, 2, "cannot write {file} (Permission denied)"),
+], ids=["ENOSPC", "EDQUOT", "EROFS", "EACCES"])
+def test_a_full_disk_or_read_only_output_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch, code, status,
+                                                                      says):
+    """#61 partial: a full disk in `tiny-model` or the data stage, or a read-only output folder, was a traceback."""
+    from paravt_core.cli import main
+
+    file = tmp_path / "out" / "model.safetensors"
+    monkeypatch.setattr("paravt_core.model.tiny.build_tiny_model", _raise(OSError(code, os.strerror(code), str(file))))
+    assert main(["tiny-model", "--out", str(tmp_path / "out")]) == status
+    err = capsys.readouterr().err
+    assert err.startswith("paravt tiny-model: ") and says.format(file=file) in err and err.count("\n") == 1
+    # Raised deep in a stage and wrapped on the way up (a task, a worker pool): the cause is found.
+    try:
+        raise OSError(code, os.strerror(code), str(file))
+    except OSError as cause:
+        wrapped = RuntimeError("the data stage failed")
+        wrapped.__cause__ = cause
+    monkeypatch.setattr("paravt_core.data.synth.generate_world", _raise(wrapped))
+    assert main(["synth", "--out", str(tmp_path / "world")]) == status
+    assert says.format(file=file) in capsys.readouterr().err
+
+
+def test_other_os_errors_are_not_taken_for_a_full_disk(tmp_path, monkeypatch):
+    from paravt_core.cli import main
+
+    monkeypatch.setattr("paravt_core.model.tiny.build_tiny_model", _raise(OSError(errno.EIO, "I/O error", "x")))
+    with pytest.raises(OSError, match="I/O error"):
+        main(["tiny-model", "--out", str(tmp_path / "out")])

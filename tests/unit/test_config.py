@@ -380,3 +380,71 @@ def test_the_vllm_placement_and_hf_batch_knobs_enter_the_cache_keys_only_when_se
                                                        ).section_hash("rl")
     assert '"gpus":[7]' in placed.rl.rollout.cache_json()
     assert PipelineConfig(eval={"hf_batch_tokens": 4096}).section_hash("eval") != PipelineConfig().section_hash("eval")
+
+
+# #61 items 5 and 6: seeds and thread / process counts out of what numpy, torch and the OS take.
+SEED_KEYS = ["run.seed", "sft.seed", "model.pretrain.seed", "reproduce.probe.seed", "data.synth.seed",
+             "model.tiny.seed"]
+
+
+@pytest.mark.parametrize("key", SEED_KEYS)
+@pytest.mark.parametrize("value", ["-1", str(2**26), str(2**64)])
+def test_a_seed_no_stage_can_take_is_refused_at_load_naming_the_file_and_key(key: str, value: str):
+    """Before: a negative seed (or one past 2^64) loaded, and the SFT rank crashed in numpy after
+    the data stage (retried twice, then a traceback)."""
+    with pytest.raises(ConfigError, match=rf"tiny.yaml: {re.escape(key)}: Input should be"):
+        load_config(CONF / "pipeline" / "tiny.yaml", [f"{key}={value}"])
+
+
+def test_the_largest_seed_loads_and_every_stage_can_seed_with_it():
+    """MAX_SEED works end to end: SFT's data order (numpy), torch, and the RL rollout's sampler
+    seed as `agent.rollout` derives it for the last turn of a million-step, 1000-rank run."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from paravt_core.agent.rollout import _Rollout
+    from paravt_core.rl.replay import sampler_seed
+    from paravt_core.seeds import MAX_SEED
+    from paravt_core.sft.loader import sample_order
+
+    cfg = load_config(CONF / "pipeline" / "tiny.yaml", [f"{key}={MAX_SEED}" for key in SEED_KEYS]
+                      + [f"reproduce.seeds=[0,{MAX_SEED}]"])
+    assert cfg.run.seed == cfg.sft.seed == cfg.reproduce.seeds[1] == MAX_SEED
+    assert len(sample_order(10, MAX_SEED, 10**6)) == 10
+    rollout = _Rollout.__new__(_Rollout)
+    rollout.seed, rollout.temperature, rollout.top_p = sampler_seed(MAX_SEED, 10**6, 999), 1.0, 1.0
+    rollout.cfg = SimpleNamespace(max_new_tokens=8, subagent_max_new_tokens=8)
+    rollout.renderer = SimpleNamespace(turn_end_id=0)
+    seed = rollout.params(turn=9, subagent=True).seed
+    torch.manual_seed(seed)
+    torch.Generator().manual_seed(seed)
+    assert seed < 2**63 and np.random.default_rng(seed).integers(2) in (0, 1)
+    with pytest.raises(ConfigError, match=r"reproduce.seeds.1: Input should be greater than or equal to 0"):
+        load_config(CONF / "pipeline" / "tiny.yaml", ["reproduce.seeds=[0,-5]"])
+
+
+@pytest.mark.parametrize("knob, value", [("run.fanout.threads_per_run", 1_000_000), ("run.fanout.threads_per_run", 65536),
+                                         ("data.probe_workers", 100_000), ("sft.data_workers", 5000)])
+def test_a_thread_or_process_count_past_any_machine_is_refused_at_load(knob: str, value: int):
+    """Before: run.fanout.threads_per_run=1000000 (or 65536) loaded, and the flow process died in
+    torch.set_num_threads with SIGSEGV, no message."""
+    from paravt_core.config import MAX_WORKERS
+
+    with pytest.raises(ConfigError, match=rf"tiny.yaml: {re.escape(knob)}: Input should be less than or equal to "
+                                          f"{MAX_WORKERS}"):
+        load_config(CONF / "pipeline" / "tiny.yaml", [f"{knob}={value}"])
+    assert load_config(CONF / "pipeline" / "tiny.yaml", [f"{knob}={MAX_WORKERS}"])
+
+
+@pytest.mark.parametrize("command", [["tiny-model", "--out", "{tmp}/m"], ["synth", "--out", "{tmp}/s"]])
+@pytest.mark.parametrize("seed", ["-1", str(2**64), "x"])
+def test_a_seed_flag_out_of_range_is_a_usage_error(command, seed: str, tmp_path: Path, capsys):
+    from paravt_core.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([a.format(tmp=tmp_path) for a in command] + ["--seed", seed])
+    assert exit_.value.code == 2
+    assert "is not a seed: give a whole number from 0 to 67,108,863" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

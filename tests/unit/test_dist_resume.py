@@ -138,7 +138,7 @@ def test_a_saved_checkpoint_records_its_files_and_a_replaced_file_is_refused(tmp
 def test_a_tag_is_named_latest_only_once_its_manifest_is_written(tmp_path, monkeypatch):
     from paravt_core import dist
 
-    def interrupted(tag_dir):
+    def interrupted(tag_dir, owner=None):
         raise KeyboardInterrupt  # killed while hashing
 
     monkeypatch.setattr(dist, "write_checkpoint_manifest", interrupted)
@@ -221,3 +221,82 @@ def test_a_kill_while_pruning_never_leaves_a_partial_step_folder(tmp_path, monke
     monkeypatch.undo()
     dist.prune_checkpoints(tmp_path, 1, saved="step0000003")
     assert step_folders(tmp_path) == ["step0000003"]
+
+
+# ----- #61 item 4: resume never destroys, and never loads another stage's or run's tag ----
+
+
+def saved_run(run_dir: Path, steps: list[int], stage: str = "sft") -> Path:
+    """`run_dir/checkpoints` with `steps` saved as the trainers save them (manifest with owner, then `latest`)."""
+    from paravt_core.dist import save
+
+    checkpoints = run_dir / "checkpoints"
+    for step in steps:
+        save(SavingEngine(), checkpoints, step, {"step": step}, stage=stage)
+    return checkpoints
+
+
+def test_a_deleted_latest_resumes_the_newest_finished_step_with_a_warning(tmp_path):
+    """Before: `latest` missing was taken for "no save ever finished" and SFT restarted from step 0."""
+    checkpoints = saved_run(tmp_path / "run", [5, 10])
+    (checkpoints / "latest").unlink()
+    (checkpoints / "step0000015").mkdir()  # an interrupted save's leftovers: no manifest, never a candidate
+    warnings: list[str] = []
+    engine = RecordingEngine()
+    assert resume(engine, checkpoints, warn=warnings.append, stage="sft") == {"step": 10}
+    assert engine.loaded == ["step0000010"]
+    (warning,) = warnings
+    assert f"resuming from {checkpoints / 'step0000010'}" in warning and "latest (missing)" in warning
+    assert (checkpoints / "latest").read_text() == "step0000010"
+
+
+def test_a_deleted_latest_with_no_intact_finished_step_is_an_error_not_a_fresh_start(tmp_path):
+    checkpoints = saved_run(tmp_path / "run", [5])
+    (checkpoints / "latest").unlink()
+    flip_a_byte(checkpoints / "step0000005" / "mp_rank_00_model_states.pt")
+    with pytest.raises(CheckpointError, match=rf"latest \(missing\).*is corrupted.* Delete {checkpoints} to start"):
+        resume(RecordingEngine(), checkpoints, stage="sft")
+
+
+def test_the_manifest_names_the_stage_and_run_that_saved_the_tag(tmp_path):
+    from paravt_core.dist import CHECKPOINT_MANIFEST
+
+    checkpoints = saved_run(tmp_path / "sft-run-1", [2], stage="sft")
+    saved = json.loads((checkpoints / "step0000002" / CHECKPOINT_MANIFEST).read_text())
+    assert saved["stage"] == "sft" and saved["run"] == "sft-run-1" and "mp_rank_00_model_states.pt" in saved["files"]
+
+
+@pytest.mark.parametrize("other_stage, other_run", [("rl", "run"), ("sft", "another-run")])
+def test_latest_naming_another_stages_or_runs_step_falls_back_to_this_runs_older_step(tmp_path, other_stage,
+                                                                                     other_run):
+    """Before: an RL step folder named by an SFT run's `latest` passed the checks and DeepSpeed
+    failed loading it (AttributeError, retried twice)."""
+    checkpoints = saved_run(tmp_path / "run", [2])
+    foreign = saved_run(tmp_path / "elsewhere" / other_run, [4], stage=other_stage)
+    shutil.copytree(foreign / "step0000004", checkpoints / "step0000004")
+    (checkpoints / "latest").write_text("step0000004")
+    warnings: list[str] = []
+    engine = RecordingEngine()
+    assert resume(engine, checkpoints, warn=warnings.append, stage="sft") == {"step": 2}
+    assert engine.loaded == ["step0000002"]
+    assert f"was saved by stage '{other_stage}' of run folder '{other_run}'" in warnings[0]
+    assert "not by this sft run ('run')" in warnings[0]
+
+
+def test_another_stages_step_with_nothing_older_is_refused_naming_it(tmp_path):
+    checkpoints = tmp_path / "run" / "checkpoints"
+    foreign = saved_run(tmp_path / "rl-run", [4], stage="rl")
+    checkpoints.mkdir(parents=True)
+    shutil.copytree(foreign / "step0000004", checkpoints / "step0000004")
+    (checkpoints / "latest").write_text("step0000004")
+    with pytest.raises(CheckpointError, match="saved by stage 'rl' of run folder 'rl-run'"):
+        resume(RecordingEngine(), checkpoints, stage="sft")
+
+
+def test_tags_saved_before_manifests_named_their_owner_still_resume(tmp_path):
+    from paravt_core.dist import CHECKPOINT_MANIFEST, save
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    save(SavingEngine(), checkpoints, 3, {"step": 3})  # no stage: a manifest of files only, as before #61
+    assert "stage" not in json.loads((checkpoints / "step0000003" / CHECKPOINT_MANIFEST).read_text())
+    assert resume(RecordingEngine(), checkpoints, stage="sft") == {"step": 3}

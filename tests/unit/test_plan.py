@@ -190,14 +190,77 @@ def test_eager_attention_adds_the_score_matrices():
     assert eager - sdpa == QWEN3_VL_8B.heads * 8192 * 8192 * 6
 
 
-def test_a_local_model_folder_gives_its_shape(tmp_path):
+def _write_8b_config(folder: Path, section: str = "text_config", key: str = "", value=None) -> Path:
+    """Qwen3-VL-8B's config.json in `folder`, with `section`'s `key` set to `value` when a key is given."""
     text = {"hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
             "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936}
     vision = {"hidden_size": 1152, "depth": 27, "intermediate_size": 4304, "out_hidden_size": 4096,
               "deepstack_visual_indexes": [8, 16, 24], "num_position_embeddings": 2304}
-    (tmp_path / "config.json").write_text(json.dumps({"text_config": text, "vision_config": vision,
-                                                      "tie_word_embeddings": False}))
-    assert model_shape(str(tmp_path)).params == QWEN3_VL_8B.params
+    raw = {"text_config": text, "vision_config": vision, "tie_word_embeddings": False}
+    if key:
+        (raw if section == "" else raw[section])[key] = value
+    (folder / "config.json").write_text(json.dumps(raw))
+    return folder
+
+
+def test_a_local_model_folder_gives_its_shape(tmp_path):
+    assert model_shape(str(_write_8b_config(tmp_path))).params == QWEN3_VL_8B.params
+
+
+# #61 item 2: each field the plan reads, set to a value no model has (negative, zero, fractional, a string,
+# null, past any float's reach); before, the plan said "fits" or raised a traceback.
+@pytest.mark.parametrize("section, key, value", [
+    ("text_config", "hidden_size", -4096), ("text_config", "num_hidden_layers", -36),
+    ("text_config", "hidden_size", 4096.5), ("text_config", "num_attention_heads", 0),
+    ("text_config", "hidden_size", "4096"), ("text_config", "vocab_size", None),
+    pytest.param("text_config", "intermediate_size", 10**400, id="intermediate_size-10^400"),
+    ("text_config", "num_key_value_heads", True),
+    ("text_config", "head_dim", 0), ("vision_config", "depth", -1), ("vision_config", "hidden_size", 1e308),
+    ("vision_config", "num_position_embeddings", -2304), ("vision_config", "out_hidden_size", "big"),
+])
+def test_a_model_dimension_no_model_has_is_refused_naming_the_file_and_key(tmp_path, section, key, value):
+    _write_8b_config(tmp_path, section, key, value)
+    with pytest.raises(PlanError, match=rf"config.json: {section}.{key} is .*not a whole number from 1 to"):
+        model_shape(str(tmp_path))
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("text_config", "num_key_value_heads", 7, "num_attention_heads 32 is not a multiple of num_key_value_heads 7"),
+    ("vision_config", "deepstack_visual_indexes", "8,16", "deepstack_visual_indexes is \"8,16\", not a list"),
+    ("", "tie_word_embeddings", "false", "tie_word_embeddings is \"false\", not true or false"),
+    ("text_config", "vocab_size", "__missing__", "text_config.vocab_size is missing"),
+    ("", "vision_config", [], "no text_config and vision_config objects"),
+])
+def test_a_model_config_whose_parts_disagree_is_refused(tmp_path, section, key, value, message):
+    _write_8b_config(tmp_path, section, key, value)
+    if value == "__missing__":
+        raw = json.loads((tmp_path / "config.json").read_text())
+        del raw[section][key]
+        (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(PlanError, match=message):
+        model_shape(str(tmp_path))
+
+
+def test_paravt_plan_and_preflight_refuse_a_model_that_cannot_exist_in_one_line(tmp_path, capsys, monkeypatch):
+    import paravt_core.preflight as pf
+
+    base = _write_8b_config(tmp_path, "text_config", "num_attention_heads", 0)
+    args = ["--config", CONFIG_8B, "--set", f"model.base={base}"]
+    assert main(["plan", *args, "--gpus", "8", "--gpu-memory-gib", "79"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "text_config.num_attention_heads is 0" in err and "Traceback" not in err
+    monkeypatch.setattr(pf, "system_probes", lambda: pf.Probes(
+        python_version=lambda: (3, 11, 0), cuda=lambda: pf.CudaFacts("2.5.1", "12.4", (H100,) * 8),
+        driver_version=lambda: "560.1", free_disk=lambda path: 10**15, has_module=lambda python, name: True))
+    assert main(["preflight", *args]) == 1
+    assert "FAIL  model shape" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("memory", ["inf", "nan", "-1", "0", "1e300"])
+def test_paravt_plan_refuses_card_memory_no_card_has_with_exit_2(memory, capsys):
+    assert main(["plan", "--config", CONFIG_8B, "--gpus", "8", "--gpu-memory-gib", memory]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-memory-gib a number of GiB above 0" in err and err.count("\n") == 1
 
 
 def test_an_unknown_model_or_a_config_without_its_sections_is_a_plan_error(tmp_path):

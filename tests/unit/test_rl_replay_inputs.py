@@ -70,7 +70,7 @@ def _checkpoint(folder: Path, step: int) -> Path:
 
     tag = folder / f"step{step:07d}"
     tag.mkdir(parents=True)
-    torch.save({"module": {"w": torch.full((64, 64), float(step))}}, tag / "mp_rank_00_model_states.pt")
+    torch.save({"module": {"w": torch.full((64, 64), float(step))}, "step": step}, tag / "mp_rank_00_model_states.pt")
     torch.save({"m": torch.zeros(64, 64)}, tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     write_checkpoint_manifest(tag)
     (folder / "latest").write_text(tag.name)
@@ -157,6 +157,24 @@ def test_a_damaged_or_replaced_checkpoint_is_refused(run, capsys):
     shutil.copy(other / weights.name, weights)
     code, err = _replay(run, 2, capsys)
     assert code == 2 and f"{weights} changed since it was saved" in err
+
+
+def test_another_steps_file_copied_in_with_the_manifest_deleted_is_named(run, capsys):
+    """#61: a step's .pt swapped into another step with its manifest deleted passed the checks,
+    and the replay said "DIFFERENT" instead of naming the file."""
+    from paravt_core.dist import CHECKPOINT_MANIFEST
+
+    tag = run / "checkpoints" / "step0000001"
+    other = _checkpoint(run / "elsewhere", 3)
+    shutil.copy(other / "mp_rank_00_model_states.pt", tag / "mp_rank_00_model_states.pt")
+    (tag / CHECKPOINT_MANIFEST).unlink()
+    code, err = _replay(run, 2, capsys)
+    assert code == 2 and f"{tag / 'mp_rank_00_model_states.pt'} holds the state after step 3, not step 1" in err
+    shutil.copy(other / "zero_pp_rank_0_mp_rank_00_optim_states.pt", tag)  # a file that records no step
+    _checkpoint(run / "checkpoints", 2)  # a sibling with its manifest
+    torch.save({"module": {}, "step": 1}, tag / "mp_rank_00_model_states.pt")
+    code, err = _replay(run, 2, capsys)
+    assert code == 2 and f"{tag / CHECKPOINT_MANIFEST} is missing (the run's other checkpoints have theirs)" in err
 
 
 def test_an_unreadable_job_exits_2_naming_it(run, capsys):

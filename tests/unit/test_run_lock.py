@@ -95,3 +95,23 @@ def test_in_process_flows_refuse_a_busy_output_dir_in_one_line(command, config, 
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"paravt {command}: ") and "in use by another run" in err[0]
+
+
+def test_deleting_the_lock_file_under_a_running_run_does_not_let_a_second_one_in(tmp_path, holder):
+    """#61: the lock was the file's alone; with it deleted, a second run locked a new file and went in."""
+    (tmp_path / "out" / LOCK_FILE).unlink()
+    code = textwrap.dedent(f"""
+        from paravt_core.run_lock import OutputDirBusy, hold_output_dir
+        try:
+            with hold_output_dir({str(tmp_path / "out")!r}, "paravt run"):
+                print("entered")
+        except OutputDirBusy as busy:
+            print("refused:", busy)
+    """)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert second.stdout.startswith(f"refused: {tmp_path / 'out'} is in use by another run"), second
+    holder.kill()
+    holder.wait()
+    with hold_output_dir(tmp_path / "out", "paravt run"):  # the dead holder's locks went with it
+        assert read_holder(tmp_path / "out")["pid"] == os.getpid()

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from paravt_core.seeds import Seed
+
 # Where a planted empty video can go: the training videos, or one benchmark repo's videos
 # (`benchmarks.GENERATED_SPLITS`; videomme_wsub shares videomme's).
 VideoSet = Literal["train", "videomme", "longvideobench", "lvbench", "mlvu", "mmvu", "charades"]
@@ -26,7 +28,7 @@ class SynthConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    seed: int = 0
+    seed: Seed = 0
     train_videos: int = Field(48, ge=4, description="videos behind the SFT and RL shards (>= one per sentinel root)")
     eval_videos_per_split: int = Field(8, ge=1, description="held-out videos per benchmark repo")
     eval_rows_per_split: int = Field(12, ge=1, description="annotation rows per evaluation split")
