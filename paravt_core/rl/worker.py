@@ -155,7 +155,8 @@ class Trainer:
 
         probe = None
         if self.rank == 0:
-            probe = S.draw_probe(self.engine, self.processor.tokenizer, self.rl.temperature, self.cfg.run.seed)
+            probe = S.draw_probe(self.engine, self.processor.tokenizer, self.rl.temperature, self.cfg.run.seed,
+                                 collective_s=S.collective_timeout_s() if self.world > 1 else None)
         if self.world > 1 and dist.is_initialized():
             box = [probe]
             dist.broadcast_object_list(box, src=0)
