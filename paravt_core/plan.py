@@ -49,9 +49,9 @@ The formula (Ψ parameters, N ranks; bytes):
   `gpu_memory_utilization`, else vLLM's own `VLLM_FRACTION`; the evaluation's server leaves it
   to the server: vLLM's default, or `SERVER_FRACTION` when `eval.server` is sglang) and queue
   what does not fit, so a server is over budget only when its pool cannot hold one longest request.
-- The flow process (Prefect's, which runs every task): no GPU memory, since every stage that
-  loads a model runs in a process of its own, so the card is free for the next
-  (`device_ledger.py`); with `eval.engine: hf` the evaluation's model, which it keeps.
+- The flow process (Prefect's, which runs every task) holds no GPU memory: every stage that
+  loads a model runs in a process of its own (`own_process.py`), so the card is free for the
+  next (`device_ledger.py`).
 - Lengths are the protocol's bounds (SPEC §3): frames of at most `video.max_pixels` (16-pixel
   patches, 2x2 merged into a token, `FRAME_TEXT_TOKENS` for its timestamp), the overview's
   largest gated K, every turn generating `max_new_tokens` and every tool round returning
@@ -576,15 +576,13 @@ def _eval_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes:
     return stages
 
 
-def _flow_stage(eval_stages: list[StageMemory], budget: int) -> StageMemory:
-    """The flow process runs every task for the whole run. Every stage that loads a model does so
-    in a process of its own (the grammar check, SFT, RL, the evaluation's server), except the `hf`
-    evaluation (`eval/stage.py`'s `hf_engine`), whose model stays in the flow process to the end."""
-    held = tuple((f"{s.stage} model", s.total) for s in eval_stages if s.stage == "evaluation (hf)")
-    return StageMemory("flow process", "GPU 0, whole run", held, budget,
-                       "evaluate with eval.engine openai (a server process of its own)",
-                       note="what the flow process holds stays beside every later stage on GPU 0 "
-                            "(paravt_core/device_ledger.py)")
+def _flow_stage(budget: int) -> StageMemory:
+    """The flow process runs every task for the whole run and loads no model on a device: the
+    grammar check, SFT, RL and the evaluation (its server, or the `hf` one) run in processes of
+    their own, whose memory returns when they end."""
+    return StageMemory("flow process", "GPU 0, whole run", (), budget,
+                       "run the stage that loads a model in a process of its own (paravt_core/own_process.py)",
+                       note="what it held would stay beside every later stage on GPU 0 (paravt_core/device_ledger.py)")
 
 
 def _fitting_change(cfg: PipelineConfig, shape: ModelShape, budget: int, section: str, stage_of) -> str | None:
@@ -612,8 +610,8 @@ def memory_plan(cfg: PipelineConfig, shape: ModelShape, gpus: int, gpu_bytes: in
         stage = stage_of(cfg, shape, budget)
         change = _fitting_change(cfg, shape, budget, section, stage_of) if stage.over else None
         trained.append(replace(stage, knobs=f"{change}; otherwise {stage.knobs}") if change else stage)
-    evaluation = _eval_stages(cfg, shape, budget, gpu_bytes)
-    stages = [_flow_stage(evaluation, budget), *trained, *_rollout_stages(cfg, shape, budget, gpu_bytes), *evaluation]
+    stages = [_flow_stage(budget), *trained,
+              *_rollout_stages(cfg, shape, budget, gpu_bytes), *_eval_stages(cfg, shape, budget, gpu_bytes)]
     problems = []
     vl, longest = cfg.rl.rollout.vllm, rl_trajectory_tokens(cfg)[0]
     if cfg.rl.rollout.engine == "vllm" and vl.url is None and vl.max_model_len and vl.max_model_len < longest:

@@ -7,9 +7,9 @@ call block parses and asks for a window inside the video, and the episode ends w
 `<answer>...</answer>` turn (think -> tool calls -> ... -> answer, or think -> answer).
 
 The check loads each model on a GPU where there is one, so it runs in a process of its own
-(`run_in_own_process`: `grammar_worker.py`, launched as a one-rank job by `dist.launch_workers`)
-and that memory is returned when it ends: in the flow process PyTorch's caching allocator would
-keep it for the whole run, beside RL rank 0 on the same card (`paravt_core/device_ledger.py`).
+(`run_in_own_process`, `paravt_core/own_process.py`) and that memory is returned when it ends:
+in the flow process PyTorch's caching allocator would keep it for the whole run, beside RL
+rank 0 on the same card (`paravt_core/device_ledger.py`).
 """
 
 from __future__ import annotations
@@ -169,11 +169,8 @@ def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, 
     return {"base": base, "sft": grammar_report(sft_dir, prompts, cfg, undecodable)}
 
 
-WORKER = Path(__file__).with_name("grammar_worker.py")
-
-
 class GrammarJob(BaseModel):
-    """What `grammar_worker.py` runs: `run`'s arguments and where its reports go."""
+    """`run`'s arguments, as `run_job` gets them in the check's own process."""
 
     config: PipelineConfig
     base_dir: Path
@@ -181,7 +178,6 @@ class GrammarJob(BaseModel):
     sft_rows_dir: Path
     eval_dir: Path
     per_split: int = PER_SPLIT
-    reports_file: Path
 
 
 def reports_to_json(reports: dict[str, GrammarReport]) -> str:
@@ -193,6 +189,13 @@ def reports_from_json(text: str) -> dict[str, GrammarReport]:
             for name, fields in json.loads(text).items()}
 
 
+def run_job(job: str) -> str:
+    """`run` of a `GrammarJob` (JSON), its reports as JSON: the check's own process calls it."""
+    spec = GrammarJob.model_validate_json(job)
+    return reports_to_json(run(spec.config, spec.base_dir, spec.sft_dir, spec.sft_rows_dir, spec.eval_dir,
+                               spec.per_split))
+
+
 def run_in_own_process(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, eval_dir: Path,
                        work_dir: Path, log_line: Callable[[str], None] = print,
                        per_split: int = PER_SPLIT) -> dict[str, GrammarReport]:
@@ -202,17 +205,10 @@ def run_in_own_process(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_r
     Raises:
         RuntimeError: the check's process failed (the message holds its last lines).
     """
-    from paravt_core.atomic import atomic_write_text
-    from paravt_core.dist import launch_workers
+    from paravt_core.own_process import call_in_own_process
 
     held_out_samples(eval_dir, per_split)
-    work_dir = Path(work_dir).resolve()
-    work_dir.mkdir(parents=True, exist_ok=True)
-    reports_file = work_dir / "grammar_reports.json"
-    reports_file.unlink(missing_ok=True)  # a report of an earlier attempt is not this one's
     job = GrammarJob(config=cfg, base_dir=Path(base_dir).resolve(), sft_dir=Path(sft_dir).resolve(),
-                     sft_rows_dir=Path(sft_rows_dir).resolve(), eval_dir=Path(eval_dir).resolve(),
-                     per_split=per_split, reports_file=reports_file)
-    job_file = atomic_write_text(work_dir / "grammar_job.json", job.model_dump_json(indent=1))
-    launch_workers(WORKER, ["--job", str(job_file)], 1, log_line=log_line)
-    return reports_from_json(reports_file.read_text())
+                     sft_rows_dir=Path(sft_rows_dir).resolve(), eval_dir=Path(eval_dir).resolve(), per_split=per_split)
+    return reports_from_json(call_in_own_process("paravt_core.sft.grammar:run_job", job.model_dump_json(), work_dir,
+                                                 log_line))
