@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import re
 import sys
 from collections.abc import Callable
@@ -48,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", required=True)
     parser.add_argument("--local_rank", type=int, default=0)  # launch_workers gives every rank one
     args = parser.parse_args(argv)
+    # The library's log lines, which the flow process shows (PREFECT_LOGGING_EXTRA_LOGGERS), reach
+    # it as output lines.
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("paravt_core").addHandler(handler)
+    logging.getLogger("paravt_core").setLevel(logging.INFO)
     spec = json.loads(Path(args.job).read_text())
     module, function = spec["target"].split(":")
     atomic_write_text(spec["result"], getattr(importlib.import_module(module), function)(spec["job"]))

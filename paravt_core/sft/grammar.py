@@ -99,10 +99,9 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
 
     from paravt_core.agent.hf_engine import HFEngine
     from paravt_core.agent.rollout import run_dropping_undecodable, run_episodes
+    from paravt_core.device_ledger import declare_stage
     from paravt_core.dist import training_dtype
     from paravt_core.model.loading import load_model, load_processor
-
-    from paravt_core.device_ledger import declare_stage
 
     undecodable = set() if undecodable is None else undecodable
     on_gpu = torch.cuda.is_available()
