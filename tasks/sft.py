@@ -42,15 +42,19 @@ def _grammar_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 @task(name="sft-grammar", persist_result=True, cache_key_fn=_grammar_key)
 def sft_grammar(cfg: PipelineConfig, base: ArtifactRef, sft_model: ArtifactRef, data) -> dict[str, Any]:
     """Share of held-out greedy episodes that follow the response grammar, before and after SFT;
-    "set_aside": [prompt id, why] of held-out samples whose video did not decode."""
+    "set_aside": [prompt id, why] of held-out samples whose video did not decode. The check runs
+    in a process of its own, so no model stays in the flow process (`sft/grammar.py`)."""
     from paravt_core.sft import grammar
     from paravt_core.tracking import MetricLogger
 
-    reports = grammar.run(cfg, base.path, sft_model.path, data.sft.path, data.eval.path)
+    log = get_run_logger()
+    run_dir = sft_stage.run_dir(cfg, base, data.sft, extra=sft_replay(cfg))
+    reports = grammar.run_in_own_process(cfg, base.path, sft_model.path, data.sft.path, data.eval.path,
+                                         run_dir / "grammar", log_line=lambda line: log.info(line))
     out = {f"grammar_rate_{k}": r.rate for k, r in reports.items()}
     out |= {f"tool_use_rate_{k}": r.used_tools / max(1, r.episodes) for k, r in reports.items()}
-    run_id_file = sft_stage.run_dir(cfg, base, data.sft, extra=sft_replay(cfg)) / "mlflow_run_id"
+    run_id_file = run_dir / "mlflow_run_id"
     if run_id_file.is_file():
         MetricLogger(cfg.mlflow_uri(), run_id_file.read_text().strip()).log(cfg.sft.max_steps, out)
-    get_run_logger().info("grammar on %d held-out prompts: %s", reports["sft"].episodes, out)
+    log.info("grammar on %d held-out prompts: %s", reports["sft"].episodes, out)
     return {**out, "set_aside": [list(entry) for entry in reports["sft"].set_aside]}

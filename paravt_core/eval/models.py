@@ -65,10 +65,14 @@ def _aliased_version(cfg: PipelineConfig, alias: str) -> registry.ModelVersion:
 
 
 def downloaded_version(cfg: PipelineConfig, version: registry.ModelVersion) -> ArtifactRef:
-    """The version's model folder on local disk, downloaded once and hash-checked."""
+    """The version's model folder on local disk, hash-checked: the registered folder itself where
+    the version was registered by reference (`registry`), else downloaded once."""
     target = cfg.run.output_dir / "eval" / "models" / f"{version.name}-v{version.version}"
-    folder = target / "model"
-    if not (folder.is_dir() and content_hash(folder) == version.checkpoint_sha256):
+    folder = registry.local_source(version) or target / "model"
+    if folder != target / "model" and not folder.is_dir():
+        raise ModelReferenceError(f"{version.name} v{version.version} was registered as the folder {folder}, which "
+                                  "no longer exists: run the stage that wrote it again, or pass a model folder")
+    if folder == target / "model" and not (folder.is_dir() and content_hash(folder) == version.checkpoint_sha256):
         shutil.rmtree(target, ignore_errors=True)
         with atomic_dir(target) as tmp:
             registry.download_version(cfg.mlflow_uri(), version, tmp)
@@ -76,7 +80,8 @@ def downloaded_version(cfg: PipelineConfig, version: registry.ModelVersion) -> A
     if version.checkpoint_sha256 and sha256 != version.checkpoint_sha256:
         raise ModelReferenceError(
             f"{version.name} v{version.version}: the downloaded checkpoint hashes to {sha256[:12]}, not the "
-            f"registered {version.checkpoint_sha256[:12]}; the artifact store is inconsistent")
+            f"registered {version.checkpoint_sha256[:12]}; the artifact store is inconsistent (a folder registered "
+            "by reference was changed after registration: run its stage again)")
     return ArtifactRef(kind="model", path=folder.resolve(), sha256=sha256)
 
 

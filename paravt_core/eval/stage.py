@@ -48,6 +48,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from paravt_core.atomic import atomic_write_text
 from paravt_core.config import KNOWN_SPLITS, EvalConfig, PipelineConfig
 from paravt_core.eval.evaluator import (
@@ -234,8 +236,10 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef, served: Served | None =
         except ServerRenderingMismatch as exc:
             raise EvalError(f"the server does not render prompts as {model.path} does: {exc}") from exc
         return OpenAISampleRunner(client, processor, settings)
+    from paravt_core.device_ledger import declare_stage
     from paravt_core.model.loading import model_speed_options
 
+    declare_stage("evaluation (hf)", "evaluation (hf)", cfg, model.path)
     engine, processor = hf_engine(model, cfg.model.dtype, cfg.eval.hf_batch_tokens,
                                   **model_speed_options(cfg.model))
     return HFSampleRunner(engine, processor, settings)
@@ -325,6 +329,37 @@ def run(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, label: 
     logger.info("eval %s: average %.3f over %d splits; results in %s", label, report.average, len(runs),
                 report.results_dir)
     return report
+
+
+class EvalJob(BaseModel):
+    """`run`'s arguments, as `run_job` gets them in the evaluation's own process."""
+
+    config: PipelineConfig
+    model: ArtifactRef
+    eval_data: ArtifactRef
+    label: str
+    splits: tuple[str, ...]
+
+
+def run_job(job: str) -> str:
+    """`run` of an `EvalJob` (JSON), its report as JSON; its server's lines printed."""
+    spec = EvalJob.model_validate_json(job)
+    report = run(spec.config, spec.model, spec.eval_data, spec.label, spec.splits, progress=False,
+                 notify=lambda line: print(line, flush=True))
+    return report.model_dump_json()
+
+
+def run_in_own_process(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, label: str,
+                       splits: Sequence[str] | None = None, log_line: Callable[[str], None] = print) -> EvalReport:
+    """`run` in a process of its own (`paravt_core/own_process.py`), so the model an `hf`
+    evaluation loads onto a GPU (kept for the process's life, `hf_engine`) is returned when it
+    ends rather than held in the flow process beside the next stage; its lines go to `log_line`."""
+    from paravt_core.own_process import call_in_own_process
+
+    job = EvalJob(config=cfg, model=model, eval_data=eval_data, label=label, splits=tuple(splits or cfg.eval.splits))
+    work_dir = cfg.run.output_dir / "eval" / "jobs" / f"{label}-{model.sha256[:12]}-{results_config_hash(cfg)}"
+    return EvalReport.model_validate_json(call_in_own_process("paravt_core.eval.stage:run_job", job.model_dump_json(),
+                                                              work_dir, log_line))
 
 
 def log_to_mlflow(cfg: PipelineConfig, report: EvalReport, model: ArtifactRef) -> str:

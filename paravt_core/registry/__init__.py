@@ -1,10 +1,13 @@
 """Checkpoints as MLflow model versions with lineage tags and aliases.
 
-A checkpoint folder is logged once as the artifacts of a registration run and becomes a
-model version whose source is that run's `model` folder (`runs:/<id>/model`); MLflow's
-`register_model` on a plain artifact folder fails, `create_model_version` with a runs:/
-source works. Registering a checkpoint whose content hash is already registered returns
-the existing version, so weights are stored once.
+A checkpoint becomes a model version of a registration run. In a local tracking store (the
+default SQLite database in `run.output_dir`) the version's source is the checkpoint folder
+itself: registering copies nothing (an 8B model is ~17.5 GB), and the weights stay where the
+stage wrote them, under `run.output_dir`. In any other store (an MLflow server, which cannot
+read this machine's folders) the folder is logged once as the run's `model` artifacts and the
+version's source is `runs:/<id>/model` (`create_model_version` takes that source; MLflow's
+`register_model` on a plain artifact folder fails). Registering a checkpoint whose content hash
+is already registered returns the existing version, so weights are stored once.
 
 Tags on every version: stage, parent_version, data_sha256, config_hash, git_revision,
 checkpoint_sha256. Aliases: `sft`, `candidate` (the latest RL checkpoint) and `champion`
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.refs import ArtifactRef
-from paravt_core.tracking import retry_when_busy
+from paravt_core.tracking import experiment_id, local_store_dir, retry_when_busy
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +88,7 @@ def register_checkpoint(
         except MlflowException as err:
             if "already exists" not in str(err).lower() and "RESOURCE_ALREADY_EXISTS" not in str(err):
                 raise
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+        exp_id = experiment_id(client, experiment, tracking_uri)
         tags = {
             "stage": stage,
             "parent_version": parent_version or "",
@@ -97,10 +99,13 @@ def register_checkpoint(
         }
         run_tags = {**tags, "stage": "register", "checkpoint_stage": stage}  # not a training run of that stage
         run = client.create_run(exp_id, run_name=f"register-{stage}", tags=run_tags)
-        client.log_artifacts(run.info.run_id, str(Path(checkpoint.path)), artifact_path="model")
+        if local_store_dir(tracking_uri) is not None:  # by reference (module docstring)
+            source = str(Path(checkpoint.path).resolve())
+        else:
+            client.log_artifacts(run.info.run_id, str(Path(checkpoint.path)), artifact_path="model")
+            source = f"runs:/{run.info.run_id}/model"
         client.set_terminated(run.info.run_id)
-        mv = client.create_model_version(name, source=f"runs:/{run.info.run_id}/model", run_id=run.info.run_id,
-                                         tags=tags)
+        mv = client.create_model_version(name, source=source, run_id=run.info.run_id, tags=tags)
         existing = ModelVersion(name, str(mv.version), mv.source, run.info.run_id, checkpoint.sha256)
     if alias:
         client.set_registered_model_alias(name, alias, existing.version)
@@ -117,6 +122,11 @@ def version_by_alias(tracking_uri: str, name: str, alias: str) -> ModelVersion |
     except MlflowException:
         return None
     return ModelVersion(name, str(mv.version), mv.source, mv.run_id, mv.tags.get("checkpoint_sha256", ""))
+
+
+def local_source(version: ModelVersion) -> Path | None:
+    """The checkpoint folder of a version registered by reference (module docstring), else None."""
+    return Path(version.source) if version.source.startswith("/") else None
 
 
 def download_version(tracking_uri: str, version: ModelVersion, dst: Path) -> Path:

@@ -19,6 +19,11 @@ Tolerance, per token in nats (`rl.served_logprob_tolerance` overrides):
 - bfloat16: 0.1. Set, not measured: bf16 kernels of server and trainer differ by a few
   hundredths per token; raise it with `rl.served_logprob_tolerance` if a GPU run stops
   here with a gap well below a wrong model's.
+
+While rank 0 waits for the probe's answer the other ranks wait in a collective (the probe's
+broadcast). The probe's HTTP timeout is therefore kept below that collective's timeout
+(`probe_timeout_s`): a server that does not answer fails rank 0 with an error naming the
+server, before the other ranks fail with one naming only NCCL or gloo.
 """
 
 from __future__ import annotations
@@ -33,6 +38,21 @@ from paravt_core.agent.engine import GenerationRequest, RolloutEngine, SamplingP
 PROBE_TEXT = "PARAVT-POLICY-PROBE. Describe what happens in the video, in temporal order."
 PROBE_NEW_TOKENS = 8
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+PROBE_SHARE_OF_COLLECTIVE = 0.9  # of the collective timeout the probe may wait: its error comes first
+
+
+def collective_timeout_s() -> float:
+    """The timeout of the ranks' collectives: `dist.init_distributed` passes none, so DeepSpeed's
+    `default_pg_timeout` applies (DEEPSPEED_TIMEOUT minutes; 10 by default in deepspeed 0.19.8)."""
+    from deepspeed.constants import default_pg_timeout
+
+    return default_pg_timeout.total_seconds()
+
+
+def probe_timeout_s(request_timeout_s: float, collective_s: float) -> float:
+    """The probe's HTTP timeout: the rollout requests' (`rl.rollout.<engine>.request_timeout_s`,
+    3600 s by default), cut to below the collective timeout the other ranks wait in."""
+    return min(request_timeout_s, PROBE_SHARE_OF_COLLECTIVE * collective_s)
 
 
 class ServedPolicyMismatch(RuntimeError):
@@ -48,11 +68,20 @@ class PolicyProbe:
     served_logprobs: list[float]
 
 
-def draw_probe(engine: RolloutEngine, tokenizer: Any, temperature: float, seed: int) -> PolicyProbe:
-    """The server's sample after `PROBE_TEXT`, with its log-probabilities at `temperature`."""
+def draw_probe(engine: RolloutEngine, tokenizer: Any, temperature: float, seed: int,
+               collective_s: float | None = None) -> PolicyProbe:
+    """The server's sample after `PROBE_TEXT`, with its log-probabilities at `temperature`; with
+    `collective_s`, its HTTP requests time out within `probe_timeout_s` of it (module docstring)."""
     prompt = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
     params = SamplingParams(max_new_tokens=PROBE_NEW_TOKENS, temperature=temperature, seed=seed)
-    (generation,) = engine.generate([GenerationRequest(list(prompt))], params)
+    served_timeout = getattr(engine, "timeout_s", None)  # the HTTP engines' per-request timeout
+    if collective_s is not None and served_timeout is not None:
+        engine.timeout_s = probe_timeout_s(served_timeout, collective_s)
+    try:
+        (generation,) = engine.generate([GenerationRequest(list(prompt))], params)
+    finally:
+        if served_timeout is not None:
+            engine.timeout_s = served_timeout
     return PolicyProbe(list(prompt), list(generation.token_ids), list(generation.logprobs))
 
 

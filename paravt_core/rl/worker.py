@@ -57,6 +57,7 @@ class Trainer:
 
         from paravt_core import dist as pdist
         from paravt_core.agent.tags import TagLocator
+        from paravt_core.device_ledger import declare_stage
         from paravt_core.memory import record_memory
         from paravt_core.model.loading import load_model, load_processor, model_speed_options
         from paravt_core.rl.contracts import TokenLayout
@@ -66,6 +67,8 @@ class Trainer:
 
         self.job, self.cfg, self.rl = job, job.config, job.config.rl
         self.rank, self.world, self.device = pdist.init_distributed()
+        # The device ledger (rehearsals): this rank holds the plan's RL policy pass row on its card.
+        declare_stage(f"RL rank {self.rank}", "RL policy pass", self.cfg, job.init_model)
         torch.manual_seed(self.cfg.run.seed)
         on_gpu = self.device.startswith("cuda")
         ds_config = pdist.rl_deepspeed_config(self.cfg, on_gpu=on_gpu)
@@ -152,7 +155,8 @@ class Trainer:
 
         probe = None
         if self.rank == 0:
-            probe = S.draw_probe(self.engine, self.processor.tokenizer, self.rl.temperature, self.cfg.run.seed)
+            probe = S.draw_probe(self.engine, self.processor.tokenizer, self.rl.temperature, self.cfg.run.seed,
+                                 collective_s=S.collective_timeout_s() if self.world > 1 else None)
         if self.world > 1 and dist.is_initialized():
             box = [probe]
             dist.broadcast_object_list(box, src=0)

@@ -5,6 +5,11 @@ training rows' system prompt) are rolled out greedily with the agentic protocol.
 episode follows the grammar when every main-agent turn closes its `<think>`, every tool
 call block parses and asks for a window inside the video, and the episode ends with an
 `<answer>...</answer>` turn (think -> tool calls -> ... -> answer, or think -> answer).
+
+The check loads each model on a GPU where there is one, so it runs in a process of its own
+(`run_in_own_process`, `paravt_core/own_process.py`) and that memory is returned when it ends:
+in the flow process PyTorch's caching allocator would keep it for the whole run, beside RL
+rank 0 on the same card (`paravt_core/device_ledger.py`).
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import json
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from paravt_core.agent.prompts import EpisodePrompt
 from paravt_core.agent.rollout import Episode
@@ -92,11 +99,13 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
 
     from paravt_core.agent.hf_engine import HFEngine
     from paravt_core.agent.rollout import run_dropping_undecodable, run_episodes
+    from paravt_core.device_ledger import declare_stage
     from paravt_core.dist import training_dtype
     from paravt_core.model.loading import load_model, load_processor
 
     undecodable = set() if undecodable is None else undecodable
     on_gpu = torch.cuda.is_available()
+    declare_stage("SFT grammar check", "SFT grammar check", cfg, model_dir)
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype=training_dtype(cfg.model.dtype, on_gpu), device="cuda" if on_gpu else "cpu",
                        attn_implementation=cfg.model.attn_implementation)
@@ -119,18 +128,15 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
 PER_SPLIT = 8  # held-out prompts per eval split (the memory plan counts them: paravt_core/plan.py)
 
 
-def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, eval_dir: Path,
-        per_split: int = PER_SPLIT) -> dict[str, GrammarReport]:
-    """Grammar of the base and SFT checkpoints on held-out eval-split questions.
+def held_out_samples(eval_dir: Path, per_split: int = PER_SPLIT) -> list:
+    """The first `per_split` samples with a video of each prepared eval split.
 
-    The first `per_split` samples of each of the seven splits with a video: 56 prompts on the
-    embedded default, enough that one episode moves the rate by under 2 points.
+    Raises:
+        NoHeldOutPrompts: there is none (said before any model loads).
     """
     from paravt_core.config import EVAL_SPLITS
     from paravt_core.eval.prepared import load_split_file
-    from paravt_core.sft.dataset import read_sft_rows
 
-    rows = read_sft_rows(sorted(Path(sft_rows_dir).glob("*.parquet")))
     samples = []
     for split in EVAL_SPLITS:
         split_json = Path(eval_dir) / split / "split.json"
@@ -142,7 +148,66 @@ def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, 
         raise NoHeldOutPrompts(f"SFT grammar check: no held-out prompt: no benchmark split prepared under {eval_dir} "
                                f"(found: {prepared or 'none'}) has a sample whose video is there; eval.splits must "
                                f"name at least one of {list(EVAL_SPLITS)} and the data stage must fetch its videos")
+    return samples
+
+
+def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, eval_dir: Path,
+        per_split: int = PER_SPLIT) -> dict[str, GrammarReport]:
+    """Grammar of the base and SFT checkpoints on held-out eval-split questions, in this process.
+
+    The first `per_split` samples of each of the seven splits with a video: 56 prompts on the
+    embedded default, enough that one episode moves the rate by under 2 points.
+    """
+    from paravt_core.sft.dataset import read_sft_rows
+
+    samples = held_out_samples(eval_dir, per_split)
+    rows = read_sft_rows(sorted(Path(sft_rows_dir).glob("*.parquet")))
     prompts = held_out_prompts(rows, samples)
     undecodable: set[str] = set()  # a video that fails for the base model is skipped for the SFT one
     base = grammar_report(base_dir, prompts, cfg, undecodable)
     return {"base": base, "sft": grammar_report(sft_dir, prompts, cfg, undecodable)}
+
+
+class GrammarJob(BaseModel):
+    """`run`'s arguments, as `run_job` gets them in the check's own process."""
+
+    config: PipelineConfig
+    base_dir: Path
+    sft_dir: Path
+    sft_rows_dir: Path
+    eval_dir: Path
+    per_split: int = PER_SPLIT
+
+
+def reports_to_json(reports: dict[str, GrammarReport]) -> str:
+    return json.dumps({name: asdict(report) for name, report in reports.items()}, indent=1)
+
+
+def reports_from_json(text: str) -> dict[str, GrammarReport]:
+    return {name: GrammarReport(**{**fields, "set_aside": tuple(tuple(entry) for entry in fields["set_aside"])})
+            for name, fields in json.loads(text).items()}
+
+
+def run_job(job: str) -> str:
+    """`run` of a `GrammarJob` (JSON), its reports as JSON: the check's own process calls it."""
+    spec = GrammarJob.model_validate_json(job)
+    return reports_to_json(run(spec.config, spec.base_dir, spec.sft_dir, spec.sft_rows_dir, spec.eval_dir,
+                               spec.per_split))
+
+
+def run_in_own_process(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, eval_dir: Path,
+                       work_dir: Path, log_line: Callable[[str], None] = print,
+                       per_split: int = PER_SPLIT) -> dict[str, GrammarReport]:
+    """`run` in a process of its own (module docstring), its job and reports kept in `work_dir`;
+    its output lines go to `log_line`. Missing held-out samples are said here, before any launch.
+
+    Raises:
+        RuntimeError: the check's process failed (the message holds its last lines).
+    """
+    from paravt_core.own_process import call_in_own_process
+
+    held_out_samples(eval_dir, per_split)
+    job = GrammarJob(config=cfg, base_dir=Path(base_dir).resolve(), sft_dir=Path(sft_dir).resolve(),
+                     sft_rows_dir=Path(sft_rows_dir).resolve(), eval_dir=Path(eval_dir).resolve(), per_split=per_split)
+    return reports_from_json(call_in_own_process("paravt_core.sft.grammar:run_job", job.model_dump_json(), work_dir,
+                                                 log_line))

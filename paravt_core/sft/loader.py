@@ -128,6 +128,9 @@ def _as_is(item: MicroBatch) -> MicroBatch:
     return item
 
 
+PREFETCH_FACTOR = 2  # micro-batches each worker keeps ready (the pre-flight counts their /dev/shm)
+
+
 def micro_batches(plan: MicroBatchPlan, workers: int, pin_memory: bool = False) -> Iterator[MicroBatch]:
     """The plan's micro-batches in order: encoded here (`workers` 0) or by forked worker processes,
     each keeping two micro-batches ready; in page-locked memory when `pin_memory` (a CUDA run's
@@ -139,5 +142,5 @@ def micro_batches(plan: MicroBatchPlan, workers: int, pin_memory: bool = False) 
     from torch.utils.data import DataLoader
 
     loader = DataLoader(plan, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_as_is,
-                        prefetch_factor=2, multiprocessing_context="fork", pin_memory=pin_memory)
+                        prefetch_factor=PREFETCH_FACTOR, multiprocessing_context="fork", pin_memory=pin_memory)
     yield from loader

@@ -73,6 +73,7 @@ def train(job: SFTJob) -> None:
     from paravt_core import dist as pdist
     from paravt_core.atomic import atomic_write_text
     from paravt_core.collectives import CheckedCollectives
+    from paravt_core.device_ledger import declare_stage
     from paravt_core.memory import record_memory
     from paravt_core.model.loading import load_model, load_processor
     from paravt_core.model.positions import HostPositions
@@ -85,6 +86,8 @@ def train(job: SFTJob) -> None:
     cfg = job.config
     sft = cfg.sft
     rank, world, device = pdist.init_distributed()
+    # The device ledger (rehearsals): this rank holds the plan's SFT row on its card.
+    declare_stage(f"SFT rank {rank}", "SFT", cfg, job.base_model)
     collectives = CheckedCollectives(device)
     torch.manual_seed(cfg.run.seed)
     on_gpu = device.startswith("cuda")

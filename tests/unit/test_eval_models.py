@@ -22,19 +22,40 @@ def register(cfg: PipelineConfig, ckpt: ArtifactRef, alias: str) -> registry.Mod
                                         git_revision="g", alias=alias)
 
 
-def test_aliases_and_versions_resolve_to_hash_checked_downloads(cfg, tmp_path, fake_checkpoint):
+def test_aliases_and_versions_resolve_to_the_registered_folders_hash_checked(cfg, tmp_path, fake_checkpoint):
+    """The local store registers by reference (#60 finding 5): the version is its folder, not a copy."""
     sft = register(cfg, fake_checkpoint(tmp_path / "sft", "weights-1"), "sft")
     rl = register(cfg, fake_checkpoint(tmp_path / "rl", "weights-2"), "champion")
 
     by_alias = resolve_model(cfg, "champion")
     assert (by_alias.label, by_alias.version) == ("champion", rl.version)
     assert by_alias.artifact.sha256 == rl.checkpoint_sha256 == content_hash(by_alias.artifact.path)
-    assert by_alias.artifact.path.is_relative_to((cfg.run.output_dir / "eval" / "models").resolve())
+    assert by_alias.artifact.path == (tmp_path / "rl").resolve()
 
     by_number = resolve_model(cfg, sft.version)
     assert (by_number.label, by_number.version) == (f"v{sft.version}", sft.version)
     assert by_number.artifact.sha256 == sft.checkpoint_sha256
+    assert not (cfg.run.output_dir / "eval" / "models").exists()  # nothing copied
 
+
+def test_a_registered_folder_changed_or_gone_is_refused(cfg, tmp_path, fake_checkpoint):
+    import shutil
+
+    register(cfg, fake_checkpoint(tmp_path / "rl", "weights-2"), "champion")
+    (tmp_path / "rl" / "config.json").write_text('{"model": "other"}')
+    with pytest.raises(ModelReferenceError, match="hashes to .* registered by reference was changed"):
+        resolve_model(cfg, "champion")
+    shutil.rmtree(tmp_path / "rl")
+    with pytest.raises(ModelReferenceError, match=r"registered as the folder .*rl, which no longer exists"):
+        resolve_model(cfg, "champion")
+
+
+def test_a_version_uploaded_to_a_server_is_downloaded_once(cfg, tmp_path, fake_checkpoint, monkeypatch):
+    monkeypatch.setattr(registry, "local_store_dir", lambda uri: None)  # as for an MLflow server
+    rl = register(cfg, fake_checkpoint(tmp_path / "rl", "weights-2"), "champion")
+    by_alias = resolve_model(cfg, "champion")
+    assert by_alias.artifact.sha256 == rl.checkpoint_sha256
+    assert by_alias.artifact.path.is_relative_to((cfg.run.output_dir / "eval" / "models").resolve())
     weights = by_alias.artifact.path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
     assert resolve_model(cfg, "champion") == by_alias and weights.stat().st_mtime_ns == stamp  # no second download

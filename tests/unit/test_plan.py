@@ -80,8 +80,25 @@ def test_the_plan_reads_at_most_10_percent_above_the_measured_peaks_and_never_be
 def test_the_8b_config_as_shipped_fits_one_node_of_eight_h100s():
     plan = _plan()
     assert plan.fits, plan.refusals
-    assert {s.stage for s in plan.stages} == {"SFT", "RL policy pass", "RL rollout server (vLLM)",
+    assert {s.stage for s in plan.stages} == {"flow process", "SFT", "RL policy pass", "RL rollout server (vLLM)",
                                               "SFT grammar check (hf)", "evaluation server"}
+
+
+def test_the_flow_process_has_a_row_and_holds_no_gpu_memory():
+    """#60 finding 1: the plan had no row for the flow process; every stage that loads a model
+    (the `hf` evaluation too) does so in a process of its own."""
+    for overrides in ([], ["eval.engine=hf"]):
+        assert _stage(_plan(overrides), "flow process").total == 0
+
+
+def test_the_evaluation_server_is_planned_at_vllms_default_fraction_unless_sglang_is_asked():
+    """#60 finding 7: vLLM's default gpu_memory_utilization is 0.92 (vllm/config/cache.py of
+    vllm 0.32.0, the pinned GPU version), not 0.90."""
+    from paravt_core.plan import SERVER_FRACTION, VLLM_FRACTION
+
+    assert VLLM_FRACTION == 0.92
+    for server, fraction in (("auto", VLLM_FRACTION), ("vllm", VLLM_FRACTION), ("sglang", SERVER_FRACTION)):
+        assert _stage(_plan([f"eval.server={server}"]), "evaluation server").budget == int(fraction * H100)
 
 
 def test_the_8b_configs_former_rl_values_are_refused_naming_the_knobs():
@@ -149,9 +166,9 @@ def test_the_shipped_vllm_rollout_server_is_planned_on_its_own_gpu():
     stage = _stage(_plan(), "RL rollout server (vLLM)")
     assert stage.where == "server GPU(s) [7]" and stage.budget == int(0.85 * H100)
     assert dict(stage.parts)["weights"] == 2 * QWEN3_VL_8B.params and "17 episodes" in stage.note  # at 79 GiB
-    # vLLM's own 0.9 when the config leaves it unset
+    # vLLM's own 0.92 when the config leaves it unset
     assert _stage(_plan(["rl.rollout.vllm.gpu_memory_utilization=null"]), "RL rollout server (vLLM)").budget == \
-        int(0.9 * H100)
+        int(0.92 * H100)
 
 
 def test_a_colocated_vllm_server_keeps_its_pool_beside_rank_0s_trainer():

@@ -23,7 +23,8 @@ EIGHT_H100 = CudaFacts("2.14.1+cu130", "13.0", (79 * GIB,) * 8)
 def ready(**changes) -> Probes:
     """A machine with all the 8B run needs; `changes` replace probes."""
     probes = Probes(python_version=lambda: (3, 12, 3), cuda=lambda: EIGHT_H100, driver_version=lambda: "580.159.04",
-                    free_disk=lambda path: 4 * 10**12, has_module=lambda python, name: True)
+                    free_disk=lambda path: 4 * 10**12, has_module=lambda python, name: True,
+                    free_shm=lambda: 64 * 10**9)
     return dataclasses.replace(probes, **changes)
 
 
@@ -35,8 +36,8 @@ def failed(probes: Probes, overrides: list[str] = ()) -> dict[str, pf.Check]:
 def test_a_ready_machine_passes_every_check_and_plans_the_run():
     report = run_preflight(load_config(CONFIG_8B), ready())
     assert report.ok, report.format()
-    assert [c.name for c in report.checks] == ["python", "cuda", "gpu count", "driver", "disk", "deepspeed",
-                                               "rollout server", "serve venv", "memory plan"]
+    assert [c.name for c in report.checks] == ["python", "cuda", "gpu count", "driver", "disk", "shared memory",
+                                               "deepspeed", "rollout server", "serve venv", "memory plan"]
     assert report.plan is not None and report.plan.fits
 
 
@@ -101,7 +102,7 @@ def test_paravt_preflight_lists_what_is_missing_and_exits_1(monkeypatch, capsys)
                                                            free_disk=lambda path: 10**9))
     assert main(["preflight", "--config", CONFIG_8B]) == 1
     captured = capsys.readouterr()
-    assert "FAIL  driver" in captured.out and "FAIL  disk" in captured.out and "2 of 9 checks failed" in captured.out
+    assert "FAIL  driver" in captured.out and "FAIL  disk" in captured.out and "2 of 10 checks failed" in captured.out
     assert "not ready" in captured.err
 
 
@@ -197,3 +198,37 @@ def test_the_evaluations_own_servers_need_the_server_asked_for():
     problems = failed(only_vllm, ["eval.server=sglang"])
     assert set(problems) == {"serve venv"} and "sglang asked" in problems["serve venv"].detail
     assert failed(only_vllm) == {}  # auto: vLLM will do
+
+
+DOCKER_DEFAULT_SHM = 64 * 2**20
+
+
+def test_dockers_default_shared_memory_fails_the_8b_config_naming_the_fix():
+    """#60 finding 4: SFT's data workers (8 ranks x 4 workers x 2 ready micro-batches of 64 frames
+    of 50,176 float32 pixels x 3 channels) and NCCL pass through /dev/shm; Docker gives 64 MB."""
+    from paravt_core.preflight import NCCL_SHM_BYTES, sft_shm_bytes
+
+    cfg = load_config(CONFIG_8B)
+    assert sft_shm_bytes(cfg) == 8 * 4 * 2 * 64 * 50176 * 3 * 4  # 38.5 MB a micro-batch, 2.47 GB in all
+    check = failed(ready(free_shm=lambda: DOCKER_DEFAULT_SHM))["shared memory"]
+    assert check.detail.startswith(f"67 MB free in /dev/shm, {(sft_shm_bytes(cfg) + NCCL_SHM_BYTES) / 1e6:.0f} MB "
+                                   "needed (SFT's data workers: 8 ranks x 4 workers x 2 ready micro-batches")
+    assert "`docker run --shm-size=4g` (or `--ipc=host`" in check.fix and "lower sft.data_workers" in check.fix
+    assert "shared memory" not in failed(ready(free_shm=lambda: 4 * 10**9))
+
+
+@pytest.mark.parametrize("overrides, needed", [
+    (["sft.data_workers=0"], 1 << 30),  # NCCL's alone
+    (["sft.data_workers=0", "sft.num_ranks=1", "rl.num_ranks=1", "rl.rollout.vllm.gpus=[1]"], 0),
+    (["sft.host_pixel_dtype=bfloat16"], 8 * 4 * 2 * 64 * 50176 * 3 * 2 + (1 << 30)),
+])
+def test_the_shared_memory_needed_follows_the_workers_ranks_and_pixel_dtype(overrides, needed):
+    free = {"bytes": needed}
+    assert "shared memory" not in failed(ready(free_shm=lambda: free["bytes"]), overrides)
+    if needed:
+        free["bytes"] = needed - 1
+        assert "shared memory" in failed(ready(free_shm=lambda: free["bytes"]), overrides)
+
+
+def test_no_dev_shm_is_a_failure():
+    assert "no /dev/shm" in failed(ready(free_shm=lambda: None))["shared memory"].detail

@@ -58,3 +58,37 @@ def test_a_champion_scored_on_another_evaluation_is_not_compared(uri, tmp_path, 
         assert registry.promote(uri, "paravt-test", b, 0.10, "new-benchmark-data") is True
     assert "scored on another evaluation" in caplog.text
     assert registry.version_by_alias(uri, "paravt-test", "champion").version == b.version
+
+
+def test_registering_in_the_local_store_copies_no_model_and_writes_nothing_outside_its_folder(
+        tmp_path, fake_checkpoint, monkeypatch):
+    """#60 finding 5: each registration copied the model (~17.5 GB at 8B) into MLflow's default
+    artifact location, `./mlruns` of the working folder, outside run.output_dir."""
+    out, elsewhere = tmp_path / "out", tmp_path / "cwd"
+    out.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    ckpt = fake_checkpoint(out / "sft" / "model", "weights-1")
+    version = _register(uri, ckpt, "sft", alias="sft")
+    assert list(elsewhere.iterdir()) == []
+    assert version.source == str(Path(ckpt.path).resolve())
+    copies = [p for p in out.rglob("*") if p.is_file() and p.name == "model.safetensors"]
+    assert copies == [Path(ckpt.path) / "model.safetensors"], copies
+    local = registry.download_version(uri, version, tmp_path / "dl")  # what `paravt eval --model sft` reads
+    assert content_hash(local) == ckpt.sha256
+
+
+def test_a_remote_store_still_gets_the_model_as_artifacts(tmp_path, fake_checkpoint, monkeypatch):
+    """An MLflow server cannot read this machine's folders: the model is uploaded, once (here a
+    local database stands in for the server's, and its artifacts lie next to it)."""
+    from paravt_core import tracking
+
+    monkeypatch.setattr(registry, "local_store_dir", lambda uri: None)
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    version = _register(uri, fake_checkpoint(tmp_path / "rl", "weights-2"), "rl")
+    assert version.source == f"runs:/{version.run_id}/model"
+    uploaded = sorted(tmp_path.glob("mlartifacts/exp/*/artifacts/model/model.safetensors"))
+    assert len(uploaded) == 1 and not (tmp_path / "mlruns").exists()
+    assert tracking.local_store_dir(uri) == tmp_path and tracking.local_store_dir("http://mlflow:5000") is None

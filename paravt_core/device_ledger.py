@@ -1,0 +1,164 @@
+"""The device ledger: which process plans to hold how much of which GPU, and when (#60 Build item 2).
+
+A process that loads a model onto a device declares it (`declare`): its role, the GPU (the
+physical index, through CUDA_VISIBLE_DEVICES) and the bytes the memory plan gives that stage
+(`plan.stage_bytes`). A claim lasts until the process ends, since PyTorch's caching allocator
+returns nothing to the card before then: a stage that loads a model in the flow process keeps
+that memory beside every later stage (the SFT grammar check beside RL rank 0, #60 finding 1).
+So every such stage runs in a process of its own, and the flow process declares nothing.
+
+Declarations are appended, one JSON line each, to the file PARAVT_DEVICE_LEDGER names (a
+rehearsal of a GPU run sets it for all its processes); without it `declare` does nothing.
+`check_ledger` is the assertion a rehearsal makes at its end: the flow process holds no device
+memory, and no GPU has more planned at one time than the card.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+LEDGER_ENV = "PARAVT_DEVICE_LEDGER"
+# The model and card the claims are planned for: a rehearsal on the tiny model plans the real
+# run's (e.g. Qwen/Qwen3-VL-8B-Instruct on 80 GB cards); unset, the loaded model and this card.
+PLANNED_MODEL_ENV = "PARAVT_LEDGER_MODEL"
+PLANNED_GPU_BYTES_ENV = "PARAVT_LEDGER_GPU_BYTES"
+DEFAULT_GPU_BYTES = 80 * 10**9  # an H100 80 GB, where no card is visible
+
+
+class LedgerError(AssertionError):
+    """The ledger shows a process holding device memory where the run cannot afford it."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """`planned_bytes` of GPU `gpu` held by process `pid` (`role`) from `start` to `end`
+    (None: the process had not ended when the ledger was read, or was killed)."""
+
+    role: str
+    pid: int
+    gpu: int
+    planned_bytes: int
+    start: float
+    end: float | None = None
+
+
+def physical_gpu(local_index: int = 0, env: dict[str, str] | None = None) -> int:
+    """The card a process's `cuda:<local_index>` is: CUDA_VISIBLE_DEVICES maps it (numeric lists)."""
+    visible = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES", "")
+    listed = [part.strip() for part in visible.split(",") if part.strip()]
+    if local_index < len(listed) and listed[local_index].isdigit():
+        return int(listed[local_index])
+    return local_index
+
+
+_released: set[tuple[str, int]] = set()  # (ledger file, pid) whose release is registered
+
+
+def _append(path: Path, record: dict) -> None:
+    # One short write of a whole line in append mode: lines of concurrent processes do not interleave.
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def declare(role: str, gpus: Sequence[int], planned_bytes: int, ledger: str | os.PathLike | None = None) -> None:
+    """Record that this process holds `planned_bytes` on each of `gpus` until it ends (a line
+    written at exit closes the claim; a killed process's claim stays open). A no-op when no
+    ledger is named (argument or PARAVT_DEVICE_LEDGER)."""
+    ledger = ledger or os.environ.get(LEDGER_ENV)
+    if not ledger:
+        return
+    path, pid = Path(ledger), os.getpid()
+    for gpu in gpus:
+        _append(path, {"event": "hold", "role": role, "pid": pid, "gpu": int(gpu),
+                       "planned_bytes": int(planned_bytes), "time": time.time()})
+    if (str(path), pid) not in _released:
+        _released.add((str(path), pid))
+        atexit.register(lambda: os.getpid() == pid and _append(path, {"event": "release", "pid": pid,
+                                                                      "time": time.time()}))
+
+
+def planned_gpu_bytes() -> int:
+    """The card the claims are planned on: PARAVT_LEDGER_GPU_BYTES, else GPU 0's, else 80 GB."""
+    if os.environ.get(PLANNED_GPU_BYTES_ENV):
+        return int(os.environ[PLANNED_GPU_BYTES_ENV])
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else DEFAULT_GPU_BYTES
+
+
+def stage_bytes(cfg, stage: str, model_dir: str | os.PathLike, gpu_bytes: int) -> int:
+    """What one process of the memory plan's row `stage` (its name's start) takes of a card: the
+    row's bytes plus the share the plan keeps out of every budget for what it does not count
+    (CUDA context, NCCL buffers, fragmentation), since each process has its own."""
+    from paravt_core.plan import RESERVE_FRACTION, gpus_needed, memory_plan, model_shape
+
+    base = os.environ.get(PLANNED_MODEL_ENV) or str(model_dir)
+    plan = memory_plan(cfg, model_shape(base), gpus_needed(cfg), gpu_bytes)
+    row = next((s for s in plan.stages if s.stage.startswith(stage)), None)
+    if row is None:
+        raise LedgerError(f"the memory plan of {base} has no row {stage!r} (rows: {[s.stage for s in plan.stages]})")
+    return row.total + int(RESERVE_FRACTION * gpu_bytes)
+
+
+def declare_stage(role: str, stage: str, cfg, model_dir: str | os.PathLike) -> None:
+    """`declare` this process's claim as the memory plan's row `stage` plans it, on the card its
+    `cuda:<LOCAL_RANK>` is (a launched rank's, also where this machine has no GPU); nothing
+    (not even the plan) without a ledger."""
+    if os.environ.get(LEDGER_ENV):
+        gpu = physical_gpu(int(os.environ.get("LOCAL_RANK", 0)))
+        declare(role, [gpu], stage_bytes(cfg, stage, model_dir, planned_gpu_bytes()))
+
+
+def read_ledger(ledger: str | os.PathLike) -> list[Claim]:
+    """Every claim of the ledger file, closed at its process's release line where there is one."""
+    holds, ends = [], {}
+    for number, line in enumerate(Path(ledger).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if record["event"] == "release":
+                ends[int(record["pid"])] = float(record["time"])
+            else:
+                holds.append(record)
+        except (ValueError, KeyError, TypeError) as err:
+            raise LedgerError(f"{ledger}: line {number} is not a ledger record ({err!r})") from None
+    return [Claim(h["role"], int(h["pid"]), int(h["gpu"]), int(h["planned_bytes"]), float(h["time"]),
+                  ends.get(int(h["pid"]))) for h in holds]
+
+
+def overcommits(claims: Sequence[Claim], gpu_bytes: int) -> list[str]:
+    """Each moment a claim starts on a GPU whose claims then alive add up to more than
+    `gpu_bytes`, named with the processes (one line per GPU and set of processes)."""
+    found: dict[tuple[int, tuple[int, ...]], str] = {}
+    for claim in claims:
+        alive = [c for c in claims if c.gpu == claim.gpu and c.start <= claim.start
+                 and (c.end is None or c.end > claim.start)]
+        total = sum(c.planned_bytes for c in alive)
+        key = (claim.gpu, tuple(sorted({c.pid for c in alive})))
+        if total > gpu_bytes and len(key[1]) > 1 and key not in found:
+            who = " + ".join(f"{c.role} (pid {c.pid}, {c.planned_bytes / 1e9:.1f} GB)" for c in alive)
+            found[key] = (f"GPU {claim.gpu}: {who} = {total / 1e9:.1f} GB at once, over the card's "
+                          f"{gpu_bytes / 1e9:.1f} GB")
+    return list(found.values())
+
+
+def check_ledger(claims: Sequence[Claim], gpu_bytes: int, flow_pid: int) -> None:
+    """The rehearsal's assertion: the flow process (`flow_pid`) declared no device memory, and no
+    two processes plan more of one GPU at once than the card has.
+
+    Raises:
+        LedgerError: naming each offending claim and what to do.
+    """
+    problems = [f"the flow process (pid {flow_pid}) holds {c.planned_bytes / 1e9:.1f} GB of GPU {c.gpu} for "
+                f"{c.role} until the run ends: run that stage in a process of its own"
+                for c in claims if c.pid == flow_pid]
+    problems += overcommits(claims, gpu_bytes)
+    if problems:
+        raise LedgerError("device ledger:\n" + "\n".join(f"  - {p}" for p in problems))

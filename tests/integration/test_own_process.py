@@ -1,0 +1,25 @@
+"""`paravt_core/own_process.py`: a library call in a child process, its result or its failure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from paravt_core.own_process import call_in_own_process
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_call_runs_in_another_process_and_returns_its_text(tmp_path):
+    lines = []
+    pid = call_in_own_process("os:getenv", "RANK", tmp_path, lines.append)  # a launched rank's RANK: "0"
+    assert pid == "0"
+    assert json.loads((tmp_path / "os_getenv.job.json").read_text())["target"] == "os:getenv"
+    assert call_in_own_process("json:dumps", "text", tmp_path) == '"text"'
+
+
+def test_a_failing_call_raises_with_its_last_lines(tmp_path):
+    with pytest.raises(RuntimeError, match=r"own_process.py exited with code 1; last output:\n(.|\n)*AttributeError"):
+        call_in_own_process("json:no_such_function", "{}", tmp_path, lambda line: None)
+    assert not (tmp_path / "json_no_such_function.result.json").exists()

@@ -1,0 +1,98 @@
+"""The device ledger (`paravt_core/device_ledger.py`): claims, their lifetimes and the rehearsal's assertion."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paravt_core.config import load_config
+from paravt_core.device_ledger import (
+    LEDGER_ENV,
+    PLANNED_GPU_BYTES_ENV,
+    PLANNED_MODEL_ENV,
+    Claim,
+    LedgerError,
+    check_ledger,
+    overcommits,
+    physical_gpu,
+    read_ledger,
+    stage_bytes,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+GB = 10**9
+CARD = 80 * GB
+FLOW = 1000
+
+
+def _8b_claims_bytes() -> tuple[int, int]:
+    cfg = load_config(REPO / "conf/pipeline/paravt_8b.yaml")
+    base = "Qwen/Qwen3-VL-8B-Instruct"
+    return stage_bytes(cfg, "SFT grammar check", base, CARD), stage_bytes(cfg, "RL policy pass", base, CARD)
+
+
+def test_the_grammar_check_in_the_flow_process_fails_the_ledger_beside_rl_rank_0():
+    """#60 finding 1 at the 8B plan's figures: the check's ~53 GB stays in the flow process for the
+    whole run, and RL rank 0 then plans ~57 GB on the same card."""
+    grammar, rl = _8b_claims_bytes()
+    assert grammar > 50 * GB and rl > 50 * GB and grammar + rl > CARD
+    today = [Claim("SFT grammar check", FLOW, 0, grammar, start=10.0),
+             Claim("RL rank 0", 2001, 0, rl, start=20.0, end=30.0)]
+    with pytest.raises(LedgerError) as err:
+        check_ledger(today, CARD, flow_pid=FLOW)
+    message = str(err.value)
+    assert f"the flow process (pid {FLOW}) holds" in message and "run that stage in a process of its own" in message
+    assert "GPU 0: SFT grammar check (pid 1000" in message and "RL rank 0 (pid 2001" in message
+    # In a process of its own the check's claim ends with it, before RL starts.
+    fixed = [Claim("SFT grammar check", 3001, 0, grammar, start=10.0, end=15.0), today[1]]
+    check_ledger(fixed, CARD, flow_pid=FLOW)
+
+
+def test_overcommit_needs_two_live_processes_on_one_card():
+    alone = [Claim("evaluation server", 1, 0, 90 * GB, start=0.0)]  # one process: the plan's row says
+    assert overcommits(alone, CARD) == []
+    other_card = [Claim("a", 1, 0, 60 * GB, 0.0), Claim("b", 2, 1, 60 * GB, 0.0)]
+    assert overcommits(other_card, CARD) == []
+    killed = [Claim("a", 1, 0, 60 * GB, 0.0), Claim("b", 2, 0, 30 * GB, 5.0)]  # a never released: still there
+    (line,) = overcommits(killed, CARD)
+    assert line.startswith("GPU 0: a (pid 1, 60.0 GB) + b (pid 2, 30.0 GB) = 90.0 GB at once")
+    assert overcommits([Claim("a", 1, 0, 40 * GB, 0.0), Claim("b", 2, 0, 40 * GB, 1.0)], CARD) == []
+
+
+def test_a_declaring_process_writes_its_claim_and_closes_it_at_exit(tmp_path: Path):
+    ledger = tmp_path / "ledger.jsonl"
+    env = {**os.environ, LEDGER_ENV: str(ledger), "CUDA_VISIBLE_DEVICES": "5,6", "PYTHONPATH": str(REPO)}
+    code = "from paravt_core.device_ledger import declare; declare('x', [1], 123)"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    (claim,) = read_ledger(ledger)
+    assert (claim.role, claim.gpu, claim.planned_bytes) == ("x", 1, 123) and claim.end is not None
+    assert physical_gpu(1, {"CUDA_VISIBLE_DEVICES": "5,6"}) == 6 and physical_gpu(0, {}) == 0
+
+
+def test_without_a_ledger_nothing_is_planned_or_written(tmp_path: Path, monkeypatch):
+    from paravt_core.device_ledger import declare_stage
+
+    monkeypatch.delenv(LEDGER_ENV, raising=False)
+    declare_stage("SFT grammar check", "no such row", None, tmp_path / "no-model")  # would raise if it planned
+
+
+def test_a_rehearsal_plans_the_real_model_on_the_real_card(tmp_path: Path, monkeypatch):
+    """The tiny model stands in for model.base; the claims are the 8B run's."""
+    from paravt_core.device_ledger import declare_stage
+
+    cfg = load_config(REPO / "conf/pipeline/paravt_8b.yaml")
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv(LEDGER_ENV, str(ledger))
+    monkeypatch.setenv(PLANNED_MODEL_ENV, "Qwen/Qwen3-VL-8B-Instruct")
+    monkeypatch.setenv(PLANNED_GPU_BYTES_ENV, str(CARD))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    declare_stage("RL rank 3", "RL policy pass", cfg, tmp_path / "tiny")
+    (claim,) = read_ledger(ledger)
+    assert claim.gpu == 3 and claim.planned_bytes == _8b_claims_bytes()[1]
+    with pytest.raises(LedgerError, match="has no row 'nothing'"):
+        stage_bytes(cfg, "nothing", "Qwen/Qwen3-VL-8B-Instruct", CARD)
