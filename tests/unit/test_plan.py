@@ -268,7 +268,8 @@ def test_paravt_plan_and_preflight_refuse_a_model_that_cannot_exist_in_one_line(
     assert err.count("\n") == 1 and "text_config.num_attention_heads is 0" in err and "Traceback" not in err
     monkeypatch.setattr(pf, "system_probes", lambda: pf.Probes(
         python_version=lambda: (3, 11, 0), cuda=lambda: pf.CudaFacts("2.5.1", "12.4", (H100,) * 8),
-        driver_version=lambda: "560.1", free_disk=lambda path: 10**15, has_module=lambda python, name: True))
+        driver_version=lambda: "560.1", free_disk=lambda path: 10**15, has_module=lambda python, name: True,
+        free_shm=lambda: 64 * 10**9))
     assert main(["preflight", *args]) == 1
     assert "FAIL  model shape" in capsys.readouterr().out
 
