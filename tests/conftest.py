@@ -359,8 +359,8 @@ def processes_gone(pids, timeout_s: float = 20.0) -> bool:
 
 def fake_vllm_package(root: Path, server_source: str) -> Path:
     """A stand-in `vllm` package under `root` whose `vllm.entrypoints.cli.main` (the `vllm`
-    command, which `paravt_core.agent.server_launch` starts as `vllm serve MODEL ...`) runs
-    `server_source`; returns `root` for PYTHONPATH."""
+    command's, which `paravt_core.agent.server_launch` runs as `vllm serve MODEL ...`) runs
+    `server_source` when imported; returns `root` for PYTHONPATH."""
     module = root / "vllm" / "entrypoints" / "cli"
     module.mkdir(parents=True)
     for folder in (root / "vllm", root / "vllm" / "entrypoints", module):

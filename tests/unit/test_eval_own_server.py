@@ -23,7 +23,7 @@ from paravt_core.refs import ArtifactRef, content_hash
 from tests.conftest import fake_vllm_package, processes_gone
 
 FAKE_SERVER = textwrap.dedent('''
-    """A stand-in for `vllm serve`: forks a worker (as vLLM's engine core), answers
+    """A stand-in for `vllm serve` (imported as vLLM's CLI main): forks a worker (as vLLM's engine core), answers
     /health and /v1/models, and appends what it was started with to $FAKE_STARTS."""
     import argparse, http.server, json, os, subprocess, sys
     parser = argparse.ArgumentParser()
