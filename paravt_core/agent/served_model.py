@@ -130,7 +130,7 @@ def request_json(url: str, *, payload: Mapping[str, Any] | None = None, api_key:
     asking.join(deadline_s)
     if asking.is_alive():
         _hang_up(connection)
-        raise ServerUnanswered(f"no whole answer within {deadline_s:g} s")
+        raise ServerUnanswered(f"timed out: no whole answer within {deadline_s:g} s")
     connection.close()
     if "error" in outcome:
         error = outcome["error"]
