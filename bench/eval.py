@@ -144,6 +144,7 @@ def dispatch_table(root: Path, model: ArtifactRef, data: ArtifactRef, args, leve
 
 
 def served_table(root: Path, model: ArtifactRef, data: ArtifactRef, args, levels: Sequence[int]) -> None:
+    from paravt_core.agent.served_model import served_folder
     from paravt_core.agent.server_launch import ServeError, launch, pick_server, probe_python, server_python_path
 
     print(f"\n3. Served (vLLM, CPU build) vs hf, agentic_general / frames, {args.samples} samples, max_new_tokens "
@@ -157,7 +158,9 @@ def served_table(root: Path, model: ArtifactRef, data: ArtifactRef, args, levels
     torch.set_num_threads(os.cpu_count() or 1)
     name, port = "paravt-bench", 30555
     started = time.perf_counter()
-    _, server = launch(model.path, name, port=port, server="vllm", log_path=root / "vllm.log")
+    # with the configuration's pixel bounds, as the evaluation serves a checkpoint (eval/served.py)
+    folder = served_folder(model.path, bench_config(root, args.samples, args.max_new_tokens).video, root)
+    _, server = launch(folder, name, port=port, server="vllm", log_path=root / "vllm.log")
     print(f"   vLLM healthy after {time.perf_counter() - started:.0f} s (log {root / 'vllm.log'})")
     try:
         print(f"{'concurrency':>11} | {'engine':>6} | {'s/split':>8} | {'samples/min':>11} | {'served/hf':>9} | "

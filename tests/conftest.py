@@ -358,11 +358,12 @@ def processes_gone(pids, timeout_s: float = 20.0) -> bool:
 
 
 def fake_vllm_package(root: Path, server_source: str) -> Path:
-    """A stand-in `vllm` package under `root` whose `vllm.entrypoints.openai.api_server` runs
-    `server_source` (what `paravt_core.agent.server_launch` starts); returns `root` for PYTHONPATH."""
-    module = root / "vllm" / "entrypoints" / "openai"
+    """A stand-in `vllm` package under `root` whose `vllm.entrypoints.cli.main` (the `vllm`
+    command's, which `paravt_core.agent.server_launch` runs as `vllm serve MODEL ...`) runs
+    `server_source` when imported; returns `root` for PYTHONPATH."""
+    module = root / "vllm" / "entrypoints" / "cli"
     module.mkdir(parents=True)
     for folder in (root / "vllm", root / "vllm" / "entrypoints", module):
         (folder / "__init__.py").write_text("")
-    (module / "api_server.py").write_text(server_source)
+    (module / "main.py").write_text(server_source)
     return root

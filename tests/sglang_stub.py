@@ -26,7 +26,8 @@ OpenAI API (what `paravt_core/eval/openai_engine.py` sends): `POST /v1/chat/comp
 with `messages` (text and base64 `image_url` items), `tools`, `max_tokens`, greedy
 decoding, `continue_final_message` / `add_generation_prompt`; the server renders the
 messages with the checkpoint's own chat template and processor, as SGLang and vLLM do, and
-answers `choices[0].message.content`, `finish_reason` and `usage`.
+answers `choices[0].message.content`, `finish_reason` and `usage`; `POST /v1/completions`
+with a prompt of token ids, answered with the sampled tokens and their log-probabilities.
 
 Every request's path is appended to `calls`, so tests can check the order of operations.
 `stop()` closes the socket: later requests are refused, as by a killed server.
@@ -227,6 +228,25 @@ class TinySGLangServer:
                 "usage": {"prompt_tokens": len(request.prompt_ids), "completion_tokens": len(ids),
                           "total_tokens": len(request.prompt_ids) + len(ids)}}
 
+    def completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The OpenAI completions endpoint for a prompt of token ids, with the sampled tokens'
+        log-probabilities, in the fields vLLM answers (`token_ids` with `return_token_ids`,
+        `logprobs.token_logprobs`): what the evaluation's log-probability probe reads
+        (`agent/policy_probe.py`). That SGLang answers the probe so is not this file's word."""
+        params = SamplingParams(max_new_tokens=int(body.get("max_tokens") or 16),
+                                temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
+                                seed=body.get("seed"))
+        with self._model_lock:
+            (generation,) = self.engine.generate([GenerationRequest([int(i) for i in body["prompt"]])], params)
+        ids = generation.token_ids
+        choice = {"index": 0, "text": self.processor.tokenizer.decode(ids),
+                  "finish_reason": "stop" if generation.finish_reason == "stop" else "length",
+                  "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": list(generation.logprobs)}}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = ids
+        return {"id": f"cmpl-{len(self.calls)}", "object": "text_completion", "model": self.served_model_name,
+                "choices": [choice]}
+
     def _set_released(self, released: bool) -> dict[str, Any]:
         self.released = released
         return {"success": True}
@@ -239,6 +259,7 @@ class TinySGLangServer:
             "/release_memory_occupation": lambda body: server._set_released(True),
             "/resume_memory_occupation": lambda body: server._set_released(False),
             "/v1/chat/completions": server.chat_completion,
+            "/v1/completions": server.completion,
         }
         gets = {
             "/health": lambda: None,

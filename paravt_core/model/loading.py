@@ -75,13 +75,13 @@ def pixel_bounded_folder(model_dir: str | Path, video: VideoConfig, out_dir: str
         # the processor first: save_pretrained would write through a link into model_dir
         pixel_bounded(processor, video).save_pretrained(tmp)
         for f in model_dir.iterdir():
-            if f.is_file() and not (tmp / f.name).exists() and f.name not in _PROCESSOR_FILES:
+            if f.is_file() and not (tmp / f.name).exists() and f.name not in PROCESSOR_FILES:
                 (tmp / f.name).symlink_to(f.resolve())
     return Path(out_dir)
 
 
 # Processor configs a folder may hold (transformers 5 writes the first; hub checkpoints the others).
-_PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 
 
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",

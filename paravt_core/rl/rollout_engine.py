@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.agent.engine import RolloutEngine
+from paravt_core.agent.served_model import served_folder
 from paravt_core.agent.weight_snapshots import WeightStream, shm_staging_dir
 from paravt_core.config import ConfigError, PipelineConfig
 
@@ -176,7 +177,7 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
         from paravt_core.dist import free_port
 
         server = launch_sglang_server(
-            _served_folder(cfg, init_model, staging_dir), free_port(), tp_size=server_cfg.tp_size,
+            served_folder(init_model, cfg.video, staging_dir.parent), free_port(), tp_size=server_cfg.tp_size,
             mem_fraction_static=server_cfg.mem_fraction_static, enable_memory_saver=colocated,
             cuda_devices=server_cfg.gpus, pixel_bounds=(cfg.video.min_pixels, cfg.video.max_pixels),
             served_model_name=_served_name(cfg, init_sha256), startup_timeout_s=server_cfg.startup_timeout_s)
@@ -192,19 +193,10 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
 def _served_name(cfg: PipelineConfig, init_sha256: str) -> str:
     """The name a launched rollout server serves under: it carries the starting checkpoint's
     sha256[:12], so the served-model check (`_shared_url`) accepts the linked copy of a base
-    model that `_served_folder` may serve (other bytes in its processor config, same weights)."""
+    model that `agent.served_model.served_folder` may serve (other bytes in its processor config, same weights)."""
     from paravt_core.agent.served_model import served_model_name
 
     return served_model_name(cfg.model.registered_name, init_sha256)
-
-
-def _served_folder(cfg: PipelineConfig, init_model: Path, staging_dir: Path) -> Path:
-    """What a launched rollout server serves: `init_model` with the trainer's pixel bounds in its
-    processor config (an exported checkpoint has them; a base model gets a linked copy), so
-    that the server expands each frame into as many image tokens as the trainer (SPEC §3)."""
-    from paravt_core.model.loading import pixel_bounded_folder
-
-    return pixel_bounded_folder(init_model, cfg.video, staging_dir.parent / "served-model")
 
 
 def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: int, world: int, staging_dir: Path,
@@ -217,7 +209,7 @@ def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: i
     if url is None and rank == 0:
         from paravt_core.dist import free_port
 
-        server = launch_vllm_rollout_server(_served_folder(cfg, init_model, staging_dir), free_port(),
+        server = launch_vllm_rollout_server(served_folder(init_model, cfg.video, staging_dir.parent), free_port(),
                                             python=server_cfg.python,
                                             startup_timeout_s=server_cfg.startup_timeout_s,
                                             max_model_len=server_cfg.max_model_len,

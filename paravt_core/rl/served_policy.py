@@ -11,14 +11,8 @@ pass). If the mean absolute difference exceeds the tolerance, the server does no
 the policy (the push did not take, or it serves another architecture's weights) and the
 run stops before any rollout.
 
-Tolerance, per token in nats (`rl.served_logprob_tolerance` overrides):
-- float32: 1e-3. Measured on vLLM's CPU build with the tiny model: the served values equal
-  the teacher-forced ones within 2e-4 (tests/server/test_vllm_rollouts.py); another model's
-  weights differ by orders of magnitude more (issue #48: the base model served instead of
-  the SFT one gave a step-1 KL of 13.99).
-- bfloat16: 0.1. Set, not measured: bf16 kernels of server and trainer differ by a few
-  hundredths per token; raise it with `rl.served_logprob_tolerance` if a GPU run stops
-  here with a gap well below a wrong model's.
+The probe, its tolerance and the gap are `agent/policy_probe.py`'s (the evaluation runs
+the same probe on its server, issue #61); this module draws it on a rollout engine.
 
 While rank 0 waits for the probe's answer the other ranks wait in a collective (the probe's
 broadcast). The probe's HTTP timeout is therefore kept below that collective's timeout
@@ -28,16 +22,23 @@ server, before the other ranks fail with one naming only NCCL or gloo.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from paravt_core.agent.engine import GenerationRequest, RolloutEngine, SamplingParams
+from paravt_core.agent.policy_probe import (
+    PROBE_NEW_TOKENS,
+    TOLERANCE,
+    PolicyProbe,
+    ServedPolicyMismatch,
+    logprob_gap,
+    probe_prompt_ids,
+    probe_tolerance,
+    trainer_logprobs,
+)
 
-PROBE_TEXT = "PARAVT-POLICY-PROBE. Describe what happens in the video, in temporal order."
-PROBE_NEW_TOKENS = 8
-TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+__all__ = ["PROBE_NEW_TOKENS", "TOLERANCE", "PolicyProbe", "ServedPolicyMismatch", "check_gap", "collective_timeout_s",
+           "draw_probe", "logprob_gap", "probe_timeout_s", "probe_tolerance", "trainer_logprobs"]
+
 PROBE_SHARE_OF_COLLECTIVE = 0.9  # of the collective timeout the probe may wait: its error comes first
 
 
@@ -55,24 +56,11 @@ def probe_timeout_s(request_timeout_s: float, collective_s: float) -> float:
     return min(request_timeout_s, PROBE_SHARE_OF_COLLECTIVE * collective_s)
 
 
-class ServedPolicyMismatch(RuntimeError):
-    """The rollout server's log-probabilities are not the trainer's policy's."""
-
-
-@dataclass(frozen=True)
-class PolicyProbe:
-    """The probe's prompt, the tokens the server sampled and their served log-probabilities."""
-
-    prompt_ids: list[int]
-    token_ids: list[int]
-    served_logprobs: list[float]
-
-
 def draw_probe(engine: RolloutEngine, tokenizer: Any, temperature: float, seed: int,
                collective_s: float | None = None) -> PolicyProbe:
     """The server's sample after `PROBE_TEXT`, with its log-probabilities at `temperature`; with
     `collective_s`, its HTTP requests time out within `probe_timeout_s` of it (module docstring)."""
-    prompt = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    prompt = probe_prompt_ids(tokenizer)
     params = SamplingParams(max_new_tokens=PROBE_NEW_TOKENS, temperature=temperature, seed=seed)
     served_timeout = getattr(engine, "timeout_s", None)  # the HTTP engines' per-request timeout
     if collective_s is not None and served_timeout is not None:
@@ -83,30 +71,6 @@ def draw_probe(engine: RolloutEngine, tokenizer: Any, temperature: float, seed: 
         if served_timeout is not None:
             engine.timeout_s = served_timeout
     return PolicyProbe(list(prompt), list(generation.token_ids), list(generation.logprobs))
-
-
-def trainer_logprobs(model: Any, probe: PolicyProbe, temperature: float, device: str) -> torch.Tensor:
-    """[N] log-probabilities of the probe's sampled tokens under `model`, by teacher forcing."""
-    from paravt_core.model.logprobs import teacher_forced_logprobs
-
-    ids = torch.tensor([probe.prompt_ids + probe.token_ids], device=device)  # [1, P + N]
-    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    with torch.no_grad():
-        logp = teacher_forced_logprobs(model, inputs, temperature)  # [1, P + N]
-    return logp[0, len(probe.prompt_ids):].float().cpu()
-
-
-def logprob_gap(probe: PolicyProbe, trainer: torch.Tensor) -> float:
-    """Mean absolute difference (nats per token) of the served and the trainer's log-probabilities."""
-    served = torch.tensor(probe.served_logprobs, dtype=torch.float32)
-    if served.shape != trainer.shape:
-        raise ServedPolicyMismatch(f"the server returned {served.numel()} log-probabilities for "
-                                   f"{len(probe.token_ids)} sampled tokens; the trainer scored {trainer.numel()}")
-    return float((served - trainer).abs().mean())
-
-
-def probe_tolerance(dtype: str, configured: float | None) -> float:
-    return configured if configured is not None else TOLERANCE.get(dtype, TOLERANCE["bfloat16"])
 
 
 def check_gap(gap: float, tolerance: float, server: str) -> None:

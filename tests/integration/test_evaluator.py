@@ -539,8 +539,12 @@ def test_openai_engine_evaluates_a_split_against_a_served_checkpoint(tmp_path, e
     tests/sglang_stub.py, rendering with the checkpoint's own template and processor)."""
     from sglang_stub import TinySGLangServer
 
+    from paravt_core.agent.served_model import served_folder
+
     name = f"paravt-tiny-{tiny_ref.sha256[:12]}"  # as `paravt eval serve` names it: the served-model check reads it
-    with TinySGLangServer(tiny_ref.path, served_model_name=name) as server:
+    cfg = world_config(tmp_path, engine="openai", served_model_name=name, max_samples_per_split=2)
+    # served as `paravt eval serve` serves it: with the configuration's pixel bounds (issue #60)
+    with TinySGLangServer(served_folder(tiny_ref.path, cfg.video, tmp_path), served_model_name=name) as server:
         cfg = world_config(tmp_path, engine="openai", endpoint=f"{server.url}/v1", served_model_name=name,
                            max_samples_per_split=2)
         result = eval_stage.evaluate_prepared_split(cfg, tiny_ref, eval_data, "videomme", progress=False)
@@ -548,3 +552,4 @@ def test_openai_engine_evaluates_a_split_against_a_served_checkpoint(tmp_path, e
     assert len((result.results_json.parent / "videomme.jsonl").read_text().splitlines()) == 2
     chats = [call for call in server.calls if call == "/v1/chat/completions"]
     assert len(chats) >= 3  # the rendering probe, then at least one turn per sample
+    assert server.calls.index("/v1/completions") < server.calls.index("/v1/chat/completions")  # log-prob probe first

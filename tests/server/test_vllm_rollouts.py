@@ -81,6 +81,41 @@ def test_token_ids_and_frames_in_sampled_ids_and_logprobs_out(rollout_server, ti
     torch.testing.assert_close(torch.tensor(first.logprobs), expected, atol=2e-4, rtol=0)
 
 
+def test_the_evaluation_probes_the_served_log_probs_and_pixel_bounds_before_its_first_sample(rollout_server,
+                                                                                            tiny_processor, tmp_path):
+    """Issue #61 item 1 on a real vLLM: the evaluation's checks before its first sample (what
+    it serves, the log-probability probe, the rendering at the configuration's pixel bounds)
+    pass on the checkpoint it serves, and the probe refuses another checkpoint's weights
+    under the same name. Runs before the RL tests below load other weights into the server."""
+    from paravt_core.agent.policy_probe import ServedPolicyMismatch, check_served_logprobs
+    from paravt_core.agent.served_model import served_model_name
+    from paravt_core.config import load_config
+    from paravt_core.eval.evaluator import EvalError
+    from paravt_core.eval.stage import _openai_client, check_serves_weights, open_runner
+    from paravt_core.model.tiny import TinyModelSpec, build_tiny_model
+    from paravt_core.refs import ArtifactRef, content_hash
+    from tests.integration.test_rl import REPO
+
+    server, model_dir = rollout_server
+    api_root = f"{server.url}/v1"
+    model = ArtifactRef(kind="model", path=model_dir, sha256=content_hash(model_dir))
+    name = served_model_name("paravt", model.sha256)
+    sets = [f"run.output_dir={tmp_path / 'out'}", "eval.engine=openai", f"eval.endpoint={api_root}",
+            f"eval.served_model_name={name}"]
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [*sets, f"video.max_pixels={MAX_PIXELS}"])
+    gap = check_serves_weights(_openai_client(model, cfg.eval), model, tiny_processor.tokenizer, cfg)
+    print(f"\nevaluation probe on vLLM: log-prob gap {gap:.2e} nats per token", flush=True)
+    assert gap < 1e-3
+    assert open_runner(cfg, model) is not None
+    other = build_tiny_model(TinyModelSpec(seed=1), tmp_path / "other")  # same shapes, other weights
+    with pytest.raises(ServedPolicyMismatch, match="does not serve the weights of"):
+        check_served_logprobs(api_root, name, other, tiny_processor.tokenizer, "float32", 1e-3)
+    # the server renders MAX_PIXELS frames; a configuration with other bounds is refused
+    wider = load_config(REPO / "conf/pipeline/tiny.yaml", [*sets, f"video.max_pixels={4 * MAX_PIXELS}"])
+    with pytest.raises(EvalError, match="does not render prompts as"):
+        open_runner(wider, model)
+
+
 def test_rl_on_vllm_loads_each_steps_weights_into_the_served_model(rollout_server, tiny_processor, short_video,
                                                                      tmp_path):
     import pyarrow as pa

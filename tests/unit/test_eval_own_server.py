@@ -23,11 +23,13 @@ from paravt_core.refs import ArtifactRef, content_hash
 from tests.conftest import fake_vllm_package, processes_gone
 
 FAKE_SERVER = textwrap.dedent('''
-    """A stand-in for vLLM's api_server: forks a worker (as vLLM's engine core), answers
+    """A stand-in for `vllm serve` (imported as vLLM's CLI main): forks a worker (as vLLM's engine core), answers
     /health and /v1/models, and appends what it was started with to $FAKE_STARTS."""
     import argparse, http.server, json, os, subprocess, sys
     parser = argparse.ArgumentParser()
-    for flag in ("--port", "--host", "--model", "--served-model-name", "--data-parallel-size"):
+    parser.add_argument("subcommand", choices=["serve"])
+    parser.add_argument("model")  # `vllm serve MODEL`
+    for flag in ("--port", "--host", "--served-model-name", "--data-parallel-size"):
         parser.add_argument(flag)
     args, _ = parser.parse_known_args()
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -203,3 +205,23 @@ def test_paravt_eval_run_exit_status_when_its_server_cannot_serve(fake_vllm, fak
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert ("did not start" in err and "no such model" in err) if status == 1 else "make install-serve" in err
+
+
+def test_a_base_model_is_served_from_a_copy_with_the_configs_pixel_bounds(fake_vllm, tiny_model_dir, tmp_path):
+    """Issue #60 finding 2: the base model as downloaded (the tiny kit keeps Qwen3-VL's
+    processor bounds, 65,536 pixels at least) was served from its own folder, upscaling frames
+    the protocol caps at `video.max_pixels`; RL served a bounded copy, the evaluation did not."""
+    from paravt_core.eval.served import ServerOnDemand
+    from paravt_core.model.loading import load_processor
+
+    cfg = config(tmp_path)
+    model = ArtifactRef(kind="model", path=tiny_model_dir, sha256=content_hash(tiny_model_dir))
+    with ServerOnDemand(cfg, model, tmp_path / "results" / "server.log") as server:
+        server.get()
+    (started,) = starts(fake_vllm)
+    served = Path(started["model"])
+    assert served == tmp_path / "results" / "served-model", served
+    size = load_processor(served).image_processor.size
+    assert (size["shortest_edge"], size["longest_edge"]) == (cfg.video.min_pixels, cfg.video.max_pixels)
+    assert (served / "model.safetensors").resolve() == (tiny_model_dir / "model.safetensors").resolve()
+    assert load_processor(tiny_model_dir).image_processor.size["shortest_edge"] == 65536  # untouched

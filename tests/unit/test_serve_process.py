@@ -19,7 +19,7 @@ from paravt_core.dist import free_port
 from tests.conftest import fake_vllm_package, process_alive, processes_gone, start_eval_serve
 
 FAKE_SERVER = textwrap.dedent('''
-    """A stand-in for vLLM's api_server: forks a worker, serves /health, records both pids."""
+    """A stand-in for `vllm serve` (imported as vLLM's CLI main): forks a worker, serves /health, records both pids."""
     import argparse, http.server, os, subprocess, sys, time
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int)
@@ -72,11 +72,12 @@ def test_interrupted_eval_serve_stops_the_server_and_its_workers(fake_vllm, fake
 
 
 def test_start_server_reports_progress_and_a_server_that_dies_names_its_log(fake_vllm, tmp_path):
+    from paravt_core.agent.server_launch import VLLM_CLI
     from paravt_core.agent.server_process import ServerStartError, start_server
 
     env = {**os.environ, "PYTHONPATH": str(fake_vllm), "FAKE_PIDS": str(tmp_path / "pids"), "FAKE_DELAY_S": "2.5"}
     port, seen = free_port(), []
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-c", VLLM_CLI, "serve", "m", "--host", "127.0.0.1", "--port", str(port)]
     server = start_server(command, f"http://127.0.0.1:{port}", 60, env=env, log_path=tmp_path / "server.log",
                           progress=seen.append, progress_every_s=1.0)
     try:
