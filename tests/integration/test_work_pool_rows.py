@@ -120,8 +120,7 @@ def _rl_metrics(cfg) -> dict[str, dict[str, float]]:
     client = MlflowClient(cfg.mlflow_uri())
     experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
     runs = client.search_runs([experiment.experiment_id], "tags.stage = 'rl'")
-    return {run.data.tags["ablation_row"]: {k: v for k, v in run.data.metrics.items()
-                                            if not any(t in k for t in ("time", "per_s", "_s", "sec", "mfu"))}
+    return {run.data.tags["ablation_row"]: {k: v for k, v in run.data.metrics.items() if not k.startswith("time_")}
             for run in runs}
 
 
