@@ -19,9 +19,9 @@ from pydantic import Field, model_validator
 
 from flows.data import data_stage
 from flows.eval import eval_stage
-from flows.fanout import check_fanout_fits, fan_out
+from flows.fanout import RowSpec, check_fanout_fits, fan_out, row_spec
 from flows.params import PipelineParams
-from paravt_core.config import PipelineConfig, config_file, load_config
+from paravt_core.config import PipelineConfig, config_file
 from paravt_core.data.stage import DataBundle
 from paravt_core.eval.report import EvalReport, format_table
 from paravt_core.refs import ArtifactRef
@@ -56,6 +56,11 @@ def train_and_evaluate(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: Da
     return reports
 
 
+def ablation_row(spec: RowSpec) -> dict[str, EvalReport]:
+    """The row `spec` names, in this process or on a worker (flows/rl_row.py)."""
+    return train_and_evaluate(spec.config(), spec.sft_model, spec.data, spec.row, spec.sequential_eval)
+
+
 @flow(name="paravt", log_prints=True)
 def ablations(params: AblationParams = AblationParams()) -> str:
     cfg = params.load()
@@ -65,11 +70,11 @@ def ablations(params: AblationParams = AblationParams()) -> str:
         sft_model = sft(cfg, base_stage(cfg), data.sft)
         reports = {"sft": eval_stage(cfg, sft_model, data.eval, "sft")}
         rl_dir = config_file(params.config_path).resolve().parents[1] / "rl"
-        rows = [(row, functools.partial(train_and_evaluate, load_config(params.config_path, params.overrides,
-                                                                        rl_dir / f"{row}.yaml"),
-                                        sft_model, data, row, params.sequential_eval))
-                for row in params.rows]
-        # At most run.fanout.max_concurrent rows at a time, gathered in this order (flows/fanout.py).
+        specs = [row_spec("ablation", row, params.config_path, params.overrides, rl_dir / f"{row}.yaml", sft_model,
+                          data, sequential_eval=params.sequential_eval) for row in params.rows]
+        rows = [(spec.label, functools.partial(ablation_row, spec), spec) for spec in specs]
+        # At most run.fanout.max_concurrent rows at a time, or each on a worker of run.fanout.work_pool
+        # (run.fanout.runner), gathered in this order (flows/fanout.py).
         for row_reports in fan_out(rows, cfg.run.fanout):
             reports.update(row_reports)
         table = format_table(reports)

@@ -26,10 +26,10 @@ from pydantic import Field, model_validator
 
 from flows.data import data_stage
 from flows.eval import eval_stage
-from flows.fanout import check_fanout_fits, fan_out
+from flows.fanout import RowSpec, check_fanout_fits, fan_out, row_spec
 from flows.params import PipelineParams
 from flows.progress import PROGRESS
-from paravt_core.config import VALIDATION_SPLITS, FanoutConfig, PipelineConfig, config_file, load_config
+from paravt_core.config import VALIDATION_SPLITS, FanoutConfig, PipelineConfig, config_file
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
 from paravt_core.data.mirror import world_dir
@@ -176,6 +176,11 @@ def rl_job(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: DataBundle, ro
     return "rl", train_and_measure(row_cfg, sft_model, data, row, seed)
 
 
+def reproduce_row(spec: RowSpec) -> tuple[str, tuple[ModelRun, ArtifactRef]]:
+    """The row x seed `spec` names, in this process or on a worker (flows/rl_row.py)."""
+    return rl_job(spec.config(), spec.sft_model, spec.data, spec.row, spec.seed)
+
+
 @flow(name="paravt", log_prints=True)
 def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
     cfg = params.load()
@@ -189,9 +194,9 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         rl_jobs = []
         for row in cfg.reproduce.rows:
             for seed in cfg.reproduce.seeds:
-                row_cfg = load_config(params.config_path, [*params.overrides, f"run.seed={seed}"],
-                                      row_file(params.config_path, row))
-                rl_jobs.append((f"{row} seed {seed}", functools.partial(rl_job, row_cfg, sft_model, data, row, seed)))
+                spec = row_spec("reproduce", row, params.config_path, [*params.overrides, f"run.seed={seed}"],
+                                row_file(params.config_path, row), sft_model, data, seed=seed)
+                rl_jobs.append((spec.label, functools.partial(reproduce_row, spec), spec))
         # The SFT model's own measurements run in the same fan-out (`job_order` says when).
         jobs = job_order(cfg.run.fanout, rl_jobs, sft_jobs(cfg, sft_model, data.eval, world))
         # At most run.fanout.max_concurrent at a time, gathered in this order (flows/fanout.py).

@@ -51,6 +51,12 @@ class FanoutConfig(_Section):
 
     max_concurrent: int = Field(1, ge=1)  # 1: one row after the other, as before
     threads_per_run: int | None = Field(None, ge=1, le=MAX_WORKERS)
+    # "threads": the rows run in this flow's process (above). "work_pool": each RL row is a flow
+    # run of the `paravt/rl-row` deployment taken by a worker of `work_pool` (one per node, limit
+    # 1), its artifacts under run.output_dir, which every node must mount (docs/scale.md "Rows on
+    # a cluster"); max_concurrent then bounds only the jobs that stay here (the SFT measurements).
+    runner: Literal["threads", "work_pool"] = "threads"
+    work_pool: str = Field("paravt-rows", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class RunConfig(_Section):

@@ -11,6 +11,7 @@ export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
 STATE="${PREFECT_HOME:-$PWD/.prefect}"
 mkdir -p "$STATE"
 POOL=paravt-process
+ROWS_POOL=paravt-rows  # run.fanout.runner: work_pool (docs/scale.md "Rows on a cluster")
 
 wait_for_server() {
   for _ in $(seq 1 120); do
@@ -23,6 +24,17 @@ wait_for_server() {
   exit 1
 }
 
+start_worker() {  # start_worker NAME ARGS...: `prefect worker start ARGS` unless NAME's pid lives
+  local name="$1"
+  shift
+  if [ -f "$STATE/$name.pid" ] && kill -0 "$(cat "$STATE/$name.pid")" 2>/dev/null; then
+    echo "$name already running (pid $(cat "$STATE/$name.pid"))"
+  else
+    setsid nohup prefect worker start "$@" >"$STATE/$name.log" 2>&1 &
+    echo $! >"$STATE/$name.pid"
+  fi
+}
+
 start() {
   if [ -f "$STATE/server.pid" ] && kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; then
     echo "Prefect server already running (pid $(cat "$STATE/server.pid"))"
@@ -31,17 +43,16 @@ start() {
     echo $! >"$STATE/server.pid"
   fi
   wait_for_server
-  prefect work-pool inspect "$POOL" >/dev/null 2>&1 || prefect work-pool create "$POOL" --type process
+  for pool in "$POOL" "$ROWS_POOL"; do
+    prefect work-pool inspect "$pool" >/dev/null 2>&1 || prefect work-pool create "$pool" --type process
+  done
   prefect --no-prompt deploy --all
-  if [ -f "$STATE/worker.pid" ] && kill -0 "$(cat "$STATE/worker.pid")" 2>/dev/null; then
-    echo "worker already running (pid $(cat "$STATE/worker.pid"))"
-  else
-    setsid nohup prefect worker start --pool "$POOL" --type process >"$STATE/worker.log" 2>&1 &
-    echo $! >"$STATE/worker.pid"
-  fi
+  start_worker worker --pool "$POOL" --type process
+  # This machine's rows worker: one row at a time; on a cluster, one such worker per node.
+  start_worker rows-worker --pool "$ROWS_POOL" --type process --limit 1 --name "rows-$(hostname)"
   cat <<MSG
 
-Prefect server: http://127.0.0.1:${PORT} (log $STATE/server.log), worker log $STATE/worker.log
+Prefect server: http://127.0.0.1:${PORT} (log $STATE/server.log), worker logs $STATE/worker.log, $STATE/rows-worker.log
 Run the pipeline:
   source .venv/bin/activate
   export PREFECT_API_URL=${PREFECT_API_URL}
@@ -51,7 +62,7 @@ MSG
 }
 
 stop() {
-  for name in worker server mlflow; do
+  for name in rows-worker worker server mlflow; do
     if [ -f "$STATE/$name.pid" ]; then
       pid="$(cat "$STATE/$name.pid")"
       kill -- -"$pid" 2>/dev/null || kill "$pid" 2>/dev/null || true

@@ -79,3 +79,64 @@ def test_the_sft_measurements_fill_the_tail_side_by_side_and_go_first_one_at_a_t
         "vanilla_grpo seed 0", "paragrpo seed 0", "sft", "sft at K=2"]
     assert labels(job_order(FanoutConfig(max_concurrent=1), rl, sft)) == [
         "sft", "sft at K=2", "vanilla_grpo seed 0", "paragrpo seed 0"]
+
+
+def test_the_runner_defaults_to_threads_is_checked_at_load_and_never_changes_a_cache_key():
+    base = load_config(CONF / "pipeline" / "tiny.yaml")
+    assert (base.run.fanout.runner, base.run.fanout.work_pool) == ("threads", "paravt-rows")
+    pooled = load_config(CONF / "pipeline" / "tiny.yaml", ["run.fanout.runner=work_pool", "run.fanout.work_pool=gpus"])
+    assert pooled.section_hash() == base.section_hash()  # a row's result does not depend on where it ran
+    assert pooled.section_hash("rl", "video", "run") == base.section_hash("rl", "video", "run")
+    with pytest.raises(ConfigError, match=r"run\.fanout\.runner"):
+        load_config(CONF / "pipeline" / "tiny.yaml", ["run.fanout.runner=dask"])
+
+
+def _spec(tmp_path, fake_checkpoint, **update):
+    from flows.fanout import row_spec
+    from paravt_core.data.stage import DataBundle
+    from paravt_core.refs import ArtifactRef
+
+    model = fake_checkpoint(tmp_path / "sft", "weights")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    ref = ArtifactRef(kind="data", path=folder, sha256="0" * 64)
+    data = DataBundle(sft=ref, rl=ref, eval=ref, missing={})
+    overrides = [f"run.output_dir={tmp_path / 'out'}"]
+    spec = row_spec("ablation", "paragrpo", str(CONF / "pipeline" / "tiny.yaml"), overrides,
+                    CONF / "rl" / "paragrpo.yaml", model, data)
+    return spec.model_copy(update=update)
+
+
+def test_a_worker_that_cannot_see_the_shared_location_or_loads_another_config_says_so(tmp_path, fake_checkpoint):
+    from flows.fanout import _mark_shared, check_shared
+
+    spec = _mark_shared(_spec(tmp_path, fake_checkpoint))
+    assert Path(spec.shared_check).parent == (tmp_path / "out" / "rows").resolve()
+    check_shared(spec, spec.config())  # the parent's own host sees it all
+    elsewhere = spec.model_copy(update={"shared_check": str(tmp_path / "not-mounted" / "mark.txt")})
+    with pytest.raises(FileNotFoundError, match=r"row paragrpo: run\.output_dir .* not reachable from the worker on "
+                                                r".*mounts at the same path"):
+        check_shared(elsewhere, elsewhere.config())
+    edited = load_config(CONF / "pipeline" / "tiny.yaml", [*spec.overrides, "rl.max_steps=7"], spec.rl_row)
+    with pytest.raises(ValueError, match=r"row paragrpo: .* loads differently on .* same checkout"):
+        check_shared(spec, edited)
+
+
+def test_a_worker_is_alive_while_it_heart_beats_and_a_row_names_its_worker():
+    from datetime import datetime, timedelta, timezone
+    from types import SimpleNamespace
+
+    from flows.fanout import worker_alive, worker_text
+
+    now = datetime(2026, 11, 29, 8, 0, tzinfo=timezone.utc)
+    beat = lambda seconds_ago, interval=10: SimpleNamespace(  # noqa: E731
+        last_heartbeat_time=now - timedelta(seconds=seconds_ago), heartbeat_interval_seconds=interval)
+    assert worker_alive(beat(29), now) and not worker_alive(beat(31), now)  # three intervals late: offline
+    assert worker_alive(beat(10, interval=1), now)  # a loaded node's late heartbeats: never under 30 s
+    assert not worker_alive(beat(100, interval=30), now) and worker_alive(beat(80, interval=30), now)
+    assert not worker_alive(SimpleNamespace(last_heartbeat_time=None, heartbeat_interval_seconds=10), now)
+    run = SimpleNamespace(labels={"prefect.worker.name": "rows-node3"}, infrastructure_pid="4242",
+                          work_pool_name="paravt-rows")
+    assert worker_text(run) == "worker rows-node3 of pool paravt-rows, pid 4242"
+    assert worker_text(SimpleNamespace(labels={}, infrastructure_pid=None, work_pool_name="paravt-rows")) == \
+        "no worker (it was never picked up)"
