@@ -9,6 +9,8 @@ weights, evaluations and RL metrics equal those of the same rows run in process.
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import signal
 import subprocess
@@ -143,6 +145,24 @@ def _kill_first_row_worker(url: str, processes: dict, killed: list) -> None:
             time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def _drained_on_exit():
+    """Flush Prefect's process-wide log and event senders while this test's server still runs.
+
+    Flows run here in the test process send their logs and events through background workers
+    that are one per process and per API; the one for this test's server outlives the test.
+    Left alone, the session's Prefect harness drains every such worker at its teardown, after
+    this server is gone, and waits on it without end (seen: the whole suite hung there)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    try:
+        yield
+    finally:
+        APILogWorker.drain_all(timeout=60)
+        EventsWorker.drain_all(timeout=60)
+
+
 def test_rows_run_on_two_workers_survive_a_killed_worker_and_match_the_rows_run_in_process(rows_pool, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -155,7 +175,7 @@ def test_rows_run_on_two_workers_survive_a_killed_worker_and_match_the_rows_run_
               for out, extra in (("in_process", []),
                                  ("pooled", ["run.fanout.runner=work_pool", f"run.fanout.work_pool={POOL}"]))}
     killed: list = []
-    with temporary_settings({PREFECT_API_URL: url}):
+    with temporary_settings({PREFECT_API_URL: url}), _drained_on_exit():
         in_process = ablations(params["in_process"], return_state=True)
         assert in_process.is_completed(), in_process.message
         killer = threading.Thread(target=_kill_first_row_worker, args=(url, processes, killed), daemon=True)
