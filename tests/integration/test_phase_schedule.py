@@ -5,12 +5,14 @@ pretraining), then SFT (flows/reproduce.py). At 2922a80 the world and the base m
 side on two threads of the flow process instead; the README's table came from that run. Here
 both schedules run from nothing, each in an output folder of its own, and must give the same
 weights: the base model's and the SFT model's (docs/miniature.md, "Why a fresh clone gave
-another SFT model").
+another SFT model"). What does change them, the host's cores and CPU, each model records
+(`provenance.host_numerics` in its `paravt_meta.json`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,10 @@ def _weights(model) -> dict:
     from paravt_core.model.integrity import MANIFEST
 
     return json.loads((Path(model.path) / MANIFEST).read_text())["weights"]
+
+
+def _meta(model) -> dict:
+    return json.loads((Path(model.path) / "paravt_meta.json").read_text())
 
 
 def test_the_world_and_the_base_model_side_by_side_give_the_default_s_sft_model(prefect_harness, tmp_path: Path):
@@ -72,3 +78,15 @@ def test_the_world_and_the_base_model_side_by_side_give_the_default_s_sft_model(
     assert (world_one / "manifest.json").read_bytes() == (world_two / "manifest.json").read_bytes()
     assert _weights(base_one) == _weights(base_two)
     assert _weights(sft_one) == _weights(sft_two)
+    # What else the weights depend on is recorded with them: the same here, since one host
+    # trained both; each rank's threads are its share of the host's cores (dist._launch).
+    import torch
+
+    cfg = load_config(REPO / "conf/pipeline/reproduce.yaml", _overrides(tmp_path))
+    for model, ranks in ((base_one, cfg.model.pretrain.num_ranks), (sft_one, cfg.sft.num_ranks)):
+        numerics = _meta(model)["numerics"]
+        threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // ranks))
+        assert numerics == {"torch_threads": threads, "host_cpus": os.cpu_count(), "torch": torch.__version__,
+                            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    assert _meta(base_two)["numerics"] == _meta(base_one)["numerics"]
+    assert _meta(sft_two)["numerics"] == _meta(sft_one)["numerics"]
