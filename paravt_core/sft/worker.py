@@ -254,6 +254,7 @@ def _export_stats(encoded_by: dict[int, EncodingStats], dataset, model_dir: Path
 
 def _export(job: SFTJob, engine, rank: int, encoded: EncodingStats, ckpt_dir: Path) -> None:
     from paravt_core import dist as pdist
+    from paravt_core.provenance import host_numerics
 
     state = pdist.full_state_dict(engine, ckpt_dir, job.config.sft.zero_stage)
     if rank != 0:
@@ -271,6 +272,7 @@ def _export(job: SFTJob, engine, rank: int, encoded: EncodingStats, ckpt_dir: Pa
         "overlong_truncated": encoded.overlong_truncated,
         "media_skipped": encoded.media_errors,  # rank 0's: row source -> why its video did not decode
         "frame_cache": {"hits": encoded.cache_hits, "misses": encoded.cache_misses},
+        "numerics": host_numerics(),  # rank 0's; the weights depend on these too (provenance.host_numerics)
     }
     pdist.export_hf_model(state, job.base_model, job.out_dir / "model", job.config.model.dtype, meta, job.config.video)
 
