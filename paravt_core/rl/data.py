@@ -12,6 +12,8 @@ remembered so later steps skip it up front. One bad file never ends an RL run.
 A prompt's id seeds its draws (gating's K, SPEC §5), so it is computed from the row's
 content and the video's path relative to the media root (`video_key`), never from the
 absolute path the materialize step wrote: moving the output folder must not change a run.
+The media root is that of the data stage that wrote the rows (`rl.stage.media_root`), not
+the row config's run.output_dir, so a row given another run's data draws as that run does.
 """
 
 from __future__ import annotations

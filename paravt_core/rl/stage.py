@@ -38,13 +38,21 @@ def rl_shards(rl_data: ArtifactRef) -> list[Path]:
     return files
 
 
+def media_root(cfg: PipelineConfig, rl_data: ArtifactRef) -> Path:
+    """What the RL videos are keyed relative to (`rl.data.video_key`, which seeds gating's K):
+    the media folder of the data stage that wrote `rl_data`, which need not be this config's
+    run.output_dir (a row given another run's data bundle, flows/fanout.py `RowSpec`); the
+    config's own media folder for RL data laid out otherwise."""
+    from paravt_core.layout import media_dir, media_dir_of
+
+    return (media_dir_of(Path(rl_data.path)) or media_dir(cfg)).resolve()
+
+
 def make_job(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, with_mlflow: bool = True) -> RLJob:
     out = run_dir(cfg, init, rl_data)
     out.mkdir(parents=True, exist_ok=True)
-    from paravt_core.layout import media_dir
-
     return RLJob(config=cfg, init_model=init.path, init_model_sha256=init.sha256, data_files=rl_shards(rl_data),
-                 media_root=media_dir(cfg).resolve(),
+                 media_root=media_root(cfg, rl_data),
                  data_sha256=rl_data.sha256, out_dir=out.resolve(), tracking_uri=cfg.mlflow_uri(),
                  mlflow_run_id=_mlflow_run(cfg, out, init, rl_data) if with_mlflow and cfg.mlflow.enabled else None,
                  git_revision=git_revision())
