@@ -146,7 +146,10 @@ def test_a_server_killed_mid_split_resumes_without_losing_or_repeating_a_sample(
     assert Path(run.results_json).is_file()
 
 
-def test_paravt_eval_serve_runs_vllm_from_its_venv_and_stops_it_whole(serve_python, tiny_model_dir, tiny_processor):
+def test_paravt_eval_serve_runs_vllm_from_its_venv_and_stops_it_whole(serve_python, tiny_model_dir, tiny_processor,
+                                                                     tmp_path):
+    """The served model renders the configuration's pixel bounds (the tiny model's own processor,
+    like a downloaded base model's, would upscale frames: issue #60 finding 2)."""
     import signal
     import subprocess
 
@@ -154,15 +157,20 @@ def test_paravt_eval_serve_runs_vllm_from_its_venv_and_stops_it_whole(serve_pyth
 
     from tests.conftest import start_eval_serve
 
+    from paravt_core.config import load_config
     from paravt_core.eval.openai_engine import OpenAIChatClient, check_server_rendering
 
+    config = Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml"
+    video = load_config(config).video
     port = free_port()
     paravt, lines = start_eval_serve(["--model", str(tiny_model_dir), "--port", str(port), "--server", "vllm",
-                                      "--python", serve_python, "--startup-timeout-s", "600"])
+                                      "--python", serve_python, "--startup-timeout-s", "600", "--config", str(config),
+                                      "--set", f"run.output_dir={tmp_path}"])
     try:
         assert f"endpoint: http://127.0.0.1:{port}/v1\n" in lines, lines
         name = lines[-1].split("eval.served_model_name=")[1].strip()
-        assert check_server_rendering(OpenAIChatClient(f"http://127.0.0.1:{port}/v1", name), tiny_processor) > 0
+        client = OpenAIChatClient(f"http://127.0.0.1:{port}/v1", name)
+        assert check_server_rendering(client, tiny_processor, pixel_bounds=(video.min_pixels, video.max_pixels)) > 0
         group = [int(pid) for pid in subprocess.run(["pgrep", "-g", str(_server_pgid(paravt.pid))],
                                                     capture_output=True, text=True).stdout.split()]
         assert len(group) >= 2, group  # vLLM's API server and its engine core
