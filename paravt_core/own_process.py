@@ -28,6 +28,8 @@ def call_in_own_process(target: str, job: str, work_dir: str | Path, log_line: C
     Raises:
         RuntimeError: the child failed (the message holds its exit code and last lines).
     """
+    import torch
+
     from paravt_core.atomic import atomic_write_text
     from paravt_core.dist import launch_workers
 
@@ -38,7 +40,11 @@ def call_in_own_process(target: str, job: str, work_dir: str | Path, log_line: C
     result.unlink(missing_ok=True)  # an earlier attempt's result is not this one's
     job_file = atomic_write_text(work_dir / f"{name}.job.json",
                                  json.dumps({"target": target, "job": job, "result": str(result)}))
-    launch_workers(Path(__file__), ["--job", str(job_file)], 1, log_line=log_line)
+    # The caller's torch thread count goes with the call: a fan-out job sets it per thread
+    # (`run.fanout.threads_per_run`, flows/fanout.py), and in process the call ran on it; a
+    # one-rank launch would otherwise take every core (and other float reductions).
+    launch_workers(Path(__file__), ["--job", str(job_file)], 1, log_line=log_line,
+                   threads_per_rank=torch.get_num_threads())
     return result.read_text()
 
 
