@@ -62,8 +62,12 @@ def _storage_message(command: str, error: OSError) -> tuple[str, int]:
         return (f"paravt {command}: no space left writing {where} ({error.strerror}); free space on that disk "
                 "(df -h) or point the output elsewhere, then run the command again (finished stages are reused)",
                 FAILED)
-    return (f"paravt {command}: cannot write {where} ({error.strerror}); the folder is read-only or not yours: "
-            "choose an output folder you can write to (--out, run.output_dir)", INPUT_ERROR)
+    if error.errno == errno.EROFS:
+        return (f"paravt {command}: cannot write {where} ({error.strerror}): the file system is read-only; choose "
+                "an output folder you can write to (--out, run.output_dir)", INPUT_ERROR)
+    # EACCES / EPERM: a file the command read or wrote, not always an output
+    return (f"paravt {command}: cannot access {where} ({error.strerror}): give this user access to it, or, "
+            "where it is an output, choose an output folder you can write to (--out, run.output_dir)", INPUT_ERROR)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,7 +114,12 @@ def hold_output_dir(output_dir: Path, what: str) -> Iterator[Path]:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     folder_fd = _lock_folder(path.parent)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        if folder_fd is not None:  # the folder's lock goes with the failed attempt
+            os.close(folder_fd)
+        raise
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

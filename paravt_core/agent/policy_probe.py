@@ -19,9 +19,11 @@ Tolerance, per token in nats (`rl.served_logprob_tolerance` overrides):
 - float32: 1e-3. Measured on vLLM's CPU build with the tiny model: the served values equal
   the teacher-forced ones within 2e-4 (tests/server/test_vllm_rollouts.py); another model's
   weights differ by orders of magnitude more.
-- bfloat16: 0.1. Set, not measured: bf16 kernels of server and trainer differ by a few
-  hundredths per token; raise it with `rl.served_logprob_tolerance` if a GPU run stops
-  here with a gap well below a wrong model's.
+- bfloat16: 0.1. Set, not measured: an assumption that bf16 kernels (the server's on the GPU
+  against the trainer's, or the evaluation's local pass on the CPU) differ by hundredths of a
+  nat per token, far below a wrong model's gap; raise it with `rl.served_logprob_tolerance`
+  if a GPU run stops here with a gap well below a wrong model's. The evaluation's server is
+  started in `model.dtype` (`server_launch.server_command`), the dtype compared against.
 """
 
 from __future__ import annotations
@@ -132,7 +134,9 @@ def check_served_logprobs(api_root: str, model_name: str, checkpoint: str | Path
     from paravt_core.model.loading import load_model
 
     probe = served_completion_probe(api_root, model_name, tokenizer, api_key=api_key, deadline_s=deadline_s)
-    model = load_model(checkpoint, dtype=dtype, device="cpu").eval()
+    # The evaluation's model reference is content-hashed when it is resolved: no second sha256 of
+    # every weight file (16 GB at 8B) before the probe.
+    model = load_model(checkpoint, dtype=dtype, device="cpu", checksums=False).eval()
     try:
         gap = logprob_gap(probe, trainer_logprobs(model, probe, PROBE_TEMPERATURE, "cpu"))
     finally:

@@ -152,10 +152,13 @@ def serving_port(port: int, host: str = "127.0.0.1") -> int:
 
 def server_command(server: str, model_path: Path, port: int, served_model_name: str, *, python: str | None = None,
                    cpu: bool = False, max_model_len: int | None = None, data_parallel: int = 1,
-                   extra: Sequence[str] = ()) -> list[str]:
+                   extra: Sequence[str] = (), dtype: str | None = None) -> list[str]:
     """The command line that serves `model_path` on 127.0.0.1:`port` under `served_model_name`,
     as `data_parallel` replicas behind the one endpoint (one per visible GPU; the server
-    spreads the requests over them)."""
+    spreads the requests over them). `dtype` ("float32", "bfloat16": `model.dtype`) is what a GPU
+    server computes in, the dtype the evaluation's log-prob probe compares against
+    (`agent/policy_probe.py`); None leaves it to the checkpoint's `torch_dtype`. On the CPU it is
+    float32 always."""
     python = python or sys.executable
     if server == "sglang":
         command = [python, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", "127.0.0.1",
@@ -164,6 +167,8 @@ def server_command(server: str, model_path: Path, port: int, served_model_name: 
             command += ["--context-length", str(max_model_len)]
         if data_parallel > 1:
             command += ["--dp-size", str(data_parallel)]
+        if dtype and not cpu:
+            command += ["--dtype", dtype]
         return command + list(extra)
     # `vllm serve`, the entry point vLLM's CLI launches (vllm/entrypoints/cli/main.py, `serve`
     # in cli/serve.py); `python -m vllm.entrypoints.openai.api_server` is deprecated there
@@ -177,6 +182,8 @@ def server_command(server: str, model_path: Path, port: int, served_model_name: 
                "--generation-config", "vllm"]
     if cpu:
         command += ["--dtype", "float32", "--enforce-eager"]
+    elif dtype:
+        command += ["--dtype", dtype]
     if max_model_len or cpu:
         command += ["--max-model-len", str(max_model_len or CPU_MAX_MODEL_LEN)]
     if data_parallel > 1:
@@ -201,7 +208,7 @@ def server_env(server: str, cpu: bool) -> dict[str, str]:
 def launch(model_path: Path, served_model_name: str, *, port: int, server: str = "auto", python: str | None = None,
            max_model_len: int | None = None, startup_timeout_s: float = 900.0, log_path: Path | None = None,
            data_parallel: int = 1, extra: Sequence[str] = (), extra_env: Mapping[str, str] | None = None,
-           drop_env: Sequence[str] = (),
+           drop_env: Sequence[str] = (), dtype: str | None = None,
            progress: Callable[[str], None] | None = None) -> tuple[str, ServerProcess]:
     """Start a server on `model_path` and return (its name, the healthy process); `extra_env`
     is laid over its environment (`server_env`) and the variables in `drop_env` removed from it.
@@ -214,7 +221,7 @@ def launch(model_path: Path, served_model_name: str, *, port: int, server: str =
     name = pick_server(server, interpreter)
     cpu = not interpreter.cuda
     command = server_command(name, model_path, port, served_model_name, python=interpreter.path, cpu=cpu,
-                             max_model_len=max_model_len, data_parallel=data_parallel, extra=extra)
+                             max_model_len=max_model_len, data_parallel=data_parallel, extra=extra, dtype=dtype)
     env = {key: value for key, value in {**server_env(name, cpu), **(extra_env or {})}.items() if key not in drop_env}
     running = start_server(command, f"http://127.0.0.1:{port}", startup_timeout_s, env=env, log_path=log_path,
                            progress=progress)

@@ -101,7 +101,7 @@ def serve_command(args: argparse.Namespace) -> int:
         progress(f"starting a server on {folder} with {python}")
         server, running = launch(folder, name, port=port, server=args.server, python=python,
                                  max_model_len=args.max_model_len, startup_timeout_s=args.startup_timeout_s,
-                                 progress=progress)
+                                 dtype=cfg.model.dtype, progress=progress)
         endpoint = f"{running.url}/v1"
         print(f"{server} serves {model.path} (sha256 {model.sha256[:12]}) as {name!r}")
         print(f"endpoint: {endpoint}")

@@ -124,7 +124,8 @@ class ServerOnDemand:
             folder = served_folder(self.model.path, self.cfg.video, self.work_dir)
             server, self._running = launch(folder, name, port=port, server=ev.server, python=python,
                                            startup_timeout_s=ev.server_startup_timeout_s, log_path=self.log_path,
-                                           data_parallel=replicas, extra_env=env, progress=self.notify)
+                                           data_parallel=replicas, extra_env=env, dtype=self.cfg.model.dtype,
+                                           progress=self.notify)
         except ServeError as exc:
             raise EvalError(f"eval.engine=openai with no eval.endpoint starts a server for {self.model.path}, and "
                             f"cannot: {exc}") from exc

@@ -464,8 +464,8 @@ VERDICT_RULES = (
     f"{judged.ALPHA} and the effect is at least {100 * judged.MIN_ACCURACY:.0f} points of accuracy, "
     f"{judged.MIN_FORMAT:.2f} of the probe's answers in format, or a κ fall of {judged.KAPPA_FALL:.0%} of the "
     "SFT model's; \"equivalent\" when the 90 % t interval lies within that effect; otherwise inconclusive, with "
-    "the runs a row the measured spread asks for. With four runs a row the exact tests cannot give p below 2/70 "
-    "= 0.029 (two rows) or 2/16 = 0.125 (against the SFT model).")
+    "the runs a row the measured spread asks for; where the runs are too few for the exact tests to reach "
+    "that p at all, the finding says so.")
 
 
 def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
@@ -490,8 +490,9 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
         "\n".join(f"- {line}" for line in findings(runs)),
         *(["## The paper's findings (SPEC §6), verdicts", VERDICT_RULES, judged.design_line(runs),
            "\n".join(f"- {line}" for line in found),
-           "Holm families, fixed in code before any run (`miniature.verdicts.FAMILIES`, `FALLS_FAMILY`); a "
-           "comparison whose rows were not run counts at p 1:", judged.families_markdown()]
+           "Holm families, fixed in code before any run (`miniature.verdicts.FAMILIES`; the falls family "
+           "`FALLS_FAMILY` and its threshold after the runs of 2026-11-28); a comparison whose rows were not run "
+           "counts at p 1:", judged.families_markdown()]
           if (found := verdicts(runs)) else []),
         f"![per-step curves]({figure})",
     ]) + "\n"

@@ -86,7 +86,8 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_p
 
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu", attn_implementation: str = "sdpa",
                zero3_config: dict[str, Any] | None = None, vision_attention: str = "per_item",
-               vision_dedupe: str = "no_grad", patch_embed: str = "conv", prefill_attention: str = "masked"):
+               vision_dedupe: str = "no_grad", patch_embed: str = "conv", prefill_attention: str = "masked",
+               checksums: bool = True):
     """Load a `Qwen3VLForConditionalGeneration` (or any image-text-to-text model) for training or generation.
 
     Args:
@@ -101,13 +102,15 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
             evaluator) runs the vision tower the same way.
         vision_dedupe, patch_embed, prefill_attention: `model.*` of the same names
             (`model/fast_paths.py`), applied the same way.
+        checksums: False skips the sha256 of every weight file (sizes are still compared), for a
+            caller whose model reference was content-hashed already.
     """
     import torch
     from transformers import AutoModelForImageTextToText
 
     from paravt_core.model.integrity import verify_model_dir
 
-    verify_model_dir(model_dir)  # whole weights before anything is built (ModelFolderError names the file)
+    verify_model_dir(model_dir, checksums)  # whole weights before anything is built (ModelFolderError names the file)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     if attn_implementation not in ATTENTION_IMPLEMENTATIONS:

@@ -99,13 +99,11 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
 
     from paravt_core.agent.hf_engine import HFEngine
     from paravt_core.agent.rollout import run_dropping_undecodable, run_episodes
-    from paravt_core.device_ledger import declare_stage
     from paravt_core.dist import training_dtype
     from paravt_core.model.loading import load_model, load_processor
 
     undecodable = set() if undecodable is None else undecodable
     on_gpu = torch.cuda.is_available()
-    declare_stage("SFT grammar check", "SFT grammar check", cfg, model_dir)
     processor = load_processor(model_dir)
     model = load_model(model_dir, dtype=training_dtype(cfg.model.dtype, on_gpu), device="cuda" if on_gpu else "cpu",
                        attn_implementation=cfg.model.attn_implementation)
@@ -158,8 +156,12 @@ def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, 
     The first `per_split` samples of each of the seven splits with a video: 56 prompts on the
     embedded default, enough that one episode moves the rate by under 2 points.
     """
+    from paravt_core.device_ledger import declare_stage
     from paravt_core.sft.dataset import read_sft_rows
 
+    # One claim for the process: the base and the SFT model are loaded one after the other, and the
+    # plan's row is the larger of the two (the same shape), not their sum.
+    declare_stage("SFT grammar check", "SFT grammar check", cfg, base_dir)
     samples = held_out_samples(eval_dir, per_split)
     rows = read_sft_rows(sorted(Path(sft_rows_dir).glob("*.parquet")))
     prompts = held_out_prompts(rows, samples)

@@ -110,8 +110,8 @@ def _raise(error: BaseException):
 @pytest.mark.parametrize("code, status, says", [
     (errno.ENOSPC, 1, "no space left writing {file} (No space left on device); free space on that disk"),
     (errno.EDQUOT, 1, "no space left writing {file}"),
-    (errno.EROFS, 2, "cannot write {file} (Read-only file system); the folder is read-only or not yours"),
-    (errno.EACCES, 2, "cannot write {file} (Permission denied)"),
+    (errno.EROFS, 2, "cannot write {file} (Read-only file system): the file system is read-only"),
+    (errno.EACCES, 2, "cannot access {file} (Permission denied): give this user access to it"),
 ], ids=["ENOSPC", "EDQUOT", "EROFS", "EACCES"])
 def test_a_full_disk_or_read_only_output_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch, code, status,
                                                                       says):

@@ -534,6 +534,10 @@ def test_eval_serve_commands_bind_loopback_and_name_the_model():
         assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "30001"
         assert command[command.index("--served-model-name") + 1] == "paravt-8b-abc" and "/ckpt" in command
         assert "--enforce-eager" not in command and "--max-model-len" not in command  # GPU: the model's own
+        assert "--dtype" not in command  # GPU, no dtype asked: the checkpoint's torch_dtype
+        # GPU: the dtype the evaluation's log-prob probe compares against (`model.dtype`)
+        typed = server_command(server, Path("/ckpt"), 30001, "m", python="/venv/bin/python", dtype="bfloat16")
+        assert typed[typed.index("--dtype") + 1] == "bfloat16"
 
 
 def test_vllm_on_cpu_gets_float32_eager_a_bounded_context_and_its_cpu_settings(monkeypatch):
@@ -541,8 +545,9 @@ def test_vllm_on_cpu_gets_float32_eager_a_bounded_context_and_its_cpu_settings(m
 
     from paravt_core.agent.server_launch import CPU_MAX_MODEL_LEN, server_command, server_env
 
-    command = server_command("vllm", Path("/ckpt"), 30001, "m", cpu=True)
-    assert command[command.index("--dtype") + 1] == "float32" and "--enforce-eager" in command
+    command = server_command("vllm", Path("/ckpt"), 30001, "m", cpu=True, dtype="bfloat16")
+    assert command.count("--dtype") == 1 and command[command.index("--dtype") + 1] == "float32"
+    assert "--enforce-eager" in command
     assert command[command.index("--max-model-len") + 1] == str(CPU_MAX_MODEL_LEN)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     env = server_env("vllm", cpu=True)

@@ -387,6 +387,10 @@ def test_runs_that_fell_are_their_own_outcome():
     assert lines[0] == ("Runs that fell (held-out accuracy 10 or more points below their SFT model's): vanilla_grpo "
                         "0 of 4, paragrpo 2 of 4, anchoring_only 1 of 4, gating_only 0 of 4.")
     assert "paragrpo against anchoring_only: inconclusive (2 of 4 against 1 of 4, Fisher exact p 1.000" in lines[1]
+    # four runs a row: Fisher cannot go below 2/70, Holm over three needs 0.017; and the threshold was
+    # fixed after these runs were seen, so the line says it describes them
+    assert "no direction can be claimed: Fisher's smallest p is 0.029 and Holm over 3 needs one below 0.017" in lines[1]
+    assert lines[1].startswith("Runs that fell, PARA-GRPO against each other RL row (descriptive for runs made before")
     assert falls_lines([_row("paragrpo", 2, 0.5, 1.0, 1.0)][0]) == []  # no SFT model: nothing to fall from
 
 
@@ -398,7 +402,7 @@ def test_the_report_prints_the_holm_families_fixed_in_code(tmp_path):
     for finding, comparisons in FAMILIES:
         assert f"- {finding} ({len(comparisons)}): " in text
     assert "- Runs that fell (3, Fisher exact): paragrpo vs vanilla_grpo" in text
-    assert "cannot give p below 2/70 = 0.029" in text
+    assert "the falls family `FALLS_FAMILY` and its threshold after the runs of 2026-11-28" in text
 
 
 def test_budget_sweep_table_and_its_file(tmp_path):

@@ -210,12 +210,10 @@ def test_a_root_that_is_no_model_folder_is_refused_before_anything_is_hashed(sft
     """Issue #61 item 8: /usr was content-hashed (69 s for 5.3 GB) before the refusal; / the whole disk."""
     import time
 
-    from paravt_core import refs
     from paravt_core.agent import served_model
 
     (sft, sft_sha), _ = sft_and_base
-    monkeypatch.setattr(refs, "file_hash", _never_hashed)
-    monkeypatch.setattr(served_model, "_hash_by", _never_hashed)
+    monkeypatch.setattr(served_model, "_hash_by", _never_hashed)  # the one way the check hashes a file
     # a folder that looks like a model but whose weights are far larger: refused by size
     big = tmp_path / "big"
     big.mkdir()
