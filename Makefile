@@ -21,7 +21,7 @@ GPU_STAMP := $(GPU_VENV)/.installed
 # The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
 GPU_PY ?= $(GPU_VENV)/bin/python
 
-.PHONY: install install-gpu install-serve demo reproduce reproduce-table2 test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
+.PHONY: install install-gpu install-serve demo reproduce reproduce-table2 rehearse-8b test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ reproduce: $(STAMP)
 reproduce-table2: $(STAMP)
 	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
 	  --set 'reproduce.rows=[vanilla_grpo,paragrpo,anchoring_only,gating_only]' $(ARGS)
+
+# A dress rehearsal of the 8B run on this CPU (docs/scale.md "The first 8B run"): paravt_8b.yaml's own
+# pipeline end to end, every process where it puts them, the tiny model and small sizes; the device
+# ledger checks the memory plan's claims of every process. Its server tier test: tests/server/test_rehearse_8b.py.
+rehearse-8b: $(STAMP) $(SERVE_STAMP)
+	$(BIN)/paravt rehearse --config conf/pipeline/paravt_8b.yaml $(ARGS)
 
 # TEST_WORKERS: pytest-xdist workers (auto: one per core, at most 4; 0 runs in this process).
 TEST_WORKERS ?= auto

@@ -152,6 +152,103 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 2 if report is None else 0
 
 
+def _fresh_rehearsal_dir(out) -> str | None:
+    """Empty the rehearsal's output folder but for the generated world (the hub stand-in, not a
+    stage of the run): a rehearsal runs every stage from nothing. None, or why it may not."""
+    import shutil
+
+    from paravt_core.rehearsal import SUMMARY
+
+    if not out.exists():
+        return None
+    if any(out.iterdir()) and not (out / SUMMARY).is_file():
+        return (f"{out} holds files and no {SUMMARY}: it is not a rehearsal's folder; give another "
+                "(--set run.output_dir=...) or empty it")
+    for entry in out.iterdir():
+        if entry.name == "data":
+            for inner in entry.iterdir():
+                if not inner.name.startswith("world-"):
+                    shutil.rmtree(inner) if inner.is_dir() else inner.unlink()
+        elif entry.name != SUMMARY:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    return None
+
+
+def _rehearse(args: argparse.Namespace) -> int:
+    from paravt_core.config import ConfigError
+    from paravt_core.rehearsal import GPU_ONLY, SUMMARY, format_changes, ledger_environment, rehearsal_config, write_summary
+
+    command = "paravt rehearse"
+    try:
+        real, cfg, changes, sets = rehearsal_config(args.config, args.set, args.rl_row, args.eval_replicas)
+    except ConfigError as err:
+        print(f"{command}: {err}", file=sys.stderr)
+        return 2
+    out = cfg.run.output_dir
+    refusal = _fresh_rehearsal_dir(out)
+    if refusal:
+        print(f"{command}: {refusal}", file=sys.stderr)
+        return 2
+    gpu_bytes = int(args.gpu_memory_gib * 2**30) if args.gpu_memory_gib else 80 * 10**9
+    ledger = out.resolve() / "device_ledger.jsonl"
+    summary = {"config": str(args.config), "overrides": sets, "changes": [c.__dict__ for c in changes],
+               "gpu_bytes": gpu_bytes, "planned_model": real.model.base, "flow_pid": os.getpid(),
+               "gpu_only": list(GPU_ONLY), "status": "running"}
+    out.mkdir(parents=True, exist_ok=True)
+    write_summary(out / SUMMARY, summary)
+    print(f"{command}: {args.config}'s pipeline on this machine's CPU, as the real run has it but for:\n"
+          f"{format_changes(changes)}\nGPU memory: each process declares the memory plan's bytes of "
+          f"{real.model.base} on {gpu_bytes / 1e9:.1f} GB cards in {ledger}.", flush=True)
+    # Every process of the run inherits these; every stage runs (a cached one would declare nothing).
+    rehearsal_env = {**ledger_environment(real, ledger, gpu_bytes), "PREFECT_TASKS_REFRESH_CACHE": "true"}
+    saved = {key: os.environ.get(key) for key in rehearsal_env}
+    os.environ.update(rehearsal_env)
+    try:
+        return _rehearse_flow(command, args, real, cfg, sets, ledger, gpu_bytes, summary)
+    finally:  # as they were (a caller in this process, e.g. a test, runs on)
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+
+
+def _rehearse_flow(command, args, real, cfg, sets, ledger, gpu_bytes, summary) -> int:
+    import time
+
+    from paravt_core.device_ledger import LedgerError, read_ledger
+    from paravt_core.rehearsal import GPU_ONLY, SUMMARY, expected_roles, ledger_table, verify, write_summary
+
+    out = cfg.run.output_dir
+    _prefect_environment()
+    from flows.full_pipeline import full_pipeline
+    from flows.params import PipelineParams
+
+    params = PipelineParams(config_path=args.config, overrides=sets, rl_row=args.rl_row)
+    started, failure = time.monotonic(), None
+    try:
+        result = _flow_in_process(command, full_pipeline, params, cfg, lambda outputs: None)
+        if result is None:
+            return 2
+    except ApiGone as gone:
+        return _ended(gone.status)
+    except Exception as exc:  # the stage that failed says why; the ledger says what held the cards
+        failure = f"{type(exc).__name__}: {exc}"
+    summary["wall_s"] = round(time.monotonic() - started, 1)
+    try:
+        claims = verify(ledger, gpu_bytes, os.getpid(), () if failure else expected_roles(cfg))
+    except LedgerError as err:
+        failure = f"{failure}\n{err}" if failure else str(err)
+        claims = read_ledger(ledger) if ledger.is_file() else []
+    summary["status"] = "failed" if failure else "passed"
+    summary["failure"] = failure
+    write_summary(out / SUMMARY, summary)
+    print(f"\n{command}: device ledger (planned, {real.model.base}):\n{ledger_table(claims, gpu_bytes)}")
+    print(f"Not rehearsed here (a GPU shows them): " + "; ".join(GPU_ONLY))
+    if failure:
+        print(f"{command}: FAILED after {summary['wall_s']:.0f} s: {failure}", file=sys.stderr)
+        return 1
+    print(f"{command}: passed in {summary['wall_s']:.0f} s ({out / SUMMARY})")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run the full pipeline flow on a config (no server needed)")
     p.add_argument("--config", default="conf/pipeline/tiny.yaml", help="pipeline YAML")
@@ -164,3 +261,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override, e.g. 'reproduce.seeds=[0]' or rl.max_steps=4")
     p.set_defaults(func=_reproduce)
+    p = subparsers.add_parser("rehearse", help="a dress rehearsal of a GPU config on this CPU: its pipeline end to end, "
+                                               "every process where it puts them, the tiny model and small sizes "
+                                               "(exit 1: a stage or the device ledger failed)")
+    p.add_argument("--config", default="conf/pipeline/paravt_8b.yaml", help="pipeline YAML")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override, applied to the real config and then to the rehearsal's")
+    p.add_argument("--rl-row", default=None, help="RL ablation row (conf/rl/*.yaml) laid over the rl section")
+    p.add_argument("--eval-replicas", type=int, default=2,
+                   help="the evaluation's data-parallel replicas at most (each a vLLM engine in this machine's memory)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None,
+                   help="the cards the ledger plans for, GiB (default: 80 GB, an H100 80GB)")
+    p.set_defaults(func=_rehearse)

@@ -66,21 +66,67 @@ def _append(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def declare(role: str, gpus: Sequence[int], planned_bytes: int, ledger: str | os.PathLike | None = None) -> None:
-    """Record that this process holds `planned_bytes` on each of `gpus` until it ends (a line
-    written at exit closes the claim; a killed process's claim stays open). A no-op when no
-    ledger is named (argument or PARAVT_DEVICE_LEDGER)."""
+def declare(role: str, gpus: Sequence[int], planned_bytes: int, ledger: str | os.PathLike | None = None,
+            pid: int | None = None) -> None:
+    """Record that a process holds `planned_bytes` on each of `gpus` until it ends: this one (a
+    line written at its exit closes the claim; a killed process's claim stays open), or `pid`, a
+    server this process started, whose claim `release(pid)` closes when it is stopped. A no-op
+    when no ledger is named (argument or PARAVT_DEVICE_LEDGER).
+
+    The claim is checked at once against the claims alive now, as the card would check the
+    allocation: the rehearsal of a run fails at the stage that would run out of memory, naming
+    what holds the card, not at its end.
+
+    Raises:
+        LedgerError: with this claim, a GPU holds more than `planned_gpu_bytes()`.
+    """
     ledger = ledger or os.environ.get(LEDGER_ENV)
     if not ledger:
         return
-    path, pid = Path(ledger), os.getpid()
+    path, own = Path(ledger), pid is None
+    pid = os.getpid() if own else int(pid)
     for gpu in gpus:
         _append(path, {"event": "hold", "role": role, "pid": pid, "gpu": int(gpu),
                        "planned_bytes": int(planned_bytes), "time": time.time()})
-    if (str(path), pid) not in _released:
+    if own and (str(path), pid) not in _released:
         _released.add((str(path), pid))
-        atexit.register(lambda: os.getpid() == pid and _append(path, {"event": "release", "pid": pid,
-                                                                      "time": time.time()}))
+        atexit.register(lambda: os.getpid() == pid and release(pid, path))
+    problems = overcommits([c for c in alive_claims(read_ledger(path)) if c.gpu in set(gpus)], planned_gpu_bytes())
+    if problems:
+        raise LedgerError(f"device ledger ({path}): {role} (pid {pid}) cannot have its memory:\n"
+                          + "\n".join(f"  - {p}" for p in problems)
+                          + "\n  (a process that loads a model keeps its memory until it ends: the earlier stage "
+                            "must run in a process of its own, paravt_core/own_process.py)")
+
+
+def release(pid: int, ledger: str | os.PathLike | None = None) -> None:
+    """Close the claims of process `pid` (it ended, or its server was stopped); a no-op without a ledger."""
+    ledger = ledger or os.environ.get(LEDGER_ENV)
+    if ledger:
+        _append(Path(ledger), {"event": "release", "pid": int(pid), "time": time.time()})
+
+
+def declare_server(role: str, pid: int, gpus: Sequence[int], fraction: float) -> None:
+    """`declare` a model server's claim: `fraction` of each of its cards, the static share vLLM
+    (`gpu_memory_utilization`) or SGLang (`mem_fraction_static`) takes of it at start-up (and
+    refuses to start without, free)."""
+    if os.environ.get(LEDGER_ENV):
+        declare(role, gpus, int(fraction * planned_gpu_bytes()), pid=pid)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def alive_claims(claims: Sequence[Claim]) -> list[Claim]:
+    """The claims whose process still runs (a killed process's memory went back to the card with it)."""
+    return [c for c in claims if c.end is None and _running(c.pid)]
 
 
 def planned_gpu_bytes() -> int:

@@ -129,15 +129,34 @@ class ServerOnDemand:
         except ServeError as exc:
             raise EvalError(f"eval.engine=openai with no eval.endpoint starts a server for {self.model.path}, and "
                             f"cannot: {exc}") from exc
+        self._hold_in_ledger(server)
         self.starts += 1
         self._served = Served(f"{self._running.url}/v1", name, replicas)
         self.notify(f"eval: {server} serves {self.model.path} as {name!r} at {self._served.endpoint} (started in "
                     f"{time.monotonic() - started:.0f} s)")
         return self._served
 
+    def _hold_in_ledger(self, server: str) -> None:
+        """The device ledger (rehearsals, `device_ledger.py`): the server holds its static share of
+        each of `eval.gpus` (vLLM's default `gpu_memory_utilization`, or SGLang's pool); a claim the
+        cards cannot hold stops it."""
+        from paravt_core.device_ledger import LedgerError, declare_server
+        from paravt_core.plan import SERVER_FRACTION, VLLM_FRACTION
+
+        fraction = SERVER_FRACTION if server == "sglang" else VLLM_FRACTION
+        try:
+            declare_server(f"evaluation server ({server})", self._running.process.pid, list(self.cfg.eval.gpus) or [0],
+                           fraction)
+        except LedgerError:
+            self.stop()
+            raise
+
     def stop(self) -> None:
         """Stop the server's whole process group, if one was started; idempotent."""
         running, self._running, self._served = self._running, None, None
         if running is not None:
+            from paravt_core.device_ledger import release
+
             running.stop()
+            release(running.process.pid)  # the device ledger (rehearsals): its cards are free again
             self.notify(f"eval: stopped the model server for {self.model.path}")

@@ -33,6 +33,7 @@ url to connect to and nothing to launch one with.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,24 @@ class RolloutBackend:
         if self.served and self.pushes_weights:
             self.engine.release_staged_weights()  # the /dev/shm snapshot: host memory until deleted
         if self.server is not None:
+            from paravt_core.device_ledger import release
+
             self.server.stop()
+            release(self.server.process.pid)  # the device ledger (rehearsals): its card is free again
             self.server = None
+
+
+def hold_in_ledger(server: Any, role: str, gpus: Sequence[int], fraction: float) -> None:
+    """The device ledger (rehearsals, `device_ledger.py`): the server launched holds `fraction`
+    of each of its cards (`gpus`; none: its `cuda:0`, rank 0's card when colocated); a claim
+    the cards cannot hold stops it."""
+    from paravt_core.device_ledger import LedgerError, declare_server, physical_gpu
+
+    try:
+        declare_server(role, server.process.pid, list(gpus) or [physical_gpu(0)], fraction)
+    except LedgerError:
+        server.stop()
+        raise
 
 
 def _barrier(world: int) -> None:
@@ -181,6 +198,10 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
             mem_fraction_static=server_cfg.mem_fraction_static, enable_memory_saver=colocated,
             cuda_devices=server_cfg.gpus, pixel_bounds=(cfg.video.min_pixels, cfg.video.max_pixels),
             served_model_name=_served_name(cfg, init_sha256), startup_timeout_s=server_cfg.startup_timeout_s)
+        from paravt_core.plan import SERVER_FRACTION
+
+        hold_in_ledger(server, "RL rollout server (SGLang)", server_cfg.gpus,
+                       server_cfg.mem_fraction_static or SERVER_FRACTION)
         url = server.url
     url = _shared_url(url, rank, world, init_model, init_sha256)
     engine = SGLangEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,
@@ -217,6 +238,10 @@ def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: i
                                             cuda_devices=server_cfg.gpus, tp_size=server_cfg.tp_size,
                                             gpu_memory_utilization=server_cfg.gpu_memory_utilization,
                                             served_name=_served_name(cfg, init_sha256))
+        from paravt_core.plan import VLLM_FRACTION
+
+        hold_in_ledger(server, "RL rollout server (vLLM)", server_cfg.gpus,
+                       server_cfg.gpu_memory_utilization or VLLM_FRACTION)
         url = server.url
     url = _shared_url(url, rank, world, init_model, init_sha256)
     engine = VLLMEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,

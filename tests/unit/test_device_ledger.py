@@ -96,3 +96,36 @@ def test_a_rehearsal_plans_the_real_model_on_the_real_card(tmp_path: Path, monke
     assert claim.gpu == 3 and claim.planned_bytes == _8b_claims_bytes()[1]
     with pytest.raises(LedgerError, match="has no row 'nothing'"):
         stage_bytes(cfg, "nothing", "Qwen/Qwen3-VL-8B-Instruct", CARD)
+
+
+def test_a_claim_the_card_cannot_hold_fails_when_it_is_made_not_at_the_end(tmp_path: Path, monkeypatch):
+    """The rehearsal fails at the stage that would run out of memory, naming what holds the card;
+    a claim of a process that has ended (or was killed) no longer counts."""
+    from paravt_core.device_ledger import declare, release
+
+    ledger = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv(PLANNED_GPU_BYTES_ENV, str(CARD))
+    holder, rank0 = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2))
+    try:
+        declare("SFT grammar check", [0], 61 * GB, ledger, pid=holder.pid)
+        with pytest.raises(LedgerError) as err:
+            declare("RL rank 0", [0], 65 * GB, ledger, pid=rank0.pid)
+        assert f"SFT grammar check (pid {holder.pid}, 61.0 GB) + RL rank 0 (pid {rank0.pid}" in str(err.value)
+        assert "process of its own" in str(err.value)
+        declare("RL rank 1", [1], 65 * GB, ledger)  # another card: room
+    finally:
+        for process in (holder, rank0):  # the failed rank ends (its claim with it), as the holder does
+            process.kill()
+            process.wait()
+    declare("RL rank 0 (again)", [0], 65 * GB, ledger)  # the holder is gone, its memory with it
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        declare("evaluation server", [1], 70 * GB, ledger, pid=server.pid)
+        raise AssertionError("two live claims of 65 and 70 GB on GPU 1 were accepted")
+    except LedgerError:
+        pass
+    release(server.pid, ledger)  # a stopped server's claim ends at its release, while this process lives on
+    server.kill()
+    server.wait()
+    ended = {c.role: c.end for c in read_ledger(ledger)}
+    assert ended["evaluation server"] is not None and ended["RL rank 1"] is None
