@@ -166,7 +166,7 @@ def job_order(fanout: FanoutConfig, rl_jobs: list, sft_measurements: list) -> li
     """The fan-out's jobs in the order they start. Side by side, the SFT model's measurements go
     after the RL runs: each is shorter than a run, so they fill the slots the last runs leave
     (longest first), on the fan-out's thread budget (two evaluations side by side on one thread
-    each finished 1.33x sooner than one after the other on two, docs/miniature.md). One at a
+    each finished 1.33x sooner than one after the other on two, docs/log/miniature-world-v3d.md). One at a
     time, they go first, as before: the SFT model's figures are then known before hours of RL."""
     return [*rl_jobs, *sft_measurements] if fanout.max_concurrent > 1 else [*sft_measurements, *rl_jobs]
 

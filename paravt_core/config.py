@@ -86,8 +86,7 @@ class PretrainConfig(_Section):
     max_steps: int = Field(1000, ge=1)
     micro_batch_size: int = Field(8, ge=1)  # per rank: a step trains on micro_batch_size x num_ranks rows
     # Data-parallel ranks of both phases (DeepSpeed, as cold-start SFT's `sft.num_ranks`), each on its
-    # share of the host's cores. On this 2-core machine 2 ranks of 4 rows trained the captioning phase
-    # at 29.5 rows/s against 22.8 for 1 rank of 8 on both cores (docs/miniature.md, session 57). A
+    # share of the host's cores (why the reproduction runs 2: docs/log/config-notes.md). A
     # step's loss is then the mean of the ranks' own token means, not one token mean over its rows.
     num_ranks: int = Field(1, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
@@ -311,8 +310,8 @@ class SFTConfig(_Section):
     zero_stage: int = Field(3, ge=0, le=3)
     num_ranks: int = Field(1, ge=1)
     hostfile: str | None = None  # DeepSpeed hostfile for multi-node runs (num_ranks is then ignored)
-    # Recompute activations in the backward pass: on the 2B shape (../shared/GPU.md) it took a
-    # plain forward+backward from 12.7 % to 8.1 % MFU but lets micro-batches of 2-8 long video
+    # Recompute activations in the backward pass: slower (its MFU cost: docs/log/config-notes.md)
+    # but lets micro-batches of 2-8 long video
     # samples fit (batch 4 runs out of 80 GB without it). Off for the tiny model.
     gradient_checkpointing: bool = False
     # How the token loss is computed (sft/loss.py): "logits" = the model's own loss over

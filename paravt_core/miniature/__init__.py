@@ -6,7 +6,8 @@ that model to learn anything in minutes on a CPU it is first pretrained on the w
 skills each phase should leave are measured by teacher-forced probes (`forced`,
 `caption_probe`, `reading_probe`, `agent_probe`) and by the sub-agent's and
 the rollouts' own behaviour (`perception`, `rollout_probe`). `reproduce` turns the
-reproduction's runs into Table 2 in miniature. docs/miniature.md is its lab notebook.
+reproduction's runs into Table 2 in miniature. docs/miniature.md says its method and current
+results; docs/log/ keeps its lab notebook.
 
 The core packages (data, video, agent, sft, rl, eval, registry, model) never import this one
 (an import-linter contract in pyproject.toml); the flows and tasks hand its pieces to them

@@ -12,7 +12,7 @@ measures it on one model (the SFT model, before any RL) with the model's own sam
   vanilla GRPO's rollouts do not have, and under `reward.scope: generated` a forced prefix earns
   no format credit (SPEC §4.5); until 2026-11-28 the probe rolled out as the evaluation does, so
   for vanilla GRPO it scored neither branch's `<think>` and none of a tool path's +0.3 for
-  thinking before its call, which its training rollouts earn (docs/miniature.md);
+  thinking before its call, which its training rollouts earn (docs/log/miniature-world-v3.md);
 - its first turn is forced to open with the teacher's crop plan, or with its skip plan
   (`opening_probe.config_openings`: "crop: ..." and "no crop: enough", or "no crop: seen" for the
   overview-reading teacher, whose skip plan goes on to say what the frames show), and the rest of the

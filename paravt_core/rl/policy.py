@@ -89,7 +89,7 @@ def fixed_format_reward(episode: Episode, scope: RewardScope = "generated") -> f
     scope a row with `rollout.think_prefix` never shows an opening `<think>` (the prompt
     forced it), so the same written transcript scores 0.5 there and 1.0 without the prefix:
     the miniature Table 2 measured PARA-GRPO 0.49 against vanilla 0.99 at step 1, from one
-    SFT policy (docs/miniature.md). Both are logged (`f_tau_fixed`,
+    SFT policy (docs/log/miniature-world-v1.md). Both are logged (`f_tau_fixed`,
     `f_tau_fixed_transcript`)."""
     return format_reward(episode.text(scope), answer_suffix=True, anchor_weight=0.5)
 

@@ -4,8 +4,8 @@
 pretraining), then SFT (flows/reproduce.py). At 2922a80 the world and the base model ran side by
 side on two threads of the flow process instead; the README's table came from that run. Here
 both schedules run from nothing, each in an output folder of its own, and must give the same
-weights: the base model's and the SFT model's (docs/miniature.md, "Why a fresh clone gave
-another SFT model"). What does change them, the host's cores and CPU, each model records
+weights: the base model's and the SFT model's (docs/log/miniature-builds.md, "Why a fresh
+clone gave another SFT model"). What does change them, the host's cores and CPU, each model records
 (`provenance.host_numerics` in its `paravt_meta.json`).
 """
 

@@ -465,7 +465,7 @@ def test_no_penalty_row_drops_only_the_unclosed_think_penalty():
 
 
 def test_fixed_format_under_generated_scope_misses_a_forced_think_prefix():
-    """The Table 2 fτ_fixed artifact (docs/miniature.md): the same written
+    """The Table 2 fτ_fixed artifact (docs/log/miniature-world-v1.md): the same written
     transcript, its think blocks opened by the prompt (PARA-GRPO's think prefix) or by the
     policy (vanilla), scores 0.5 against 1.0 under the SPEC's generated scope; the transcript
     scope scores both 1.0."""
