@@ -16,6 +16,7 @@ memory, and no GPU has more planned at one time than the card.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import time
@@ -28,6 +29,9 @@ LEDGER_ENV = "PARAVT_DEVICE_LEDGER"
 # run's (e.g. Qwen/Qwen3-VL-8B-Instruct on 80 GB cards); unset, the loaded model and this card.
 PLANNED_MODEL_ENV = "PARAVT_LEDGER_MODEL"
 PLANNED_GPU_BYTES_ENV = "PARAVT_LEDGER_GPU_BYTES"
+# ... and the config they are planned for: a rehearsal runs small sizes (frames, new tokens) and
+# plans the real run's (a JSON dump of its config); unset, the config the process runs.
+PLANNED_CONFIG_ENV = "PARAVT_LEDGER_CONFIG"
 DEFAULT_GPU_BYTES = 80 * 10**9  # an H100 80 GB, where no card is visible
 
 
@@ -145,11 +149,20 @@ def stage_bytes(cfg, stage: str, model_dir: str | os.PathLike, gpu_bytes: int) -
     from paravt_core.plan import RESERVE_FRACTION, gpus_needed, memory_plan, model_shape
 
     base = os.environ.get(PLANNED_MODEL_ENV) or str(model_dir)
+    if os.environ.get(PLANNED_CONFIG_ENV):
+        cfg = _planned_config(os.environ[PLANNED_CONFIG_ENV])
     plan = memory_plan(cfg, model_shape(base), gpus_needed(cfg), gpu_bytes)
     row = next((s for s in plan.stages if s.stage.startswith(stage)), None)
     if row is None:
         raise LedgerError(f"the memory plan of {base} has no row {stage!r} (rows: {[s.stage for s in plan.stages]})")
     return row.total + int(RESERVE_FRACTION * gpu_bytes)
+
+
+@functools.cache
+def _planned_config(path: str):
+    from paravt_core.config import PipelineConfig
+
+    return PipelineConfig.model_validate_json(Path(path).read_text())
 
 
 def declare_stage(role: str, stage: str, cfg, model_dir: str | os.PathLike) -> None:

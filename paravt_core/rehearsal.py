@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.config import PipelineConfig, load_config
-from paravt_core.device_ledger import (LEDGER_ENV, PLANNED_GPU_BYTES_ENV, PLANNED_MODEL_ENV, Claim, check_ledger,
-                                       read_ledger)
+from paravt_core.device_ledger import (LEDGER_ENV, PLANNED_CONFIG_ENV, PLANNED_GPU_BYTES_ENV, PLANNED_MODEL_ENV, Claim,
+                                       check_ledger, read_ledger)
 
 SUMMARY = "rehearsal.json"  # the rehearsal's outcome, in its output folder (and its mark)
 DEFAULT_REPLICAS = 2  # evaluation replicas at once: a vLLM CPU engine process holds ~1.5 GB here
@@ -118,9 +118,13 @@ def rehearsal_config(config_path: str | os.PathLike, user_overrides: list[str], 
 
 
 def ledger_environment(real: PipelineConfig, ledger: Path, gpu_bytes: int) -> dict[str, str]:
-    """The variables every process of the rehearsal inherits: where to declare, and the model
-    and card the claims are planned for (config C's, not the tiny model's)."""
-    env = {LEDGER_ENV: str(ledger), PLANNED_GPU_BYTES_ENV: str(gpu_bytes)}
+    """The variables every process of the rehearsal inherits: where to declare, and the config,
+    model and card the claims are planned for (config C's sizes and model, not the rehearsal's;
+    C is written beside the ledger)."""
+    from paravt_core.atomic import atomic_write_text
+
+    planned = atomic_write_text(ledger.with_name("planned_config.json"), real.model_dump_json(indent=1))
+    env = {LEDGER_ENV: str(ledger), PLANNED_GPU_BYTES_ENV: str(gpu_bytes), PLANNED_CONFIG_ENV: str(planned)}
     if real.model.base != "tiny":  # the tiny model plans as itself (its folder's config.json)
         env[PLANNED_MODEL_ENV] = str(real.model.base)
     return env

@@ -18,8 +18,8 @@ class GatheredWeights:
     where before every rank cloned all of it there (`gathered_state_dict`) and rank 0 copied
     it once more for safetensors' `save_file`.
 
-    The names, shapes and dtypes are the ones `gathered_state_dict` gives (ZeRO-3: parameters,
-    each once, then buffers; otherwise the state dict), known without gathering (`ds_shape`);
+    The names, shapes and dtypes are the state dict's (ZeRO-3: parameters, each once, then the
+    persistent buffers; otherwise the state dict), known without gathering (`ds_shape`);
     the order is the widest dtype first, stable otherwise, so every rank gathers alike.
     """
 
@@ -29,7 +29,12 @@ class GatheredWeights:
         module = engine.module
         if zero_stage == 3:
             entries = [(name, p, tuple(p.ds_shape), True) for name, p in module.named_parameters()]
-            entries += [(name, b, tuple(b.shape), False) for name, b in module.named_buffers()]
+            # The persistent buffers only, as the state dict (and so a checkpoint) has them: a rotary
+            # embedding's `inv_freq` is computed at load, and vLLM refuses a snapshot naming it
+            # ("no module or parameter named 'rotary_emb'", found by `paravt rehearse`).
+            transient = {f"{prefix}.{name}" if prefix else name for prefix, sub in module.named_modules()
+                         for name in sub._non_persistent_buffers_set}
+            entries += [(name, b, tuple(b.shape), False) for name, b in module.named_buffers() if name not in transient]
         else:
             entries = [(name, t, tuple(t.shape), False) for name, t in module.state_dict().items()]
         self._entries = sorted(entries, key=lambda entry: -entry[1].dtype.itemsize)

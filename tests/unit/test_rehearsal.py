@@ -92,3 +92,20 @@ def test_a_folder_that_is_not_a_rehearsals_is_not_emptied(tmp_path: Path):
     assert _fresh_rehearsal_dir(tmp_path) is None
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["data", "rehearsal.json", "world-abc"]
     assert load_config(CONFIG_8B).run.output_dir.name == "paravt_8b"
+
+
+def test_the_claims_are_planned_for_the_real_config_not_the_rehearsed_sizes(tmp_path: Path, monkeypatch):
+    """4 frames and 32 new tokens would plan RL rank 0 at ~39 GB; the 8B run's sizes plan ~65 GB."""
+    from paravt_core.device_ledger import _planned_config, stage_bytes
+    from paravt_core.rehearsal import ledger_environment
+
+    real, cfg, _, _ = rehearsal_config(CONFIG_8B, [])
+    env = ledger_environment(real, tmp_path / "device_ledger.jsonl", 80 * GB)
+    assert load_config(CONFIG_8B).model_dump() == _planned_config(env["PARAVT_LEDGER_CONFIG"]).model_dump()
+    base = env["PARAVT_LEDGER_MODEL"]
+    rehearsed, planned = stage_bytes(cfg, "RL policy pass", base, 80 * GB), stage_bytes(real, "RL policy pass", base,
+                                                                                        80 * GB)
+    assert planned > rehearsed + 10 * GB
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert stage_bytes(cfg, "RL policy pass", base, 80 * GB) == planned

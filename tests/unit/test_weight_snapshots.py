@@ -193,3 +193,15 @@ def test_the_rl_stage_deletes_the_runs_shm_snapshots_whatever_its_workers_did(tm
         assert not shm_dir.exists()
     finally:
         shutil.rmtree(shm_dir, ignore_errors=True)
+
+
+def test_under_zero3_the_stream_names_the_state_dicts_tensors_and_no_transient_buffer(tiny_model, monkeypatch):
+    """A rotary embedding's `inv_freq` is a non-persistent buffer: in `named_buffers`, not in the
+    state dict. vLLM refused a ZeRO-3 push that named it (`paravt rehearse` of paravt_8b.yaml:
+    "There is no module or parameter named 'rotary_emb' in Qwen3LLMModel")."""
+    for parameter in tiny_model.parameters():
+        monkeypatch.setattr(parameter, "ds_shape", tuple(parameter.shape), raising=False)
+    transient = [name for name, _ in tiny_model.named_buffers() if name not in tiny_model.state_dict()]
+    assert any(name.endswith("rotary_emb.inv_freq") for name in transient)  # the model has one to leave out
+    stream = GatheredWeights(SimpleNamespace(module=tiny_model), zero_stage=3, keep=True)
+    assert sorted(s.name for s in stream.specs) == sorted(tiny_model.state_dict())
