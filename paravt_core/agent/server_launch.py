@@ -36,6 +36,7 @@ SERVE_VENV = Path(__file__).resolve().parents[2] / ".venv-serve"
 # (SPEC §3, §7); vLLM caps images per prompt unless told.
 MAX_IMAGES_PER_PROMPT = 512
 CPU_MAX_MODEL_LEN = 16384
+CPU_STEP_TOKENS = 65536  # tokens one step of a CPU server may prefill (`server_command`): no split prompt
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 # `vllm serve` run by the serve interpreter: vLLM's own CLI (`vllm.entrypoints.cli.main.main`,
 # what the `vllm` command runs), with one thing taught: its `--version` looks up the
@@ -181,13 +182,14 @@ def server_command(server: str, model_path: Path, port: int, served_model_name: 
                # checkpoint's generation_config (top_k, penalties): served = hf engine.
                "--generation-config", "vllm"]
     if cpu:
-        # Every prompt prefilled whole in one step, no chunked prefill: the CPU build fails a seeded
-        # request (every rollout) whose prefill is split, as its sampled token is then discarded
-        # and its torch.Generator rewound, which a CPU generator cannot do ("CPU Generator does not
-        # use offset", v1/worker/gpu_model_runner.py `_bookkeeping_sync`, vllm-cpu 0.32.0). Its
-        # default step budget is 2048 tokens: 7 ranks' rollouts at once (`paravt rehearse`) split.
-        command += ["--dtype", "float32", "--enforce-eager", "--no-enable-chunked-prefill",
-                    "--max-num-batched-tokens", str(max_model_len or CPU_MAX_MODEL_LEN)]
+        # A step budget of a whole context: the CPU build fails a seeded request (every rollout)
+        # whose prefill is split over steps, as its sampled token is then discarded and its
+        # torch.Generator rewound, which a CPU generator cannot do ("CPU Generator does not use
+        # offset", v1/worker/gpu_model_runner.py `_bookkeeping_sync`, vllm-cpu 0.32.0). Its default
+        # budget is 2048 tokens a step: 7 ranks' rollouts at once (`paravt rehearse`) were split.
+        # (Chunked prefill itself stays: vLLM warns that Qwen3-VL may compute wrong without it.)
+        command += ["--dtype", "float32", "--enforce-eager",
+                    "--max-num-batched-tokens", str(max(max_model_len or CPU_MAX_MODEL_LEN, CPU_STEP_TOKENS))]
     elif dtype:
         command += ["--dtype", dtype]
     if max_model_len or cpu:

@@ -543,19 +543,17 @@ def test_eval_serve_commands_bind_loopback_and_name_the_model():
 def test_vllm_on_cpu_gets_float32_eager_a_bounded_context_and_its_cpu_settings(monkeypatch):
     from pathlib import Path
 
-    from paravt_core.agent.server_launch import CPU_MAX_MODEL_LEN, server_command, server_env
+    from paravt_core.agent.server_launch import CPU_MAX_MODEL_LEN, CPU_STEP_TOKENS, server_command, server_env
 
     command = server_command("vllm", Path("/ckpt"), 30001, "m", cpu=True, dtype="bfloat16")
     assert command.count("--dtype") == 1 and command[command.index("--dtype") + 1] == "float32"
     assert "--enforce-eager" in command
     assert command[command.index("--max-model-len") + 1] == str(CPU_MAX_MODEL_LEN)
     # Prompts prefilled whole: a split prefill of a seeded request kills the CPU build's engine.
-    assert "--no-enable-chunked-prefill" in command
-    assert command[command.index("--max-num-batched-tokens") + 1] == str(CPU_MAX_MODEL_LEN)
-    long = server_command("vllm", Path("/ckpt"), 30001, "m", cpu=True, max_model_len=32768)
-    assert long[long.index("--max-num-batched-tokens") + 1] == "32768"
-    gpu = server_command("vllm", Path("/ckpt"), 30001, "m")
-    assert "--no-enable-chunked-prefill" not in gpu and "--max-num-batched-tokens" not in gpu
+    assert command[command.index("--max-num-batched-tokens") + 1] == str(CPU_STEP_TOKENS) and CPU_STEP_TOKENS > 2048
+    long = server_command("vllm", Path("/ckpt"), 30001, "m", cpu=True, max_model_len=131072)
+    assert long[long.index("--max-num-batched-tokens") + 1] == "131072"
+    assert "--max-num-batched-tokens" not in server_command("vllm", Path("/ckpt"), 30001, "m")  # GPU: vLLM's
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     env = server_env("vllm", cpu=True)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
