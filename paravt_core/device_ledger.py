@@ -89,9 +89,12 @@ def declare(role: str, gpus: Sequence[int], planned_bytes: int, ledger: str | os
         return
     path, own = Path(ledger), pid is None
     pid = os.getpid() if own else int(pid)
+    # A server's claim ends at its release, or else with the process that started it: a server
+    # gets SIGTERM when its launcher dies (`agent.server_process`, PR_SET_PDEATHSIG).
+    by = {} if own else {"by": os.getpid()}
     for gpu in gpus:
         _append(path, {"event": "hold", "role": role, "pid": pid, "gpu": int(gpu),
-                       "planned_bytes": int(planned_bytes), "time": time.time()})
+                       "planned_bytes": int(planned_bytes), "time": time.time(), **by})
     if own and (str(path), pid) not in _released:
         _released.add((str(path), pid))
         atexit.register(lambda: os.getpid() == pid and release(pid, path))
@@ -182,14 +185,14 @@ def read_ledger(ledger: str | os.PathLike) -> list[Claim]:
             continue
         try:
             record = json.loads(line)
-            if record["event"] == "release":
-                ends[int(record["pid"])] = float(record["time"])
+            if record["event"] == "release":  # the first: the process's own, or its launcher's after it
+                ends.setdefault(int(record["pid"]), float(record["time"]))
             else:
                 holds.append(record)
         except (ValueError, KeyError, TypeError) as err:
             raise LedgerError(f"{ledger}: line {number} is not a ledger record ({err!r})") from None
     return [Claim(h["role"], int(h["pid"]), int(h["gpu"]), int(h["planned_bytes"]), float(h["time"]),
-                  ends.get(int(h["pid"]))) for h in holds]
+                  ends.get(int(h["pid"]), ends.get(int(h.get("by", -1))))) for h in holds]
 
 
 def overcommits(claims: Sequence[Claim], gpu_bytes: int) -> list[str]:

@@ -229,6 +229,10 @@ def _run_ranks(commands: list[tuple[list[str], dict[str, str]]], timeout_s: floa
             kill_group(signal.SIGKILL)
             for proc in procs:
                 proc.wait()
+        from paravt_core.device_ledger import release
+
+        for proc in procs:  # the device ledger (rehearsals): a rank stopped by a signal wrote no release itself
+            release(proc.pid)
     return failed[0] if failed else next((code for code in codes if code != 0), 0)
 
 

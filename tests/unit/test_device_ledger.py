@@ -129,3 +129,32 @@ def test_a_claim_the_card_cannot_hold_fails_when_it_is_made_not_at_the_end(tmp_p
     server.wait()
     ended = {c.role: c.end for c in read_ledger(ledger)}
     assert ended["evaluation server"] is not None and ended["RL rank 1"] is None
+
+
+def test_a_rank_stopped_by_a_signal_has_its_claim_closed_by_its_launcher(tmp_path: Path, monkeypatch):
+    """SIGTERM (how the launcher stops the other ranks when one fails) runs no atexit: the
+    launcher closes each rank's claim when it reaps it, or a failed and retried stage would
+    hold its card in the ledger for the rest of the run."""
+    from paravt_core.dist import launch_workers
+
+    ledger = tmp_path / "ledger.jsonl"
+    script = tmp_path / "rank.py"
+    script.write_text("import os, signal\nfrom paravt_core.device_ledger import declare\n"
+                      "declare('RL rank 0', [0], 1)\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    for key, value in {LEDGER_ENV: str(ledger), PLANNED_GPU_BYTES_ENV: str(CARD), "PYTHONPATH": str(REPO)}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RuntimeError, match="killed by SIGTERM"):
+        launch_workers(script, [], 1, log_line=lambda line: None)
+    (claim,) = read_ledger(ledger)
+    assert claim.role == "RL rank 0" and claim.end is not None
+
+
+def test_a_servers_claim_ends_at_its_release_or_with_the_process_that_started_it(tmp_path: Path):
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text(
+        '{"event": "hold", "role": "RL rollout server (vLLM)", "pid": 20, "gpu": 7, "planned_bytes": 5, "time": 1, "by": 10}\n'
+        '{"event": "hold", "role": "evaluation server (vllm)", "pid": 30, "gpu": 0, "planned_bytes": 5, "time": 2, "by": 1}\n'
+        '{"event": "release", "pid": 10, "time": 4}\n{"event": "release", "pid": 10, "time": 9}\n')
+    rollout, evaluation = read_ledger(ledger)
+    assert rollout.end == 4.0  # rank 0 (pid 10) ended; its server got SIGTERM with it; the first release counts
+    assert evaluation.end is None  # the flow process (1) lives on, and the server was never released
