@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from paravt_core.agent.engine import GenerationRequest, VisionInputs
@@ -44,7 +45,15 @@ from paravt_core.rl.grpo import (
     token_advantages,
 )
 from paravt_core.model.logprobs import LOGPROB_CHUNK, teacher_forced_logprobs
-from paravt_core.rewards import RewardBreakdown, RewardScope, compute_reward, format_reward
+from paravt_core.rewards import (
+    RewardBreakdown,
+    RewardScope,
+    Scored,
+    extract_answer,
+    format_reward,
+    reward_term_names,
+    score_terms,
+)
 
 RewardFn = Callable[[Episode, RLPrompt], RewardBreakdown]
 
@@ -66,19 +75,23 @@ class Trajectory:
 
 
 def paravt_reward(cfg: RLConfig) -> RewardFn:
-    """The SPEC §4 reward on the configured scope (§4.5)."""
-    r = cfg.reward
+    """The SPEC §4 reward (`rewards.REWARD_TERMS` under the `reward` knobs) on the configured
+    scope (§4.5)."""
+    knobs = cfg.reward
 
     def score(episode: Episode, prompt: RLPrompt) -> RewardBreakdown:
-        out = compute_reward(episode.text(r.scope), prompt.answer, prompt.question_type,
-                             answer_suffix=r.answer_suffix, anchor_weight=r.anchor_weight,
-                             format_weight=r.format_weight, oe_mode=r.oe_mode, question=prompt.question,
-                             unclosed_think_penalty=r.unclosed_think_penalty)
-        if not r.use_tool_reward:
-            out = RewardBreakdown(out.answer, out.acc, out.format, 0.0, out.acc + r.format_weight * out.format)
-        return out
+        text = episode.text(knobs.scope)
+        return score_terms(Scored(text, extract_answer(text), prompt.answer, prompt.question_type, prompt.question),
+                           knobs)
 
     return score
+
+
+def reward_means(rewards: Sequence[RewardBreakdown]) -> dict[str, float]:
+    """The step metrics of the reward: `reward_<name>`, the mean of each term of
+    `rewards.REWARD_TERMS` (unweighted), then `reward`, the mean of the summed reward."""
+    means = {f"reward_{name}": float(np.mean([r.terms[name] for r in rewards])) for name in reward_term_names()}
+    return means | {"reward": float(np.mean([r.total for r in rewards]))}
 
 
 def fixed_format_reward(episode: Episode, scope: RewardScope = "generated") -> float:
@@ -219,8 +232,8 @@ def step_advantages(episodes: Sequence[Episode], prompts: Sequence[RLPrompt], cf
                                 cfg.group_size, cfg.adv_eps)
 
     if cfg.anchoring_mode == "token":
-        main = torch.tensor([r.total - fmt_w * r.format for r in rewards])
-        fmt = normalized(torch.tensor([r.format for r in rewards]) * fmt_w)
+        main = torch.tensor([r.total - fmt_w * r.terms["format"] for r in rewards])
+        fmt = normalized(torch.tensor([r.terms["format"] for r in rewards]) * fmt_w)
     else:
         main, fmt = torch.tensor([r.total for r in rewards]), None
     if cfg.kl_mode == "sequence_reward":

@@ -275,19 +275,15 @@ class Trainer:
 
     def metrics(self, episodes, adv, loss: float, clip_frac: float, times) -> dict[str, float]:
         """SPEC §5 per-step metrics of this rank (averaged over ranks by the caller)."""
-        from paravt_core.rl.policy import fixed_format_reward
+        from paravt_core.rl.policy import fixed_format_reward, reward_means
 
-        r = adv.rewards
         gen_len = [float(e.loss_mask.sum()) for e in episodes]
         row = {
-            "f_tau": float(np.mean([x.format for x in r])),
+            "f_tau": float(np.mean([x.terms["format"] for x in adv.rewards])),
             "f_tau_fixed": float(np.mean([fixed_format_reward(e) for e in episodes])),
             "f_tau_fixed_transcript": float(np.mean([fixed_format_reward(e, "transcript") for e in episodes])),
             "kappa": float(np.mean([e.tool_calls for e in episodes])),
-            "reward_acc": float(np.mean([x.acc for x in r])),
-            "reward_tool": float(np.mean([x.tool for x in r])),
-            "reward_format": float(np.mean([x.format for x in r])),
-            "reward": float(np.mean([x.total for x in r])),
+            **reward_means(adv.rewards),
             "parse_failures": float(np.mean([e.parse_failures for e in episodes])),
             "unanswered_calls": float(np.mean([e.unanswered_calls for e in episodes])),
             "response_length": float(np.mean(gen_len)),
