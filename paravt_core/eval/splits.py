@@ -1,14 +1,16 @@
 """The evaluation splits of SPEC §7, one record each: where the real benchmark's rows and videos
-sit in its hub repo, its column in the paper's Table 1 (SPEC §6) and the paper's numbers there.
+sit in its hub repo, the data contract its rows are held to, its column in the paper's Table 1
+(SPEC §6) and the paper's numbers there.
 
 Everything that needs a split reads it from `SPLITS`: the config's split names
 (`config.EVAL_SPLITS`), the download (`data/hub.py`), the data stage (`data/stage.py`), the
 generated world, which writes its mirror in these real layouts (`data/synth/benchmarks.py`),
-and the report's table (`eval/report.py`). A split's row builder lives in
-`eval/samples.py` (`SAMPLE_BUILDERS`) and its row format in `data_contracts/suites.py`
-(`ROW_FORMATS`), both keyed by the split's name (`tests/unit/test_eval_splits.py` holds the
-three to the same names). This module imports nothing of the project: the typed config
-reads it.
+the data contracts (`data_contracts/suites.py`, the row format a record names) and the
+report's table (`eval/report.py`). A split's row builder lives in `eval/samples.py`
+(`SAMPLE_BUILDERS`, under the split's name; `tests/unit/test_eval_splits.py` holds the two to
+the same names): that file's bytes key every evaluation's results folder (it words the
+prompts), so it is not moved here. This module imports nothing of the project: the typed
+config reads it.
 
 | split | repo | annotation file | videos |
 |---|---|---|---|
@@ -59,6 +61,8 @@ class EvalSplit:
 
     Attributes:
         layout: its real hub layout (the generated world writes the same).
+        row_format: the data contract's row format its rows follow (a key of
+            `data_contracts.suites.ROW_FORMATS`: columns, id, answer layout, value rules).
         column: its header in the paper's Table 1 (SPEC §6); None: not a benchmark of the
             paper (a validation split), so it is no default split and has no column.
         paper: the paper's Table 1 number in each of its rows (`PAPER_ROWS` label -> percent);
@@ -68,6 +72,7 @@ class EvalSplit:
 
     name: str
     layout: BenchmarkLayout
+    row_format: str
     column: str | None
     paper: Mapping[str, float] = field(default_factory=dict)
     videos_of: str | None = None
@@ -84,29 +89,30 @@ _VIDEOMME = dict(repo_id="lmms-lab/Video-MME", annotation_file="videomme/test-00
 
 # In Table 1's order (SPEC §6); the order of `config.EVAL_SPLITS` and of the report's columns.
 _RECORDS = (
-    EvalSplit("videomme", BenchmarkLayout("videomme", **_VIDEOMME), "VideoMME w/o sub", {QWEN: 59.9, PARAVT: 62.1}),
+    EvalSplit("videomme", BenchmarkLayout("videomme", **_VIDEOMME), "videomme", "VideoMME w/o sub",
+              {QWEN: 59.9, PARAVT: 62.1}),
     EvalSplit("videomme_wsub", BenchmarkLayout("videomme_wsub", **_VIDEOMME, subtitle_archive="subtitle.zip",
                                                subtitle_dir="subtitle"),
-              "VideoMME w/ sub", {QWEN: 68.4, PARAVT: 69.4}, videos_of="videomme"),
+              "videomme", "VideoMME w/ sub", {QWEN: 68.4, PARAVT: 69.4}, videos_of="videomme"),
     EvalSplit("longvideobench", BenchmarkLayout("longvideobench", "longvideobench/LongVideoBench",
                                                 "validation-00000-of-00001.parquet", "videos",
                                                 video_archive="videos.tar.part.aa"),
-              "LongVideoBench", {QWEN: 52.2, PARAVT: 60.4}),
+              "longvideobench", "LongVideoBench", {QWEN: 52.2, PARAVT: 60.4}),
     EvalSplit("lvbench", BenchmarkLayout("lvbench", "lmms-lab/LVBench", "data/test-00000-of-00001.parquet", "videos"),
-              "LVBench", {QWEN: 33.1, PARAVT: 39.8}),
+              "lvbench", "LVBench", {QWEN: 33.1, PARAVT: 39.8}),
     EvalSplit("mlvu", BenchmarkLayout("mlvu", "sy1998/MLVU_dev", "data/test-00000-of-00001.parquet", "video"),
-              "MLVU", {QWEN: 58.3, PARAVT: 65.0}),
+              "mlvu", "MLVU", {QWEN: 58.3, PARAVT: 65.0}),
     EvalSplit("mmvu", BenchmarkLayout("mmvu", "yale-nlp/MMVU", "data/validation-00000-of-00001.parquet", ""),
-              "MMVU", {QWEN: 68.0, PARAVT: 68.6}),
+              "mmvu", "MMVU", {QWEN: 68.0, PARAVT: 68.6}),
     EvalSplit("charades", BenchmarkLayout("charades", "lmms-lab/charades_sta", "data/test-00000-of-00001.parquet",
                                           "Charades_v1_480", video_archive="Charades_v1_480.zip"),
-              "Charades-STA mIoU", {QWEN: 49.3, PARAVT: 50.1}),
+              "charades", "Charades-STA mIoU", {QWEN: 49.3, PARAVT: 50.1}),
     # A validation split of the miniature (not a benchmark): Video-MME-format rows on videos of
     # its own, in a repo of its own, so that drawing it (`SynthConfig.validation`) changes no byte
     # of the test splits' repos. Knobs are chosen on it; the test splits report.
     EvalSplit("videomme_val", BenchmarkLayout("videomme_val", "ParaVT/Video-MME-validation",
                                               "videomme/validation-00000-of-00001.parquet", "data",
-                                              video_archive="videos_chunked_01.zip"), None),
+                                              video_archive="videos_chunked_01.zip"), "videomme", None),
 )
 
 SPLITS: dict[str, EvalSplit] = {record.name: record for record in _RECORDS}

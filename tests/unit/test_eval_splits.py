@@ -16,11 +16,11 @@ from paravt_core.eval import samples, splits
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_every_split_has_a_loader_and_a_row_format_under_its_name():
+def test_every_split_has_a_loader_under_its_name_and_a_row_format():
     from data_contracts.suites import ROW_FORMATS
 
     assert set(samples.SAMPLE_BUILDERS) == set(splits.SPLITS)
-    assert set(splits.SPLITS) <= set(ROW_FORMATS)
+    assert {record.row_format for record in splits.SPLITS.values()} <= set(ROW_FORMATS)
 
 
 def test_the_records_give_what_the_readers_had():
@@ -40,7 +40,7 @@ def test_the_records_give_what_the_readers_had():
 
 # Run in a fresh interpreter: the toy record goes into `eval/splits.py`'s records (a copy of the
 # file with one more record, loaded in its place) before anything reads them, as an edit would;
-# its loader and row format go under its name beside Video-MME's, whose rows it shares.
+# its loader goes under its name beside Video-MME's, whose rows (and row format) it shares.
 TOY = textwrap.dedent('''
     import importlib.util, json, sys
     from pathlib import Path
@@ -49,7 +49,7 @@ TOY = textwrap.dedent('''
     source = Path(paravt_core.eval.__file__).with_name("splits.py").read_text()
     toy = (
         'EvalSplit("toy", BenchmarkLayout("toy", "toy-org/ToyBench", "data/test.parquet", "clips",'
-        ' video_archive="clips.zip"), "ToyBench", {QWEN: 10.0, PARAVT: 20.0}),\\n'
+        ' video_archive="clips.zip"), "videomme", "ToyBench", {QWEN: 10.0, PARAVT: 20.0}),\\n'
     )
     marker = "\\n)\\n\\nSPLITS"
     assert marker in source
@@ -64,7 +64,6 @@ TOY = textwrap.dedent('''
     samples.SAMPLE_BUILDERS["toy"] = lambda row, video_dir: samples.videomme_sample(row, video_dir, split="toy")
     samples.SPLITS = tuple(samples.SAMPLE_BUILDERS)
     from data_contracts import suites
-    suites.ROW_FORMATS["toy"] = suites.ROW_FORMATS["videomme"]
 
     from data_contracts.contract import _check_arguments
     from paravt_core.config import EVAL_SPLITS, load_config
@@ -85,6 +84,12 @@ TOY = textwrap.dedent('''
     out["loaded"] = [[s.split, s.answer, s.kind] for s in loaded.samples]
     _check_arguments("eval", "toy", "fail", (None, None))
     out["row_format"] = suites.row_format("eval", "toy", row).id_column
+    def rules(split):
+        fmt = suites.row_format("eval", split, row)
+        return sorted(type(e).__name__ for e in suites.column_rules(fmt) + suites.eval_rules(split, fmt, None, None))
+
+    rules = {split: rules(split) for split in ("toy", "videomme")}
+    out["contract_rules"] = [rules["toy"], rules["videomme"]]
     summary = {"primary": {"name": "accuracy", "value": 0.5}, "n": 1}
     report = build_report("rl", "ab" * 32, Path(sys.argv[1]), {"toy": summary})
     out["table"] = format_table({"rl": report})
@@ -101,6 +106,8 @@ def test_a_toy_split_added_to_the_records_reaches_every_reader(tmp_path):
     assert out["requests"] == [["toy-org/ToyBench", ["data/test.parquet", "clips.zip"]]]
     assert out["stage_layout"] == "data/test.parquet"
     assert out["loaded"] == [["toy", "B", "mcq"]] and out["row_format"] == "question_id"
+    toy_rules, videomme_rules = out["contract_rules"]
+    assert toy_rules == videomme_rules and "ExpectColumnValuesToBeLetteredOptions" in toy_rules
     header, _, ours, qwen, paravt, *_ = out["table"].splitlines()
     assert header.endswith("| ToyBench | avg |") and ours.endswith("| 50.0 | 50.0* |")
     assert qwen.split("|")[-3].strip() == "10.0" and paravt.split("|")[-3].strip() == "20.0"
