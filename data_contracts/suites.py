@@ -41,8 +41,9 @@ import great_expectations.expectations as gxe
 from great_expectations.expectations.expectation import Expectation
 
 from data_contracts import expectations as px
-from paravt_core.eval.samples import SPLITS as EVAL_SPLITS
+from paravt_core.eval.splits import SPLITS
 
+EVAL_SPLITS = tuple(SPLITS)
 ROW_ID = "_row_sha256"
 KINDS = ("sft", "rl", "eval")
 KIND_WORDS = {
@@ -77,9 +78,8 @@ _VIDEOMME = RowFormat(
 ROW_FORMATS: dict[str, RowFormat] = {
     "sft": RowFormat({"messages": None, "videos": None}, ROW_ID, ("messages", "videos")),
     "rl": RowFormat({"prompt": None, "videos": None, "extra_info": None}, ROW_ID, ("prompt", "videos", "extra_info")),
+    # the evaluation's, under the names the split records give (`EvalSplit.row_format`)
     "videomme": _VIDEOMME,
-    "videomme_wsub": _VIDEOMME,
-    "videomme_val": _VIDEOMME,
     "longvideobench": RowFormat(
         columns={
             **dict.fromkeys(("id", "video_path", "subtitle_path", "question"), "text"),
@@ -128,7 +128,7 @@ ROW_FORMATS: dict[str, RowFormat] = {
 def row_format(kind: str, split: str | None, table_columns: Iterable[str]) -> RowFormat:
     """The row format of a kind (and split); LVBench's lmms-lab copy names its video by
     `video_path` instead of `key` (SPEC §7 loader)."""
-    name = kind if kind != "eval" else split
+    name = kind if kind != "eval" else (SPLITS[split].row_format if split in SPLITS else None)
     if name not in ROW_FORMATS:
         raise ValueError(f"unknown contract {kind!r}/{split!r}; kinds {KINDS}, eval splits {EVAL_SPLITS}")
     fmt = ROW_FORMATS[name]
@@ -211,16 +211,16 @@ def rl_rules(media_root: Path | None = None, media_health: Path | None = None) -
 # --- evaluation splits -----------------------------------------------------------------
 
 
-def value_rules(split: str) -> list[Expectation]:
-    """Per-split value rules beyond the kinds."""
-    if split in ("videomme", "videomme_wsub", "videomme_val"):
+def value_rules(row_format: str) -> list[Expectation]:
+    """Value rules beyond the kinds, per row format (a split's `EvalSplit.row_format`)."""
+    if row_format == "videomme":
         return [
             gxe.ExpectColumnValuesToBeInSet(
                 column="duration", value_set=["short", "medium", "long"], description="duration is short/medium/long"
             ),
             px.ExpectColumnValuesToBeLetteredOptions(column="options"),
         ]
-    if split == "mmvu":
+    if row_format == "mmvu":
         return [
             gxe.ExpectColumnValuesToBeInSet(
                 column="question_type",
@@ -228,7 +228,7 @@ def value_rules(split: str) -> list[Expectation]:
                 description="question_type is multiple-choice or open-ended",
             )
         ]
-    if split == "charades":
+    if row_format == "charades":
         return [px.ExpectColumnValuesToBeTimeWindows(column="timestamp")]
     return []
 
@@ -246,7 +246,7 @@ def eval_rules(split: str, fmt: RowFormat, video_dir: Path | None, subtitle_dir:
                media_health: Path | None = None) -> list[Expectation]:
     """Answers, loader acceptance and (with a video_dir) existing media of one split."""
     columns = sorted(fmt.columns)
-    found = value_rules(split)
+    found = value_rules(SPLITS[split].row_format)
     if fmt.answer_layout:
         answer_columns = [c for c in columns if c in _ANSWER_COLUMNS[fmt.answer_layout]]
         found.append(px.ExpectMcqAnswersToNameAnOption(column_list=answer_columns, layout=fmt.answer_layout))

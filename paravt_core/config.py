@@ -20,6 +20,7 @@ from pydantic_core import to_jsonable_python
 
 from paravt_core.atomic import folder_problem
 from paravt_core.data.synth.config import SynthConfig
+from paravt_core.eval.splits import EVAL_SPLITS, LAYOUTS, VALIDATION_SPLITS
 from paravt_core.model.tiny import TinyModelSpec
 from paravt_core.seeds import Seed
 
@@ -234,8 +235,6 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _pins_name_benchmark_repos(self) -> DataConfig:
-        from paravt_core.data.synth.benchmarks import LAYOUTS
-
         known = sorted({layout.repo_id for layout in LAYOUTS.values()})
         unknown = sorted(set(self.benchmark_revisions) - set(known))
         if unknown:
@@ -603,10 +602,8 @@ class RLConfig(_Section):
         return self
 
 
-EVAL_SPLITS = ("videomme", "videomme_wsub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades")
-# The miniature's validation split (Video-MME rows on videos of its own; data.synth.validation):
-# a generated world's, never a benchmark's, and never in the default split list.
-VALIDATION_SPLITS = ("videomme_val",)
+# The SPEC §7 benchmark splits, and the miniature's validation split (Video-MME rows on videos of
+# its own; data.synth.validation), never in the default split list: `eval/splits.py` records both.
 KNOWN_SPLITS = EVAL_SPLITS + VALIDATION_SPLITS
 
 

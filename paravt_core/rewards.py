@@ -1,9 +1,12 @@
 """PARA-GRPO rewards as pure functions of text (SPEC §4).
 
-`compute_reward` returns R = R_acc + format_weight * R_fmt + R_tool with the release's
-semantics, rule by rule: answer extraction (SPEC §4.1), accuracy (§4.2), format with the
-answer-suffix and selective-anchoring knobs (§4.3), tool use (§4.4) and the degenerate
-shortcut (§4). No model library is imported here.
+The reward is the weighted sum of the named terms in `REWARD_TERMS`, R = R_acc +
+format_weight * R_fmt + R_tool, with the release's semantics, rule by rule: answer extraction
+(SPEC §4.1), accuracy (§4.2), format with the answer-suffix and selective-anchoring knobs
+(§4.3), tool use (§4.4) and the degenerate shortcut (§4). Each term owns its name (what the
+step metrics, the episode log and `paravt rewards` print), its weight and whether the
+`reward` section turns it on; a new term is one `RewardTerm` added to that list (its knob, if
+it has one, a field of `config.RewardConfig`). No model library is imported here.
 
 Points the SPEC leaves open, resolved here:
 - §4.1 step 1 returns the first `<answer>` body even when it is blank (it then scores 0).
@@ -36,9 +39,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from paravt_core.scoring import first_tag_body, interval_iou, tag_bodies
 
@@ -85,13 +88,53 @@ _DEGENERATE_MAX_CHARS = 300
 
 @dataclass(frozen=True)
 class RewardBreakdown:
-    """The extracted answer and the reward terms; total = acc + format_weight * format + tool."""
+    """The extracted answer, each term's unweighted value by name (in `REWARD_TERMS`' order;
+    a term the knobs turn off is 0) and the reward: the sum of the terms' weighted values."""
 
     answer: str
-    acc: float
-    format: float
-    tool: float
+    terms: Mapping[str, float]
     total: float
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What every reward term reads: the scored text (SPEC §4.5), its extracted answer (§4.1)
+    and the sample's ground truth; `judge` is the optional open-ended judge of §4.2."""
+
+    text: str
+    prediction: str
+    answer: str
+    question_type: QuestionType
+    question: str = ""
+    judge: Judge | None = None
+
+
+def _one(knobs: Any) -> float:
+    return 1.0
+
+
+def _always(knobs: Any) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """One named term of the reward (SPEC §4).
+
+    Attributes:
+        name: the key it is logged under (`reward_<name>` in the step metrics, `<name>` in
+            the episode log and in `paravt rewards`' output).
+        value: `(scored, knobs, earlier) -> float`, a pure function; `knobs` is the `reward`
+            section (`config.RewardConfig`, or any object with its fields) and `earlier` the
+            values of the terms before it in the list (R_tool reads R_acc).
+        weight: `knobs -> float`, its weight in the sum.
+        enabled: `knobs -> bool`; a term turned off is logged as 0 and left out of the sum.
+    """
+
+    name: str
+    value: Callable[[Scored, Any, Mapping[str, float]], float]
+    weight: Callable[[Any], float] = _one
+    enabled: Callable[[Any], bool] = _always
 
 
 EMPTY_TOOL_RESPONSE = "<tool_response></tool_response>"
@@ -129,8 +172,9 @@ def compute_reward(
     judge: Judge | None = None,
     question: str = "",
     unclosed_think_penalty: bool = True,
+    use_tool_reward: bool = True,
 ) -> RewardBreakdown:
-    """Score one rollout text against its ground truth (SPEC §4).
+    """Score one rollout text against its ground truth (SPEC §4), the knobs given one by one.
 
     Args:
         text: the scored text (see `scored_text` for SPEC §4.5).
@@ -140,15 +184,47 @@ def compute_reward(
         format_weight: weight of R_fmt in the scalar reward.
         oe_mode, judge, question: open-ended scoring, see `accuracy_reward`.
         unclosed_think_penalty: keep the anchoring's -0.3 for an unclosed `<think>`.
+        use_tool_reward: add R_tool (SPEC §4.4) to the reward.
     """
-    prediction = extract_answer(text)
-    if is_degenerate(text):
-        return RewardBreakdown(prediction, 0.0, 0.0, 0.0, 0.0)
-    acc = accuracy_reward(prediction, answer, question_type, oe_mode=oe_mode, judge=judge, question=question)
-    fmt = format_reward(text, answer_suffix=answer_suffix, anchor_weight=anchor_weight,
-                        unclosed_think_penalty=unclosed_think_penalty)
-    tool = tool_reward(text, acc)
-    return RewardBreakdown(prediction, acc, fmt, tool, acc + format_weight * fmt + tool)
+    knobs = _Knobs(answer_suffix, anchor_weight, format_weight, oe_mode, unclosed_think_penalty, use_tool_reward)
+    return score_terms(Scored(text, extract_answer(text), answer, question_type, question, judge), knobs)
+
+
+def score_terms(scored: Scored, knobs: Any, terms: Iterable[RewardTerm] | None = None) -> RewardBreakdown:
+    """Every term of `terms` (default `REWARD_TERMS`) on one scored text, and their weighted sum.
+
+    A degenerate text (`is_degenerate`, SPEC §4) scores 0 in every term."""
+    terms = REWARD_TERMS if terms is None else tuple(terms)
+    if is_degenerate(scored.text):
+        return RewardBreakdown(scored.prediction, {term.name: 0.0 for term in terms}, 0.0)
+    values: dict[str, float] = {}
+    total = -0.0  # IEEE's additive identity: the sum is bit for bit the terms' own left-to-right sum
+    for term in terms:
+        if term.name in values:
+            raise ValueError(f"reward term {term.name!r} is listed twice")
+        if not term.enabled(knobs):
+            values[term.name] = 0.0
+            continue
+        values[term.name] = term.value(scored, knobs, values)
+        total += term.weight(knobs) * values[term.name]
+    return RewardBreakdown(scored.prediction, values, total)
+
+
+def reward_term_names() -> tuple[str, ...]:
+    """The names the reward's terms are logged under, in their order."""
+    return tuple(term.name for term in REWARD_TERMS)
+
+
+@dataclass(frozen=True)
+class _Knobs:
+    """`compute_reward`'s keyword knobs under the `reward` section's field names."""
+
+    answer_suffix: bool
+    anchor_weight: float
+    format_weight: float
+    oe_mode: OpenEndedMode
+    unclosed_think_penalty: bool
+    use_tool_reward: bool
 
 
 def is_degenerate(text: str) -> bool:
@@ -269,6 +345,29 @@ def tool_reward(text: str, acc: float) -> float:
     if acc > 0:
         score += 0.5
     return min(score, 1.0)
+
+
+def _accuracy_term(scored: Scored, knobs: Any, earlier: Mapping[str, float]) -> float:
+    return accuracy_reward(scored.prediction, scored.answer, scored.question_type, oe_mode=knobs.oe_mode,
+                           judge=scored.judge, question=scored.question)
+
+
+def _format_term(scored: Scored, knobs: Any, earlier: Mapping[str, float]) -> float:
+    return format_reward(scored.text, answer_suffix=knobs.answer_suffix, anchor_weight=knobs.anchor_weight,
+                         unclosed_think_penalty=knobs.unclosed_think_penalty)
+
+
+def _tool_term(scored: Scored, knobs: Any, earlier: Mapping[str, float]) -> float:
+    return tool_reward(scored.text, earlier["acc"])
+
+
+# The reward's terms, summed in this order: R = R_acc + format_weight * R_fmt + R_tool (SPEC §4).
+# Token anchoring (`rl.anchoring_mode: token`) gives the "format" term its own advantage (SPEC §5).
+REWARD_TERMS: tuple[RewardTerm, ...] = (
+    RewardTerm("acc", _accuracy_term),
+    RewardTerm("format", _format_term, weight=lambda knobs: knobs.format_weight),
+    RewardTerm("tool", _tool_term, enabled=lambda knobs: knobs.use_tool_reward),
+)
 
 
 def has_think(text: str) -> bool:

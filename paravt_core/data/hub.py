@@ -7,7 +7,7 @@ hub cache, restricted by `allow_patterns` to the files the pipeline reads:
 - `ParaVT/ParaVT-Source` (`data.source_repo`): the media zips;
 - the benchmark repos of the SPEC §7 splits in `eval.splits` (all seven by default: six
   repos, as `videomme` and `videomme_wsub` share Video-MME), each for its annotation file,
-  videos and subtitles as `paravt_core.data.synth.benchmarks.LAYOUTS` places them.
+  videos and subtitles as `paravt_core.eval.splits.LAYOUTS` places them.
 
 Given a `LocalMirror` (a hub cache on this machine at one revision: with `data.source:
 synth`, the generated world that `paravt_core.data.mirror` builds), the very same code
@@ -51,8 +51,8 @@ from pydantic import BaseModel, ConfigDict
 
 from paravt_core.data.archives import TAR_PART
 from paravt_core.config import PipelineConfig
-from paravt_core.data.synth.benchmarks import EVAL_SPLITS as BENCHMARK_SPLITS
-from paravt_core.data.synth.benchmarks import LAYOUTS, BenchmarkLayout
+from paravt_core.eval.splits import EVAL_SPLITS as BENCHMARK_SPLITS
+from paravt_core.eval.splits import LAYOUTS, BenchmarkLayout
 from paravt_core.refs import file_hash
 
 log = logging.getLogger(__name__)

@@ -20,10 +20,12 @@ log = logging.getLogger(__name__)
 
 
 def world_dir(cfg: PipelineConfig) -> Path:
-    """`<output_dir>/data/world-<hash of data.synth and the generator's code>`: one folder per world."""
+    """`<output_dir>/data/world-<hash of data.synth and the generator's code>`: one folder per world.
+    The code includes the split records (`eval/splits.py`), whose real hub layouts the world writes."""
     from paravt_core.refs import source_digest
 
-    dumped = json.dumps(cfg.data.synth.model_dump(mode="json"), sort_keys=True) + source_digest("paravt_core.data.synth")
+    code = source_digest("paravt_core.data.synth") + source_digest("paravt_core.eval", only=("splits.py",))
+    dumped = json.dumps(cfg.data.synth.model_dump(mode="json"), sort_keys=True) + code
     return cfg.run.output_dir / "data" / f"world-{hashlib.sha256(dumped.encode()).hexdigest()[:16]}"
 
 

@@ -50,7 +50,7 @@ from paravt_core.layout import data_dir, eval_dir, materialized_dir, media_dir, 
 from paravt_core.data.archives import extract_all
 from paravt_core.data.hub import Downloads, LocalMirror, Snapshot, archive_pattern, download_all
 from paravt_core.data.materialize import Materialized, materialize_release
-from paravt_core.data.synth.benchmarks import LAYOUTS, BenchmarkLayout
+from paravt_core.eval.splits import LAYOUTS, BenchmarkLayout
 from paravt_core.refs import ArtifactRef, content_hash
 
 log = logging.getLogger(__name__)

@@ -17,14 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from paravt_core.eval.splits import EVAL_SPLITS, PAPER_ROWS, SPLITS
 from paravt_core.tracking import retry_when_busy
 
-TABLE1_SPLITS = ("videomme", "videomme_wsub", "longvideobench", "lvbench", "mlvu", "mmvu", "charades")
-TABLE1_HEADERS = ("VideoMME w/o sub", "VideoMME w/ sub", "LongVideoBench", "LVBench", "MLVU", "MMVU",
-                  "Charades-STA mIoU")
+# Table 1's columns and the paper's rows, from the split records (`eval/splits.py`).
+TABLE1_SPLITS = EVAL_SPLITS
+TABLE1_HEADERS = tuple(SPLITS[split].column for split in TABLE1_SPLITS)
 PAPER_TABLE1: dict[str, tuple[float, ...]] = {
-    "Qwen3-VL-8B (paper)": (59.9, 68.4, 52.2, 33.1, 58.3, 68.0, 49.3),
-    "ParaVT-8B (paper)": (62.1, 69.4, 60.4, 39.8, 65.0, 68.6, 50.1),
+    label: tuple(SPLITS[split].paper[label] for split in TABLE1_SPLITS) for label in PAPER_ROWS
 }
 
 

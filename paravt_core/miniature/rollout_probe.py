@@ -154,7 +154,7 @@ def run_probe(model_dir: Path, cfg: PipelineConfig, prompts: Sequence, temperatu
         for e in episodes:
             prompt = prompts[e.prompt_index]
             r = reward(e, prompt)
-            outcomes.append(Outcome(e.prompt_index, prompt.answer, r.answer, r.acc, r.total, e.tool_calls))
+            outcomes.append(Outcome(e.prompt_index, prompt.answer, r.answer, r.terms["acc"], r.total, e.tool_calls))
         results[tau] = summarize(outcomes)
         seconds = time.perf_counter() - start
         log_line(f"rollout probe: temperature {tau:g}, {len(episodes)} rollouts in {seconds:.0f} s "

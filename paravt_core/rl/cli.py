@@ -10,7 +10,8 @@ is caught rather than silently replaced by its default. No judge model is loaded
 mode "llm" scores with the token F1 fallback of SPEC §4.2.
 
 Output, one JSON line per non-blank input line, in input order:
-  {"answer": extracted answer, "acc", "format", "tool", "total",
+  {"answer": extracted answer, "acc", "format", "tool" (one key per term of the reward,
+   `rewards.REWARD_TERMS`, unweighted), "total",
    "tool_calls": [{"index", "kind", "name": "crop_video", "arguments": {...}} or
                   {"index", "kind", "name": null, "error": message, "raw": block body}]}
 Scores are rounded to 10 decimal places. Tool-call times are in seconds; a malformed
@@ -35,7 +36,7 @@ from typing import TextIO
 
 from paravt_core.agent.tool_calls import TOOL_NAME, ParsedBlock, parse_tool_calls
 from paravt_core.json_lines import BadLine, is_blank, load_json_line, raw_lines
-from paravt_core.rewards import OPEN_ENDED_MODES, QUESTION_TYPES, compute_reward
+from paravt_core.rewards import OPEN_ENDED_MODES, QUESTION_TYPES, compute_reward, reward_term_names
 
 _REQUIRED_STRINGS = ("completion", "answer")
 _OPTIONAL_KEYS = ("answer_suffix", "anchor_weight", "format_weight", "mode", "question")
@@ -148,17 +149,14 @@ def score_record(record: dict[str, object]) -> dict[str, object]:
         oe_mode=record["mode"],
         question=record["question"],
     )
-    terms = (breakdown.acc, breakdown.format, breakdown.tool, breakdown.total)
-    if not all(math.isfinite(term) for term in terms):
+    terms = {name: breakdown.terms[name] for name in reward_term_names()} | {"total": breakdown.total}
+    if not all(math.isfinite(term) for term in terms.values()):
         # Each weight is finite, but their product can overflow: JSON has no inf to print.
         raise InputLineError(f"anchor_weight {record['anchor_weight']} and format_weight {record['format_weight']} "
                              "make the reward overflow a float; give weights of ordinary size")
     return {
         "answer": breakdown.answer,
-        "acc": round(breakdown.acc, _DECIMALS),
-        "format": round(breakdown.format, _DECIMALS),
-        "tool": round(breakdown.tool, _DECIMALS),
-        "total": round(breakdown.total, _DECIMALS),
+        **{name: round(value, _DECIMALS) for name, value in terms.items()},
         "tool_calls": [tool_call_entry(block) for block in parse_tool_calls(record["completion"])],
     }
 

@@ -2,7 +2,8 @@
 
 The step's metrics (`metrics.jsonl`) are means over the batch; they cannot say which rollouts
 the update pushed up or down. This log can: for every episode of a rank's step, its prompt
-(id, video key, question, overview budget K), its tool calls, its reward terms (SPEC §4), its
+(id, video key, question, overview budget K), its tool calls, its reward terms (SPEC §4: one
+key per term of `rewards.REWARD_TERMS`, then `total`), its
 group-normalized scalar advantage (SPEC §5 step 2), and what the main agent's trained tokens
 carried after steps 3-4 (per-token KL reward, batch normalization): the mean over its
 trained tokens and the value on each of its first `FIRST_TOKENS` trained tokens with their
@@ -22,6 +23,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from paravt_core.rewards import reward_term_names
 
 FIRST_TOKENS = 8
 
@@ -70,7 +73,7 @@ def episode_records(step: int, rank: int, episodes: Sequence, prompts: Sequence,
             "step": step, "rank": rank, "prompt_id": episode.prompt_id, "video": prompt.video_key,
             "question": prompt.question,
             "sample_index": episode.sample_index, "nframes": episode.nframes, "tool_calls": episode.tool_calls,
-            "end_reason": episode.end_reason, "acc": reward.acc, "format": reward.format, "tool": reward.tool,
+            "end_reason": episode.end_reason, **{name: reward.terms[name] for name in reward_term_names()},
             "total": reward.total, "advantage": float(scalar_advantages[i]),
             "main_tokens": int(trained.sum()), "main_advantage_mean": float(values.mean()) if values.numel() else 0.0,
             "first_token_ids": [int(x) for x in t.token_ids[trained][:FIRST_TOKENS]],

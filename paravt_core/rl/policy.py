@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from paravt_core.agent.engine import GenerationRequest, VisionInputs
@@ -35,16 +36,22 @@ from paravt_core.rl.grpo import (
     batch_normalize,
     behaviour_weight,
     group_advantages,
-    kl_k1,
-    kl_per_token,
     masked_moments,
     policy_loss,
-    sequence_kl,
     shaped_reward,
     token_advantages,
 )
+from paravt_core.rl.kl import KLMode, kl_mode
 from paravt_core.model.logprobs import LOGPROB_CHUNK, teacher_forced_logprobs
-from paravt_core.rewards import RewardBreakdown, RewardScope, compute_reward, format_reward
+from paravt_core.rewards import (
+    RewardBreakdown,
+    RewardScope,
+    Scored,
+    extract_answer,
+    format_reward,
+    reward_term_names,
+    score_terms,
+)
 
 RewardFn = Callable[[Episode, RLPrompt], RewardBreakdown]
 
@@ -66,19 +73,23 @@ class Trajectory:
 
 
 def paravt_reward(cfg: RLConfig) -> RewardFn:
-    """The SPEC §4 reward on the configured scope (§4.5)."""
-    r = cfg.reward
+    """The SPEC §4 reward (`rewards.REWARD_TERMS` under the `reward` knobs) on the configured
+    scope (§4.5)."""
+    knobs = cfg.reward
 
     def score(episode: Episode, prompt: RLPrompt) -> RewardBreakdown:
-        out = compute_reward(episode.text(r.scope), prompt.answer, prompt.question_type,
-                             answer_suffix=r.answer_suffix, anchor_weight=r.anchor_weight,
-                             format_weight=r.format_weight, oe_mode=r.oe_mode, question=prompt.question,
-                             unclosed_think_penalty=r.unclosed_think_penalty)
-        if not r.use_tool_reward:
-            out = RewardBreakdown(out.answer, out.acc, out.format, 0.0, out.acc + r.format_weight * out.format)
-        return out
+        text = episode.text(knobs.scope)
+        return score_terms(Scored(text, extract_answer(text), prompt.answer, prompt.question_type, prompt.question),
+                           knobs)
 
     return score
+
+
+def reward_means(rewards: Sequence[RewardBreakdown]) -> dict[str, float]:
+    """The step metrics of the reward: `reward_<name>`, the mean of each term of
+    `rewards.REWARD_TERMS` (unweighted), then `reward`, the mean of the summed reward."""
+    means = {f"reward_{name}": float(np.mean([r.terms[name] for r in rewards])) for name in reward_term_names()}
+    return means | {"reward": float(np.mean([r.total for r in rewards]))}
 
 
 def fixed_format_reward(episode: Episode, scope: RewardScope = "generated") -> float:
@@ -219,13 +230,11 @@ def step_advantages(episodes: Sequence[Episode], prompts: Sequence[RLPrompt], cf
                                 cfg.group_size, cfg.adv_eps)
 
     if cfg.anchoring_mode == "token":
-        main = torch.tensor([r.total - fmt_w * r.format for r in rewards])
-        fmt = normalized(torch.tensor([r.format for r in rewards]) * fmt_w)
+        main = torch.tensor([r.total - fmt_w * r.terms["format"] for r in rewards])
+        fmt = normalized(torch.tensor([r.terms["format"] for r in rewards]) * fmt_w)
     else:
         main, fmt = torch.tensor([r.total for r in rewards]), None
-    if cfg.kl_mode == "sequence_reward":
-        main = main - cfg.kl_coef * seq_kl
-    return StepAdvantages(normalized(main), fmt, rewards, seq_kl)
+    return StepAdvantages(normalized(kl_mode(cfg).shaped_scalars(main, seq_kl)), fmt, rewards, seq_kl)
 
 
 def assign_token_advantages(trajs: Sequence[Trajectory], adv: StepAdvantages, cfg: RLConfig) -> None:
@@ -234,10 +243,9 @@ def assign_token_advantages(trajs: Sequence[Trajectory], adv: StepAdvantages, cf
     Token anchoring's format advantage goes to main-agent trajectories only: a sub-agent's
     end-of-turn token is structural too, but the format term scores the main agent's text.
     """
+    kl = kl_mode(cfg)
     for t in trajs:
-        kl_reward = None
-        if cfg.kl_mode == "token_reward" and t.ref_logprobs is not None:
-            kl_reward = -cfg.kl_coef * kl_k1(t.old_logprobs, t.ref_logprobs, cfg.kl_clamp)
+        kl_reward = kl.token_reward(t.old_logprobs, t.ref_logprobs)
         fmt = None
         if adv.format_per_episode is not None and not t.is_subagent:
             fmt = adv.format_per_episode[t.episode]
@@ -258,20 +266,15 @@ def normalize_token_advantages(trajs: Sequence[Trajectory], moments: Moments, ep
         t.advantages = values
 
 
-def episode_kl(episodes: Sequence[Episode], trajs: Sequence[Trajectory], kl_mode: str,
-               kl_clamp: float | None = None) -> torch.Tensor:
-    """Summed KL estimate over each episode's generated tokens [E]: k1 (clamped as the token
-    reward is) for the release's per-token reward, k3 for the other modes (both under the
-    rollout's log-probs)."""
+def episode_kl(episodes: Sequence[Episode], trajs: Sequence[Trajectory], mode: KLMode) -> torch.Tensor:
+    """Summed KL estimate over each episode's generated tokens [E] (`KLMode.episode_estimate`:
+    k1 clamped as the token reward is for the release's per-token reward, k3 for the other
+    modes, both under the rollout's log-probs)."""
     kl = torch.zeros(len(episodes))
     for t in trajs:
         if t.is_subagent or t.ref_logprobs is None:
             continue
-        mask = t.loss_mask.float()
-        if kl_mode == "token_reward":
-            kl[t.episode] = float((kl_k1(t.old_logprobs, t.ref_logprobs, kl_clamp) * mask).sum())
-        else:
-            kl[t.episode] = sequence_kl(t.old_logprobs[None], t.ref_logprobs[None], mask[None])[0]
+        kl[t.episode] = mode.episode_estimate(t.old_logprobs, t.ref_logprobs, t.loss_mask.float())
     return kl
 
 
@@ -307,9 +310,10 @@ def micro_batch_loss(model, batch_trajs: Sequence[Trajectory], cfg: RLConfig, id
     n = mask.sum()
     scale = weight * world / max(float(total_tokens), 1.0)
     loss = loss * n * scale
-    if cfg.kl_mode == "loss":
+    kl = kl_mode(cfg)
+    if kl.in_loss:
         ref = left_pad([t.ref_logprobs for t in batch_trajs], length).to(device)
-        loss = loss + cfg.kl_coef * (kl_per_token(logp, ref) * mask).sum() * scale
+        loss = loss + kl.loss_term(logp, ref, mask) * scale
     dropped = float(((behaviour == 0).float() * mask).sum()) if behaviour is not None else 0.0
     counted = float(weight > 0)
     return loss, {"clip_frac": float(clip_frac) * float(n) * counted, "tokens": float(n) * counted,

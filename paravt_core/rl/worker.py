@@ -37,6 +37,7 @@ import torch
 from paravt_core.dist import StepLog
 from paravt_core.rl.grpo import Moments
 from paravt_core.rl.job import RLJob
+from paravt_core.rl.kl import kl_mode
 from paravt_core.rl.schedule import step_plan
 
 
@@ -86,7 +87,7 @@ class Trainer:
                                                     self.world, job.out_dir / "rollout_weights", job.init_model_sha256)
         self.engine = self.rollout_backend.engine
         self.ref_model = None
-        if self.rl.kl_mode != "none":
+        if kl_mode(self.rl).needs_reference:
             self.ref_model = self._reference(job, attention, zero3)
         self.prompts = read_rl_prompts(job.data_files, self.rl.question_types, job.media_root)
         self.undecodable: set[str] = set()  # videos whose prompts are dropped (`rollout_dropping_undecodable`)
@@ -212,7 +213,7 @@ class Trainer:
         if self.ref_model is not None:
             P.reference_pass(self.ref_model, trajs, micro, self.ids, self.rl.ref_temperature or self.rl.temperature,
                              self.device, count if self.ref_collectives else None, self.rl.logprob_chunk)
-        kl = (P.episode_kl(episodes, trajs, self.rl.kl_mode, self.rl.kl_clamp) if self.ref_model is not None
+        kl = (P.episode_kl(episodes, trajs, kl_mode(self.rl)) if self.ref_model is not None
               else torch.zeros(len(episodes)))
         t2 = time.perf_counter()
         adv = P.step_advantages(episodes, prompts, self.rl, self.reward_fn, kl)
@@ -275,19 +276,15 @@ class Trainer:
 
     def metrics(self, episodes, adv, loss: float, clip_frac: float, times) -> dict[str, float]:
         """SPEC §5 per-step metrics of this rank (averaged over ranks by the caller)."""
-        from paravt_core.rl.policy import fixed_format_reward
+        from paravt_core.rl.policy import fixed_format_reward, reward_means
 
-        r = adv.rewards
         gen_len = [float(e.loss_mask.sum()) for e in episodes]
         row = {
-            "f_tau": float(np.mean([x.format for x in r])),
+            "f_tau": float(np.mean([x.terms["format"] for x in adv.rewards])),
             "f_tau_fixed": float(np.mean([fixed_format_reward(e) for e in episodes])),
             "f_tau_fixed_transcript": float(np.mean([fixed_format_reward(e, "transcript") for e in episodes])),
             "kappa": float(np.mean([e.tool_calls for e in episodes])),
-            "reward_acc": float(np.mean([x.acc for x in r])),
-            "reward_tool": float(np.mean([x.tool for x in r])),
-            "reward_format": float(np.mean([x.format for x in r])),
-            "reward": float(np.mean([x.total for x in r])),
+            **reward_means(adv.rewards),
             "parse_failures": float(np.mean([e.parse_failures for e in episodes])),
             "unanswered_calls": float(np.mean([e.unanswered_calls for e in episodes])),
             "response_length": float(np.mean(gen_len)),

@@ -96,7 +96,7 @@ def test_grpo_learns_a_scripted_reward(rl_setup, monkeypatch, tiny_processor):
 
     def scripted(episode, prompt) -> RewardBreakdown:
         hit = float(_first_generated(episode) in REWARDED)
-        return RewardBreakdown(answer="", acc=hit, format=0.0, tool=0.0, total=hit)
+        return RewardBreakdown("", {"acc": hit, "format": 0.0, "tool": 0.0}, hit)
 
     prompts = read_rl_prompts(stage.rl_shards(rl_data))
     probe = run_episodes(HFEngine(load_model(init.path), tiny_processor), tiny_processor,
@@ -190,7 +190,7 @@ def test_sub_agent_answer_never_sets_the_main_agents_reward(rl_setup, tiny_proce
     assert "<answer>Z</answer>" in "".join(s.text for s in episode.transcript)  # the body reached the context
     score = paravt_reward(RLConfig(reward=RewardConfig(scope=scope)))
     hijacked = score(episode, dataclasses.replace(prompt, answer="Z", question_type="oe"))
-    assert hijacked.acc == 0.0 and "Z" not in hijacked.answer
+    assert hijacked.terms["acc"] == 0.0 and "Z" not in hijacked.answer
     assert "Z" not in episode.text(scope)
 
 
@@ -315,7 +315,7 @@ from paravt_core.rl.worker import train
 
 def graded(episode, prompt):
     value = int(episode.token_ids[episode.loss_mask.bool()][0]) / 1000.0
-    return RewardBreakdown(answer="", acc=value, format=0.0, tool=0.0, total=value)
+    return RewardBreakdown("", {"acc": value, "format": 0.0, "tool": 0.0}, value)
 
 train(RLJob.model_validate_json(Path(sys.argv[1]).read_text()), reward_fn=graded)
 """
@@ -473,7 +473,7 @@ def test_policy_gradient_checkpointing_keeps_the_steps(rl_setup, monkeypatch):
 
     def scripted(episode, prompt) -> RewardBreakdown:
         hit = float(_first_generated(episode) in REWARDED)
-        return RewardBreakdown(answer="", acc=hit, format=0.0, tool=0.0, total=hit)
+        return RewardBreakdown("", {"acc": hit, "format": 0.0, "tool": 0.0}, hit)
 
     init, rl_data, tmp = rl_setup
     weights = {}

@@ -333,6 +333,10 @@ def test_tool_reward(text: str, acc: float, expected: float) -> None:
 
 # --- SPEC §4 scalar reward and degenerate shortcut ---------------------------------------
 
+def _expected(answer: str, acc: float, fmt: float, tool: float, total: float) -> RewardBreakdown:
+    return RewardBreakdown(answer, {"acc": acc, "format": fmt, "tool": tool}, total)
+
+
 TRANSCRIPT = (
     "<think>\nI need to check the middle part.</think>\n"
     + CALL
@@ -346,25 +350,25 @@ TRANSCRIPT = (
     [
         # format: 0.7 + 0.35 + 0.3 (think before tool) + 0.1 = 1.45 -> 1.0;
         # tool: 0.3 (response) + 0.5 = 0.8; total 1 + 1.0 + 0.8
-        (TRANSCRIPT, "B", "mcq", {}, RewardBreakdown("B", 1.0, 1.0, 0.8, 2.8)),
-        (TRANSCRIPT, "B", "mcq", {"format_weight": 0.5}, RewardBreakdown("B", 1.0, 1.0, 0.8, 2.3)),
-        (TRANSCRIPT, "C", "mcq", {}, RewardBreakdown("B", 0.0, 1.0, 0.3, 1.3)),
+        (TRANSCRIPT, "B", "mcq", {}, _expected("B", 1.0, 1.0, 0.8, 2.8)),
+        (TRANSCRIPT, "B", "mcq", {"format_weight": 0.5}, _expected("B", 1.0, 1.0, 0.8, 2.3)),
+        (TRANSCRIPT, "C", "mcq", {}, _expected("B", 0.0, 1.0, 0.3, 1.3)),
         # vanilla GRPO knobs: format 0.2 + 0.1 + 0.1 = 0.4; total 1 + 0.4
         (
             "<answer>B</answer>",
             "B",
             "mcq",
             {"answer_suffix": False, "anchor_weight": 0.0},
-            RewardBreakdown("B", 1.0, 0.4, 0.0, 1.4),
+            _expected("B", 1.0, 0.4, 0.0, 1.4),
         ),
         # F1 0.8 (see the oe table), format 1.0 (capped), total 1.8
-        (THINK + "<answer>red car</answer>", "the big red car", "oe", {}, RewardBreakdown("red car", 0.8, 1, 0, 1.8)),
+        (THINK + "<answer>red car</answer>", "the big red car", "oe", {}, _expected("red car", 0.8, 1, 0, 1.8)),
         (
             THINK + "<answer>red car</answer>",
             "the big red car",
             "oe",
             {"oe_mode": "exact"},
-            RewardBreakdown("red car", 0.0, 1.0, 0.0, 1.0),
+            _expected("red car", 0.0, 1.0, 0.0, 1.0),
         ),
         # IoU 1/3; format 1.0; tool 0.1 + 0.5; total 1/3 + 1 + 0.6
         (
@@ -372,18 +376,16 @@ TRANSCRIPT = (
             "[15, 25]",
             "tvg",
             {},
-            RewardBreakdown("[10, 20]", 1 / 3, 1.0, 0.6, 1 / 3 + 1.6),
+            _expected("[10, 20]", 1 / 3, 1.0, 0.6, 1 / 3 + 1.6),
         ),
         # negative format: acc 0, format -0.15, total -0.15
-        ("<think>short", "B", "mcq", {}, RewardBreakdown("<think>short", 0.0, -0.15, 0.0, -0.15)),
+        ("<think>short", "B", "mcq", {}, _expected("<think>short", 0.0, -0.15, 0.0, -0.15)),
     ],
 )
 def test_compute_reward(text: str, answer: str, question_type: str, knobs: dict, expected: RewardBreakdown) -> None:
     result = compute_reward(text, answer, question_type, **knobs)
     assert result.answer == expected.answer
-    assert (result.acc, result.format, result.tool, result.total) == pytest.approx(
-        (expected.acc, expected.format, expected.tool, expected.total)
-    )
+    assert result.terms == pytest.approx(expected.terms) and result.total == pytest.approx(expected.total)
 
 
 STARTS = "<|im_start|>" * 5  # 60 characters
@@ -394,21 +396,19 @@ STARTS_4 = "<|im_start|>" * 4
     ("text", "expected"),
     [
         # 60 + 18 = 78 characters < 300 with five <|im_start|>: everything 0
-        (STARTS + "<answer>B</answer>", RewardBreakdown("B", 0.0, 0.0, 0.0, 0.0)),
+        (STARTS + "<answer>B</answer>", _expected("B", 0.0, 0.0, 0.0, 0.0)),
         # 60 + 221 + 18 = 299 characters: still degenerate
-        (STARTS + "x" * 221 + "<answer>B</answer>", RewardBreakdown("B", 0.0, 0.0, 0.0, 0.0)),
+        (STARTS + "x" * 221 + "<answer>B</answer>", _expected("B", 0.0, 0.0, 0.0, 0.0)),
         # 300 characters: scored; format 0.3 + 0.2 + 0.1 = 0.6, total 1.6
-        (STARTS + "x" * 222 + "<answer>B</answer>", RewardBreakdown("B", 1.0, 0.6, 0.0, 1.6)),
+        (STARTS + "x" * 222 + "<answer>B</answer>", _expected("B", 1.0, 0.6, 0.0, 1.6)),
         # four <|im_start|>: scored as above
-        (STARTS_4 + "<answer>B</answer>", RewardBreakdown("B", 1.0, 0.6, 0.0, 1.6)),
+        (STARTS_4 + "<answer>B</answer>", _expected("B", 1.0, 0.6, 0.0, 1.6)),
     ],
 )
 def test_degenerate_shortcut(text: str, expected: RewardBreakdown) -> None:
     result = compute_reward(text, "B", "mcq")
     assert result.answer == expected.answer
-    assert (result.acc, result.format, result.tool, result.total) == pytest.approx(
-        (expected.acc, expected.format, expected.tool, expected.total)
-    )
+    assert result.terms == pytest.approx(expected.terms) and result.total == pytest.approx(expected.total)
 
 
 # --- SPEC §4.5 scored text ----------------------------------------------------------------
@@ -448,8 +448,8 @@ def test_a_sub_agent_answer_never_scores(scope) -> None:
     ]
     text = scored_text(segments, scope)
     assert "Z" not in text
-    assert compute_reward(text, "B", "mcq").acc == 1.0
-    assert compute_reward(text, "Z", "oe").acc == 0.0
+    assert compute_reward(text, "B", "mcq").terms["acc"] == 1.0
+    assert compute_reward(text, "Z", "oe").terms["acc"] == 0.0
     # a main agent that never answered cannot borrow the sub-agent's answer either
     unanswered = [*segments[:3], TranscriptSegment("still unsure", generated=True)]
     assert extract_answer(scored_text(unanswered, scope)) != "Z"

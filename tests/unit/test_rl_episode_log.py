@@ -20,7 +20,8 @@ def test_records_carry_each_episodes_reward_advantages_and_first_trained_tokens(
     prompts = [SimpleNamespace(video_key="media/a.mp4", question="What colour?")]
     episodes = [SimpleNamespace(prompt_id="p0", prompt_index=0, sample_index=i, nframes=6, tool_calls=calls,
                                 end_reason="answer") for i, calls in enumerate((2, 0))]
-    rewards = [RewardBreakdown("A", 1.0, 1.0, 0.6, 1.7), RewardBreakdown("B", 0.0, 1.0, 0.0, 0.1)]
+    rewards = [RewardBreakdown("A", {"acc": 1.0, "format": 1.0, "tool": 0.6}, 1.7),
+               RewardBreakdown("B", {"acc": 0.0, "format": 1.0, "tool": 0.0}, 0.1)]
     trajs = [
         # episode 0: prompt tokens 1-2 untrained, then 3 trained; one sub-agent with 2 trained tokens
         _traj(0, False, [1, 2, 30, 31, 32], [0, 0, 1, 1, 1], [0.0, 0.0, 0.9, 0.7, 0.8]),
@@ -33,6 +34,7 @@ def test_records_carry_each_episodes_reward_advantages_and_first_trained_tokens(
     assert rows[0]["main_tokens"] == 3 and rows[0]["main_advantage_mean"] == pytest.approx(0.8)
     assert (rows[0]["subagent_tokens"], rows[0]["subagent_advantage_sum"]) == (2, pytest.approx(1.0))
     assert (rows[1]["subagent_tokens"], rows[1]["total"], rows[1]["advantage"]) == (0, 0.1, pytest.approx(-0.7071))
+    assert [(r["acc"], r["format"], r["tool"]) for r in rows] == [(1.0, 1.0, 0.6), (0.0, 1.0, 0.0)]
     assert all(r["step_tokens"] == 42.0 for r in rows)
 
     path = write_episode_log(tmp_path, 3, 1, rows)

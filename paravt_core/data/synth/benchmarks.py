@@ -3,22 +3,12 @@
 Each split gets its own held-out videos (none of them is a training video), named the way
 the dataset names its files, and a few questions about their events, laid out exactly
 as the real annotation rows (field names, types and conventions checked against the real
-rows in `shared/benchmarks/`):
+rows in `shared/benchmarks/`), in the real repos' layouts: the evaluation owns those
+(`paravt_core.eval.splits`, one record per split) and this module writes what they say.
 
-| split | repo | annotation file | videos |
-|---|---|---|---|
-| videomme | lmms-lab/Video-MME | videomme/test-00000-of-00001.parquet | videos_chunked_01.zip: data/<videoID>.mp4 |
-| videomme_wsub | (same repo and rows) | (same) | + subtitle.zip: subtitle/<videoID>.srt |
-| longvideobench | longvideobench/LongVideoBench | validation-00000-of-00001.parquet | videos.tar.part.aa, .ab, ...: videos/<video_path> |
-| lvbench | lmms-lab/LVBench | data/test-00000-of-00001.parquet | videos/<key>.mp4 |
-| mlvu | sy1998/MLVU_dev | data/test-00000-of-00001.parquet | video/<video_name> (or video/<n_task>/<video_name>) |
-| mmvu | yale-nlp/MMVU | data/validation-00000-of-00001.parquet | <`video` after "/main/">: videos/<Subject>/<n>.mp4 |
-| charades | lmms-lab/charades_sta | data/test-00000-of-00001.parquet | Charades_v1_480.zip: Charades_v1_480/<video> |
-
-LongVideoBench's videos come as a tar split into parts (`videos.tar.part.aa`, ...), as the
-real repo ships them. MLVU's real repo keeps videos in per-task folders
-(`1_plotQA/<video_name>`); the mirror puts them directly under `video/`, and the loader
-accepts both.
+LongVideoBench's videos come as a tar split into parts, as the real repo ships them. MLVU's
+real repo keeps videos in per-task folders (`1_plotQA/<video_name>`); the mirror puts them
+directly under `video/`, and the loader accepts both.
 Categorical fields that describe real content (Video-MME `domain`, LVBench `type`,
 LongVideoBench `topic_category`, MMVU `subject`) carry honest synthetic values;
 LongVideoBench subtitle files are not generated (SPEC §7 uses subtitles only for
@@ -47,70 +37,12 @@ from paravt_core.data.synth.world import (
     sample_video,
     youtube_like_id,
 )
+from paravt_core.eval.splits import EVAL_SPLITS, LAYOUTS, SPLITS, VALIDATION_SPLITS, BenchmarkLayout
 
-
-@dataclass(frozen=True)
-class BenchmarkLayout:
-    """Where a split's annotations and videos sit in its hub repo.
-
-    `video_dir` is the folder (in the repo, or inside `video_archive` when set) that the
-    video path a row names is relative to ("" for the root): `<videoID>.mp4` for Video-MME,
-    `video_path` for LongVideoBench, `<key>.mp4` for LVBench, `video_name` for MLVU, the
-    part of `video` after "/main/" for MMVU, `video` for Charades-STA.
-    """
-
-    split: str
-    repo_id: str
-    annotation_file: str
-    video_dir: str
-    video_archive: str | None = None
-    subtitle_archive: str | None = None
-    subtitle_dir: str | None = None
-
-    def video_member(self, relative: str) -> str:
-        """The repo (or archive) path of the video a row names by `relative`."""
-        return f"{self.video_dir}/{relative}" if self.video_dir else relative
-
-
-_VIDEOMME = dict(repo_id="lmms-lab/Video-MME", annotation_file="videomme/test-00000-of-00001.parquet")
-LAYOUTS: dict[str, BenchmarkLayout] = {
-    "videomme": BenchmarkLayout("videomme", **_VIDEOMME, video_dir="data", video_archive="videos_chunked_01.zip"),
-    "videomme_wsub": BenchmarkLayout(
-        "videomme_wsub",
-        **_VIDEOMME,
-        video_dir="data",
-        video_archive="videos_chunked_01.zip",
-        subtitle_archive="subtitle.zip",
-        subtitle_dir="subtitle",
-    ),
-    "longvideobench": BenchmarkLayout(
-        "longvideobench",
-        "longvideobench/LongVideoBench",
-        "validation-00000-of-00001.parquet",
-        "videos",
-        video_archive="videos.tar.part.aa",
-    ),
-    "lvbench": BenchmarkLayout("lvbench", "lmms-lab/LVBench", "data/test-00000-of-00001.parquet", "videos"),
-    "mlvu": BenchmarkLayout("mlvu", "sy1998/MLVU_dev", "data/test-00000-of-00001.parquet", "video"),
-    "mmvu": BenchmarkLayout("mmvu", "yale-nlp/MMVU", "data/validation-00000-of-00001.parquet", ""),
-    "charades": BenchmarkLayout(
-        "charades",
-        "lmms-lab/charades_sta",
-        "data/test-00000-of-00001.parquet",
-        "Charades_v1_480",
-        video_archive="Charades_v1_480.zip",
-    ),
-}
-# A validation split of the miniature (not a benchmark): Video-MME-format rows on videos of its
-# own, in a repo of its own, so that drawing it (`SynthConfig.validation`) changes no byte of the
-# test splits' repos. Knobs are chosen on it; the test splits report.
-VALIDATION_SPLIT = "videomme_val"
-LAYOUTS[VALIDATION_SPLIT] = BenchmarkLayout(VALIDATION_SPLIT, "ParaVT/Video-MME-validation",
-                                            "videomme/validation-00000-of-00001.parquet", "data",
-                                            video_archive="videos_chunked_01.zip")
-EVAL_SPLITS = tuple(s for s in LAYOUTS if s != VALIDATION_SPLIT)
+# The miniature's validation split (`SynthConfig.validation`).
+VALIDATION_SPLIT = VALIDATION_SPLITS[0]
 # Splits with their own videos and rows; videomme_wsub reuses videomme's.
-GENERATED_SPLITS = tuple(s for s in EVAL_SPLITS if s != "videomme_wsub")
+GENERATED_SPLITS = tuple(s for s in EVAL_SPLITS if SPLITS[s].videos_of is None)
 MCQ_TOPICS = ("colour", "shape", "position", "digit", "direction")
 MMVU_URL = "https://huggingface.co/datasets/yale-nlp/MMVU/resolve/main/"
 
