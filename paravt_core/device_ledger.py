@@ -7,8 +7,11 @@ returns nothing to the card before then: a stage that loads a model in the flow 
 that memory beside every later stage (the SFT grammar check beside RL rank 0, #60 finding 1).
 So every such stage runs in a process of its own, and the flow process declares nothing.
 
-Declarations are appended, one JSON line each, to the file PARAVT_DEVICE_LEDGER names (a
-rehearsal of a GPU run sets it for all its processes); without it `declare` does nothing.
+Declarations are appended, one JSON line each, to the file PARAVT_DEVICE_LEDGER names
+(`paravt rehearse` sets it for all its processes, `paravt_core/rehearsal.py`); without it
+`declare` does nothing. A model server is declared by the process that starts it, at its static
+share of the card, and released when stopped. A claim is checked when it is made, against the
+claims of processes still running: the stage that could not have its memory fails at once.
 `check_ledger` is the assertion a rehearsal makes at its end: the flow process holds no device
 memory, and no GPU has more planned at one time than the card.
 """
