@@ -102,6 +102,14 @@ def _prefect_environment() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", EPHEMERAL_STARTUP_S)
 
 
+def _show_outputs(cfg, outputs: dict[str, str]) -> None:
+    print("\nPipeline finished. Outputs:")
+    for name, where in outputs.items():
+        print(f"  {name:<14} " + where.replace("\n", "\n" + " " * 17))
+    print(f"  {'output dir':<14} {cfg.run.output_dir.resolve()}")
+    print("Run history and MLflow runs: `make ui` (Prefect UI and MLflow UI on 127.0.0.1).")
+
+
 def _run(args: argparse.Namespace) -> int:
     _prefect_environment()
     from flows.full_pipeline import full_pipeline
@@ -117,15 +125,8 @@ def _run(args: argparse.Namespace) -> int:
     if not check_before_run("paravt run", cfg, args.config):  # a GPU config on an unready machine (#44)
         return 2
 
-    def show(outputs: dict[str, str]) -> None:
-        print("\nPipeline finished. Outputs:")
-        for name, where in outputs.items():
-            print(f"  {name:<14} " + where.replace("\n", "\n" + " " * 17))
-        print(f"  {'output dir':<14} {cfg.run.output_dir.resolve()}")
-        print("Run history and MLflow runs: `make ui` (Prefect UI and MLflow UI on 127.0.0.1).")
-
     try:
-        outputs = _flow_in_process("paravt run", full_pipeline, params, cfg, show)
+        outputs = _flow_in_process("paravt run", full_pipeline, params, cfg, lambda out: _show_outputs(cfg, out))
     except ApiGone as gone:
         return _ended(gone.status)
     return 2 if outputs is None else 0
@@ -224,7 +225,7 @@ def _rehearse_flow(command, args, real, cfg, sets, ledger, gpu_bytes, summary) -
     params = PipelineParams(config_path=args.config, overrides=sets, rl_row=args.rl_row)
     started, failure = time.monotonic(), None
     try:
-        result = _flow_in_process(command, full_pipeline, params, cfg, lambda outputs: None)
+        result = _flow_in_process(command, full_pipeline, params, cfg, lambda out: _show_outputs(cfg, out))
         if result is None:
             return 2
     except ApiGone as gone:
