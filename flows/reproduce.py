@@ -35,7 +35,7 @@ from paravt_core.eval.results import ResultsLog
 from paravt_core.data.mirror import world_dir
 from paravt_core.data.stage import DataBundle
 from paravt_core.miniature.pretrain import sft_replay
-from paravt_core.miniature.reproduce import BudgetPoint, ModelRun, group_breakdown, held_out_groups, read_steps
+from paravt_core.miniature.measurements import BudgetPoint, ModelRun, group_breakdown, held_out_groups, read_steps
 from paravt_core.miniature.visibility import manifest_video_sets, visible_share
 from paravt_core.run_lock import hold_output_dir
 from tasks.miniature import pretrain, reproduce_report, sampled_probe
