@@ -33,7 +33,7 @@ from statistics import fmean
 from paravt_core.miniature import verdicts as judged
 from paravt_core.miniature.intervals import Interval, by_row, interval95, rows_in_order, sft_training_start
 from paravt_core.miniature.measurements import LAST_STEPS, BudgetPoint, ModelRun
-from paravt_core.registry.report import PAPER_TABLE2
+from paravt_core.eval.experiment_report import PAPER_TABLE2
 
 
 def group_table_markdown(runs: Sequence[ModelRun]) -> str:

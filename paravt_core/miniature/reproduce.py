@@ -30,7 +30,7 @@ def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], l
     one, its budget.json (the SFT model's budget sweep; empty before #35 logged it)."""
     import tempfile
 
-    from paravt_core.registry.report import _client, _runs
+    from paravt_core.eval.experiment_report import _client, _runs
 
     logged = _runs(tracking_uri, experiment, "reproduce")
     if not logged:
@@ -109,7 +109,7 @@ def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_u
     budget_file = atomic_write_text(out_dir / "budget.json", json.dumps([asdict(p) for p in budget], indent=1))
     report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title, budget))
     if tracking_uri and experiment:
-        from paravt_core.registry.report import _client
+        from paravt_core.eval.experiment_report import _client
         from paravt_core.tracking import start_stage_run
 
         run_id = start_stage_run(tracking_uri, experiment, "reproduce", {"stage": "reproduce"}, {})

@@ -26,18 +26,24 @@ def test_the_layer_contracts_hold():
     assert "0 broken" in done.stdout and "4 kept" in done.stdout
 
 
-@pytest.mark.parametrize("module, expected", [
-    ("paravt_core/sft/encode.py", "paravt_core.sft.encode -> paravt_core.miniature.pretrain"),
+MINIATURE = "from paravt_core.miniature import pretrain"
+
+
+@pytest.mark.parametrize("module, line, expected", [
+    ("paravt_core/sft/encode.py", MINIATURE, "paravt_core.sft.encode -> paravt_core.miniature.pretrain"),
     # The full pipeline's SFT task, as it was before the miniature plugged in through `extra=`.
-    ("tasks/sft.py", "tasks.sft -> paravt_core.miniature.pretrain"),
+    ("tasks/sft.py", MINIATURE, "tasks.sft -> paravt_core.miniature.pretrain"),
+    # The registry below the evaluation: `paravt report` once lived in registry/ and imported eval/.
+    ("paravt_core/registry/__init__.py", "from paravt_core.eval import report",
+     "paravt_core.registry -> paravt_core.eval.report"),
 ])
-def test_a_core_package_importing_the_miniature_breaks_a_contract(tmp_path: Path, module: str, expected: str):
+def test_an_upward_import_breaks_a_contract(tmp_path: Path, module: str, line: str, expected: str):
     """The control: the same check on a copy of the library with one upward import fails, naming it."""
     for name in ("paravt_core", "flows", "tasks"):
         shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     importer = tmp_path / module
-    importer.write_text(importer.read_text() + "\nfrom paravt_core.miniature import pretrain  # noqa: E402,F401\n")
+    importer.write_text(importer.read_text() + f"\n{line}  # noqa: E402,F401\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     done = subprocess.run([*_lint_imports(), "--no-cache"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode != 0
