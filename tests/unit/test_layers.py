@@ -36,6 +36,8 @@ MINIATURE = "from paravt_core.miniature import pretrain"
     # The registry below the evaluation: `paravt report` once lived in registry/ and imported eval/.
     ("paravt_core/registry/__init__.py", "from paravt_core.eval import report",
      "paravt_core.registry -> paravt_core.eval.report"),
+    # The typed config below the model: the tiny model's spec once lived in model/tiny.py.
+    ("paravt_core/config.py", "from paravt_core.model import tiny", "paravt_core.config -> paravt_core.model.tiny"),
 ])
 def test_an_upward_import_breaks_a_contract(tmp_path: Path, module: str, line: str, expected: str):
     """The control: the same check on a copy of the library with one upward import fails, naming it."""
