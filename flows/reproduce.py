@@ -34,12 +34,12 @@ from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
 from paravt_core.data.mirror import world_dir
 from paravt_core.data.stage import DataBundle
-from paravt_core.miniature.reproduce import BudgetPoint, ModelRun, group_breakdown, held_out_groups, read_steps
+from paravt_core.miniature.pretrain import sft_replay
+from paravt_core.miniature.measurements import BudgetPoint, ModelRun, group_breakdown, held_out_groups, read_steps
 from paravt_core.miniature.visibility import manifest_video_sets, visible_share
 from paravt_core.run_lock import hold_output_dir
-from tasks.miniature import sampled_probe
+from tasks.miniature import pretrain, reproduce_report, sampled_probe
 from tasks.model import base_stage
-from tasks.registry import reproduce_report
 from tasks.rl import rl
 from tasks.sft import sft
 
@@ -189,7 +189,9 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         PROGRESS.reset()
         world = world_dir(cfg) if cfg.data.source == "synth" else None  # before any stage: see validation_videos
         data = data_stage(cfg)
-        sft_model = sft(cfg, base_stage(cfg), data.sft)
+        # The miniature plugs into the full pipeline's stages: its perception pretraining after the
+        # base model, its replay rows as one more SFT shard.
+        sft_model = sft(cfg, base_stage(cfg, pretrain=pretrain), data.sft, extra=sft_replay(cfg))
         PROGRESS.stage("sft_model", sft_model.path)
         rl_jobs = []
         for row in cfg.reproduce.rows:

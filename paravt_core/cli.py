@@ -24,7 +24,7 @@ COMMAND_MODULES = (
     "paravt_core.model.cli",
     "paravt_core.eval.cli",
     "paravt_core.rl.cli",
-    "paravt_core.registry.cli",
+    "paravt_core.eval.report_cli",
     "paravt_core.miniature.cli",
 )
 

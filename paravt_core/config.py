@@ -21,7 +21,6 @@ from pydantic_core import to_jsonable_python
 from paravt_core.atomic import folder_problem
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.eval.splits import EVAL_SPLITS, LAYOUTS, VALIDATION_SPLITS
-from paravt_core.model.tiny import TinyModelSpec
 from paravt_core.seeds import Seed
 
 
@@ -112,6 +111,28 @@ class PretrainConfig(_Section):
     # the reading phase's corpus) mixed into cold-start SFT's rows, so that SFT does not undo
     # what pretraining taught (`paravt_core.miniature.pretrain.replay_shard`). 0: none.
     sft_replay_rows: int = Field(0, ge=0)
+
+
+class TinyModelSpec(BaseModel):
+    """Sizes of the tiny Qwen3-VL (`paravt_core.model.tiny` builds it). Defaults give about 1.5 M parameters."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seed: Seed = 0
+    vocab_size: int = Field(2048, ge=512, le=32768)
+    hidden_size: int = Field(128, ge=16)
+    intermediate_size: int = Field(384, ge=16)
+    num_hidden_layers: int = Field(4, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    head_dim: int = Field(32, ge=4)
+    vision_depth: int = Field(2, ge=1)
+    vision_hidden_size: int = Field(64, ge=8)
+    vision_intermediate_size: int = Field(128, ge=8)
+    vision_num_heads: int = Field(2, ge=1)
+    patch_size: int = 16
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
 
 
 class ModelConfig(_Section):

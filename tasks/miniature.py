@@ -1,4 +1,7 @@
-"""Prefect task around the miniature's held-out sampled probe (`miniature/heldout_probe.py`).
+"""Prefect tasks of the miniature reproduction (flows/reproduce.py), its own wing: the full
+pipeline's flows and tasks import nothing from `paravt_core.miniature` (pyproject.toml's contracts).
+
+`pretrain`: the tiny base's perception pretraining, plugged into `tasks.model.base_stage`.
 
 `sampled_probe` samples every model of the reproduction on the same held-out questions at one
 overview budget K (`reproduce.probe`) and returns its per-question κ and format, the maps the
@@ -7,10 +10,13 @@ model's content hash, the probed split's prepared folder, the probe settings, th
 sections that shape an episode (eval prompts and turns, video bounds, rollout lengths, the
 model's speed options); the result is kept as JSON under `<output_dir>/probe/`, read back when
 its fingerprint matches, and a deleted file re-runs the task.
+
+`reproduce_report`: Table 2 in miniature and the per-step figure.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -19,8 +25,11 @@ from prefect.context import TaskRunContext
 from paravt_core.config import PipelineConfig
 from paravt_core.data.stage import SPLIT_FILE
 from paravt_core.eval.stage import results_config_hash, split_data_hash, split_folder
+from paravt_core.miniature import pretrain as pretrain_stage
 from paravt_core.miniature.heldout_probe import ProbeResult, probe_frames, probe_to_file
+from paravt_core.miniature.reproduce import write_report
 from paravt_core.refs import ArtifactRef
+from paravt_core.sft.stage import unseeded
 from tasks._cache import stage_key
 
 
@@ -63,3 +72,25 @@ def sampled_probe(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRe
                           label, probe.split, probe_frames(cfg), n, probe.samples, probe.temperature,
                           sum(result.calls.values()) / n, sum(result.fmt.values()) / n, out)
     return result
+
+
+@task(name="pretrain", retries=2, retry_delay_seconds=10)
+def pretrain(cfg: PipelineConfig, base: ArtifactRef) -> ArtifactRef:
+    """Perception pretraining of the tiny base (model.pretrain); a retry resumes from its checkpoint.
+
+    Not result-cached: the stage itself is idempotent (a finished pretraining is filed by the
+    content it trained on and reused from there, by any world whose corpus is the same; a
+    finished run folder returns its exported model at once), and that key needs the corpus,
+    which exists only once the corpus is built."""
+    log = get_run_logger()
+    # sft.seed seeds cold-start SFT only: every SFT seed starts from this one pretraining.
+    return pretrain_stage.run(unseeded(cfg), base, log_line=lambda line: log.info(line))
+
+
+@task(name="reproduce-report", retries=1)
+def reproduce_report(cfg: PipelineConfig, runs: list, budget: list | None = None) -> Path:
+    """Table 2 in miniature and the per-step figure under `<output_dir>/report/`, logged to MLflow.
+
+    Not cached: it is a pure function of the measurements and takes a second."""
+    return write_report(runs, cfg.run.output_dir / "report", f"Miniature reproduction: `{cfg.run.name}`",
+                        cfg.mlflow_uri(), cfg.mlflow.experiment, budget=budget or ())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prefect import task
@@ -30,26 +31,18 @@ def base_model(cfg: PipelineConfig) -> ArtifactRef:
     return model_stage.run(cfg)
 
 
-@task(name="pretrain", retries=2, retry_delay_seconds=10)
-def pretrain(cfg: PipelineConfig, base: ArtifactRef) -> ArtifactRef:
-    """Perception pretraining of the tiny base (model.pretrain); a retry resumes from its checkpoint.
+def base_stage(cfg: PipelineConfig,
+               pretrain: Callable[[PipelineConfig, ArtifactRef], ArtifactRef] | None = None) -> ArtifactRef:
+    """The base model every training stage starts from: built or resolved, then, when
+    `model.pretrain.enabled` (the tiny model only), passed through `pretrain`: the miniature's
+    perception pretraining, which only the reproduction's flow plugs in (`tasks.miniature.pretrain`).
 
-    Not result-cached: the stage itself is idempotent (a finished pretraining is filed by the
-    content it trained on and reused from there, by any world whose corpus is the same; a
-    finished run folder returns its exported model at once), and that key needs the corpus,
-    which exists only once the corpus is built."""
-    from prefect import get_run_logger
-
-    from paravt_core.miniature import pretrain as pretrain_stage
-    from paravt_core.sft.stage import unseeded
-
-    log = get_run_logger()
-    # sft.seed seeds cold-start SFT only: every SFT seed starts from this one pretraining.
-    return pretrain_stage.run(unseeded(cfg), base, log_line=lambda line: log.info(line))
-
-
-def base_stage(cfg: PipelineConfig) -> ArtifactRef:
-    """The base model every training stage starts from: built or resolved, then perception
-    pretrained when `model.pretrain.enabled` (the tiny model only)."""
+    Raises:
+        ValueError: `model.pretrain.enabled` without `pretrain` (a full-pipeline flow).
+    """
+    if cfg.model.pretrain.enabled and pretrain is None:
+        raise ValueError("model.pretrain.enabled: perception pretraining is the miniature reproduction's "
+                         "(`paravt reproduce`), not this flow's; set model.pretrain.enabled=false or run "
+                         "`paravt reproduce`")
     base = base_model(cfg)
     return pretrain(cfg, base) if cfg.model.pretrain.enabled else base

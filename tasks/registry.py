@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -39,14 +38,3 @@ def promote(cfg: PipelineConfig, candidate: registry.ModelVersion, score: float,
     on the same evaluation (eval data and eval settings)."""
     eval_key = hashlib.sha256(f"{eval_data.sha256}|{cfg.section_hash('eval')}".encode()).hexdigest()[:16]
     return registry.promote(cfg.mlflow_uri(), cfg.model.registered_name, candidate, score, eval_key)
-
-
-@task(name="reproduce-report", retries=1)
-def reproduce_report(cfg: PipelineConfig, runs: list, budget: list | None = None) -> Path:
-    """Table 2 in miniature and the per-step figure under `<output_dir>/report/`, logged to MLflow.
-
-    Not cached: it is a pure function of the measurements and takes a second."""
-    from paravt_core.miniature.reproduce import write_report
-
-    return write_report(runs, cfg.run.output_dir / "report", f"Miniature reproduction: `{cfg.run.name}`",
-                        cfg.mlflow_uri(), cfg.mlflow.experiment, budget=budget or ())

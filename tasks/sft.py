@@ -8,9 +8,9 @@ from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
 from paravt_core.config import PipelineConfig
-from paravt_core.miniature.pretrain import sft_replay
 from paravt_core.refs import ArtifactRef
 from paravt_core.sft import stage as sft_stage
+from paravt_core.sft.stage import ExtraShard
 from tasks._cache import model_intact, stage_key
 
 
@@ -18,17 +18,18 @@ def _sft_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     cfg: PipelineConfig = parameters["cfg"]
     base: ArtifactRef = parameters["base"]
     data: ArtifactRef = parameters["sft_data"]
-    out = sft_stage.run_dir(cfg, base, data, extra=sft_replay(cfg)) / "model"
+    out = sft_stage.run_dir(cfg, base, data, extra=parameters.get("extra")) / "model"
     return stage_key("sft", base.sha256, data.sha256, cfg.section_hash("sft", "video", "run"), output=out,
                      intact=model_intact)
 
 
 @task(name="sft", cache_key_fn=_sft_key, persist_result=True, retries=2, retry_delay_seconds=10)
-def sft(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef) -> ArtifactRef:
-    """Cold-start SFT; a retry resumes from the run's latest DeepSpeed checkpoint."""
+def sft(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, extra: ExtraShard | None = None) -> ArtifactRef:
+    """Cold-start SFT; a retry resumes from the run's latest DeepSpeed checkpoint. `extra`: one more
+    shard trained beside `sft_data`, its key in the run's folder name (the reproduction passes the
+    miniature's replay rows, `model.pretrain.sft_replay_rows`; the full pipeline none)."""
     log = get_run_logger()
-    # The miniature's replay rows (model.pretrain.sft_replay_rows) ride along as one more shard.
-    return sft_stage.run(cfg, base, sft_data, log_line=lambda line: log.info(line), extra=sft_replay(cfg))
+    return sft_stage.run(cfg, base, sft_data, log_line=lambda line: log.info(line), extra=extra)
 
 
 def _grammar_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -48,7 +49,7 @@ def sft_grammar(cfg: PipelineConfig, base: ArtifactRef, sft_model: ArtifactRef, 
     from paravt_core.tracking import MetricLogger
 
     log = get_run_logger()
-    run_dir = sft_stage.run_dir(cfg, base, data.sft, extra=sft_replay(cfg))
+    run_dir = sft_stage.run_dir(cfg, base, data.sft)  # the full pipeline's SFT: no extra shard
     reports = grammar.run_in_own_process(cfg, base.path, sft_model.path, data.sft.path, data.eval.path,
                                          run_dir / "grammar", log_line=lambda line: log.info(line))
     out = {f"grammar_rate_{k}": r.rate for k, r in reports.items()}

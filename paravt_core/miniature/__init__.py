@@ -5,11 +5,14 @@ that model to learn anything in minutes on a CPU it is first pretrained on the w
 (`pretrain`: captioning and reading phases, and the rows SFT replays beside its own), and the
 skills each phase should leave are measured by teacher-forced probes (`forced`,
 `caption_probe`, `reading_probe`, `agent_probe`) and by the sub-agent's and
-the rollouts' own behaviour (`perception`, `rollout_probe`). `reproduce` turns the
-reproduction's runs into Table 2 in miniature. docs/miniature.md says its method and current
+the rollouts' own behaviour (`perception`, `rollout_probe`). The reproduction's report turns its
+runs into Table 2 in miniature: what was measured (`measurements`), its statistics over seeds
+(`intervals`, and `inference` / `verdicts` for the findings), the Markdown (`report_tables`) and the
+figure (`report_plot`), written and logged by `reproduce`. docs/miniature.md says its method and current
 results; docs/log/ keeps its lab notebook.
 
 The core packages (data, video, agent, sft, rl, eval, registry, model) never import this one
-(an import-linter contract in pyproject.toml); the flows and tasks hand its pieces to them
-(e.g. the replay rows as one more SFT shard).
+(an import-linter contract in pyproject.toml), nor do the full pipeline's flows and tasks (another);
+the reproduction's own flow and tasks hand its pieces to them (e.g. the replay rows as one more SFT
+shard).
 """

@@ -313,6 +313,7 @@ def _sampled_probe(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
     from paravt_core.miniature import reproduce
+    from paravt_core.miniature.measurements import MeasurementsError
 
     source_dir = None
     if args.from_dir:
@@ -340,7 +341,7 @@ def _report(args: argparse.Namespace) -> int:
             return 2
     try:
         path = reproduce.rebuild_report(runs, out, title, budget, source_dir)
-    except reproduce.MeasurementsError as exc:
+    except MeasurementsError as exc:
         print(f"paravt miniature report: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a read-only or full --out: the earlier report, if any, is left whole

@@ -18,7 +18,7 @@ images, the generation prompt ending in the think prefix: `agent.rollout.prepare
   continuation follows (its longest common token prefix with one, at least 3 tokens), else
   `other`.
 
-Rows are grouped by the question's wording (`reproduce.wording_of`) and K. Every figure is a
+Rows are grouped by the question's wording (`measurements.wording_of`) and K. Every figure is a
 mean over questions; `summarize` and `render_tables` are pure.
 """
 
@@ -255,7 +255,7 @@ def probe_split(model_dir: Path, cfg: PipelineConfig, split_json: Path, frame_co
     from paravt_core.agent.engine import SamplingParams
     from paravt_core.agent.hf_engine import HFEngine
     from paravt_core.eval.prepared import load_split_file
-    from paravt_core.miniature.reproduce import wording_of
+    from paravt_core.miniature.measurements import wording_of
     from paravt_core.model.loading import load_model, load_processor, model_speed_options
 
     openings = dict(config_openings(cfg) if openings is None else openings)

@@ -13,8 +13,8 @@ Runs that fell are their own outcome (`falls_lines`): a run falls when its held-
 `FALL_POINTS` or more below its own SFT model's; PARA-GRPO's share against each other RL row's,
 Fisher's exact test, Holm over `FALLS_FAMILY`.
 
-Pure functions of the runs (anything with the fields of `reproduce.ModelRun`); the report
-(`reproduce.report_markdown`) renders their lines.
+Pure functions of the runs (anything with the fields of `measurements.ModelRun`); the report
+(`report_tables.report_markdown`) renders their lines.
 """
 
 from __future__ import annotations

@@ -20,9 +20,7 @@ import random
 from importlib import resources
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from paravt_core.seeds import Seed
+from paravt_core.config import TinyModelSpec
 
 # Qwen's control tokens; names as in the Qwen2/Qwen3 tokenizers.
 QWEN_SPECIAL_TOKENS = (
@@ -55,28 +53,6 @@ QWEN_PRE_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-
-class TinyModelSpec(BaseModel):
-    """Sizes of the tiny Qwen3-VL. Defaults give about 1.5 M parameters."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    seed: Seed = 0
-    vocab_size: int = Field(2048, ge=512, le=32768)
-    hidden_size: int = Field(128, ge=16)
-    intermediate_size: int = Field(384, ge=16)
-    num_hidden_layers: int = Field(4, ge=1)
-    num_attention_heads: int = Field(4, ge=1)
-    num_key_value_heads: int = Field(2, ge=1)
-    head_dim: int = Field(32, ge=4)
-    vision_depth: int = Field(2, ge=1)
-    vision_hidden_size: int = Field(64, ge=8)
-    vision_intermediate_size: int = Field(128, ge=8)
-    vision_num_heads: int = Field(2, ge=1)
-    patch_size: int = 16
-    spatial_merge_size: int = 2
-    temporal_patch_size: int = 2
-
 
 # The words of the generated world (data.synth.world: colours, shapes, corners, digits,
 # directions) and of its answers: Qwen3-VL's 151k-token vocabulary holds each of them as ONE

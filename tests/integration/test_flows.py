@@ -139,7 +139,7 @@ def test_ablation_flow_rows_from_one_sft_checkpoint(prefect_harness, task_runs, 
     report then has both rows with fτ and κ."""
     from flows.ablations import AblationParams, ablations
     from paravt_core.config import load_config
-    from paravt_core.registry.report import write_report
+    from paravt_core.eval.experiment_report import write_report
 
     overrides = [*fast_overrides(tmp_path), "eval.splits=[videomme, charades]"]
     params = AblationParams(config_path=str(REPO / "conf/pipeline/tiny.yaml"), overrides=overrides,

@@ -52,6 +52,8 @@ def test_the_world_and_the_base_model_side_by_side_give_the_default_s_sft_model(
     from flows.data import data_stage
     from flows.fanout import fan_out
     from paravt_core.config import FanoutConfig, load_config
+    from paravt_core.miniature.pretrain import sft_replay
+    from tasks.miniature import pretrain
     from tasks.model import base_stage
     from tasks.sft import sft
 
@@ -60,12 +62,12 @@ def test_the_world_and_the_base_model_side_by_side_give_the_default_s_sft_model(
         cfg = load_config(REPO / "conf/pipeline/reproduce.yaml", _overrides(out))
         if side_by_side:  # as 2922a80's flow ran them
             (_, data), (_, base) = fan_out([("data", lambda: ("data", data_stage(cfg))),
-                                            ("base model", lambda: ("base", base_stage(cfg)))],
+                                            ("base model", lambda: ("base", base_stage(cfg, pretrain)))],
                                            FanoutConfig(max_concurrent=2))
         else:  # as flows/reproduce.py runs them
             data = data_stage(cfg)
-            base = base_stage(cfg)
-        return data, base, sft(cfg, base, data.sft)
+            base = base_stage(cfg, pretrain)
+        return data, base, sft(cfg, base, data.sft, extra=sft_replay(cfg))
 
     _, base_one, sft_one = phases(tmp_path / "one-after-the-other", side_by_side=False)
     _, base_two, sft_two = phases(tmp_path / "side-by-side", side_by_side=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from paravt_core.registry.report import write_report
+from paravt_core.eval.experiment_report import write_report
 from paravt_core.tracking import MetricLogger, start_stage_run
 
 

@@ -9,20 +9,11 @@ from dataclasses import asdict
 
 import pytest
 
-from paravt_core.miniature.reproduce import (
-    ModelRun,
-    findings,
-    group_breakdown,
-    group_table_markdown,
-    held_out_groups,
-    interval95,
-    plot_steps,
-    read_steps,
-    report_markdown,
-    runs_from_json,
-    table_markdown,
-    write_report,
-)
+from paravt_core.miniature.intervals import interval95
+from paravt_core.miniature.measurements import ModelRun, group_breakdown, held_out_groups, read_steps, runs_from_json
+from paravt_core.miniature.report_plot import plot_steps
+from paravt_core.miniature.report_tables import findings, group_table_markdown, report_markdown, table_markdown
+from paravt_core.miniature.reproduce import write_report
 
 
 def _steps(kappas, f_taus, accs=None):
@@ -221,7 +212,7 @@ def test_group_table_and_report_section_only_where_measured():
 
 
 def test_the_validation_split_gets_its_own_table_only_where_measured():
-    from paravt_core.miniature.reproduce import validation_table_markdown
+    from paravt_core.miniature.report_tables import validation_table_markdown
 
     runs = [ModelRun("sft", None, 0.5, 0.2, 2.8, accuracy_val=0.45, accuracy_direct_val=0.25),
             ModelRun("paragrpo", 0, 0.6, 0.2, 2.0, _steps([2, 2], [0.5, 0.5]), accuracy_val=0.55,
@@ -238,7 +229,7 @@ def test_the_validation_split_gets_its_own_table_only_where_measured():
 
 
 def test_rl_rows_without_a_direct_validation_figure_show_a_dash_there():
-    from paravt_core.miniature.reproduce import validation_table_markdown
+    from paravt_core.miniature.report_tables import validation_table_markdown
 
     runs = [ModelRun("sft", None, 0.5, 0.2, 2.8, accuracy_val=0.45, accuracy_direct_val=0.25),
             ModelRun("paragrpo", 0, 0.6, 0.2, 2.0, accuracy_val=0.55)]
@@ -264,7 +255,7 @@ def _sft(calls: float = 2.5, accuracy: float = 0.5, build: str | None = None) ->
 
 
 def test_verdicts_label_each_comparison_from_run_level_tests_against_the_minimum_effects():
-    from paravt_core.miniature.reproduce import verdicts
+    from paravt_core.miniature.report_tables import verdicts
 
     runs = [_sft(), *_row("vanilla_grpo", 6, 0.5, 0.1, 0.2, 0.01), *_row("paragrpo", 6, 0.75, 2.0, 0.8, 0.01),
             *_row("anchoring_only", 6, 0.5, 0.2, 0.7, 0.01), *_row("gating_only", 6, 0.5, 2.4, 0.3, 0.01)]
@@ -325,7 +316,7 @@ def test_four_runs_with_one_run_s_spread_are_inconclusive_where_the_bootstrap_sa
     "both together win" reversed (-22.3 points [-43.6, -1.4]); on runs, Welch's p is 0.16 and the
     exact permutation p 6/70, and Holm over the family's three comparisons needs p below 0.017,
     which four runs a row cannot give (2/70 = 0.029)."""
-    from paravt_core.miniature.reproduce import verdicts
+    from paravt_core.miniature.report_tables import verdicts
 
     text = "\n".join(verdicts(_docs_runs()))
     assert ("vs vanilla_grpo: inconclusive (paragrpo - vanilla_grpo -22.3 points [-59.9, +15.4], Welch t (df 3.0) "
@@ -340,7 +331,7 @@ def test_four_runs_with_one_run_s_spread_are_inconclusive_where_the_bootstrap_sa
 def test_a_label_does_not_change_with_the_rows_a_profile_trains():
     """The Holm family is fixed in code: the default's two rows and the Table 2 profile's four give the
     same Holm p for PARA-GRPO against vanilla (the bootstrap's 0.028 became 0.085 among three)."""
-    from paravt_core.miniature.reproduce import verdicts
+    from paravt_core.miniature.report_tables import verdicts
 
     def against_vanilla(runs):
         (line,) = [line for line in verdicts(runs) if line.startswith("Both together")]
@@ -353,7 +344,7 @@ def test_a_label_does_not_change_with_the_rows_a_profile_trains():
 def test_several_sft_builds_are_a_level_of_the_verdicts():
     from paravt_core.miniature import verdicts as judged
     from paravt_core.miniature.inference import against_value
-    from paravt_core.miniature.reproduce import report_markdown, verdicts
+    from paravt_core.miniature.report_tables import report_markdown, verdicts
 
     runs = []
     for b, (shift, sft_acc) in enumerate(((0.0, 0.5), (0.2, 0.6), (-0.1, 0.4))):
@@ -406,7 +397,8 @@ def test_the_report_prints_the_holm_families_fixed_in_code(tmp_path):
 
 
 def test_budget_sweep_table_and_its_file(tmp_path):
-    from paravt_core.miniature.reproduce import BudgetPoint, budget_from_json, budget_table_markdown
+    from paravt_core.miniature.measurements import BudgetPoint, budget_from_json
+    from paravt_core.miniature.report_tables import budget_table_markdown
 
     points = [BudgetPoint(6, 0.8, 0.6, 2.5, 0.5, 128), BudgetPoint(2, 0.75, 0.25, 2.9, 0.0, 128)]
     lines = budget_table_markdown(points).splitlines()
@@ -422,7 +414,8 @@ def test_report_command_rebuilds_from_mlflow_or_a_report_folder_with_the_budget_
     import argparse
 
     from paravt_core.miniature import cli
-    from paravt_core.miniature.reproduce import BudgetPoint, latest_logged
+    from paravt_core.miniature.measurements import BudgetPoint
+    from paravt_core.miniature.reproduce import latest_logged
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     points = [BudgetPoint(2, 0.75, 0.25, 2.9, 0.0, 128)]
@@ -529,7 +522,7 @@ def test_a_step_value_too_large_for_a_float_is_refused_naming_it(tmp_path, capsy
 
 
 def test_runs_of_different_builds_or_draw_keys_are_not_duplicates():
-    from paravt_core.miniature.reproduce import MeasurementsError, check_distinct
+    from paravt_core.miniature.measurements import MeasurementsError, check_distinct
 
     runs = [ModelRun("sft", None, 0.5, 0.2, 2.0, sft_build="a"), ModelRun("sft", None, 0.6, 0.2, 2.0, sft_build="b"),
             ModelRun("paragrpo", 0, 0.6, 0.2, 2.0, sft_build="a"), ModelRun("paragrpo", 0, 0.6, 0.2, 2.0, sft_build="b"),

@@ -112,7 +112,7 @@ def test_a_look_share_without_second_wording_is_a_clear_error():
 
 def test_wording_of_tells_every_template_of_either_wording():
     from paravt_core.data.synth.questions import EVENT_TOPICS
-    from paravt_core.miniature.reproduce import wording_of
+    from paravt_core.miniature.measurements import wording_of
     from paravt_core.data.synth.world import Event
 
     for kind, templates in QUESTION_TEMPLATES.items():

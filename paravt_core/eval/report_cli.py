@@ -12,7 +12,7 @@ from paravt_core.atomic import output_folder
 
 def _report(args: argparse.Namespace) -> int:
     from paravt_core.config import load_config
-    from paravt_core.registry.report import ExperimentNotFound, write_report
+    from paravt_core.eval.experiment_report import ExperimentNotFound, write_report
 
     uri = args.tracking_uri or load_config(args.config).mlflow_uri()
     out = Path(args.out or f"outputs/report/{args.experiment}")
