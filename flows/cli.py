@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 
 # Prefect's client retries a failed request 5 times by default (2 + 4 + ... + 32 s); with the
@@ -159,25 +160,30 @@ def _fresh_rehearsal_dir(out) -> str | None:
     import shutil
 
     from paravt_core.rehearsal import SUMMARY
+    from paravt_core.run_lock import LOCK_FILE
 
     if not out.exists():
         return None
-    if any(out.iterdir()) and not (out / SUMMARY).is_file():
+    if any(p.name != LOCK_FILE for p in out.iterdir()) and not (out / SUMMARY).is_file():
         return (f"{out} holds files and no {SUMMARY}: it is not a rehearsal's folder; give another "
                 "(--set run.output_dir=...) or empty it")
+
+    def remove(path: Path) -> None:  # a link goes, never what it points to
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
     for entry in out.iterdir():
-        if entry.name == "data":
+        if entry.name == "data" and entry.is_dir() and not entry.is_symlink():
             for inner in entry.iterdir():
                 if not inner.name.startswith("world-"):
-                    shutil.rmtree(inner) if inner.is_dir() else inner.unlink()
-        elif entry.name != SUMMARY:
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+                    remove(inner)
+        elif entry.name not in (SUMMARY, LOCK_FILE):
+            remove(entry)
     return None
 
 
 def _rehearse(args: argparse.Namespace) -> int:
     from paravt_core.config import ConfigError
-    from paravt_core.rehearsal import GPU_ONLY, SUMMARY, format_changes, ledger_environment, rehearsal_config, write_summary
+    from paravt_core.rehearsal import rehearsal_config
 
     command = "paravt rehearse"
     try:
@@ -185,11 +191,25 @@ def _rehearse(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"{command}: {err}", file=sys.stderr)
         return 2
+    from paravt_core.run_lock import OutputDirBusy, hold_output_dir
+
     out = cfg.run.output_dir
-    refusal = _fresh_rehearsal_dir(out)
-    if refusal:
-        print(f"{command}: {refusal}", file=sys.stderr)
+    try:
+        with hold_output_dir(out, command):  # emptied and run under one lock: never another run's folder
+            refusal = _fresh_rehearsal_dir(out)
+            if refusal:
+                print(f"{command}: {refusal}", file=sys.stderr)
+                return 2
+            return _rehearse_locked(command, args, real, cfg, changes, sets)
+    except OutputDirBusy as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
         return 2
+
+
+def _rehearse_locked(command, args, real, cfg, changes, sets) -> int:
+    from paravt_core.rehearsal import GPU_ONLY, SUMMARY, format_changes, ledger_environment, write_summary
+
+    out = cfg.run.output_dir
     gpu_bytes = int(args.gpu_memory_gib * 2**30) if args.gpu_memory_gib else 80 * 10**9
     ledger = out.resolve() / "device_ledger.jsonl"
     summary = {"config": str(args.config), "overrides": sets, "changes": [c.__dict__ for c in changes],

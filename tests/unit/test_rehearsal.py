@@ -91,6 +91,13 @@ def test_a_folder_that_is_not_a_rehearsals_is_not_emptied(tmp_path: Path):
     (tmp_path / "data" / "downloads").mkdir()
     assert _fresh_rehearsal_dir(tmp_path) is None
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["data", "rehearsal.json", "world-abc"]
+    # A link goes, never what it points to.
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    (elsewhere / "keep").mkdir(parents=True)
+    (tmp_path / "data").rename(tmp_path / "data-moved")
+    (tmp_path / "data").symlink_to(elsewhere, target_is_directory=True)
+    assert _fresh_rehearsal_dir(tmp_path) is None
+    assert (elsewhere / "keep").is_dir() and not (tmp_path / "data").exists()
     assert load_config(CONFIG_8B).run.output_dir.name == "paravt_8b"
 
 
