@@ -85,6 +85,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from paravt_core.agent.hf_build import prefill_budget
 from paravt_core.config import EVAL_SPLITS, DeepSpeedConfig, PipelineConfig, SGLangServerConfig, VLLMServerConfig
 
 GB = 10**9
@@ -582,7 +583,7 @@ def _agent_requests(cfg: PipelineConfig, episodes: int, overview: int, turns: in
 def _eval_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes: int) -> list[StageMemory]:
     ro, ev = cfg.rl.rollout, cfg.eval
     patches, per_frame = frame_tokens(cfg)
-    tokens = ev.hf_batch_tokens
+    tokens = prefill_budget(cfg, "evaluation")  # what the engines of both stages are built with
     knob = "" if tokens is None else f", eval.hf_batch_tokens {tokens}"
     episodes = min(cfg.sft.grammar_batch or GRAMMAR_PROMPTS, GRAMMAR_PROMPTS)
     # The grammar check plays the RL rollout protocol: sub-agents answer every call in text.
