@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import statistics
@@ -238,10 +239,9 @@ def child(args) -> None:
 
     model = ArtifactRef(kind="model", path=model_dir, sha256=init.sha256)
     data = ArtifactRef(kind="eval_data", path=Path(inputs["eval_data"]), sha256=inputs["eval_sha256"])
-    try:  # this tree builds the evaluator's engine from the config (#63); the baseline from the dtype alone
-        from paravt_core.agent.hf_build import build_hf_engine  # noqa: F401
+    if importlib.util.find_spec("paravt_core.agent.hf_build"):  # this tree builds it from the config (#63)
         engine, processor = eval_stage.hf_engine(cfg, model)
-    except ImportError:
+    else:  # the baseline, from the dtype alone
         engine, processor = eval_stage.hf_engine(model, cfg.model.dtype)
     runner = HFSampleRunner(ScriptedFirstTurn(engine, processor.tokenizer), processor, EvalSettings.from_pipeline(cfg))
     eval_s, eval_cpu, predictions, eval_split = [], [], [], {}
