@@ -134,7 +134,7 @@ def dispatch_table(root: Path, model: ArtifactRef, data: ArtifactRef, args, leve
             for repeat in range(args.repeats):
                 cfg = bench_config(root / f"d{dispatch}-{level}-{repeat}", args.samples, args.max_new_tokens,
                                    concurrency=level, dispatch=dispatch, tool_mode="subagent")
-                engine, processor = eval_stage.hf_engine(model, cfg.model.dtype)
+                engine, processor = eval_stage.hf_engine(cfg, model)
                 scripted = ScriptedCropTurns(engine, processor, scripts[dispatch])
                 runner = HFSampleRunner(scripted, processor, EvalSettings.from_pipeline(cfg))
                 seconds, count, summary = timed_split(cfg, model, data, runner)

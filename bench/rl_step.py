@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import statistics
@@ -238,12 +239,10 @@ def child(args) -> None:
 
     model = ArtifactRef(kind="model", path=model_dir, sha256=init.sha256)
     data = ArtifactRef(kind="eval_data", path=Path(inputs["eval_data"]), sha256=inputs["eval_sha256"])
-    try:  # this tree's evaluator takes the model's speed options; the old one has none
-        from paravt_core.model.loading import model_speed_options
-        speed = model_speed_options(cfg.model)
-    except ImportError:
-        speed = {}
-    engine, processor = eval_stage.hf_engine(model, cfg.model.dtype, **speed)
+    if importlib.util.find_spec("paravt_core.agent.hf_build"):  # this tree builds it from the config (#63)
+        engine, processor = eval_stage.hf_engine(cfg, model)
+    else:  # the baseline, from the dtype alone
+        engine, processor = eval_stage.hf_engine(model, cfg.model.dtype)
     runner = HFSampleRunner(ScriptedFirstTurn(engine, processor.tokenizer), processor, EvalSettings.from_pipeline(cfg))
     eval_s, eval_cpu, predictions, eval_split = [], [], [], {}
     for attempt in ("warm-up", "timed", *(["profiled"] if args.kernels else [])):

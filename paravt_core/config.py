@@ -9,15 +9,13 @@ group); `conf/pipeline/paravt_8b.yaml` spells the paper's run out in full and
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import to_jsonable_python
 
+from paravt_core import cache_identity
 from paravt_core.atomic import folder_problem
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.eval.splits import EVAL_SPLITS, LAYOUTS, VALIDATION_SPLITS
@@ -437,10 +435,6 @@ class SGLangServerConfig(_Section):
         return self
 
 
-# VLLMServerConfig's knobs added after stage caches were keyed on the rollout section (issue #44).
-VLLM_PLACEMENT_KNOBS = ("placement", "gpus", "tp_size", "gpu_memory_utilization")
-
-
 class VLLMServerConfig(_Section):
     """Where the `vllm` rollout engine's server runs (`paravt_core/agent/vllm_engine.py`).
 
@@ -500,13 +494,6 @@ class RolloutConfig(_Section):
     engine: Literal["hf", "sglang", "vllm"] = "hf"
     sglang: SGLangServerConfig = SGLangServerConfig()
     vllm: VLLMServerConfig = VLLMServerConfig()
-
-    def cache_json(self) -> str:
-        """The section as the grammar check's cache key reads it (tasks/sft.py): its JSON, less
-        the vLLM placement knobs while at their defaults, so configs without them keep their key."""
-        default = VLLMServerConfig()
-        unset = {knob for knob in VLLM_PLACEMENT_KNOBS if getattr(self.vllm, knob) == getattr(default, knob)}
-        return self.model_dump_json(exclude={"vllm": unset})
 
     @model_validator(mode="after")
     def _server_only_for_its_engine(self) -> RolloutConfig:
@@ -732,34 +719,6 @@ class MLflowConfig(_Section):
     enabled: bool = True
 
 
-# (section, field) of optional knobs added after stages were cached: hashed only when set.
-HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
-    ("video", "sft_frame_choices"), ("sft", "loss_impl"), ("sft", "liger_kernels"), ("sft", "packing"),
-    ("mlflow", "enabled"), ("rl", "gradient_checkpointing"), ("model", "vision_attention"),
-    ("model", "vision_dedupe"), ("model", "patch_embed"), ("model", "prefill_attention"),
-    ("sft", "data_workers"), ("sft", "host_positions"), ("eval", "server_python"), ("rl.rollout", "vllm"),
-    ("data.synth", "validation"), ("rl.gating", "draw_key"), ("sft", "grammar_batch"),
-    ("rl", "served_logprob_tolerance"),
-    ("data", "max_quarantine_share"),
-    # After ("rl.rollout", "vllm"): a vllm section at its default is gone by then.
-    *(("rl.rollout.vllm", knob) for knob in VLLM_PLACEMENT_KNOBS), ("eval", "hf_batch_tokens"),
-    ("eval", "server"), ("eval", "gpus"), ("eval", "server_startup_timeout_s"),
-    ("sft", "pin_memory"), ("sft", "host_pixel_dtype"), ("sft", "compile_text_layers"),
-    ("reproduce", "probe"), ("sft", "seed"), ("data.synth", "crop_opening"),
-    ("data.synth", "teacher_budgets"), ("data.synth", "subagent_error_rate"),
-    ("data.synth", "skip_when_seen"), ("model.pretrain", "overview_rows"), ("data.synth", "direct_check"),
-    ("model.pretrain", "num_ranks"), ("reproduce", "rl_validation"),
-)
-
-
-# (section, field) of knobs that never change what a stage produces (how much disk it keeps, how
-# many processes probe the media): never hashed, so changing one keeps the stage's cache key
-# and resumes its run folder instead of starting it over.
-# run.fanout: how many rows run at once and on how many threads (docs/scale.md, "Fanning out RL rows").
-NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"), ("data", "probe_workers"),
-                                            ("run", "fanout"))
-
-
 class PipelineConfig(_Section):
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
@@ -828,24 +787,9 @@ class PipelineConfig(_Section):
         return self
 
     def section_hash(self, *names: str) -> str:
-        """Stable hash of some sections (all when none given): a cache key for stages.
-
-        A knob added to a section after stages were cached under it is left out while at its
-        default (`HASHED_ONLY_WHEN_SET`), so configs that do not use it keep their cache keys;
-        knobs that do not change a stage's output are never hashed (`NEVER_HASHED`)."""
-        dumped = self.model_dump(mode="json")
-        for section, field in HASHED_ONLY_WHEN_SET:  # section: a dotted path, e.g. "rl.rollout"
-            owner, values = self, dumped
-            for part in section.split("."):
-                owner, values = getattr(owner, part), values.get(part, {})
-            # As the dump holds it: a model as a dict, a tuple as a list.
-            default = to_jsonable_python(type(owner).model_fields[field].default)
-            if field in values and values[field] == default:
-                del values[field]
-        for section, field in NEVER_HASHED:
-            dumped[section].pop(field, None)
-        chosen = {n: dumped[n] for n in (names or tuple(dumped))}
-        return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
+        """Stable hash of some sections (all when none given): a cache key for stages. Which knobs
+        it hashes, which only when set and which never: `paravt_core.cache_identity`."""
+        return cache_identity.section_hash(self, *names)
 
     def mlflow_uri(self) -> str:
         if self.mlflow.tracking_uri:

@@ -19,7 +19,6 @@ memory, and no GPU has more planned at one time than the card.
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import os
 import time
@@ -146,38 +145,6 @@ def planned_gpu_bytes() -> int:
     import torch
 
     return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else DEFAULT_GPU_BYTES
-
-
-def stage_bytes(cfg, stage: str, model_dir: str | os.PathLike, gpu_bytes: int) -> int:
-    """What one process of the memory plan's row `stage` (its name's start) takes of a card: the
-    row's bytes plus the share the plan keeps out of every budget for what it does not count
-    (CUDA context, NCCL buffers, fragmentation), since each process has its own."""
-    from paravt_core.plan import RESERVE_FRACTION, gpus_needed, memory_plan, model_shape
-
-    base = os.environ.get(PLANNED_MODEL_ENV) or str(model_dir)
-    if os.environ.get(PLANNED_CONFIG_ENV):
-        cfg = _planned_config(os.environ[PLANNED_CONFIG_ENV])
-    plan = memory_plan(cfg, model_shape(base), gpus_needed(cfg), gpu_bytes)
-    row = next((s for s in plan.stages if s.stage.startswith(stage)), None)
-    if row is None:
-        raise LedgerError(f"the memory plan of {base} has no row {stage!r} (rows: {[s.stage for s in plan.stages]})")
-    return row.total + int(RESERVE_FRACTION * gpu_bytes)
-
-
-@functools.cache
-def _planned_config(path: str):
-    from paravt_core.config import PipelineConfig
-
-    return PipelineConfig.model_validate_json(Path(path).read_text())
-
-
-def declare_stage(role: str, stage: str, cfg, model_dir: str | os.PathLike) -> None:
-    """`declare` this process's claim as the memory plan's row `stage` plans it, on the card its
-    `cuda:<LOCAL_RANK>` is (a launched rank's, also where this machine has no GPU); nothing
-    (not even the plan) without a ledger."""
-    if os.environ.get(LEDGER_ENV):
-        gpu = physical_gpu(int(os.environ.get("LOCAL_RANK", 0)))
-        declare(role, [gpu], stage_bytes(cfg, stage, model_dir, planned_gpu_bytes()))
 
 
 def read_ledger(ledger: str | os.PathLike) -> list[Claim]:

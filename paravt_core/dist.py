@@ -824,11 +824,11 @@ def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: P
     """
     from paravt_core.atomic import atomic_dir
     from paravt_core.model.integrity import write_manifest
-    from paravt_core.model.loading import load_model, load_processor, pixel_bounded
+    from paravt_core.model.loading import load_export_model, load_processor, pixel_bounded
 
     # Built in the export dtype: load_state_dict casts the fp32 weights in, so rank 0 never holds
     # a second full fp32 copy beside the consolidated state.
-    model = load_model(base_model_dir, dtype=dtype)
+    model = load_export_model(base_model_dir, dtype)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"exported weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")

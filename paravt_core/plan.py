@@ -81,11 +81,16 @@ not measured: no 8B model has run on this project's GPUs yet.
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from paravt_core.agent.hf_build import prefill_budget
 from paravt_core.config import EVAL_SPLITS, DeepSpeedConfig, PipelineConfig, SGLangServerConfig, VLLMServerConfig
+from paravt_core.device_ledger import (LEDGER_ENV, PLANNED_CONFIG_ENV, PLANNED_MODEL_ENV, LedgerError, declare,
+                                       physical_gpu, planned_gpu_bytes)
 
 GB = 10**9
 GIB = 2**30
@@ -582,7 +587,7 @@ def _agent_requests(cfg: PipelineConfig, episodes: int, overview: int, turns: in
 def _eval_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes: int) -> list[StageMemory]:
     ro, ev = cfg.rl.rollout, cfg.eval
     patches, per_frame = frame_tokens(cfg)
-    tokens = ev.hf_batch_tokens
+    tokens = prefill_budget(cfg, "evaluation")  # what the engines of both stages are built with
     knob = "" if tokens is None else f", eval.hf_batch_tokens {tokens}"
     episodes = min(cfg.sft.grammar_batch or GRAMMAR_PROMPTS, GRAMMAR_PROMPTS)
     # The grammar check plays the RL rollout protocol: sub-agents answer every call in text.
@@ -673,3 +678,34 @@ def _unplanned(cfg: PipelineConfig) -> tuple[str, ...]:
     if found and found[1].url is not None:
         return (f"RL rollout server at {found[1].url}: runs on GPUs this config does not place",)
     return ()
+
+
+# The device ledger's claims (`device_ledger.py`): what a process of a plan's row takes of its card.
+def stage_bytes(cfg, stage: str, model_dir: str | os.PathLike, gpu_bytes: int) -> int:
+    """What one process of the memory plan's row `stage` (its name's start) takes of a card: the
+    row's bytes plus the share the plan keeps out of every budget for what it does not count
+    (CUDA context, NCCL buffers, fragmentation), since each process has its own."""
+    base = os.environ.get(PLANNED_MODEL_ENV) or str(model_dir)
+    if os.environ.get(PLANNED_CONFIG_ENV):
+        cfg = _planned_config(os.environ[PLANNED_CONFIG_ENV])
+    plan = memory_plan(cfg, model_shape(base), gpus_needed(cfg), gpu_bytes)
+    row = next((s for s in plan.stages if s.stage.startswith(stage)), None)
+    if row is None:
+        raise LedgerError(f"the memory plan of {base} has no row {stage!r} (rows: {[s.stage for s in plan.stages]})")
+    return row.total + int(RESERVE_FRACTION * gpu_bytes)
+
+
+@functools.cache
+def _planned_config(path: str):
+    from paravt_core.config import PipelineConfig
+
+    return PipelineConfig.model_validate_json(Path(path).read_text())
+
+
+def declare_stage(role: str, stage: str, cfg, model_dir: str | os.PathLike) -> None:
+    """`declare` this process's claim as the memory plan's row `stage` plans it, on the card its
+    `cuda:<LOCAL_RANK>` is (a launched rank's, also where this machine has no GPU); nothing
+    (not even the plan) without a ledger."""
+    if os.environ.get(LEDGER_ENV):
+        gpu = physical_gpu(int(os.environ.get("LOCAL_RANK", 0)))
+        declare(role, [gpu], stage_bytes(cfg, stage, model_dir, planned_gpu_bytes()))

@@ -7,6 +7,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.context import TaskRunContext
 
+from paravt_core.cache_identity import grammar_key_parts, sft_run_settings
 from paravt_core.config import PipelineConfig
 from paravt_core.refs import ArtifactRef
 from paravt_core.sft import stage as sft_stage
@@ -19,7 +20,7 @@ def _sft_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     base: ArtifactRef = parameters["base"]
     data: ArtifactRef = parameters["sft_data"]
     out = sft_stage.run_dir(cfg, base, data, extra=parameters.get("extra")) / "model"
-    return stage_key("sft", base.sha256, data.sha256, cfg.section_hash("sft", "video", "run"), output=out,
+    return stage_key("sft", base.sha256, data.sha256, sft_run_settings(cfg), output=out,
                      intact=model_intact)
 
 
@@ -37,7 +38,7 @@ def _grammar_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     # (steps, rewards, a new ablation row with the same protocol) must not re-run it.
     cfg: PipelineConfig = parameters["cfg"]
     return stage_key("sft-grammar", parameters["base"].sha256, parameters["sft_model"].sha256,
-                     parameters["data"].eval.sha256, cfg.rl.rollout.cache_json(), cfg.section_hash("video"))
+                     parameters["data"].eval.sha256, *grammar_key_parts(cfg))
 
 
 @task(name="sft-grammar", persist_result=True, cache_key_fn=_grammar_key)

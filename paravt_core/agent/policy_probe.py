@@ -30,9 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from paravt_core.config import ModelConfig
 
 PROBE_TEXT = "PARAVT-POLICY-PROBE. Describe what happens in the video, in temporal order."
 PROBE_NEW_TOKENS = 8
@@ -120,10 +123,11 @@ def served_completion_probe(api_root: str, model_name: str, tokenizer: Any, *, a
     return PolicyProbe(prompt, tokens, logprobs)
 
 
-def check_served_logprobs(api_root: str, model_name: str, checkpoint: str | Path, tokenizer: Any, dtype: str,
-                          tolerance: float, *, api_key: str | None = None, deadline_s: float = 600.0) -> float:
+def check_served_logprobs(api_root: str, model_name: str, checkpoint: str | Path, tokenizer: Any,
+                          model_cfg: ModelConfig, tolerance: float, *, api_key: str | None = None,
+                          deadline_s: float = 600.0) -> float:
     """The probe's gap between the server at `api_root` and `checkpoint` loaded here on the CPU
-    (in `dtype`, released after); returns it.
+    (as `model_cfg` says, `model.loading.build_model`; released after); returns it.
 
     Raises:
         ServedPolicyMismatch: the gap exceeds `tolerance`, or the server gives no log-probabilities.
@@ -131,12 +135,12 @@ def check_served_logprobs(api_root: str, model_name: str, checkpoint: str | Path
     """
     import gc
 
-    from paravt_core.model.loading import load_model
+    from paravt_core.model.loading import build_model
 
     probe = served_completion_probe(api_root, model_name, tokenizer, api_key=api_key, deadline_s=deadline_s)
     # The evaluation's model reference is content-hashed when it is resolved: no second sha256 of
     # every weight file (16 GB at 8B) before the probe.
-    model = load_model(checkpoint, dtype=dtype, device="cpu", checksums=False).eval()
+    model = build_model(model_cfg, checkpoint, device="cpu", checksums=False).eval()
     try:
         gap = logprob_gap(probe, trainer_logprobs(model, probe, PROBE_TEMPERATURE, "cpu"))
     finally:

@@ -54,7 +54,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from paravt_core.atomic import atomic_write_text
-from paravt_core.config import KNOWN_SPLITS, EvalConfig, PipelineConfig
+from paravt_core.cache_identity import eval_results_settings
+from paravt_core.config import KNOWN_SPLITS, EvalConfig, ModelConfig, PipelineConfig
 from paravt_core.eval.evaluator import (
     EvalError,
     EvalSettings,
@@ -90,17 +91,10 @@ def prompt_sources_digest() -> str:
 
 
 def results_config(cfg: PipelineConfig) -> dict[str, Any]:
-    """The settings a per-sample result depends on. Not the split list, the sample cap, the
-    concurrency or how the stage starts its own server (interpreter, server, GPUs, start-up
-    time): those choose or schedule samples, or start the server, without changing any one
-    result (the served-model check holds whatever serves to the checkpoint)."""
-    shaping = cfg.eval.model_dump(mode="json", exclude={"splits", "max_samples_per_split", "concurrency",
-                                                          "server_python", "server", "gpus",
-                                                          "server_startup_timeout_s"})
-    rollout = cfg.rl.rollout
-    return {"eval": shaping, "video": cfg.video.model_dump(mode="json"), "dtype": cfg.model.dtype,
-            "subagent_max_new_tokens": rollout.subagent_max_new_tokens,
-            "tool_response_max_tokens": rollout.tool_response_max_tokens, "prompt_sources": prompt_sources_digest()}
+    """The settings a per-sample result depends on (`cache_identity.eval_results_settings`: not
+    the split list, the sample cap, the concurrency or how the stage starts its own server) and
+    the digest of the prompts' sources."""
+    return {**eval_results_settings(cfg), "prompt_sources": prompt_sources_digest()}
 
 
 def results_config_hash(cfg: PipelineConfig) -> str:
@@ -141,29 +135,26 @@ def load_samples(cfg: PipelineConfig, eval_data: ArtifactRef, split: str) -> Loa
 
 
 @functools.lru_cache(maxsize=1)
-def _loaded_model(model_path: str, sha256: str, dtype: str, device: str, vision_attention: str,
-                  speed: tuple[tuple[str, str], ...] = ()) -> tuple[Any, Any]:
-    from paravt_core.model.loading import load_model, load_processor
+def _loaded_model(model_path: str, sha256: str, model_cfg: ModelConfig, device: str) -> tuple[Any, Any]:
+    from paravt_core.model.loading import build_model, load_processor
 
-    logger.info("loading %s (sha256 %s) as %s on %s", model_path, sha256[:12], dtype, device)
+    logger.info("loading %s (sha256 %s) as %s on %s", model_path, sha256[:12], model_cfg.dtype, device)
     processor = load_processor(model_path)
-    return load_model(model_path, dtype, device, vision_attention=vision_attention, **dict(speed)), processor
+    return build_model(model_cfg, model_path, device=device), processor
 
 
-def hf_engine(model: ArtifactRef, dtype: str, max_batch_tokens: int | None = None,
-              vision_attention: str = "per_item", **speed: str) -> tuple[Any, Any]:
-    """(HFEngine, processor) of a checkpoint on CUDA when there is one, else the CPU; the model is
-    loaded once per process and shared by all its splits (the last checkpoint loaded stays
-    cached). `max_batch_tokens`: `eval.hf_batch_tokens`; `vision_attention` and `speed`
-    (vision_dedupe, patch_embed, prefill_attention): `model.*` (`model/fast_paths.py`)."""
+def hf_engine(cfg: PipelineConfig, model: ArtifactRef) -> tuple[Any, Any]:
+    """(HFEngine, processor) of a checkpoint on CUDA when there is one, else the CPU, built from
+    `cfg` (`model.loading.build_model`: `model.*`; `agent.hf_build`: `eval.hf_batch_tokens`).
+    The model is loaded once per process and shared by all its splits (the last checkpoint
+    loaded stays cached)."""
     import torch
 
-    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.hf_build import build_hf_engine
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    loaded, processor = _loaded_model(str(model.path), model.sha256, dtype, device, vision_attention,
-                                      tuple(sorted(speed.items())))
-    return HFEngine(loaded, processor, max_batch_tokens), processor
+    loaded, processor = _loaded_model(str(model.path), model.sha256, cfg.model, device)
+    return build_hf_engine(cfg, loaded, processor, "evaluation"), processor
 
 
 def _openai_client(model: ArtifactRef, eval_cfg: EvalConfig, served: Served | None = None) -> Any:
@@ -208,7 +199,7 @@ def check_serves_weights(client: Any, model: ArtifactRef, tokenizer: Any, cfg: P
 
     api_root = client.url.removesuffix("/chat/completions")
     try:
-        gap = check_served_logprobs(api_root, client.model, model.path, tokenizer, cfg.model.dtype,
+        gap = check_served_logprobs(api_root, client.model, model.path, tokenizer, cfg.model,
                                     probe_tolerance(cfg.model.dtype, cfg.rl.served_logprob_tolerance),
                                     api_key=client.api_key, deadline_s=client.timeout_s)
     except ServerUnanswered as exc:  # the server's fault, as a failed chat request is
@@ -267,12 +258,10 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef, served: Served | None =
         except ServerRenderingMismatch as exc:
             raise EvalError(f"the server does not render prompts as {model.path} does: {exc}") from exc
         return OpenAISampleRunner(client, processor, settings)
-    from paravt_core.device_ledger import declare_stage
-    from paravt_core.model.loading import model_speed_options
+    from paravt_core.plan import declare_stage
 
     declare_stage("evaluation (hf)", "evaluation (hf)", cfg, model.path)
-    engine, processor = hf_engine(model, cfg.model.dtype, cfg.eval.hf_batch_tokens,
-                                  **model_speed_options(cfg.model))
+    engine, processor = hf_engine(cfg, model)
     return HFSampleRunner(engine, processor, settings)
 
 

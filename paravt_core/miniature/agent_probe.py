@@ -68,12 +68,12 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
 def agent_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 64, seed: int = 0) -> AgentProbe:
     """Score the model in `model_dir` on `rows` held-out teacher transcripts (module docstring)."""
     from paravt_core.miniature.forced import teacher_forced
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import build_model, load_processor
     from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 
     processor = load_processor(model_dir)
-    model = load_model(model_dir, dtype="float32", device="cpu").eval()
+    model = build_model(cfg.model, model_dir, dtype="float32").eval()
     sampling = FrameSampling.from_config(cfg.video)  # as the SFT worker samples
     totals = dict.fromkeys(PARTS, 0)
     distances = []

@@ -332,10 +332,10 @@ def branch_probe(model_dir: Path, cfg: PipelineConfig, split_json: Path, questio
     questions of the prepared split `split_json` at each K in `frame_counts`."""
     import time
 
-    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.hf_build import build_hf_engine
     from paravt_core.eval.prepared import load_split_file
     from paravt_core.miniature.opening_probe import config_openings, is_crop, skip_opening
-    from paravt_core.model.loading import load_model, load_processor, model_speed_options
+    from paravt_core.model.loading import build_model, load_processor
 
     chosen = load_split_file(split_json)[:questions]
     if not chosen:
@@ -344,8 +344,7 @@ def branch_probe(model_dir: Path, cfg: PipelineConfig, split_json: Path, questio
     crop = next(text for name, text in teacher.items() if is_crop(name))
     skip = teacher[skip_opening(cfg)]
     processor = load_processor(model_dir)
-    engine = HFEngine(load_model(model_dir, "float32", "cpu", **model_speed_options(cfg.model)).eval(), processor,
-                      max_batch_tokens=cfg.eval.hf_batch_tokens)
+    engine = build_hf_engine(cfg, build_model(cfg.model, model_dir, dtype="float32").eval(), processor, "evaluation")
     records = []
     for k in frame_counts:
         started = time.perf_counter()

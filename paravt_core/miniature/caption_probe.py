@@ -73,7 +73,7 @@ def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: 
     from paravt_core.data.synth.render import encode_mp4
     from paravt_core.data.synth.traces import segment_grid, summarize_window
     from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import build_model, load_processor
     from paravt_core.miniature.pretrain import caption_row
     from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
@@ -84,7 +84,7 @@ def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: 
                          f"{list(synth.event_kinds) if synth.event_kinds else 'every kind'}: pass a config whose "
                          "world draws shapes only (conf/pipeline/reproduce.yaml), or --set 'data.synth.event_kinds=[shape]'")
     processor = load_processor(model_dir)
-    model = load_model(model_dir, dtype="float32", device="cpu").eval()
+    model = build_model(cfg.model, model_dir, dtype="float32").eval()
     sampling = FrameSampling.from_config(cfg.video)  # as the SFT worker samples
     totals = dict(colour=0, shape=0, place=0, times=0, empty=0, detected=0)
     windows = events = empty_windows = event_windows = 0

@@ -69,9 +69,9 @@ def sampled_probe(model_dir: Path, cfg: PipelineConfig, split_json: Path, questi
                   temperature: float = TEMPERATURE, seed: int = 0) -> ProbeResult:
     """Probe the model in `model_dir` on the first `questions` questions of the prepared split
     `split_json`, loaded as the evaluation loads it (`model.*` speed options)."""
-    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.hf_build import build_hf_engine
     from paravt_core.eval.prepared import load_split_file
-    from paravt_core.model.loading import load_model, load_processor, model_speed_options
+    from paravt_core.model.loading import build_model, load_processor
 
     if questions < 1:
         raise ValueError(f"questions must be at least 1, got {questions}")
@@ -79,8 +79,7 @@ def sampled_probe(model_dir: Path, cfg: PipelineConfig, split_json: Path, questi
     if not chosen:
         raise ValueError(f"{split_json}: the split has no questions")
     processor = load_processor(model_dir)
-    engine = HFEngine(load_model(model_dir, "float32", "cpu", **model_speed_options(cfg.model)).eval(), processor,
-                      max_batch_tokens=cfg.eval.hf_batch_tokens)
+    engine = build_hf_engine(cfg, build_model(cfg.model, model_dir, dtype="float32").eval(), processor, "evaluation")
     return probe_episodes(engine, processor, cfg, chosen, samples, k, temperature, seed)
 
 

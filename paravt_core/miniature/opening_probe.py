@@ -253,18 +253,18 @@ def probe_split(model_dir: Path, cfg: PipelineConfig, split_json: Path, frame_co
     import torch
 
     from paravt_core.agent.engine import SamplingParams
-    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.hf_build import build_hf_engine
     from paravt_core.eval.prepared import load_split_file
     from paravt_core.miniature.measurements import wording_of
-    from paravt_core.model.loading import load_model, load_processor, model_speed_options
+    from paravt_core.model.loading import build_model, load_processor
 
     openings = dict(config_openings(cfg) if openings is None else openings)
     samples = load_split_file(split_json)[:rows]
     if not samples:
         raise ValueError(f"{split_json}: the split has no questions")
     processor = load_processor(model_dir)
-    model = load_model(model_dir, "float32", "cpu", **model_speed_options(cfg.model)).eval()  # as the evaluation
-    engine = HFEngine(model, processor)
+    model = build_model(cfg.model, model_dir, dtype="float32").eval()
+    engine = build_hf_engine(cfg, model, processor, "evaluation")  # as the evaluation
     tokenizer = processor.tokenizer
     records: list[OpeningRecord] = []
     for k in frame_counts:

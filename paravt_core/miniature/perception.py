@@ -156,13 +156,13 @@ def perception_report(model_dir: Path, cfg: PipelineConfig, truths: Sequence[Win
     from paravt_core.agent.context import ChatRenderer
     from paravt_core.agent.dispatch import CropJob, CropRunner, CropSource
     from paravt_core.agent.engine import SamplingParams
-    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.hf_build import build_hf_engine
     from paravt_core.data.synth.world import COLOURS
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import build_model, load_processor
     from paravt_core.video import VideoFile
 
     processor = load_processor(model_dir)
-    engine = HFEngine(load_model(model_dir).eval(), processor)
+    engine = build_hf_engine(cfg, build_model(cfg.model, model_dir, dtype="float32").eval(), processor, "evaluation")
     renderer = ChatRenderer(processor, think_prefix=False, pixel_bounds=(cfg.video.min_pixels, cfg.video.max_pixels))
     runner = CropRunner(renderer, cfg.video)
     params = SamplingParams(max_new_tokens=cfg.rl.rollout.subagent_max_new_tokens, temperature=0.0)

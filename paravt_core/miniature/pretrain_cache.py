@@ -34,6 +34,7 @@ import json
 import shutil
 from pathlib import Path
 
+from paravt_core.cache_identity import pretrain_model_settings
 from paravt_core.config import PipelineConfig
 from paravt_core.dist import LogLine
 from paravt_core.refs import ArtifactRef, content_hash
@@ -43,7 +44,6 @@ ENTRY_FILE = "entry.json"
 # settings, `training_config`) and the trainer that runs it (rows to batches, loss, steps).
 CODE = {"paravt_core.miniature": ("pretrain.py",),
         "paravt_core.sft": ("dataset.py", "encode.py", "loader.py", "loss.py", "worker.py")}
-_MODEL_FIELDS = {"dtype", "attn_implementation", "vision_attention"}
 _URL_KEYS = ("url", "video", "image", "video_url", "image_url")  # where `sft.encode.media_path` looks
 
 
@@ -96,7 +96,7 @@ def pretraining_key(training: PipelineConfig, base: ArtifactRef, corpora: list[A
     settings = {
         "rows": [rows_digest(corpus) for corpus in corpora],
         "pretrain": training.model.pretrain.model_dump(mode="json", exclude={"sft_replay_rows"}),
-        "model": training.model.model_dump(mode="json", include=_MODEL_FIELDS),
+        "model": pretrain_model_settings(training.model),
         "trainer": training.section_hash("sft", "video"),
         "seed": training.run.seed,
         "base": base.sha256,

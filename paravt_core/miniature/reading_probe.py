@@ -125,10 +125,10 @@ def reading_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 200, seed: i
     """Score the model in `model_dir` on `rows` held-out reading rows (module docstring;
     `pad`: each quote led by that many empty-window notes, `padded`)."""
     from paravt_core.miniature.forced import text_row_forced
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import build_model, load_processor
 
     processor = load_processor(model_dir)
-    model = load_model(model_dir, dtype="float32", device="cpu").eval()
+    model = build_model(cfg.model, model_dir, dtype="float32").eval()
     totals = dict.fromkeys(PARTS, 0)
     drawn = probe_rows(cfg, rows, seed, pad)
     for row in drawn:

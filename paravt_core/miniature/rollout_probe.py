@@ -137,13 +137,13 @@ def run_probe(model_dir: Path, cfg: PipelineConfig, prompts: Sequence, temperatu
     row's reward (`rl.policy.paravt_reward`); summarize per temperature."""
     import time
 
-    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.hf_build import build_hf_engine
     from paravt_core.agent.rollout import run_episodes
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import build_model, load_processor
     from paravt_core.rl.policy import paravt_reward
 
     processor = load_processor(model_dir)
-    engine = HFEngine(load_model(model_dir, dtype="float32", device="cpu").eval(), processor)
+    engine = build_hf_engine(cfg, build_model(cfg.model, model_dir, dtype="float32").eval(), processor, "rollout")
     reward = paravt_reward(cfg.rl)
     results: dict[float, dict[str, GroupStats]] = {}
     for tau in temperatures:

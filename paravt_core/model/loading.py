@@ -8,6 +8,10 @@ Two ways to build the weights:
   transformers loads the checkpoint one module at a time (rank 0 reads, each rank keeps
   its slice). No rank ever holds the whole model: ~35 GB fp32 per rank for the 8B model
   before this.
+
+Every stage builds the model it runs with `build_model` (`model.*` applied whole; issue #63),
+the export the model it writes with `load_export_model`; nothing else calls `load_model`
+(tests/unit/test_one_road.py).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from paravt_core.config import VideoConfig
+    from paravt_core.config import ModelConfig, VideoConfig
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
@@ -129,10 +133,43 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
     return apply_fast_paths(model, vision_dedupe, patch_embed, prefill_attention)
 
 
+# `model.*` knobs of how a loaded model runs (not which weights): `load_model`'s keywords of the same names.
+SPEED_OPTIONS = ("vision_attention", "vision_dedupe", "patch_embed", "prefill_attention")
+
+
 def model_speed_options(model_cfg: Any) -> dict[str, str]:
     """`load_model`'s keywords for how the model runs, from a `ModelConfig` (`model.*`)."""
-    return {name: getattr(model_cfg, name)
-            for name in ("vision_attention", "vision_dedupe", "patch_embed", "prefill_attention")}
+    return {name: getattr(model_cfg, name) for name in SPEED_OPTIONS}
+
+
+def runnable_attention(implementation: str, device: str, zero3_config: dict[str, Any] | None) -> str:
+    """`model.attn_implementation` where the model will run: flash_attention_2 is a CUDA kernel
+    (the flash-attn package), so a model built whole on the CPU (a probe, a replay) runs sdpa."""
+    on_cpu = zero3_config is None and device == "cpu"
+    return "sdpa" if implementation == "flash_attention_2" and on_cpu else implementation
+
+
+def build_model(model: ModelConfig, model_dir: str | Path, *, dtype: str | None = None, device: str = "cpu",
+                zero3_config: dict[str, Any] | None = None, checksums: bool = True):
+    """The one way a stage builds a model it runs (training, rollouts, evaluation, probes): the
+    weights of `model_dir` with every `model.*` setting of how it runs (`model.attn_implementation`
+    by `runnable_attention`, `SPEED_OPTIONS`), so no stage can leave one out.
+
+    Args:
+        model: the `model` section.
+        dtype: the weights' dtype; None: `model.dtype` (training passes `dist.training_dtype`'s).
+        device, zero3_config, checksums: as `load_model`'s; a rank that trains on a GPU passes its
+            own device, so its attention is the configured one.
+    """
+    return load_model(model_dir, model.dtype if dtype is None else dtype, device,
+                      runnable_attention(model.attn_implementation, device, zero3_config), zero3_config,
+                      checksums=checksums, **model_speed_options(model))
+
+
+def load_export_model(model_dir: str | Path, dtype: str):
+    """A model built only to be written out (`dist.export_hf_model`): never run, so none of
+    `model.*`'s run settings apply (they rebind forwards, never the weights)."""
+    return load_model(model_dir, dtype=dtype)
 
 
 class _ZeroThreeLoading:

@@ -226,10 +226,10 @@ def replay_step(run_dir: Path, step: int, rank: int = 0) -> Replay:
             (`check_draws`), no intact checkpoint of its weights, a prompt of the log missing
             from the job's RL data, or an init model that is not whole.
     """
-    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.hf_build import build_hf_engine
     from paravt_core.agent.rollout import run_episodes
     from paravt_core.model.integrity import ModelFolderError
-    from paravt_core.model.loading import load_model, load_processor, model_speed_options
+    from paravt_core.model.loading import build_model, load_processor
     from paravt_core.rl.data import RLRowError, read_rl_prompts
     from paravt_core.video.errors import VideoDecodeError
 
@@ -253,12 +253,11 @@ def replay_step(run_dir: Path, step: int, rank: int = 0) -> Replay:
     torch.set_num_threads(draws.torch_threads)
     try:
         # The rollout engine's own options: prefill_attention and patch_embed change its numbers.
-        model = load_model(job.init_model, dtype=cfg.model.dtype, attn_implementation=cfg.model.attn_implementation,
-                           **model_speed_options(cfg.model))
+        model = build_model(cfg.model, job.init_model)
         processor = load_processor(job.init_model)
     except ModelFolderError as error:
         raise ReplayError(f"the run's init model is not whole: {error}") from None
-    engine = HFEngine(model.eval(), processor)
+    engine = build_hf_engine(cfg, model.eval(), processor, "rollout")
     if state is not None:
         engine.update_weights(state)
     prompts = [dataclasses.replace(by_id[d.prompt_id].prompt, nframes=d.nframes) for d in draws.prompts]

@@ -170,13 +170,11 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
     """
     rollout = cfg.rl.rollout
     if rollout.engine == "hf":
-        from paravt_core.agent.hf_engine import HFEngine
-        from paravt_core.model.loading import load_model, model_speed_options
+        from paravt_core.agent.hf_build import build_hf_engine
+        from paravt_core.model.loading import build_model
 
-        model = load_model(init_model, dtype=cfg.model.dtype, device=device,
-                           attn_implementation=cfg.model.attn_implementation,
-                           **model_speed_options(cfg.model)).eval()
-        return RolloutBackend(HFEngine(model, processor), pushes_weights=True, world=world)
+        model = build_model(cfg.model, init_model, device=device).eval()
+        return RolloutBackend(build_hf_engine(cfg, model, processor, "rollout"), pushes_weights=True, world=world)
 
     import torch
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from paravt_core.config import PipelineConfig, SGLangServerConfig, VLLMServerConfig
+from paravt_core.cache_identity import rl_run_config
+from paravt_core.config import PipelineConfig
 from paravt_core.dist import LogLine, run_stage_workers
 from paravt_core.provenance import git_revision
 from paravt_core.refs import ArtifactRef
@@ -21,12 +22,9 @@ WORKER = Path(__file__).with_name("worker.py")
 
 
 def run_dir(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef) -> Path:
-    # Where the rollout server runs (rl.rollout.sglang / vllm) is not part of the run's identity:
-    # a run whose server died resumes from its checkpoint against a new one.
-    rollout = cfg.rl.rollout.model_copy(update={"sglang": SGLangServerConfig(), "vllm": VLLMServerConfig()})
-    keyed = cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"rollout": rollout})})
+    # Where the rollout server runs is not part of the run's identity (`cache_identity.SERVER_LOCATION`).
     key = hashlib.sha256(
-        f"{init.sha256}|{rl_data.sha256}|{keyed.section_hash('rl', 'video', 'run')}".encode()
+        f"{init.sha256}|{rl_data.sha256}|{rl_run_config(cfg).section_hash('rl', 'video', 'run')}".encode()
     ).hexdigest()[:16]
     return cfg.run.output_dir / "rl" / f"{cfg.rl.row}-{key}"
 

@@ -58,9 +58,9 @@ class Trainer:
 
         from paravt_core import dist as pdist
         from paravt_core.agent.tags import TagLocator
-        from paravt_core.device_ledger import declare_stage
+        from paravt_core.plan import declare_stage
         from paravt_core.memory import record_memory
-        from paravt_core.model.loading import load_model, load_processor, model_speed_options
+        from paravt_core.model.loading import build_model, load_processor
         from paravt_core.rl.contracts import TokenLayout
         from paravt_core.rl.data import read_rl_prompts
         from paravt_core.rl.policy import paravt_reward
@@ -74,11 +74,10 @@ class Trainer:
         on_gpu = self.device.startswith("cuda")
         ds_config = pdist.rl_deepspeed_config(self.cfg, on_gpu=on_gpu)
         zero3 = ds_config if self.rl.zero_stage == 3 else None
-        attention = self.cfg.model.attn_implementation
         self.processor = load_processor(job.init_model)
-        policy = load_model(job.init_model, dtype=pdist.training_dtype(self.cfg.model.dtype, on_gpu),
-                            attn_implementation=attention, zero3_config=zero3,
-                            **model_speed_options(self.cfg.model))
+        # ZeRO 0-2: straight onto the rank's device, as SFT (DeepSpeed would move it there anyway).
+        policy = build_model(self.cfg.model, job.init_model, dtype=pdist.training_dtype(self.cfg.model.dtype, on_gpu),
+                             device=self.device, zero3_config=zero3)
         if self.rl.gradient_checkpointing:
             policy.gradient_checkpointing_enable()
         policy.train()
@@ -88,7 +87,7 @@ class Trainer:
         self.engine = self.rollout_backend.engine
         self.ref_model = None
         if kl_mode(self.rl).needs_reference:
-            self.ref_model = self._reference(job, attention, zero3)
+            self.ref_model = self._reference(job, zero3)
         self.prompts = read_rl_prompts(job.data_files, self.rl.question_types, job.media_root)
         self.undecodable: set[str] = set()  # videos whose prompts are dropped (`rollout_dropping_undecodable`)
         self.reward_fn = reward_fn or paravt_reward(self.rl)
@@ -114,20 +113,17 @@ class Trainer:
         if self.rollout_backend.served:
             self.check_served_policy()
 
-    def _reference(self, job: RLJob, attention: str, zero3: dict | None):
+    def _reference(self, job: RLJob, zero3: dict | None):
         """The frozen reference: whole on the device, or under ZeRO-3 its own partitioned inference
         engine (same offload settings as the policy, no optimizer), so no rank holds it whole."""
         import deepspeed
 
-        from paravt_core.model.loading import load_model, model_speed_options
+        from paravt_core.model.loading import build_model
 
-        speed = model_speed_options(self.cfg.model)
         if zero3 is None:
-            return load_model(job.init_model, dtype=self.cfg.model.dtype, device=self.device,
-                              attn_implementation=attention, **speed).eval()
+            return build_model(self.cfg.model, job.init_model, device=self.device).eval()
         dtype = "bfloat16" if zero3["bf16"]["enabled"] else "float32"
-        reference = load_model(job.init_model, dtype=dtype, attn_implementation=attention, zero3_config=zero3,
-                               **speed)
+        reference = build_model(self.cfg.model, job.init_model, dtype=dtype, zero3_config=zero3)
         engine, _, _, _ = deepspeed.initialize(model=reference, config=zero3)
         engine.eval()  # DeepSpeedEngine.eval returns None, not the engine
         return engine

@@ -97,17 +97,17 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
 
     import torch
 
-    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.agent.hf_build import build_hf_engine
     from paravt_core.agent.rollout import run_dropping_undecodable, run_episodes
     from paravt_core.dist import training_dtype
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import build_model, load_processor
 
     undecodable = set() if undecodable is None else undecodable
     on_gpu = torch.cuda.is_available()
     processor = load_processor(model_dir)
-    model = load_model(model_dir, dtype=training_dtype(cfg.model.dtype, on_gpu), device="cuda" if on_gpu else "cpu",
-                       attn_implementation=cfg.model.attn_implementation)
-    engine = HFEngine(model.eval(), processor, cfg.eval.hf_batch_tokens)
+    model = build_model(cfg.model, model_dir, dtype=training_dtype(cfg.model.dtype, on_gpu),
+                        device="cuda" if on_gpu else "cpu")
+    engine = build_hf_engine(cfg, model.eval(), processor, "evaluation")
     kept, episodes = run_dropping_undecodable(
         prompts, lambda kept: in_batches(kept, cfg.sft.grammar_batch, lambda batch: run_episodes(
             engine, processor, batch, cfg.rl.rollout, cfg.video, group_size=1, temperature=0.0)),
@@ -156,7 +156,7 @@ def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, 
     The first `per_split` samples of each of the seven splits with a video: 56 prompts on the
     embedded default, enough that one episode moves the rate by under 2 points.
     """
-    from paravt_core.device_ledger import declare_stage
+    from paravt_core.plan import declare_stage
     from paravt_core.sft.dataset import read_sft_rows
 
     # One claim for the process: the base and the SFT model are loaded one after the other, and the

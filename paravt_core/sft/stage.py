@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from paravt_core.cache_identity import sft_run_settings
 from paravt_core.config import PipelineConfig
 from paravt_core.dist import LogLine, run_stage_workers
 from paravt_core.provenance import git_revision
@@ -42,7 +43,7 @@ def run_dir(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, stage
     """`<output_dir>/<stage>/<key>`: keyed by the base model, the data, the `sft`, `video` and
     `run` sections and the extra shard's key, if any."""
     key = hashlib.sha256(
-        f"{base.sha256}|{sft_data.sha256}|{cfg.section_hash('sft', 'video', 'run')}{f'|{extra.key}' if extra else ''}"
+        f"{base.sha256}|{sft_data.sha256}|{sft_run_settings(cfg)}{f'|{extra.key}' if extra else ''}"
         .encode()).hexdigest()[:16]
     return cfg.run.output_dir / stage / key
 

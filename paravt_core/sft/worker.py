@@ -73,9 +73,9 @@ def train(job: SFTJob) -> None:
     from paravt_core import dist as pdist
     from paravt_core.atomic import atomic_write_text
     from paravt_core.collectives import CheckedCollectives
-    from paravt_core.device_ledger import declare_stage
+    from paravt_core.plan import declare_stage
     from paravt_core.memory import record_memory
-    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.model.loading import build_model, load_processor
     from paravt_core.model.positions import HostPositions
     from paravt_core.sft.dataset import FrameCache, FrameSampling, OverlongPolicy, SFTDataset, read_sft_rows
     from paravt_core.sft.encode import model_batch
@@ -98,10 +98,8 @@ def train(job: SFTJob) -> None:
     processor = load_processor(job.base_model)
     # ZeRO 0-2: loaded straight onto the rank's device (DeepSpeed would move it there anyway), so
     # the "constructed" memory record already shows the weights on the GPU; ZeRO-3 places its slices.
-    model = load_model(job.base_model, dtype=pdist.training_dtype(cfg.model.dtype, on_gpu), device=device,
-                       attn_implementation=cfg.model.attn_implementation,
-                       zero3_config=ds_config if sft.zero_stage == 3 else None,
-                       vision_attention=cfg.model.vision_attention)
+    model = build_model(cfg.model, job.base_model, dtype=pdist.training_dtype(cfg.model.dtype, on_gpu), device=device,
+                        zero3_config=ds_config if sft.zero_stage == 3 else None)
     record_memory(job.out_dir, job.stage, "constructed", rank, world, device, model)
     if sft.gradient_checkpointing:
         model.gradient_checkpointing_enable()

@@ -494,7 +494,7 @@ def test_eval_flow_resolves_the_champion_caches_its_evaluation_and_logs_to_mlflo
 def test_hf_evaluator_runs_a_generated_split_on_the_gpu_in_bf16(tmp_path, short_video, tiny_ref):
     """The `hf` evaluator in bf16 on CUDA, subagent tool mode, on samples of the generated clip
     (no data stage: the GPU image has no great_expectations for its contracts)."""
-    engine, processor = eval_stage.hf_engine(tiny_ref, "bfloat16")
+    engine, processor = eval_stage.hf_engine(PipelineConfig(model={"dtype": "bfloat16"}), tiny_ref)
     assert engine.model.device.type == "cuda" and engine.model.dtype == torch.bfloat16
     runner = HFSampleRunner(engine, processor, settings(tool_mode="subagent", concurrency=4, max_new_tokens=48))
     samples = [mcq_sample(short_video, f"q{i}") for i in range(6)]
@@ -508,7 +508,7 @@ def test_hf_evaluator_runs_a_generated_split_on_the_gpu_in_bf16(tmp_path, short_
 def test_hf_evaluator_runs_one_split_on_the_gpu_in_bf16(tmp_path, eval_data, tiny_ref):
     cfg = PipelineConfig.model_validate({**world_config(tmp_path).model_dump(mode="json"),
                                          "model": {"dtype": "bfloat16"}})
-    engine, _ = eval_stage.hf_engine(tiny_ref, cfg.model.dtype)
+    engine, _ = eval_stage.hf_engine(cfg, tiny_ref)
     assert engine.model.device.type == "cuda" and engine.model.dtype == torch.bfloat16
     result = eval_stage.evaluate_prepared_split(cfg, tiny_ref, eval_data, "videomme", progress=False)
     assert result.evaluated == result.summary["n"] == 4

@@ -180,8 +180,8 @@ def test_greedy_evaluation_episodes_are_the_same_with_and_without_the_speedups(r
     prompts = [p.prompt for p in read_rl_prompts(stage.rl_shards(rl_data))]
 
     def episodes(vision_attention: str, vision_dedupe: str):
-        engine, processor = eval_stage.hf_engine(model, "float32", vision_attention=vision_attention,
-                                                 vision_dedupe=vision_dedupe)
+        speed = cfg.model.model_copy(update={"vision_attention": vision_attention, "vision_dedupe": vision_dedupe})
+        engine, processor = eval_stage.hf_engine(cfg.model_copy(update={"model": speed}), model)
         assert _is_batched(engine.model) == (vision_attention == "batched")
         main = ScriptedFirstTurn(engine, processor.tokenizer)
         return run_episodes(main, processor, prompts, cfg.rl.rollout, cfg.video, temperature=0.0)

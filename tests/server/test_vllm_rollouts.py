@@ -109,7 +109,7 @@ def test_the_evaluation_probes_the_served_log_probs_and_pixel_bounds_before_its_
     assert open_runner(cfg, model) is not None
     other = build_tiny_model(TinyModelSpec(seed=1), tmp_path / "other")  # same shapes, other weights
     with pytest.raises(ServedPolicyMismatch, match="does not serve the weights of"):
-        check_served_logprobs(api_root, name, other, tiny_processor.tokenizer, "float32", 1e-3)
+        check_served_logprobs(api_root, name, other, tiny_processor.tokenizer, cfg.model, 1e-3)
     # the server renders MAX_PIXELS frames; a configuration with other bounds is refused
     wider = load_config(REPO / "conf/pipeline/tiny.yaml", [*sets, f"video.max_pixels={4 * MAX_PIXELS}"])
     with pytest.raises(EvalError, match="does not render prompts as"):

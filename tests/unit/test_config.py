@@ -9,6 +9,7 @@ import pytest
 
 from pydantic import BaseModel
 
+from paravt_core.cache_identity import rollout_json
 from paravt_core.config import ConfigError, PipelineConfig, load_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -373,12 +374,12 @@ def test_the_vllm_placement_and_hf_batch_knobs_enter_the_cache_keys_only_when_se
     sections = [name for name in PipelineConfig.model_fields if name != "model"]
     assert (served.section_hash("rl"), served.section_hash("eval"), served.section_hash(*sections)) == (
         "ae23182e9ce64598", "f3e899e57fde1f25", "e53166ec8093afd9")
-    assert hashlib.sha256(served.rl.rollout.cache_json().encode()).hexdigest()[:16] == "0c9b33431ce383b4"
+    assert hashlib.sha256(rollout_json(served.rl.rollout).encode()).hexdigest()[:16] == "0c9b33431ce383b4"
     placed = PipelineConfig(rl={"num_ranks": 7, "rollout": {"engine": "vllm", "vllm": {"placement": "split",
                                                                                        "gpus": [7]}}})
     assert placed.section_hash("rl") != PipelineConfig(rl={"num_ranks": 7, "rollout": {"engine": "vllm"}}
                                                        ).section_hash("rl")
-    assert '"gpus":[7]' in placed.rl.rollout.cache_json()
+    assert '"gpus":[7]' in rollout_json(placed.rl.rollout)
     assert PipelineConfig(eval={"hf_batch_tokens": 4096}).section_hash("eval") != PipelineConfig().section_hash("eval")
 
 

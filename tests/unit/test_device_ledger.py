@@ -20,8 +20,8 @@ from paravt_core.device_ledger import (
     overcommits,
     physical_gpu,
     read_ledger,
-    stage_bytes,
 )
+from paravt_core.plan import declare_stage, stage_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 GB = 10**9
@@ -74,16 +74,12 @@ def test_a_declaring_process_writes_its_claim_and_closes_it_at_exit(tmp_path: Pa
 
 
 def test_without_a_ledger_nothing_is_planned_or_written(tmp_path: Path, monkeypatch):
-    from paravt_core.device_ledger import declare_stage
-
     monkeypatch.delenv(LEDGER_ENV, raising=False)
     declare_stage("SFT grammar check", "no such row", None, tmp_path / "no-model")  # would raise if it planned
 
 
 def test_a_rehearsal_plans_the_real_model_on_the_real_card(tmp_path: Path, monkeypatch):
     """The tiny model stands in for model.base; the claims are the 8B run's."""
-    from paravt_core.device_ledger import declare_stage
-
     cfg = load_config(REPO / "conf/pipeline/paravt_8b.yaml")
     ledger = tmp_path / "ledger.jsonl"
     monkeypatch.setenv(LEDGER_ENV, str(ledger))

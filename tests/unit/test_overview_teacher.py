@@ -218,7 +218,7 @@ def test_the_config_refuses_what_the_overview_teacher_cannot_write():
         "data.synth.skip_when_seen=1.0", "data.synth.subagent_error_rate=0.0", "model.pretrain.overview_rows=0",
         "data.synth.direct_check=false"])
     assert plain.section_hash("data", "model") == explicit.section_hash("data", "model")
-    from paravt_core.config import HASHED_ONLY_WHEN_SET
+    from paravt_core.cache_identity import HASHED_ONLY_WHEN_SET
 
     assert {("data.synth", "teacher_budgets"), ("data.synth", "skip_when_seen"), ("data.synth", "subagent_error_rate"),
             ("model.pretrain", "overview_rows"), ("data.synth", "direct_check")} <= set(HASHED_ONLY_WHEN_SET)

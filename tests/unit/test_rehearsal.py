@@ -103,7 +103,7 @@ def test_a_folder_that_is_not_a_rehearsals_is_not_emptied(tmp_path: Path):
 
 def test_the_claims_are_planned_for_the_real_config_not_the_rehearsed_sizes(tmp_path: Path, monkeypatch):
     """4 frames and 32 new tokens would plan RL rank 0 at ~39 GB; the 8B run's sizes plan ~65 GB."""
-    from paravt_core.device_ledger import _planned_config, stage_bytes
+    from paravt_core.plan import _planned_config, stage_bytes
     from paravt_core.rehearsal import ledger_environment
 
     real, cfg, _, _ = rehearsal_config(CONFIG_8B, [])
