@@ -1,7 +1,7 @@
 """Rank start-up (issue #45 item 2): DeepSpeed ranks forked from the fork server
 (paravt_core/forkserver.py) against ranks started as subprocesses, on this machine.
 
-Each launch is `dist.launch_workers` of a 2-rank script that does what every training rank
+Each launch is `dist.launch.launch_workers` of a 2-rank script that does what every training rank
 does before its first step: imports torch, DeepSpeed, transformers' Qwen3-VL code and MLflow,
 joins the process group and all-reduces one tensor. The two modes alternate launch by launch,
 so a machine loaded by others loads both. Printed: wall and CPU seconds per launch (CPU of
@@ -29,7 +29,7 @@ RANK = """
 import torch, deepspeed, mlflow
 import torch.distributed as dist
 from transformers.models.qwen3_vl import modeling_qwen3_vl
-from paravt_core.dist import init_distributed, shutdown_distributed
+from paravt_core.dist.rank import init_distributed, shutdown_distributed
 init_distributed()
 x = torch.ones(4)
 dist.all_reduce(x)
@@ -46,7 +46,7 @@ def children_cpu() -> float:
 
 
 def one_launch(script: Path) -> tuple[float, float]:
-    from paravt_core.dist import launch_workers
+    from paravt_core.dist.launch import launch_workers
 
     t0, c0 = time.perf_counter(), children_cpu()
     launch_workers(script, [], 2, log_line=lambda _: None, env={"PYTHONPATH": str(REPO)}, timeout_s=600,

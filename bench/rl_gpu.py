@@ -78,7 +78,7 @@ def main() -> int:
     from sft_gpu import write_video
 
     from paravt_core.config import load_config
-    from paravt_core.dist import free_port
+    from paravt_core.dist.launch import free_port
     from paravt_core.model.shapes import build_shaped_model
     from paravt_core.model.tiny import TinyModelSpec, build_tiny_model
     from paravt_core.refs import ArtifactRef, content_hash

@@ -196,7 +196,8 @@ def child(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from paravt_core.dist import free_port, shutdown_distributed
+    from paravt_core.dist.launch import free_port
+    from paravt_core.dist.rank import shutdown_distributed
     from paravt_core.eval import stage as eval_stage
     from paravt_core.eval.evaluator import EvalSettings, HFSampleRunner
     from paravt_core.refs import ArtifactRef, content_hash

@@ -228,7 +228,7 @@ def ours(cfg, base, sft_data, name: str, profile_to: Path | None = None) -> tupl
     """(losses.jsonl rows, last memory record) of a timing run of the project's SFT worker;
     `profile_to`: the worker writes torch.profiler's table of its second step there."""
     from paravt_core.atomic import atomic_write_text
-    from paravt_core.dist import launch_workers
+    from paravt_core.dist.launch import launch_workers
     from paravt_core.sft import stage
     from paravt_core.sft.job import SFTJob
 

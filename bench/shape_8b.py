@@ -329,7 +329,7 @@ def case_sft(setup: Setup, device: str) -> dict:
     import pyarrow.parquet as pq
 
     from paravt_core.atomic import atomic_write_text
-    from paravt_core.dist import launch_workers
+    from paravt_core.dist.launch import launch_workers
     from paravt_core.model.shapes import build_shaped_model
     from paravt_core.plan import _sft_stage
     from paravt_core.refs import content_hash

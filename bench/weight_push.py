@@ -3,7 +3,7 @@
 A tiny Qwen3-VL widened to a few hundred MB (`--hidden`, `--layers`; float32) is partitioned
 under ZeRO-3 on one CPU rank (gloo, every parameter partitioned as at 8B), and rank 0's side
 of the push is timed from the gathers to a complete snapshot folder a server could load:
-  before  `dist.gathered_state_dict` (each parameter gathered and cloned to host memory), then
+  before  `dist.weights.gathered_state_dict` (each parameter gathered and cloned to host memory), then
           the snapshot writer of before: every tensor cast and cloned again, then safetensors'
           `save_file`, into the run folder;
   after   `rl.weight_push.GatheredWeights` into `weight_snapshots.write_weight_snapshot`: each tensor is
@@ -56,7 +56,7 @@ def old_push(engine, folder: Path, model_dir: Path) -> None:
     from safetensors.torch import save_file
 
     from paravt_core.agent.weight_snapshots import CONFIG_FILES
-    from paravt_core.dist import gathered_state_dict
+    from paravt_core.dist.weights import gathered_state_dict
 
     state = gathered_state_dict(engine, 3)
     partial = folder.with_name(folder.name + ".partial")
@@ -85,11 +85,13 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="paravt-weight-push-"))
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                        "GLOO_SOCKET_IFNAME": "lo"})
-    from paravt_core import dist as pdist
     from paravt_core.agent.weight_snapshots import SHM_DIR
+    from paravt_core.dist.ds_config import deepspeed_config
+    from paravt_core.dist.launch import RENDEZVOUS_FILE_ENV, free_port
+    from paravt_core.dist.rank import init_distributed, shutdown_distributed
     from paravt_core.rl.weight_push import GatheredWeights, shm_free_bytes, shm_margin, shm_staging_dir
 
-    os.environ.update({"MASTER_PORT": str(pdist.free_port()), pdist.RENDEZVOUS_FILE_ENV: str(work / "store")})
+    os.environ.update({"MASTER_PORT": str(free_port()), RENDEZVOUS_FILE_ENV: str(work / "store")})
     shm_root = shm_staging_dir(work / "rollout_weights")
     try:
         import deepspeed
@@ -100,8 +102,8 @@ def main() -> int:
         spec = TinyModelSpec(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
                              head_dim=32)
         model_dir = build_tiny_model(spec, work / "model")
-        pdist.init_distributed()
-        config = pdist.deepspeed_config(micro_batch=1, grad_accum=1, zero_stage=3, grad_clip=1.0, bf16=False)
+        init_distributed()
+        config = deepspeed_config(micro_batch=1, grad_accum=1, zero_stage=3, grad_clip=1.0, bf16=False)
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
         model = load_model(model_dir, zero3_config=config)
         engine, _, _, _ = deepspeed.initialize(model=model, config=config)
@@ -133,7 +135,7 @@ def main() -> int:
               "and the server's reload come on top")
     finally:
         shutil.rmtree(shm_root, ignore_errors=True)
-        pdist.shutdown_distributed()
+        shutdown_distributed()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

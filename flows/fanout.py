@@ -11,7 +11,7 @@ What makes two rows safe to run at once in one process: each row writes its own 
 (`rl/<row>-<key>`) and evaluation folders (keyed by its model's hash); its MLflow runs are
 addressed by id through `MlflowClient` (no fluent active run, which MLflow keeps per thread
 anyway) with busy retries on SQLite; its DeepSpeed launch gets a rendezvous folder and a
-master port of its own (`dist.launch_workers`); the output-directory lock is the flow's,
+master port of its own (`dist.launch.launch_workers`); the output-directory lock is the flow's,
 re-entrant within the process; the flow's progress record is written from the flow's own
 thread, in row order, as each row's result is gathered.
 
@@ -118,7 +118,7 @@ def run_row(work: Callable[[], T], label: str, threads: int | None) -> T:
 
 
 def check_fanout_fits(fanout: FanoutConfig) -> None:
-    """Refuse rows at once where a CUDA device is visible: `dist.launch_workers` puts every
+    """Refuse rows at once where a CUDA device is visible: `dist.launch.launch_workers` puts every
     run's ranks on GPUs 0..N-1 (as the DeepSpeed launcher did), so two rows would train (and
     serve) on the same cards."""
     if fanout.max_concurrent == 1:

@@ -362,7 +362,7 @@ class SFTConfig(_Section):
     # torch.compile of each text decoder layer (one graph per layer shape, reused by all 28/36).
     compile_text_layers: bool = False
     checkpoint_every: int = Field(100, ge=1)
-    # Step folders kept in the run's checkpoints/ (`dist.prune_checkpoints`); None keeps every one.
+    # Step folders kept in the run's checkpoints/ (`dist.checkpoints.prune_checkpoints`); None keeps every one.
     # At 8B a ZeRO-3 checkpoint is ~105 GB (issue #44). Never part of a cache key (NEVER_HASHED).
     keep_last: int | None = Field(None, ge=1)
     # Episodes rolled out together in the grammar check after SFT (sft/grammar.py). None: all its
@@ -596,7 +596,7 @@ class RLConfig(_Section):
 
     @model_validator(mode="after")
     def _server_gpus_apart_from_trainers(self) -> RLConfig:
-        # The DeepSpeed launcher (`--num_gpus N`, dist.launch_workers) puts rank i on GPU i, so a
+        # The DeepSpeed launcher (`--num_gpus N`, dist.launch.launch_workers) puts rank i on GPU i, so a
         # server launched on one of GPUs 0..N-1 would share a trainer's card unplanned.
         engine = self.rollout.engine
         server = {"sglang": self.rollout.sglang, "vllm": self.rollout.vllm}.get(engine)

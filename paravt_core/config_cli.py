@@ -9,7 +9,7 @@ import json
 def resolved_config(config_path: str, overrides: list[str], rl_row: str | None, on_gpu: bool) -> dict:
     """The validated config (defaults filled in) plus the DeepSpeed JSON of SFT and RL on this accelerator."""
     from paravt_core.config import load_config
-    from paravt_core.dist import rl_deepspeed_config, sft_deepspeed_config
+    from paravt_core.dist.ds_config import rl_deepspeed_config, sft_deepspeed_config
 
     cfg = load_config(config_path, overrides, rl_row)
     return {

@@ -1,6 +1,6 @@
 """A fork server for rank processes: torch, transformers, DeepSpeed and MLflow imported once.
 
-Each DeepSpeed rank that `dist.launch_workers` starts is a fresh `python -u worker.py`, and
+Each DeepSpeed rank that `dist.launch.launch_workers` starts is a fresh `python -u worker.py`, and
 about 10 of its CPU seconds go to importing torch, torchvision, transformers' Qwen3-VL code,
 DeepSpeed and MLflow before it trains anything (docs/speed.md, issue #45). The test suite
 starts a hundred of them. This server imports those libraries once and forks a child for

@@ -5,7 +5,7 @@ keeps that memory until the run ends (PyTorch's caching allocator returns nothin
 beside every later stage on the same card (#60 finding 1: the grammar check beside RL rank 0).
 `call_in_own_process(target, job, work_dir)` runs `target` ("package.module:function", a
 function of one JSON text returning one) in a child launched as a one-rank job by
-`dist.launch_workers`, the machinery that starts the SFT and RL ranks (forked from the fork
+`dist.launch.launch_workers`, the machinery that starts the SFT and RL ranks (forked from the fork
 server where the tests run one, else a subprocess; its output lines streamed to `log_line`),
 and returns what it returned. Run as a script, this file is that child.
 """
@@ -31,7 +31,7 @@ def call_in_own_process(target: str, job: str, work_dir: str | Path, log_line: C
     import torch
 
     from paravt_core.atomic import atomic_write_text
-    from paravt_core.dist import launch_workers
+    from paravt_core.dist.launch import launch_workers
 
     work_dir = Path(work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)

@@ -160,7 +160,7 @@ def _driver(facts: CudaFacts, driver: str | None) -> Check:
 
 def checkpoints_kept(max_steps: int, checkpoint_every: int, keep_last: int | None) -> int:
     """The most checkpoints one stage holds at once: every save, or with `keep_last` that many
-    plus the newest, which is written whole before the oldest is pruned (`dist.prune_checkpoints`)."""
+    plus the newest, which is written whole before the oldest is pruned (`dist.checkpoints.prune_checkpoints`)."""
     saves = math.ceil(max_steps / checkpoint_every)
     return saves if keep_last is None else min(saves, keep_last + 1)
 

@@ -23,7 +23,7 @@ def git_revision() -> str:
 def host_numerics() -> dict[str, object]:
     """What, beyond the config, the inputs and the code, decides this process's CPU float results
     (docs/miniature.md, "What a build depends on"): torch's thread count (a rank's
-    is its share of the host's cores, `dist._launch`, unless OMP_NUM_THREADS is set), the host's
+    is its share of the host's cores, `dist.launch._launch`, unless OMP_NUM_THREADS is set), the host's
     core count, the CPU kernels torch chose for this CPU's instruction set, and torch's version.
     Two models trained from the same inputs match bit for bit only where these match."""
     import os

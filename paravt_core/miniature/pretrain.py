@@ -50,7 +50,7 @@ from pathlib import Path
 from paravt_core.atomic import atomic_dir
 from paravt_core.config import PipelineConfig
 from paravt_core.data.synth.world import VideoSpec
-from paravt_core.dist import LogLine
+from paravt_core.dist.launch import LogLine
 from paravt_core.refs import ArtifactRef, content_hash
 from paravt_core.sft.stage import ExtraShard
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from paravt_core.cache_identity import pretrain_model_settings
 from paravt_core.config import PipelineConfig
-from paravt_core.dist import LogLine
+from paravt_core.dist.launch import LogLine
 from paravt_core.refs import ArtifactRef, content_hash
 
 ENTRY_FILE = "entry.json"

@@ -42,7 +42,7 @@ def pixel_bounded(processor: Any, video: VideoConfig) -> Any:
     (image shortest_edge 65536) upscales every frame below 65536 pixels, so a folder that
     kept it would be served other pixels and more image tokens than the trainer used: a
     160x288 frame renders as 66 tokens there, 45 in training. So every export writes the
-    trainer's bounds into the folder (`paravt_core.dist.export_hf_model`).
+    trainer's bounds into the folder (`paravt_core.dist.weights.export_hf_model`).
 
     Frames always reach the model as image items (`paravt_core.agent.media`); the video
     processor gets the same per-frame budget over the most frames one clip holds, so a

@@ -15,7 +15,7 @@ advantages and the update follow from it, the weights and the config.
 Before anything is rolled out, the log is checked (`check_draws`): it must parse to its
 schema, name the step and rank it is filed under, and agree on every field replay reads
 with what the run draws at that step (the prompts and their videos, each K, the epoch, the
-sampler seed, the weight version). The checkpoint must be intact (`dist.checkpoint_damage`,
+sampler seed, the weight version). The checkpoint must be intact (`dist.checkpoints.checkpoint_damage`,
 its manifest's sha256 included). Otherwise `ReplayError` says which file and field, so a
 damaged or edited log is never replayed as if it were the step's.
 """
@@ -171,7 +171,8 @@ def replay_weights(run_dir: Path, version: int, zero_stage: int) -> dict[str, to
     else the checkpoint written after that step."""
     if version == 0:
         return None
-    from paravt_core.dist import checkpoint_damage, checkpoint_state_dict
+    from paravt_core.dist.checkpoints import checkpoint_damage
+    from paravt_core.dist.weights import checkpoint_state_dict
 
     tag = Path(run_dir) / "checkpoints" / f"step{version:07d}"
     if not tag.is_dir():
@@ -191,7 +192,7 @@ def _misfiled(tag: Path, version: int) -> str | None:
     (#61: one deleted, another step's file copied in): each model-states file records the step
     it was saved after (the trainers' client state, `{"step": N}`), and a tag whose manifest is
     gone while the run's other tags have theirs is named."""
-    from paravt_core.dist import CHECKPOINT_MANIFEST
+    from paravt_core.dist.checkpoints import CHECKPOINT_MANIFEST
 
     for states in sorted(tag.glob("*model_states.pt")):
         saved = torch.load(states, map_location="cpu", weights_only=False, mmap=True)

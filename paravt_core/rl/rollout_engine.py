@@ -189,7 +189,7 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
     server, url = None, server_cfg.url
     colocated = server_cfg.placement == "colocated"
     if url is None and rank == 0:
-        from paravt_core.dist import free_port
+        from paravt_core.dist.launch import free_port
 
         server = launch_sglang_server(
             served_folder(init_model, cfg.video, staging_dir.parent), free_port(), tp_size=server_cfg.tp_size,
@@ -226,7 +226,7 @@ def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: i
     check_rollout_engine(cfg)
     server, url = None, server_cfg.url
     if url is None and rank == 0:
-        from paravt_core.dist import free_port
+        from paravt_core.dist.launch import free_port
 
         server = launch_vllm_rollout_server(served_folder(init_model, cfg.video, staging_dir.parent), free_port(),
                                             python=server_cfg.python,

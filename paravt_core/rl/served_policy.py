@@ -43,7 +43,7 @@ PROBE_SHARE_OF_COLLECTIVE = 0.9  # of the collective timeout the probe may wait:
 
 
 def collective_timeout_s() -> float:
-    """The timeout of the ranks' collectives: `dist.init_distributed` passes none, so DeepSpeed's
+    """The timeout of the ranks' collectives: `dist.rank.init_distributed` passes none, so DeepSpeed's
     `default_pg_timeout` applies (DEEPSPEED_TIMEOUT minutes; 10 by default in deepspeed 0.19.8)."""
     from deepspeed.constants import default_pg_timeout
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from paravt_core.cache_identity import rl_run_config
 from paravt_core.config import PipelineConfig
-from paravt_core.dist import LogLine, run_stage_workers
+from paravt_core.dist.launch import LogLine, run_stage_workers
 from paravt_core.provenance import git_revision
 from paravt_core.refs import ArtifactRef
 from paravt_core.rl.job import RLJob

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paravt_core.dist import StepLog
+from paravt_core.dist.rank import StepLog
 from paravt_core.rl.grpo import Moments
 from paravt_core.rl.job import RLJob
 from paravt_core.rl.kl import kl_mode
@@ -56,8 +56,10 @@ class Trainer:
     def __init__(self, job: RLJob, reward_fn=None):
         import deepspeed
 
-        from paravt_core import dist as pdist
         from paravt_core.agent.tags import TagLocator
+        from paravt_core.dist.checkpoints import resume, trim_step_log
+        from paravt_core.dist.ds_config import rl_deepspeed_config, training_dtype, zero_optimizer
+        from paravt_core.dist.rank import init_distributed
         from paravt_core.plan import declare_stage
         from paravt_core.memory import record_memory
         from paravt_core.model.loading import build_model, load_processor
@@ -67,16 +69,16 @@ class Trainer:
         from paravt_core.rl.rollout_engine import build_rollout_engine
 
         self.job, self.cfg, self.rl = job, job.config, job.config.rl
-        self.rank, self.world, self.device = pdist.init_distributed()
+        self.rank, self.world, self.device = init_distributed()
         # The device ledger (rehearsals): this rank holds the plan's RL policy pass row on its card.
         declare_stage(f"RL rank {self.rank}", "RL policy pass", self.cfg, job.init_model)
         torch.manual_seed(self.cfg.run.seed)
         on_gpu = self.device.startswith("cuda")
-        ds_config = pdist.rl_deepspeed_config(self.cfg, on_gpu=on_gpu)
+        ds_config = rl_deepspeed_config(self.cfg, on_gpu=on_gpu)
         zero3 = ds_config if self.rl.zero_stage == 3 else None
         self.processor = load_processor(job.init_model)
         # ZeRO 0-2: straight onto the rank's device, as SFT (DeepSpeed would move it there anyway).
-        policy = build_model(self.cfg.model, job.init_model, dtype=pdist.training_dtype(self.cfg.model.dtype, on_gpu),
+        policy = build_model(self.cfg.model, job.init_model, dtype=training_dtype(self.cfg.model.dtype, on_gpu),
                              device=self.device, zero3_config=zero3)
         if self.rl.gradient_checkpointing:
             policy.gradient_checkpointing_enable()
@@ -98,14 +100,14 @@ class Trainer:
         self.layout = TokenLayout.of(policy.config, tok, self.processor.image_processor.merge_size)
         # Only a ZeRO-3 reference runs collectives in its forward; a whole local copy does not.
         self.ref_collectives = zero3 is not None
-        optimizer = pdist.zero_optimizer(policy.parameters(), lr=self.rl.learning_rate,
-                                         weight_decay=self.rl.weight_decay, zero=self.rl.deepspeed)
+        optimizer = zero_optimizer(policy.parameters(), lr=self.rl.learning_rate,
+                                   weight_decay=self.rl.weight_decay, zero=self.rl.deepspeed)
         self.policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=ds_config)
         record_memory(job.out_dir, "rl", "engine", self.rank, self.world, self.device, self.policy.module)
         self.ckpt_dir = job.out_dir / "checkpoints"
-        self.start = int(pdist.resume(self.policy, self.ckpt_dir, stage="rl").get("step", 0))
+        self.start = int(resume(self.policy, self.ckpt_dir, stage="rl").get("step", 0))
         if self.rank == 0:
-            pdist.trim_step_log(job.out_dir / "metrics.jsonl", self.start)  # re-run steps are logged once
+            trim_step_log(job.out_dir / "metrics.jsonl", self.start)  # re-run steps are logged once
         # A server holds whatever it was last given (another run's weights, issue #48): it gets
         # the policy's before step 1 on every run, then must serve its log-probs.
         if self.start or self.rollout_backend.served:
@@ -132,13 +134,13 @@ class Trainer:
         """The policy's weights to the rollout engine: every rank's own `hf` copy gets the whole
         state dict; a server gets rank 0's snapshot, streamed as each ZeRO-3 parameter is
         gathered, and the other ranks only join the gathers (issue #44 item 8)."""
-        from paravt_core import dist as pdist
+        from paravt_core.dist.weights import gathered_state_dict
         from paravt_core.rl.weight_push import GatheredWeights
 
         if self.rollout_backend.served:
             weights = GatheredWeights(self.policy, self.rl.zero_stage, keep=self.rollout_backend.pushes_weights)
         else:
-            weights = pdist.gathered_state_dict(self.policy, self.rl.zero_stage)
+            weights = gathered_state_dict(self.policy, self.rl.zero_stage)
         self.rollout_backend.update_weights(weights)
         self.policy.module.train()
 
@@ -324,7 +326,7 @@ def _all_reduce_mean(row: dict[str, float], world: int) -> dict[str, float]:
 def train(job: RLJob, reward_fn=None) -> None:
     import torch.distributed as dist
 
-    from paravt_core.dist import shutdown_distributed
+    from paravt_core.dist.rank import shutdown_distributed
 
     try:
         trainer = Trainer(job, reward_fn)
@@ -340,7 +342,9 @@ def train(job: RLJob, reward_fn=None) -> None:
 def _train_loop(trainer: Trainer, job: RLJob) -> None:
     from tqdm import tqdm
 
-    from paravt_core import dist as pdist
+    from paravt_core.dist.checkpoints import save
+    from paravt_core.dist.rank import maybe_kill_for_test
+    from paravt_core.dist.weights import export_hf_model, full_state_dict
     from paravt_core.tracking import MetricLogger
 
     rl = job.config.rl
@@ -360,20 +364,20 @@ def _train_loop(trainer: Trainer, job: RLJob) -> None:
                           rollout_s=row["time_rollout_s"])
         done = step + 1
         if not job.steps_only and (done % rl.checkpoint_every == 0 or done == rl.max_steps):
-            pdist.save(trainer.policy, trainer.ckpt_dir, done, {"step": done}, keep_last=rl.keep_last,
-                       stage="rl")
-        pdist.maybe_kill_for_test(done)
+            save(trainer.policy, trainer.ckpt_dir, done, {"step": done}, keep_last=rl.keep_last,
+                 stage="rl")
+        maybe_kill_for_test(done)
     if job.steps_only:
         metrics.finish()
         return
-    state = pdist.full_state_dict(trainer.policy, trainer.ckpt_dir, rl.zero_stage)
+    state = full_state_dict(trainer.policy, trainer.ckpt_dir, rl.zero_stage)
     if trainer.rank == 0:
         meta = {"stage": "rl", "row": rl.row, "resolved_config": job.config.model_dump(mode="json"),
                 "init_model": str(job.init_model), "init_model_sha256": job.init_model_sha256,
                 "data_sha256": job.data_sha256, "git_revision": job.git_revision, "steps": rl.max_steps,
                 "mlflow_run_id": job.mlflow_run_id}
-        pdist.export_hf_model(state, job.init_model, job.out_dir / "model", job.config.model.dtype, meta,
-                              job.config.video)
+        export_hf_model(state, job.init_model, job.out_dir / "model", job.config.model.dtype, meta,
+                        job.config.video)
     metrics.finish()
 
 

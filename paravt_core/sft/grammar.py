@@ -99,7 +99,7 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
 
     from paravt_core.agent.hf_build import build_hf_engine
     from paravt_core.agent.rollout import run_dropping_undecodable, run_episodes
-    from paravt_core.dist import training_dtype
+    from paravt_core.dist.ds_config import training_dtype
     from paravt_core.model.loading import build_model, load_processor
 
     undecodable = set() if undecodable is None else undecodable

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from paravt_core.dist import StepLog
+from paravt_core.dist.rank import StepLog
 from paravt_core.sft.job import SFTJob
 from paravt_core.sft.loader import (EncodingStats, MicroBatchPlan, micro_batch, micro_batches,  # noqa: F401
                                     sample_index, sample_order)
@@ -70,9 +70,11 @@ def train(job: SFTJob) -> None:
     import torch.distributed as dist
     from tqdm import tqdm
 
-    from paravt_core import dist as pdist
     from paravt_core.atomic import atomic_write_text
     from paravt_core.collectives import CheckedCollectives
+    from paravt_core.dist.checkpoints import resume, save, trim_step_log
+    from paravt_core.dist.ds_config import local_grad_norm, sft_deepspeed_config, training_dtype, zero_optimizer
+    from paravt_core.dist.rank import init_distributed, maybe_kill_for_test, shutdown_distributed
     from paravt_core.plan import declare_stage
     from paravt_core.memory import record_memory
     from paravt_core.model.loading import build_model, load_processor
@@ -85,20 +87,20 @@ def train(job: SFTJob) -> None:
 
     cfg = job.config
     sft = cfg.sft
-    rank, world, device = pdist.init_distributed()
+    rank, world, device = init_distributed()
     # The device ledger (rehearsals): this rank holds the plan's SFT row on its card.
     declare_stage(f"SFT rank {rank}", "SFT", cfg, job.base_model)
     collectives = CheckedCollectives(device)
     torch.manual_seed(cfg.run.seed)
     on_gpu = device.startswith("cuda")
-    ds_config = pdist.sft_deepspeed_config(cfg, on_gpu=on_gpu)
-    pixel_dtype = host_pixel_dtype(sft.host_pixel_dtype, pdist.training_dtype(cfg.model.dtype, on_gpu))
+    ds_config = sft_deepspeed_config(cfg, on_gpu=on_gpu)
+    pixel_dtype = host_pixel_dtype(sft.host_pixel_dtype, training_dtype(cfg.model.dtype, on_gpu))
     pin = sft.pin_memory and on_gpu  # page-locking is for copies to a GPU; a CPU run has none
 
     processor = load_processor(job.base_model)
     # ZeRO 0-2: loaded straight onto the rank's device (DeepSpeed would move it there anyway), so
     # the "constructed" memory record already shows the weights on the GPU; ZeRO-3 places its slices.
-    model = build_model(cfg.model, job.base_model, dtype=pdist.training_dtype(cfg.model.dtype, on_gpu), device=device,
+    model = build_model(cfg.model, job.base_model, dtype=training_dtype(cfg.model.dtype, on_gpu), device=device,
                         zero3_config=ds_config if sft.zero_stage == 3 else None)
     record_memory(job.out_dir, job.stage, "constructed", rank, world, device, model)
     if sft.gradient_checkpointing:
@@ -113,19 +115,19 @@ def train(job: SFTJob) -> None:
     dataset = SFTDataset(read_sft_rows(job.data_files), processor, FrameCache(job.frame_cache_dir, sampling),
                          OverlongPolicy(sft.max_seq_len, sft.overlong), frame_choices=cfg.video.sft_frame_choices)
 
-    optimizer = pdist.zero_optimizer(model.parameters(), lr=sft.learning_rate, weight_decay=sft.weight_decay,
-                                     zero=sft.deepspeed)
+    optimizer = zero_optimizer(model.parameters(), lr=sft.learning_rate, weight_decay=sft.weight_decay,
+                               zero=sft.deepspeed)
     warmup = int(round(sft.warmup_ratio * sft.max_steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(sft.max_steps, warmup, sft.lr_schedule))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_config)
     record_memory(job.out_dir, job.stage, "engine", rank, world, device, engine.module)
     ckpt_dir = job.out_dir / "checkpoints"
-    start = int(pdist.resume(engine, ckpt_dir, stage=job.stage).get("step", 0))
+    start = int(resume(engine, ckpt_dir, stage=job.stage).get("step", 0))
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=rank == 0)
     losses_path = job.out_dir / "losses.jsonl"
     if rank == 0:
-        pdist.trim_step_log(losses_path, start)  # steps after the checkpoint run again: log them once
+        trim_step_log(losses_path, start)  # steps after the checkpoint run again: log them once
     # Padding or packing, and the positions, happen where the samples are encoded (a data worker, if any).
     to_batch = functools.partial(model_batch, pad_id=processor.tokenizer.pad_token_id, rope_index=rope_index,
                                  packing=sft.packing, positions=HostPositions.of(model) if sft.host_positions else None,
@@ -150,7 +152,7 @@ def train(job: SFTJob) -> None:
             loss = micro_batch_loss(engine, batch, sft.loss_impl)
             engine.backward(loss)
             if a == sft.grad_accum_steps - 1 and sft.zero_stage == 0:
-                stage0_norm = pdist.local_grad_norm(engine)
+                stage0_norm = local_grad_norm(engine)
             engine.step()
             # Summed on the device: no wait for the GPU until the step's end, so the next micro-batch
             # is queued while this one runs.
@@ -186,15 +188,15 @@ def train(job: SFTJob) -> None:
             progress.step(step + 1, loss=loss_mean, lr=row["lr"], tok_s=row["tokens_per_s"])
         done = step + 1
         if not job.steps_only and (done % sft.checkpoint_every == 0 or done == sft.max_steps):
-            pdist.save(engine, ckpt_dir, done, {"step": done}, keep_last=sft.keep_last, stage=job.stage)
-        pdist.maybe_kill_for_test(done)
+            save(engine, ckpt_dir, done, {"step": done}, keep_last=sft.keep_last, stage=job.stage)
+        maybe_kill_for_test(done)
 
     record_memory(job.out_dir, job.stage, "trained", rank, world, device, engine.module)
     if not job.steps_only:
         _export(job, engine, rank, _export_stats(encoded_by, dataset, job.out_dir / "model"), ckpt_dir)
     metrics.finish()
     dist.barrier()
-    pdist.shutdown_distributed()
+    shutdown_distributed()
 
 
 def apply_liger_kernels(model, on_gpu: bool) -> None:
@@ -251,10 +253,10 @@ def _export_stats(encoded_by: dict[int, EncodingStats], dataset, model_dir: Path
 
 
 def _export(job: SFTJob, engine, rank: int, encoded: EncodingStats, ckpt_dir: Path) -> None:
-    from paravt_core import dist as pdist
+    from paravt_core.dist.weights import export_hf_model, full_state_dict
     from paravt_core.provenance import host_numerics
 
-    state = pdist.full_state_dict(engine, ckpt_dir, job.config.sft.zero_stage)
+    state = full_state_dict(engine, ckpt_dir, job.config.sft.zero_stage)
     if rank != 0:
         return
     meta = {
@@ -272,7 +274,7 @@ def _export(job: SFTJob, engine, rank: int, encoded: EncodingStats, ckpt_dir: Pa
         "frame_cache": {"hits": encoded.cache_hits, "misses": encoded.cache_misses},
         "numerics": host_numerics(),  # rank 0's; the weights depend on these too (provenance.host_numerics)
     }
-    pdist.export_hf_model(state, job.base_model, job.out_dir / "model", job.config.model.dtype, meta, job.config.video)
+    export_hf_model(state, job.base_model, job.out_dir / "model", job.config.model.dtype, meta, job.config.video)
 
 
 if __name__ == "__main__":

@@ -123,12 +123,13 @@ def run_uneven(job_file: Path, out: Path) -> None:
 def run_grad(spec_file: Path, out: Path) -> None:
     import deepspeed
 
-    from paravt_core import dist as pdist
+    from paravt_core.dist.ds_config import deepspeed_config
+    from paravt_core.dist.rank import init_distributed, shutdown_distributed
 
     spec = json.loads(spec_file.read_text())
-    rank, world, device = pdist.init_distributed()
+    rank, world, device = init_distributed()
     model, trajs, cfg, ids, total = rank_trajectories(spec, rank)
-    config = pdist.deepspeed_config(micro_batch=1, grad_accum=1, zero_stage=0, grad_clip=1e9, bf16=False)
+    config = deepspeed_config(micro_batch=1, grad_accum=1, zero_stage=0, grad_clip=1e9, bf16=False)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
                                            config=config)
     from paravt_core.rl.policy import micro_batch_loss
@@ -139,7 +140,7 @@ def run_grad(spec_file: Path, out: Path) -> None:
     if rank == 0:
         torch.save({n: p.grad.detach().clone() for n, p in engine.module.named_parameters() if p.grad is not None},
                    out / "grads.pt")
-    pdist.shutdown_distributed()
+    shutdown_distributed()
 
 
 def main() -> int:

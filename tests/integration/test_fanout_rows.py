@@ -82,7 +82,7 @@ print(f"rank threads {torch.get_num_threads()}", flush=True)
 
 def test_the_thread_budget_reaches_the_launched_ranks(tmp_path, monkeypatch):
     """OMP_NUM_THREADS set for the whole process (here 2) gives way to a run's own budget."""
-    from paravt_core.dist import launch_workers
+    from paravt_core.dist.launch import launch_workers
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     script = tmp_path / "worker.py"

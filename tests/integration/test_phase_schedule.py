@@ -81,7 +81,7 @@ def test_the_world_and_the_base_model_side_by_side_give_the_default_s_sft_model(
     assert _weights(base_one) == _weights(base_two)
     assert _weights(sft_one) == _weights(sft_two)
     # What else the weights depend on is recorded with them: the same here, since one host
-    # trained both; each rank's threads are its share of the host's cores (dist._launch).
+    # trained both; each rank's threads are its share of the host's cores (dist.launch._launch).
     import torch
 
     cfg = load_config(REPO / "conf/pipeline/reproduce.yaml", _overrides(tmp_path))

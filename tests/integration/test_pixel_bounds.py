@@ -50,7 +50,7 @@ def test_an_exported_checkpoint_renders_frames_as_the_trainer_does(tiny_model, t
                                                                     tmp_path):
     from paravt_core.agent.context import ChatRenderer
     from paravt_core.config import VideoConfig
-    from paravt_core.dist import export_hf_model
+    from paravt_core.dist.weights import export_hf_model
     from paravt_core.model.integrity import verify_model_dir
     from paravt_core.model.loading import load_processor
 

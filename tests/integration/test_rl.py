@@ -14,7 +14,7 @@ import torch
 
 from paravt_core.agent.engine import Generation
 from paravt_core.config import load_config
-from paravt_core.dist import free_port
+from paravt_core.dist.launch import free_port
 from paravt_core.refs import ArtifactRef, content_hash
 
 pytestmark = pytest.mark.integration

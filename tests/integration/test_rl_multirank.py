@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from paravt_core.config import load_config
-from paravt_core.dist import launch_workers
+from paravt_core.dist.launch import launch_workers
 from paravt_core.refs import ArtifactRef, content_hash
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from paravt_core.config import load_config
-from paravt_core.dist import free_port
+from paravt_core.dist.launch import free_port
 from paravt_core.refs import ArtifactRef, content_hash
 
 pytestmark = pytest.mark.integration
@@ -113,7 +113,7 @@ def test_two_output_folders_give_identical_gated_runs_and_steps_replay(tmp_path,
     assert "no draws log" in capsys.readouterr().err
     # #48 item 5: the checkpoint carries its manifest, and a log whose video was rewritten (it replayed
     # "identical": the logged video was never compared) is refused before anything is rolled out
-    from paravt_core.dist import CHECKPOINT_MANIFEST, checkpoint_damage
+    from paravt_core.dist.checkpoints import CHECKPOINT_MANIFEST, checkpoint_damage
     from paravt_core.rl.replay import draws_path
 
     tag = job_b.out_dir / "checkpoints" / "step0000001"

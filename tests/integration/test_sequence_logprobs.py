@@ -148,7 +148,7 @@ def _zero3_rank(rank: int, model_dir: str, folder: str) -> None:
     import torch.distributed as dist
     from deepspeed.utils import safe_get_full_grad
 
-    from paravt_core.dist import rl_deepspeed_config, zero_optimizer
+    from paravt_core.dist.ds_config import rl_deepspeed_config, zero_optimizer
     from paravt_core.model.loading import load_model
     from paravt_core.model.logprobs import teacher_forced_logprobs
 

@@ -35,7 +35,7 @@ from transformers.cache_utils import DynamicCache
 
 from paravt_core.agent.engine import Generation
 from paravt_core.config import load_config
-from paravt_core.dist import free_port
+from paravt_core.dist.launch import free_port
 from paravt_core.refs import ArtifactRef, content_hash
 
 pytestmark = pytest.mark.integration
@@ -106,7 +106,7 @@ def _config(out: Path, model: list[str]):
 
 
 def _two_steps(tmp: Path, init, rl_data, model: list[str], monkeypatch) -> tuple[list[dict], str, object]:
-    from paravt_core.dist import shutdown_distributed
+    from paravt_core.dist.rank import shutdown_distributed
     from paravt_core.rl import stage
     from paravt_core.rl.worker import Trainer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from paravt_core.dist import launch_workers
+from paravt_core.dist.launch import launch_workers
 
 pytestmark = pytest.mark.integration
 WORKER = Path(__file__).with_name("weight_push_worker.py")

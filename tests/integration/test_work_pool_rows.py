@@ -61,7 +61,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 def rows_pool(tmp_path: Path):
     """A server, the rows deployment on pool POOL, two workers `w1` and `w2`; yields
     (api url, {worker name: process}). Every process is killed at the end, also on failure."""
-    from paravt_core.dist import free_port
+    from paravt_core.dist.launch import free_port
 
     home = tmp_path / "prefect-server-home"
     home.mkdir()

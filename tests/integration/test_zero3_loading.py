@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from paravt_core.config import load_config
-from paravt_core.dist import shutdown_distributed
+from paravt_core.dist.rank import shutdown_distributed
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def test_zero3_reference_engine_matches_the_whole_model(one_rank_group, tiny_mod
     import deepspeed
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
-    from paravt_core.dist import rl_deepspeed_config
+    from paravt_core.dist.ds_config import rl_deepspeed_config
     from paravt_core.memory import parameter_bytes
     from paravt_core.model.loading import load_model
 

@@ -39,14 +39,16 @@ def main() -> int:
     args = parser.parse_args()
     import deepspeed
 
-    from paravt_core import dist as pdist
+    from paravt_core.dist.ds_config import deepspeed_config
+    from paravt_core.dist.rank import init_distributed, shutdown_distributed
+    from paravt_core.dist.weights import gathered_state_dict
     from paravt_core.model.loading import load_model
     from paravt_core.rl.rollout_engine import RolloutBackend
     from paravt_core.rl.worker import Trainer
 
     out, model_dir = Path(args.out), Path(args.model)
-    rank, world, _ = pdist.init_distributed()
-    config = pdist.deepspeed_config(micro_batch=1, grad_accum=1, zero_stage=3, grad_clip=1.0, bf16=False)
+    rank, world, _ = init_distributed()
+    config = deepspeed_config(micro_batch=1, grad_accum=1, zero_stage=3, grad_clip=1.0, bf16=False)
     config["zero_optimization"]["stage3_param_persistence_threshold"] = 0  # every parameter partitioned, as at 8B
     model = load_model(model_dir, zero3_config=config)
     policy, _, _, _ = deepspeed.initialize(model=model, config=config)  # no optimizer: the push only gathers
@@ -57,7 +59,7 @@ def main() -> int:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM restarts from the current RSS
     Trainer.push_weights(trainer)
     growth = (_status_kib("VmHWM") - before) * 1024
-    full = pdist.gathered_state_dict(policy, 3)  # the weights as the trainer holds them, for the check
+    full = gathered_state_dict(policy, 3)  # the weights as the trainer holds them, for the check
     sizes = [t.numel() * t.element_size() for t in full.values()]
     report = {"rank": rank, "growth_bytes": growth, "model_bytes": sum(sizes), "largest_bytes": max(sizes),
               "snapshots": [str(p) for p in engine.snapshots]}
@@ -69,7 +71,7 @@ def main() -> int:
         report["different"] = sorted(n for n in full if n in pushed and not (
             pushed[n].dtype == full[n].dtype and torch.equal(pushed[n], full[n])))
     (out / f"rank{rank}.json").write_text(json.dumps(report))
-    pdist.shutdown_distributed()
+    shutdown_distributed()
     return 0
 
 

@@ -193,7 +193,7 @@ def teach(base_dir: Path, out_dir: Path, examples_: Sequence[Example], video, *,
     """
     import torch
 
-    from paravt_core.dist import export_hf_model
+    from paravt_core.dist.weights import export_hf_model
     from paravt_core.model.loading import load_model
 
     torch.manual_seed(seed)

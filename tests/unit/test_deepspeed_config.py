@@ -9,7 +9,8 @@ import torch.distributed as dist
 import yaml
 
 from paravt_core.config import ConfigError, DeepSpeedConfig, load_config
-from paravt_core.dist import deepspeed_config, rl_deepspeed_config, sft_deepspeed_config, shutdown_distributed
+from paravt_core.dist.ds_config import deepspeed_config, rl_deepspeed_config, sft_deepspeed_config
+from paravt_core.dist.rank import shutdown_distributed
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 TINY = CONF / "pipeline" / "tiny.yaml"

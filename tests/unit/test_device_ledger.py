@@ -131,7 +131,7 @@ def test_a_rank_stopped_by_a_signal_has_its_claim_closed_by_its_launcher(tmp_pat
     """SIGTERM (how the launcher stops the other ranks when one fails) runs no atexit: the
     launcher closes each rank's claim when it reaps it, or a failed and retried stage would
     hold its card in the ledger for the rest of the run."""
-    from paravt_core.dist import launch_workers
+    from paravt_core.dist.launch import launch_workers
 
     ledger = tmp_path / "ledger.jsonl"
     script = tmp_path / "rank.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from paravt_core.dist import RENDEZVOUS_FILE_ENV, free_port, rendezvous_env
+from paravt_core.dist.launch import RENDEZVOUS_FILE_ENV, free_port, rendezvous_env
 
 REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = {"127.0.0.1", "::1"}
@@ -54,7 +54,7 @@ WORKER = textwrap.dedent("""
     import sys
     import torch
     import torch.distributed as dist
-    from paravt_core.dist import init_distributed
+    from paravt_core.dist.rank import init_distributed
     if sys.argv[1] == "ours":
         rank, world, device = init_distributed()
     else:  # torch's default env:// rendezvous, for contrast

@@ -1,4 +1,4 @@
-"""Resume falls back to the newest intact checkpoint (`paravt_core.dist.resume`)."""
+"""Resume falls back to the newest intact checkpoint (`paravt_core.dist.checkpoints.resume`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from paravt_core.dist import CheckpointError, checkpoint_damage, resume
+from paravt_core.dist.checkpoints import CheckpointError, checkpoint_damage, resume
 
 
 class RecordingEngine:
@@ -94,7 +94,7 @@ def test_a_damaged_latest_file_falls_back_to_the_newest_intact_step(tmp_path, la
 
 
 def test_a_resumed_step_log_keeps_steps_up_to_the_checkpoint_and_drops_a_torn_line(tmp_path):
-    from paravt_core.dist import trim_step_log
+    from paravt_core.dist.checkpoints import trim_step_log
 
     log = tmp_path / "losses.jsonl"
     log.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "loss": 1.2}\n{"step": 4, "lo')
@@ -113,7 +113,7 @@ class SavingEngine(RecordingEngine):
 
 def test_a_saved_checkpoint_records_its_files_and_a_replaced_file_is_refused(tmp_path):
     """#48 item 5: a checkpoint file swapped for another valid torch file passed every check (its CRCs hold)."""
-    from paravt_core.dist import CHECKPOINT_MANIFEST, save
+    from paravt_core.dist.checkpoints import CHECKPOINT_MANIFEST, save
 
     for step in (10, 20):
         save(SavingEngine(), tmp_path, step, {"step": step})
@@ -136,14 +136,14 @@ def test_a_saved_checkpoint_records_its_files_and_a_replaced_file_is_refused(tmp
 
 
 def test_a_tag_is_named_latest_only_once_its_manifest_is_written(tmp_path, monkeypatch):
-    from paravt_core import dist
+    from paravt_core.dist import checkpoints
 
     def interrupted(tag_dir, owner=None):
         raise KeyboardInterrupt  # killed while hashing
 
-    monkeypatch.setattr(dist, "write_checkpoint_manifest", interrupted)
+    monkeypatch.setattr(checkpoints, "write_checkpoint_manifest", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        dist.save(SavingEngine(), tmp_path, 10, {"step": 10})
+        checkpoints.save(SavingEngine(), tmp_path, 10, {"step": 10})
     assert not (tmp_path / "latest").exists()
     assert resume(RecordingEngine(), tmp_path) == {}  # nothing finished: the stage starts over
 
@@ -156,7 +156,7 @@ def step_folders(folder: Path) -> list[str]:
 
 
 def test_saving_with_keep_last_keeps_exactly_the_newest_and_resume_loads_the_newest(tmp_path):
-    from paravt_core.dist import save
+    from paravt_core.dist.checkpoints import save
 
     engine = SavingEngine()
     for step in (2, 4, 6, 8, 10):
@@ -168,7 +168,7 @@ def test_saving_with_keep_last_keeps_exactly_the_newest_and_resume_loads_the_new
 
 
 def test_without_keep_last_every_checkpoint_is_kept(tmp_path):
-    from paravt_core.dist import save
+    from paravt_core.dist.checkpoints import save
 
     for step in (1, 2, 3):
         save(SavingEngine(), tmp_path, step, {"step": step})
@@ -176,7 +176,7 @@ def test_without_keep_last_every_checkpoint_is_kept(tmp_path):
 
 
 def test_nothing_is_pruned_unless_latest_names_the_tag_just_saved(tmp_path):
-    from paravt_core.dist import prune_checkpoints
+    from paravt_core.dist.checkpoints import prune_checkpoints
 
     write_checkpoints(tmp_path, [1, 2, 3])
     (tmp_path / "latest").write_text("step0000002")  # DeepSpeed did not get to write it
@@ -188,7 +188,7 @@ def test_nothing_is_pruned_unless_latest_names_the_tag_just_saved(tmp_path):
 
 def test_an_unfinished_newer_tag_is_neither_counted_nor_deleted(tmp_path):
     """A run resumed at step 2 left step 9's half-written folder: it is not one of the kept."""
-    from paravt_core.dist import prune_checkpoints
+    from paravt_core.dist.checkpoints import prune_checkpoints
 
     write_checkpoints(tmp_path, [1, 2, 3])
     (tmp_path / "step0000009").mkdir()
@@ -203,7 +203,7 @@ def test_a_kill_while_pruning_never_leaves_a_partial_step_folder(tmp_path, monke
     candidate, even when `latest` is damaged too; the next prune finishes the job."""
     import shutil
 
-    from paravt_core import dist
+    from paravt_core.dist import checkpoints
 
     write_checkpoints(tmp_path, [1, 2, 3])
 
@@ -213,13 +213,13 @@ def test_a_kill_while_pruning_never_leaves_a_partial_step_folder(tmp_path, monke
 
     monkeypatch.setattr(shutil, "rmtree", killed_mid_delete)
     with pytest.raises(KeyboardInterrupt):
-        dist.prune_checkpoints(tmp_path, 1, saved="step0000003")
+        checkpoints.prune_checkpoints(tmp_path, 1, saved="step0000003")
     for tag in (p for p in tmp_path.glob("step*")):
         assert checkpoint_damage(tag) is None, tag
     (tmp_path / "latest").write_bytes(b"")  # and `latest` lost too: the intact newest is still found
     assert resume(RecordingEngine(), tmp_path, warn=lambda line: None) == {"step": 3}
     monkeypatch.undo()
-    dist.prune_checkpoints(tmp_path, 1, saved="step0000003")
+    checkpoints.prune_checkpoints(tmp_path, 1, saved="step0000003")
     assert step_folders(tmp_path) == ["step0000003"]
 
 
@@ -228,7 +228,7 @@ def test_a_kill_while_pruning_never_leaves_a_partial_step_folder(tmp_path, monke
 
 def saved_run(run_dir: Path, steps: list[int], stage: str = "sft") -> Path:
     """`run_dir/checkpoints` with `steps` saved as the trainers save them (manifest with owner, then `latest`)."""
-    from paravt_core.dist import save
+    from paravt_core.dist.checkpoints import save
 
     checkpoints = run_dir / "checkpoints"
     for step in steps:
@@ -259,7 +259,7 @@ def test_a_deleted_latest_with_no_intact_finished_step_is_an_error_not_a_fresh_s
 
 
 def test_the_manifest_names_the_stage_and_run_that_saved_the_tag(tmp_path):
-    from paravt_core.dist import CHECKPOINT_MANIFEST
+    from paravt_core.dist.checkpoints import CHECKPOINT_MANIFEST
 
     checkpoints = saved_run(tmp_path / "sft-run-1", [2], stage="sft")
     saved = json.loads((checkpoints / "step0000002" / CHECKPOINT_MANIFEST).read_text())
@@ -294,7 +294,7 @@ def test_another_stages_step_with_nothing_older_is_refused_naming_it(tmp_path):
 
 
 def test_tags_saved_before_manifests_named_their_owner_still_resume(tmp_path):
-    from paravt_core.dist import CHECKPOINT_MANIFEST, save
+    from paravt_core.dist.checkpoints import CHECKPOINT_MANIFEST, save
 
     checkpoints = tmp_path / "run" / "checkpoints"
     save(SavingEngine(), checkpoints, 3, {"step": 3})  # no stage: a manifest of files only, as before #61

@@ -1,5 +1,5 @@
 """DeepSpeed's CPU allreduce segments in /dev/shm are released after every run
-(`paravt_core.dist.release_shm_buffers`): DeepSpeed itself never unlinks them."""
+(`paravt_core.dist.launch.release_shm_buffers`): DeepSpeed itself never unlinks them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from paravt_core.dist import SHM_BUFFER_PREFIX, SHM_DIR, free_port, launch_workers, release_shm_buffers
+from paravt_core.dist.launch import SHM_BUFFER_PREFIX, SHM_DIR, free_port, launch_workers, release_shm_buffers
 
 
 def _segment(addr: str, port: int | str, rank: int, uid: int | None = None) -> str:
@@ -38,7 +38,8 @@ WORKER = textwrap.dedent("""
     from pathlib import Path
     import torch
     import torch.distributed as dist
-    from paravt_core.dist import SHM_BUFFER_PREFIX, SHM_DIR, init_distributed
+    from paravt_core.dist.launch import SHM_BUFFER_PREFIX, SHM_DIR
+    from paravt_core.dist.rank import init_distributed
     rank, world, _ = init_distributed()
     total = torch.ones(1)
     dist.all_reduce(total)
@@ -76,7 +77,8 @@ def test_launched_workers_leave_no_allreduce_segment_behind(tmp_path):
 
 IN_PROCESS = textwrap.dedent("""
     import os
-    from paravt_core.dist import SHM_BUFFER_PREFIX, SHM_DIR, init_distributed, shutdown_distributed
+    from paravt_core.dist.launch import SHM_BUFFER_PREFIX, SHM_DIR
+    from paravt_core.dist.rank import init_distributed, shutdown_distributed
     init_distributed()
     own = SHM_DIR / f"{SHM_BUFFER_PREFIX}_{os.getuid()}_{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}_0"
     made = own.exists()

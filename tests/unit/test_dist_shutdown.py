@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paravt_core.dist import deepspeed_config, free_port, init_distributed, shutdown_distributed
+from paravt_core.dist.ds_config import deepspeed_config
+from paravt_core.dist.launch import free_port
+from paravt_core.dist.rank import init_distributed, shutdown_distributed
 
 
 @pytest.fixture()

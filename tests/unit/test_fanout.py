@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from paravt_core import dist
 from paravt_core.config import ConfigError, load_config
+from paravt_core.dist import launch
 from paravt_core.rl.stage import threads_per_rank
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -42,11 +42,11 @@ def test_launches_at_once_never_share_a_master_port(monkeypatch):
     """The port names a launch's shared-memory segments and which ones its cleanup unlinks:
     a second launch while the first runs gets another port even when the OS offers the same."""
     offered = iter([41000, 41000, 41000, 41001])
-    monkeypatch.setattr(dist, "free_port", lambda: next(offered))
-    first = dist._claim_launch_port()
-    second = dist._claim_launch_port()
+    monkeypatch.setattr(launch, "free_port", lambda: next(offered))
+    first = launch._claim_launch_port()
+    second = launch._claim_launch_port()
     assert (first, second) == (41000, 41001)
-    dist._launch_ports.difference_update({first, second})
+    launch._launch_ports.difference_update({first, second})
 
 
 

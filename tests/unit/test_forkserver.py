@@ -223,7 +223,7 @@ def test_sigint_is_ignored_by_the_rank_exactly_when_its_launcher_ignores_it(ligh
 RANK = textwrap.dedent("""
     import os, sys, torch
     import torch.distributed as dist
-    from paravt_core.dist import init_distributed, shutdown_distributed
+    from paravt_core.dist.rank import init_distributed, shutdown_distributed
     rank, world, _ = init_distributed()
     torch.manual_seed(0)
     layer = torch.nn.Linear(16, 4)
@@ -248,7 +248,7 @@ def test_the_suites_ranks_are_forked_and_train_as_subprocess_ranks_do(rank_forks
     """Under this suite `launch_workers` forks its ranks from the session's server (else the
     suite silently pays every rank's imports again), and two ranks trained that way end with
     the same weights, bit for bit, as two subprocess ranks."""
-    from paravt_core.dist import launch_workers
+    from paravt_core.dist.launch import launch_workers
 
     if rank_forkserver is None:
         pytest.skip("PARAVT_TEST_FORKSERVER=0: every rank is a subprocess")

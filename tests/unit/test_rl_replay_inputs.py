@@ -66,7 +66,7 @@ def _run_dir(root: Path) -> Path:
 
 
 def _checkpoint(folder: Path, step: int) -> Path:
-    from paravt_core.dist import write_checkpoint_manifest
+    from paravt_core.dist.checkpoints import write_checkpoint_manifest
 
     tag = folder / f"step{step:07d}"
     tag.mkdir(parents=True)
@@ -162,7 +162,7 @@ def test_a_damaged_or_replaced_checkpoint_is_refused(run, capsys):
 def test_another_steps_file_copied_in_with_the_manifest_deleted_is_named(run, capsys):
     """#61: a step's .pt swapped into another step with its manifest deleted passed the checks,
     and the replay said "DIFFERENT" instead of naming the file."""
-    from paravt_core.dist import CHECKPOINT_MANIFEST
+    from paravt_core.dist.checkpoints import CHECKPOINT_MANIFEST
 
     tag = run / "checkpoints" / "step0000001"
     other = _checkpoint(run / "elsewhere", 3)

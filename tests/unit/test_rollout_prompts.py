@@ -124,7 +124,7 @@ def test_launching_sglang_without_cuda_or_sglang_names_the_missing_piece():
 
 def test_the_sglang_client_refuses_a_url_where_no_server_answers():
     from paravt_core.agent.sglang_engine import SGLangEngine, SGLangServerError
-    from paravt_core.dist import free_port
+    from paravt_core.dist.launch import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(SGLangServerError, match=f"no healthy SGLang server at {url}"):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from paravt_core.dist import free_port
+from paravt_core.dist.launch import free_port
 from tests.conftest import fake_vllm_package, process_alive, processes_gone, start_eval_serve
 
 FAKE_SERVER = textwrap.dedent('''
