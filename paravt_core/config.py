@@ -149,8 +149,9 @@ class ModelConfig(_Section):
     attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = "sdpa"
     # The vision tower's attention without flash-attn: per_item is transformers' one call per
     # frame; batched is one call per run of equal-sized frames, the same arithmetic
-    # (paravt_core/model/vision_attention.py). Applied in SFT training, in RL (policy, reference,
-    # hf rollout engine) and by the hf evaluator. On CPU with sdpa the two give the same bits
+    # (paravt_core/model/vision_attention.py). Applied wherever a stage runs a model: every load
+    # goes through `model.loading.build_model` (SFT, RL, the grammar check, the evaluation, the
+    # probes; tests/unit/test_one_road.py). On CPU with sdpa the two give the same bits
     # (log-probs and gradients, tests/integration/test_speed_determinism.py); batched is the faster (docs/speed.md).
     vision_attention: Literal["per_item", "batched"] = "per_item"
     # Faster paths of a loaded model (paravt_core/model/fast_paths.py, docs/speed.md), applied
@@ -641,8 +642,9 @@ class EvalConfig(_Section):
     # Samples in flight per model replica: a server the stage starts on N `gpus` gets N times this.
     concurrency: int = Field(1, ge=1)
     max_samples_per_split: int | None = Field(None, ge=1)
-    # Prefill tokens per `generate` of the `hf` engine where it decodes greedily: the `hf`
-    # evaluation and the SFT grammar check (issue #44 item 6). A turn's requests are cut, in
+    # Prefill tokens per `generate` of the `hf` engine where it plays episodes as the evaluation
+    # does: the `hf` evaluation, the SFT grammar check and the miniature's probes
+    # (`agent.hf_build.prefill_budget`; not RL's rollouts, whose draws depend on the cut). A turn's requests are cut, in
     # order, into sub-batches of at most this many left-padded prompt tokens (a longer prompt
     # goes alone); greedy outputs are the same tokens as one batch's. None: one batch, as before.
     # `paravt plan` shows what a budget holds.
