@@ -1,8 +1,9 @@
 """#60 Done when: the rehearsal fails when the grammar check's memory stays in the flow process.
 
 `paravt rehearse` of the 8B config, cut to one rank per stage, with the grammar check as it was
-at 88dfe98 (run in the flow process): the check declares the 8B plan's ~53 GB of GPU 0 for the
-flow process, and RL rank 0 then cannot have its ~57 GB beside it. The rehearsal stops there,
+at 88dfe98 (run in the flow process): the check declares the 8B plan's grammar-check row
+(~53 GB and the reserve) of GPU 0 for the flow process, and RL rank 0 then cannot have its own
+claim beside it on the 80 GB card. The rehearsal stops there,
 naming both, as the real run would have run out of memory hours in. (The composition as shipped
 passes the same rehearsal end to end in the server tier: tests/server/test_rehearse_8b.py.)
 """
