@@ -86,7 +86,7 @@ class PretrainConfig(_Section):
     # Data-parallel ranks of both phases (DeepSpeed, as cold-start SFT's `sft.num_ranks`), each on its
     # share of the host's cores (why the reproduction runs 2: docs/log/config-notes.md). A
     # step's loss is then the mean of the ranks' own token means, not one token mean over its rows.
-    num_ranks: int = Field(1, ge=1)
+    num_ranks: int = Field(1, ge=1, le=MAX_WORKERS)
     learning_rate: float = Field(1e-3, gt=0)
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     checkpoint_every: int = Field(200, ge=1)
@@ -327,7 +327,7 @@ class SFTConfig(_Section):
     max_seq_len: int = Field(16384, ge=128)
     overlong: Literal["truncate", "skip"] = "skip"
     zero_stage: int = Field(3, ge=0, le=3)
-    num_ranks: int = Field(1, ge=1)
+    num_ranks: int = Field(1, ge=1, le=MAX_WORKERS)  # processes started on this machine (a hostfile's are its own)
     hostfile: str | None = None  # DeepSpeed hostfile for multi-node runs (num_ranks is then ignored)
     # Recompute activations in the backward pass: slower (its MFU cost: docs/log/config-notes.md)
     # but lets micro-batches of 2-8 long video
@@ -569,7 +569,7 @@ class RLConfig(_Section):
     # the second step's policy pass ran out of memory without it (docs/gpu_check.md). Same loss.
     gradient_checkpointing: bool = False
     zero_stage: int = Field(3, ge=0, le=3)
-    num_ranks: int = Field(1, ge=1)
+    num_ranks: int = Field(1, ge=1, le=MAX_WORKERS)
     hostfile: str | None = None
     checkpoint_every: int = Field(10, ge=1)
     # Before step 1 a rollout server's log-probs of a fixed probe must equal the trainer's within
@@ -640,7 +640,7 @@ class EvalConfig(_Section):
     served_model_name: str | None = None
     request_timeout_s: float | None = Field(None, gt=0)
     # Samples in flight per model replica: a server the stage starts on N `gpus` gets N times this.
-    concurrency: int = Field(1, ge=1)
+    concurrency: int = Field(1, ge=1, le=MAX_WORKERS)
     max_samples_per_split: int | None = Field(None, ge=1)
     # Prefill tokens per `generate` of the `hf` engine where it plays episodes as the evaluation
     # does: the `hf` evaluation, the SFT grammar check and the miniature's probes

@@ -439,6 +439,15 @@ def test_a_thread_or_process_count_past_any_machine_is_refused_at_load(knob: str
     assert load_config(CONF / "pipeline" / "tiny.yaml", [f"{knob}={MAX_WORKERS}"])
 
 
+@pytest.mark.parametrize("knob", ["sft.num_ranks", "rl.num_ranks", "model.pretrain.num_ranks", "eval.concurrency"])
+def test_a_rank_or_request_count_past_any_machine_is_refused_at_load(knob: str):
+    """Before: sft.num_ranks=100000 loaded, and the stage started processes until the machine refused."""
+    from paravt_core.config import MAX_WORKERS
+
+    with pytest.raises(ConfigError, match=rf"{re.escape(knob)}: Input should be less than or equal to {MAX_WORKERS}"):
+        load_config(CONF / "pipeline" / "tiny.yaml", [f"{knob}=100000"])
+
+
 @pytest.mark.parametrize("command", [["tiny-model", "--out", "{tmp}/m"], ["synth", "--out", "{tmp}/s"]])
 @pytest.mark.parametrize("seed", ["-1", str(2**64), "x"])
 def test_a_seed_flag_out_of_range_is_a_usage_error(command, seed: str, tmp_path: Path, capsys):
