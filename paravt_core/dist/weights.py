@@ -40,6 +40,16 @@ def checkpoint_state_dict(checkpoint_dir: Path, tag: str, zero_stage: int) -> di
     return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir), tag=tag)
 
 
+def persistent_buffers(module) -> list[tuple[str, Any]]:
+    """(name, buffer) of `module`'s buffers that its state dict holds: a non-persistent one (a
+    rotary embedding's `inv_freq`) is computed at load, is in no checkpoint, and a server refuses
+    a snapshot naming it (vLLM: "no module or parameter named 'rotary_emb'", found by
+    `paravt rehearse`)."""
+    transient = {f"{prefix}.{name}" if prefix else name for prefix, sub in module.named_modules()
+                 for name in sub._non_persistent_buffers_set}
+    return [(name, buf) for name, buf in module.named_buffers() if name not in transient]
+
+
 def gathered_state_dict(engine, zero_stage: int) -> dict[str, Any]:
     """The full weights on every rank (ZeRO-3 shards gathered), for the `hf` rollout engine's
     copy on each rank; a rollout server gets `rl.weight_push.GatheredWeights` instead."""
@@ -55,7 +65,7 @@ def gathered_state_dict(engine, zero_stage: int) -> dict[str, Any]:
         for name, param in module.named_parameters():
             with deepspeed.zero.GatheredParameters([param]):
                 state[name] = param.detach().clone().cpu()
-        for name, buf in module.named_buffers():
+        for name, buf in persistent_buffers(module):  # the state dict's names, as at ZeRO 0-2
             state[name] = buf.detach().clone().cpu()
     return state
 

@@ -138,14 +138,14 @@ class ServerOnDemand:
 
     def _hold_in_ledger(self, server: str) -> None:
         """The device ledger (rehearsals, `device_ledger.py`): the server holds its static share of
-        each of `eval.gpus` (vLLM's default `gpu_memory_utilization`, or SGLang's pool); a claim the
-        cards cannot hold stops it."""
-        from paravt_core.device_ledger import LedgerError, declare_server
+        each of `eval.gpus` (none: the card it inherits as `cuda:0`), at vLLM's default
+        `gpu_memory_utilization` or SGLang's pool; a claim the cards cannot hold stops it."""
+        from paravt_core.device_ledger import LedgerError, declare_server, physical_gpu
         from paravt_core.plan import SERVER_FRACTION, VLLM_FRACTION
 
         fraction = SERVER_FRACTION if server == "sglang" else VLLM_FRACTION
         try:
-            declare_server(f"evaluation server ({server})", self._running.process.pid, list(self.cfg.eval.gpus) or [0],
+            declare_server(f"evaluation server ({server})", self._running.process.pid, list(self.cfg.eval.gpus) or [physical_gpu(0)],
                            fraction)
         except LedgerError:
             self.stop()

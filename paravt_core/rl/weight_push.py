@@ -25,16 +25,12 @@ class GatheredWeights:
 
     def __init__(self, engine, zero_stage: int, keep: bool):
         from paravt_core.agent.weight_snapshots import TensorSpec
+        from paravt_core.dist.weights import persistent_buffers
 
         module = engine.module
         if zero_stage == 3:
             entries = [(name, p, tuple(p.ds_shape), True) for name, p in module.named_parameters()]
-            # The persistent buffers only, as the state dict (and so a checkpoint) has them: a rotary
-            # embedding's `inv_freq` is computed at load, and vLLM refuses a snapshot naming it
-            # ("no module or parameter named 'rotary_emb'", found by `paravt rehearse`).
-            transient = {f"{prefix}.{name}" if prefix else name for prefix, sub in module.named_modules()
-                         for name in sub._non_persistent_buffers_set}
-            entries += [(name, b, tuple(b.shape), False) for name, b in module.named_buffers() if name not in transient]
+            entries += [(name, b, tuple(b.shape), False) for name, b in persistent_buffers(module)]
         else:
             entries = [(name, t, tuple(t.shape), False) for name, t in module.state_dict().items()]
         self._entries = sorted(entries, key=lambda entry: -entry[1].dtype.itemsize)

@@ -67,9 +67,9 @@ def main() -> int:
         from safetensors.torch import load_file
 
         pushed = load_file(str(engine.snapshots[0] / "model.safetensors"))
-        # The state dict's names, what a checkpoint and a server load: the gathered copy also holds
-        # non-persistent buffers (the rotary embedding's inv_freq), which vLLM refuses in a snapshot.
-        report["same_names"] = sorted(pushed) == sorted(policy.module.state_dict())
+        # The state dict's names, what a checkpoint and a server load (no non-persistent buffer),
+        # and the same as the hf engine's gathered copy.
+        report["same_names"] = sorted(pushed) == sorted(policy.module.state_dict()) == sorted(full)
         report["different"] = sorted(n for n in full if n in pushed and not (
             pushed[n].dtype == full[n].dtype and torch.equal(pushed[n], full[n])))
     (out / f"rank{rank}.json").write_text(json.dumps(report))
