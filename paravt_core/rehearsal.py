@@ -38,7 +38,10 @@ from paravt_core.device_ledger import (LEDGER_ENV, PLANNED_CONFIG_ENV, PLANNED_G
                                        check_ledger, read_ledger)
 
 SUMMARY = "rehearsal.json"  # the rehearsal's outcome, in its output folder (and its mark)
-DEFAULT_REPLICAS = 2  # evaluation replicas at once: a vLLM CPU engine process holds ~1.5 GB here
+# Evaluation replicas at once: each is a vLLM CPU engine with its own model copy and its
+# VLLM_CPU_KVCACHE_SPACE (1 GB) of host memory; 2 ran here (one reading while they served: 16 of 23 GB available),
+# 8 were not tried (--eval-replicas raises it).
+DEFAULT_REPLICAS = 2
 GPU_ONLY = (
     "CUDA kernels (flash attention, fused optimizers, the servers' CUDA graphs) and NCCL: the rehearsal's ranks "
     "run DeepSpeed's CPU accelerator (gloo/shared memory) and vLLM's CPU build",
@@ -95,7 +98,7 @@ def rehearsal_changes(cfg: PipelineConfig, replicas: int = DEFAULT_REPLICAS) -> 
     changes += _smaller("rl.checkpoint_every", rl.checkpoint_every, 1, "every step, so keep_last prunes")
     if len(ev.gpus) > replicas:
         changes.append(Change("eval.gpus", list(ev.gpus), list(ev.gpus[:replicas]),
-                              f"{len(ev.gpus)} data-parallel vLLM engines do not fit this machine's memory: "
+                              f"{len(ev.gpus)} data-parallel vLLM engines, each with its own host memory, are not tried here: "
                               f"{replicas} through the same launch (`vllm serve --data-parallel-size`)"))
     return changes
 
