@@ -20,6 +20,14 @@ apply them either:
   with more vision tokens than pixels and break the next turn's prefill. They are masked
   after their log-probabilities are recorded; their mass is what the policy loses.
 
+With `share_prompts` (issue #64 item 3), requests that repeat one prompt (a GRPO group's G
+rollouts of one question: the same token ids and media) are prefilled once: the distinct
+prompts, less their last token, run through the model into the key/value cache, each row of
+which is then copied to every request that repeats it, with M-RoPE's per-row position offset
+(`rope_deltas`); `generate` then continues from that cache, computing only the last prompt
+token of each row. The tokens and log-probabilities are those of the plain path to rounding
+(`tests/unit/test_kv_cache.py`: greedy tokens equal, log-probs within 1e-5).
+
 A fresh `GenerationConfig` is built per call with every sampling knob set explicitly, so
 no default from a checkpoint's `generation_config.json` (top_k, repetition penalty, ...)
 leaks into the rollout.
@@ -95,6 +103,36 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int | None) -> list
         longest = longest_with
     batches.append(range(start, len(lengths)))
     return batches
+
+
+def repeated_prompts(requests: Sequence[GenerationRequest]) -> tuple[list[int], list[int]]:
+    """(the index of the first of each distinct prompt, each request's position among those):
+    requests are the same prompt when their token ids are equal and their media are the same
+    (one `VisionInputs` shared by a group, SPEC §3, or equal tensors)."""
+    firsts: list[int] = []
+    rows: list[int] = []
+    by_ids: dict[tuple[int, ...], list[int]] = {}
+    for index, request in enumerate(requests):
+        candidates = by_ids.setdefault(tuple(request.prompt_ids), [])
+        for position in candidates:
+            if _same_media(requests[firsts[position]].vision, request.vision):
+                rows.append(position)
+                break
+        else:
+            candidates.append(len(firsts))
+            rows.append(len(firsts))
+            firsts.append(index)
+    return firsts, rows
+
+
+def _same_media(a: VisionInputs, b: VisionInputs) -> bool:
+    if a is b:
+        return True
+    for name in VisionInputs.TENSORS:
+        x, y = getattr(a, name), getattr(b, name)
+        if (x is None) != (y is None) or (x is not None and (x.shape != y.shape or not torch.equal(x, y))):
+            return False
+    return True
 
 
 def cut_at_stop(token_ids: list[int], stop_ids: set[int]) -> tuple[list[int], bool]:
@@ -209,11 +247,15 @@ class HFEngine:
             a turn's prefill and KV cache fit one card (`eval.hf_batch_tokens`); None: one batch.
             Greedy outputs are the same tokens either way; with sampling each sub-batch draws its
             own random numbers, so a seeded sample differs from the one-batch one.
+        share_prompts: prefill a prompt that several requests of one call repeat once (module
+            docstring); off, every request's prompt is computed, bit for bit the earlier engine.
     """
 
-    def __init__(self, model: Any, processor: Any, max_batch_tokens: int | None = None):
+    def __init__(self, model: Any, processor: Any, max_batch_tokens: int | None = None,
+                 share_prompts: bool = False):
         self.model = model
         self.max_batch_tokens = max_batch_tokens
+        self.share_prompts = share_prompts
         tokenizer = processor.tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.default_stop_ids = (tokenizer.eos_token_id,)
@@ -240,10 +282,13 @@ class HFEngine:
         recorder = StepLogprobRecorder(params.temperature, self.media_token_ids)
         device = self.model.device
         cache = PreallocatedCache(self.num_layers, batch.input_ids.shape[1] + params.max_new_tokens)
+        inputs = batch.model_inputs(device)
         with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device, params.temperature > 0), \
                 _without_cudnn_attention(device):
+            if self.share_prompts:
+                inputs = self._prefill_repeated(requests, batch, cache, device) or inputs
             sequences = self.model.generate(
-                **batch.model_inputs(device),
+                **inputs,
                 generation_config=self._generation_config(params, stop_ids),
                 logits_processor=[recorder],
                 past_key_values=cache,
@@ -251,6 +296,24 @@ class HFEngine:
         new_tokens = sequences[:, batch.input_ids.shape[1]:].cpu()  # [B, steps]
         logprobs = recorder.finish(sequences[:, -1])  # [B, steps]
         return [self._row_generation(new_tokens[row], logprobs[row], set(stop_ids)) for row in range(len(requests))]
+
+    def _prefill_repeated(self, requests: Sequence[GenerationRequest], batch: PaddedBatch, cache: PreallocatedCache,
+                          device: torch.device) -> dict[str, torch.Tensor] | None:
+        """Fill `cache` with every row's prompt but its last token, computing each distinct prompt
+        once, and return what `generate` then takes (no media: they are in the cache); None, and
+        `cache` untouched, when no prompt repeats or a prompt ends on a media token."""
+        firsts, rows = repeated_prompts(requests)
+        if len(firsts) == len(requests) or batch.input_ids.shape[1] < 2 or bool(
+                (batch.mm_token_type_ids[:, -1] != TEXT_TOKEN_TYPE).any()):
+            return None
+        distinct = pad_requests([requests[i] for i in firsts], self.pad_id, self.image_token_id, self.video_token_id)
+        inputs = distinct.model_inputs(device)
+        self.model(**{name: inputs[name][:, :-1] for name in ("input_ids", "attention_mask", "mm_token_type_ids")},
+                   **distinct.vision.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        index = torch.tensor(rows, device=device)
+        cache.select_rows(index)
+        self.model.model.rope_deltas = self.model.model.rope_deltas.index_select(0, index)
+        return {name: getattr(batch, name).to(device) for name in ("input_ids", "attention_mask", "mm_token_type_ids")}
 
     def _generation_config(self, params: SamplingParams, stop_ids: Sequence[int]):
         from transformers import GenerationConfig

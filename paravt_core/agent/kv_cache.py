@@ -64,6 +64,14 @@ class PreallocatedLayer(DynamicLayer):
         if self.is_initialized:
             self.length = self.keys.shape[-2]
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the batch rows `index` names, in its order (a row may repeat): a prompt
+        prefilled once becomes the cache of every request that repeats it."""
+        self._key_buffer = self._key_buffer.index_select(0, index)
+        self._value_buffer = self._value_buffer.index_select(0, index)
+        self.keys = self._key_buffer[:, :, :self.length]
+        self.values = self._value_buffer[:, :, :self.length]
+
     def batch_repeat_interleave(self, repeats: int) -> None:
         raise NotImplementedError("PreallocatedCache serves one-beam generation only")
 
@@ -82,3 +90,8 @@ class PreallocatedCache(DynamicCache):
         super().__init__()
         self.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
         self.layer_class_to_replicate = None
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Every layer keeps the batch rows `index` names (`PreallocatedLayer.select_rows`)."""
+        for layer in self.layers:
+            layer.select_rows(index)

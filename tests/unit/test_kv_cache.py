@@ -78,3 +78,42 @@ def test_a_cache_grows_past_its_capacity_instead_of_failing():
 def test_a_cache_needs_a_layer_and_a_position():
     with pytest.raises(ValueError, match="at least one layer"):
         PreallocatedCache(num_layers=0, capacity=4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_repeated_prompt_is_prefilled_once_with_the_same_generations(tiny_model, tiny_processor, monkeypatch,
+                                                                         temperature):
+    """Issue #64 item 3: with `share_prompts` a prompt that several requests repeat (a GRPO
+    group) runs through the model once, its cache copied to each of them, and the generations
+    are those of computing every prompt: the same tokens, log-probs to rounding. Uneven
+    prompt lengths, media in two of the three prompts, repeats not next to each other."""
+    first, second, third = _image_requests(tiny_processor)
+    requests = [first, second, first, third, second, first]
+    params = SamplingParams(max_new_tokens=10, temperature=temperature, seed=5, stop_token_ids=(-1,))
+    plain = hf_engine.HFEngine(tiny_model, tiny_processor).generate(requests, params)
+    patches = []
+    visual = tiny_model.model.visual
+    forward = visual.forward
+
+    def counting(pixels, *args, **kwargs):  # the vision tower sees every pixel a prompt pass computes
+        patches.append(pixels.shape[0])
+        return forward(pixels, *args, **kwargs)
+
+    monkeypatch.setattr(visual, "forward", counting)
+    shared = hf_engine.HFEngine(tiny_model, tiny_processor, share_prompts=True).generate(requests, params)
+    distinct = sum(r.vision.pixel_values.shape[0] for r in (first, second, third) if r.vision.pixel_values is not None)
+    assert patches == [distinct], f"the vision tower saw {patches} patches, not the distinct prompts' {distinct} once"
+    assert [g.token_ids for g in shared] == [g.token_ids for g in plain]
+    for a, b in zip(shared, plain):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+    assert shared[0].token_ids == shared[2].token_ids == shared[5].token_ids or temperature > 0
+
+
+def test_repeated_prompts_are_found_by_ids_and_media():
+    ids = [5, 6, 7]
+    media = VisionInputs(pixel_values=torch.ones(4, 2), image_grid_thw=torch.tensor([[1, 2, 2]]))
+    same_values = VisionInputs(pixel_values=torch.ones(4, 2), image_grid_thw=torch.tensor([[1, 2, 2]]))
+    other_pixels = VisionInputs(pixel_values=torch.zeros(4, 2), image_grid_thw=torch.tensor([[1, 2, 2]]))
+    requests = [GenerationRequest(ids, media), GenerationRequest(ids, same_values), GenerationRequest(ids, other_pixels),
+                GenerationRequest([5, 6], media), GenerationRequest(ids, media), GenerationRequest(ids)]
+    assert hf_engine.repeated_prompts(requests) == ([0, 2, 3, 5], [0, 0, 1, 2, 0, 3])
