@@ -1,4 +1,5 @@
-"""The RL stage's rollout engine, built from `rl.rollout.engine` on each rank (issue 14).
+"""The RL stage's rollout engine, built from `rl.rollout.engine` on each rank (issue 14), by the
+engine's record (`rollout_engines.py`, registered in `config.py`): its `backend` and `check`.
 
 - `hf`: each rank generates with its own copy of the policy (`HFEngine`); every rank
   copies its new weights in after each optimizer step.

@@ -51,7 +51,9 @@ def test_an_unknown_engine_is_refused_naming_the_registered_ones():
 # --- no engine named outside its record ---------------------------------------------------------
 
 def _engine_of_rollout(node: ast.expr) -> bool:
-    """`<...rollout...>.engine` or `ro.engine`: the configured rollout engine."""
+    """`<...rollout...>.engine`, `ro.engine`, or a local `engine`: the configured rollout engine."""
+    if isinstance(node, ast.Name):
+        return node.id == "engine"
     return isinstance(node, ast.Attribute) and node.attr == "engine" and (
         "rollout" in ast.unparse(node.value) or ast.unparse(node.value) == "ro")
 
@@ -63,7 +65,8 @@ def _names(node: ast.expr) -> set[str]:
 
 def engine_comparisons(root: Path, names: set[str], folders: tuple[str, ...] = ("paravt_core", "tasks", "flows")
                        ) -> list[str]:
-    """`file:line` of every comparison of the rollout engine with one of `names`."""
+    """`file:line` of every comparison of the rollout engine with one of `names`, and of every
+    table keyed by two or more of them (`{"sglang": ..., "vllm": ...}[engine]`)."""
     found = []
     for folder in folders:
         for path in sorted((root / folder).rglob("*.py")):
@@ -72,6 +75,10 @@ def engine_comparisons(root: Path, names: set[str], folders: tuple[str, ...] = (
                 if isinstance(node, ast.Compare):
                     sides = [node.left, *node.comparators]
                     if any(_engine_of_rollout(s) for s in sides) and any(_names(s) & names for s in sides):
+                        found.append(f"{relative}:{node.lineno}")
+                elif isinstance(node, ast.Dict):
+                    keys = {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+                    if len(keys & names) > 1:
                         found.append(f"{relative}:{node.lineno}")
     return found
 
@@ -84,8 +91,10 @@ def test_the_scan_finds_a_comparison(tmp_path: Path):
     (tmp_path / "flows").mkdir()
     (tmp_path / "flows" / "probe.py").write_text(
         "def f(cfg, ro):\n    if cfg.rl.rollout.engine == 'vllm':\n        return 1\n"
-        "    return ro.engine in ('hf', 'sglang') or cfg.eval.engine == 'hf'\n")
-    assert engine_comparisons(tmp_path, set(ROLLOUT_ENGINES), ("flows",)) == ["flows/probe.py:2", "flows/probe.py:4"]
+        "    return ro.engine in ('hf', 'sglang') or cfg.eval.engine == 'hf'\n\n\n"
+        "def g(engine, ro):\n    return engine != 'hf' and {'sglang': ro.sglang, 'vllm': ro.vllm}[engine]\n")
+    assert engine_comparisons(tmp_path, set(ROLLOUT_ENGINES), ("flows",)) == [
+        "flows/probe.py:2", "flows/probe.py:4", "flows/probe.py:8", "flows/probe.py:8"]
 
 
 # --- a toy engine added the documented way ------------------------------------------------------
