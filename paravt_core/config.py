@@ -516,7 +516,7 @@ class RolloutConfig(_Section):
     @field_validator("engine", mode="before")
     @classmethod
     def _registered_engine(cls, value: Any) -> Any:
-        if value not in ROLLOUT_ENGINES:
+        if not isinstance(value, str) or value not in ROLLOUT_ENGINES:
             # worded as pydantic words a Literal's refusal, which this field was before the records
             names = [repr(name) for name in ROLLOUT_ENGINES]
             expected = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
