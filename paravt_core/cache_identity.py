@@ -130,7 +130,6 @@ NOT_PER_RESULT = ("splits", "max_samples_per_split", "concurrency", "server_pyth
                   "server_startup_timeout_s")
 
 
-
 def server_location() -> tuple[str, ...]:
     """The `rl.rollout` sections that say where a rollout server runs (every registered server
     engine's): not part of an RL run's folder key, so a run whose server died resumes from its
@@ -222,7 +221,8 @@ def rollout_json(rollout: RolloutConfig) -> str:
     while at their defaults."""
     default = type(rollout.vllm)()
     unset = {knob for knob in VLLM_PLACEMENT_KNOBS if getattr(rollout.vllm, knob) == getattr(default, knob)}
-    later = {name: True for name in later_server_sections() if getattr(rollout, name) == type(getattr(rollout, name))()}
+    fields = type(rollout).model_fields
+    later = {name: True for name in later_server_sections() if getattr(rollout, name) == fields[name].default}
     return rollout.model_dump_json(exclude={"vllm": unset, **later})
 
 

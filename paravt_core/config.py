@@ -20,7 +20,8 @@ from paravt_core import cache_identity
 from paravt_core.atomic import folder_problem
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.eval.splits import EVAL_SPLITS, LAYOUTS, VALIDATION_SPLITS
-from paravt_core.rollout_engines import ROLLOUT_ENGINES, RolloutEngineSpec, register_rollout_engine, rollout_engine_spec
+from paravt_core.rollout_engines import (ROLLOUT_ENGINES, RolloutEngineSpec, ServerSection, register_rollout_engine,
+                                         rollout_engine_spec)
 from paravt_core.seeds import Seed
 
 
@@ -523,8 +524,8 @@ class RolloutConfig(_Section):
             raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
         return value
 
-    def server_section(self) -> Any | None:
-        """The configured engine's server settings (`rl.rollout.<engine>`); None for an engine without a server."""
+    def server_section(self) -> ServerSection | None:
+        """The configured engine's server settings (`rl.rollout.<engine>`); None for an engine without one."""
         return getattr(self, self.engine) if rollout_engine_spec(self.engine).server else None
 
     @model_validator(mode="after")

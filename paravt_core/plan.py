@@ -86,13 +86,12 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from paravt_core.agent.hf_build import prefill_budget
 from paravt_core.config import EVAL_SPLITS, DeepSpeedConfig, PipelineConfig
 from paravt_core.device_ledger import (LEDGER_ENV, PLANNED_CONFIG_ENV, PLANNED_MODEL_ENV, LedgerError, declare,
                                        physical_gpu, planned_gpu_bytes)
-from paravt_core.rollout_engines import rollout_engine_spec
+from paravt_core.rollout_engines import ServerSection, rollout_engine_spec
 
 GB = 10**9
 GIB = 2**30
@@ -401,7 +400,7 @@ def eval_request_tokens(cfg: PipelineConfig) -> tuple[int, int]:
     return prompt + (ev.max_turns + 1) * ev.max_new_tokens + rounds, prompt
 
 
-def rollout_server(cfg: PipelineConfig) -> tuple[str, Any] | None:
+def rollout_server(cfg: PipelineConfig) -> tuple[str, ServerSection] | None:
     """(name, settings) of the rollout server `rl.rollout.engine` asks for; None for an engine
     without one (`hf`)."""
     server = cfg.rl.rollout.server_section()

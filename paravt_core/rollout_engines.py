@@ -26,7 +26,18 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Protocol
+
+Hook = Literal["backend", "plan", "check", "preflight"]
+
+
+class ServerSection(Protocol):
+    """What every reader of a server engine's section (`rl.rollout.<name>`) takes from it: where the
+    server runs. The section holds the engine's own knobs besides."""
+
+    url: str | None  # a running server to connect to; None: rank 0 launches one
+    placement: str  # "colocated" on the training GPUs, or "split" on `gpus` of its own
+    gpus: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,7 @@ class RolloutEngineSpec:
     server: bool = False
     copy_per_rank: bool = False
 
-    def call(self, hook: str, *args: Any) -> Any:
+    def call(self, hook: Hook, *args: Any) -> Any:
         """Call the record's `hook` ("backend", "plan", "check", "preflight") with `args`; an unset
         optional hook does nothing (None; an empty list for `preflight`)."""
         ref = getattr(self, hook)
