@@ -78,8 +78,9 @@ ROLLOUT_ENGINES: dict[str, RolloutEngineSpec] = {}
 
 
 def register_rollout_engine(spec: RolloutEngineSpec) -> RolloutEngineSpec:
-    """Add `spec` to the records; a name registered twice is refused."""
-    if spec.name in ROLLOUT_ENGINES:
+    """Add `spec` to the records; another record under a registered name is refused (the same
+    record again, as a reloaded config registers it, is kept)."""
+    if ROLLOUT_ENGINES.get(spec.name, spec) != spec:
         raise ValueError(f"rollout engine {spec.name!r} is registered twice")
     ROLLOUT_ENGINES[spec.name] = spec
     return spec

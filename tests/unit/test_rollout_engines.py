@@ -37,6 +37,7 @@ def test_every_record_names_callables_that_exist():
 def test_a_name_registered_twice_or_a_malformed_reference_is_refused():
     with pytest.raises(ValueError, match="'vllm' is registered twice"):
         register_rollout_engine(RolloutEngineSpec("vllm", backend="m:f", plan="m:f"))
+    assert register_rollout_engine(ROLLOUT_ENGINES["vllm"]) is ROLLOUT_ENGINES["vllm"]  # a reloaded config's
     with pytest.raises(ValueError, match="is not 'package.module:function'"):
         resolve("paravt_core.plan.memory_plan")
 
