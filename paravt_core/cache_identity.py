@@ -12,13 +12,16 @@ here once; tests/unit/test_cache_identity.py walks the config and fails on a fie
   and resumes its run folder instead of starting it over.
 
 A field that is a section of its own (`rl.rollout.vllm`) may be classified whole; its own
-fields then count only while it is hashed.
+fields then count only while it is hashed. The server section of a rollout engine registered
+after these tables (`rollout_engines.py`; `later_server_sections`) is classified by rule: hashed
+only when set, whole (any of its fields away from its default puts all of them in the key),
+left out of `rollout_json` while at its default, and never in an RL run folder's key.
 
 The keys read these tables through the functions below, never by hand:
 - `section_hash`: the hash of whole sections (`PipelineConfig.section_hash`);
 - `eval_results_settings`: the evaluation's per-sample results (`eval/stage.results_config`),
   less `NOT_PER_RESULT`;
-- `rl_run_config`: the RL run folder's, less where its rollout server runs (`SERVER_LOCATION`);
+- `rl_run_config`: the RL run folder's, less where its rollout server runs (`server_location`);
 - `rollout_json`: the grammar check's rollout protocol (`grammar_key_parts`);
 - `model_runtime`: the `model.*` run settings a stage applies since #63 gave every stage
   the same model builder (`model.loading.build_model`), hashed when set (`APPLIED_SINCE_63`).
@@ -31,6 +34,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from pydantic_core import to_jsonable_python
+
+from paravt_core.rollout_engines import server_engines
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -124,9 +129,22 @@ NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_
 NOT_PER_RESULT = ("splits", "max_samples_per_split", "concurrency", "server_python", "server", "gpus",
                   "server_startup_timeout_s")
 
-# `rl.rollout` sections that say where the rollout server runs: not part of an RL run's folder key,
-# so a run whose server died resumes from its checkpoint against a new one.
-SERVER_LOCATION = ("sglang", "vllm")
+
+def server_location() -> tuple[str, ...]:
+    """The `rl.rollout` sections that say where a rollout server runs (every registered server
+    engine's): not part of an RL run's folder key, so a run whose server died resumes from its
+    checkpoint against a new one. A function: the config registers the engines after importing this."""
+    return server_engines()
+
+
+def later_server_sections() -> tuple[str, ...]:
+    """The server sections these tables do not classify: those of engines registered after them."""
+    return tuple(name for name in server_engines() if f"rl.rollout.{name}" not in HASHED)
+
+
+def hashed_only_when_set() -> tuple[tuple[str, str], ...]:
+    """`HASHED_ONLY_WHEN_SET` and the later server sections, each whole."""
+    return (*HASHED_ONLY_WHEN_SET, *(("rl.rollout", name) for name in later_server_sections()))
 
 # `model.*` run settings each stage applies since #63 (`model.loading.build_model`) and did not
 # before: hashed into that stage's key only when set, as a knob added after it was cached (the
@@ -156,7 +174,7 @@ def _default(section: BaseModel, field: str) -> Any:
 def section_hash(cfg: PipelineConfig, *names: str) -> str:
     """Stable hash (16 hex) of some top-level sections of `cfg` (all when none given), by the tables."""
     dumped = cfg.model_dump(mode="json")
-    for section, field in HASHED_ONLY_WHEN_SET:
+    for section, field in hashed_only_when_set():
         owner, values = cfg, dumped
         for part in section.split("."):
             owner, values = getattr(owner, part), values.get(part, {})
@@ -192,17 +210,20 @@ def eval_results_settings(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def rl_run_config(cfg: PipelineConfig) -> PipelineConfig:
-    """`cfg` with `SERVER_LOCATION` at their defaults: what an RL run folder's key hashes."""
+    """`cfg` with `server_location()` at their defaults: what an RL run folder's key hashes."""
     rollout = cfg.rl.rollout
-    blank = {name: type(getattr(rollout, name))() for name in SERVER_LOCATION}
+    blank = {name: type(getattr(rollout, name))() for name in server_location()}
     return cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"rollout": rollout.model_copy(update=blank)})})
 
 
 def rollout_json(rollout: RolloutConfig) -> str:
-    """The rollout section's JSON, less the vLLM placement knobs while at their defaults."""
+    """The rollout section's JSON, less the vLLM placement knobs and the later server sections
+    while at their defaults."""
     default = type(rollout.vllm)()
     unset = {knob for knob in VLLM_PLACEMENT_KNOBS if getattr(rollout.vllm, knob) == getattr(default, knob)}
-    return rollout.model_dump_json(exclude={"vllm": unset})
+    fields = type(rollout).model_fields
+    later = {name: True for name in later_server_sections() if getattr(rollout, name) == fields[name].default}
+    return rollout.model_dump_json(exclude={"vllm": unset, **later})
 
 
 def sft_run_settings(cfg: PipelineConfig) -> str:

@@ -13,12 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from paravt_core import cache_identity
 from paravt_core.atomic import folder_problem
 from paravt_core.data.synth.config import SynthConfig
 from paravt_core.eval.splits import EVAL_SPLITS, LAYOUTS, VALIDATION_SPLITS
+from paravt_core.rollout_engines import (ROLLOUT_ENGINES, RolloutEngineSpec, ServerSection, register_rollout_engine,
+                                         rollout_engine_spec)
 from paravt_core.seeds import Seed
 
 
@@ -483,6 +486,21 @@ class VLLMServerConfig(_Section):
         return self
 
 
+# The rollout engines (`rollout_engines.py`): each record beside its server section, if it has
+# one (`rl.rollout.<name>`, whose `url`, `placement` and `gpus` say where the server runs). Its
+# callables are named by module path: they live in the layers above the config.
+register_rollout_engine(RolloutEngineSpec(
+    "hf", backend="paravt_core.rl.rollout_engine:hf_backend", plan="paravt_core.plan:hf_rollout_plan",
+    copy_per_rank=True))
+register_rollout_engine(RolloutEngineSpec(
+    "sglang", backend="paravt_core.rl.rollout_engine:sglang_backend", plan="paravt_core.plan:sglang_rollout_plan",
+    check="paravt_core.rl.rollout_engine:check_sglang", preflight="paravt_core.preflight:sglang_checks",
+    server=True))
+register_rollout_engine(RolloutEngineSpec(
+    "vllm", backend="paravt_core.rl.rollout_engine:vllm_backend", plan="paravt_core.plan:vllm_rollout_plan",
+    check="paravt_core.rl.rollout_engine:check_vllm", preflight="paravt_core.preflight:vllm_checks", server=True))
+
+
 class RolloutConfig(_Section):
     """Agentic rollout protocol (SPEC §3)."""
 
@@ -492,14 +510,28 @@ class RolloutConfig(_Section):
     think_prefix: bool = True
     max_new_tokens: int = Field(2048, ge=1)
     subagent_max_new_tokens: int = Field(256, ge=1)
-    engine: Literal["hf", "sglang", "vllm"] = "hf"
+    engine: str = "hf"  # a registered rollout engine (`rollout_engines.ROLLOUT_ENGINES`)
     sglang: SGLangServerConfig = SGLangServerConfig()
     vllm: VLLMServerConfig = VLLMServerConfig()
 
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _registered_engine(cls, value: Any) -> Any:
+        if not isinstance(value, str) or value not in ROLLOUT_ENGINES:
+            # worded as pydantic words a Literal's refusal, which this field was before the records
+            names = [repr(name) for name in ROLLOUT_ENGINES]
+            expected = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return value
+
+    def server_section(self) -> ServerSection | None:
+        """The configured engine's server settings (`rl.rollout.<engine>`); None for an engine without one."""
+        return getattr(self, self.engine) if rollout_engine_spec(self.engine).server else None
+
     @model_validator(mode="after")
     def _server_only_for_its_engine(self) -> RolloutConfig:
-        for name, server in (("sglang", self.sglang), ("vllm", self.vllm)):
-            if self.engine != name and server.url is not None:
+        for name, spec in ROLLOUT_ENGINES.items():
+            if spec.server and self.engine != name and getattr(self, name).url is not None:
                 raise ValueError(f"rl.rollout.{name}.url is set but rl.rollout.engine is {self.engine}: set engine: "
                                  f"{name} to roll out on that server, or drop the url")
         return self
@@ -600,7 +632,7 @@ class RLConfig(_Section):
         # The DeepSpeed launcher (`--num_gpus N`, dist.launch.launch_workers) puts rank i on GPU i, so a
         # server launched on one of GPUs 0..N-1 would share a trainer's card unplanned.
         engine = self.rollout.engine
-        server = {"sglang": self.rollout.sglang, "vllm": self.rollout.vllm}.get(engine)
+        server = self.rollout.server_section()
         if server is None or server.url is not None or server.placement != "split" or self.hostfile is not None:
             return self
         shared = sorted(set(server.gpus) & set(range(self.num_ranks)))

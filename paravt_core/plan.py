@@ -88,9 +88,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from paravt_core.agent.hf_build import prefill_budget
-from paravt_core.config import EVAL_SPLITS, DeepSpeedConfig, PipelineConfig, SGLangServerConfig, VLLMServerConfig
+from paravt_core.config import EVAL_SPLITS, DeepSpeedConfig, PipelineConfig
 from paravt_core.device_ledger import (LEDGER_ENV, PLANNED_CONFIG_ENV, PLANNED_MODEL_ENV, LedgerError, declare,
                                        physical_gpu, planned_gpu_bytes)
+from paravt_core.rollout_engines import ServerSection, rollout_engine_spec
 
 GB = 10**9
 GIB = 2**30
@@ -399,11 +400,11 @@ def eval_request_tokens(cfg: PipelineConfig) -> tuple[int, int]:
     return prompt + (ev.max_turns + 1) * ev.max_new_tokens + rounds, prompt
 
 
-def rollout_server(cfg: PipelineConfig) -> tuple[str, SGLangServerConfig | VLLMServerConfig] | None:
-    """(name, settings) of the rollout server `rl.rollout.engine` asks for; None for `hf`."""
-    ro = cfg.rl.rollout
-    servers: dict[str, SGLangServerConfig | VLLMServerConfig] = {"sglang": ro.sglang, "vllm": ro.vllm}
-    return (ro.engine, servers[ro.engine]) if ro.engine in servers else None
+def rollout_server(cfg: PipelineConfig) -> tuple[str, ServerSection] | None:
+    """(name, settings) of the rollout server `rl.rollout.engine` asks for; None for an engine
+    without one (`hf`)."""
+    server = cfg.rl.rollout.server_section()
+    return None if server is None else (cfg.rl.rollout.engine, server)
 
 
 def gpus_needed(cfg: PipelineConfig) -> int:
@@ -439,8 +440,8 @@ def _rl_residents(cfg: PipelineConfig, shape: ModelShape) -> tuple[_States, tupl
         whole = rl.zero_stage != 3
         extra.append(("reference", 0 if rl.deepspeed.offload_param != "none" and not whole
                       else 2 * shape.params // (1 if whole else rl.num_ranks)))
-    if rl.rollout.engine == "hf":
-        extra.append(("hf rollout copy", 2 * shape.params))
+    if rollout_engine_spec(rl.rollout.engine).copy_per_rank:
+        extra.append((f"{rl.rollout.engine} rollout copy", 2 * shape.params))
     return states, tuple(extra)
 
 
@@ -460,25 +461,37 @@ def _rl_policy_stage(cfg: PipelineConfig, shape: ModelShape, budget: int) -> Sta
                             "allows); the reference and proximal passes hold the same without autograd")
 
 
-def _rollout_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes: int) -> list[StageMemory]:
+def _rollout_stages(cfg: PipelineConfig, shape: ModelShape, budget: int,
+                    gpu_bytes: int) -> tuple[list[StageMemory], list[str]]:
+    """The rollout engine's rows and problems, by its record's `plan` (`rollout_engines.py`)."""
+    return rollout_engine_spec(cfg.rl.rollout.engine).call("plan", cfg, shape, budget, gpu_bytes)
+
+
+def hf_rollout_plan(cfg: PipelineConfig, shape: ModelShape, budget: int,
+                    gpu_bytes: int) -> tuple[list[StageMemory], list[str]]:
+    """`hf`: each training rank generates its episodes with its own copy beside its trainer."""
     rl, ro = cfg.rl, cfg.rl.rollout
     length, prompt, patches = rl_trajectory_tokens(cfg)
+    states, extra = _rl_residents(cfg, shape)
+    episodes = rl.prompts_per_step // rl.num_ranks * rl.group_size
+    kv = episodes * length * shape.kv_bytes_per_token
+    return [StageMemory(f"RL rollout ({ro.engine})", f"each of {rl.num_ranks} training GPUs",
+                        states.gpu + extra + (("KV cache", kv), ("prefill", _prefill(shape, episodes * prompt,
+                                                                                     episodes * patches))),
+                        budget, "lower rl.group_size or rl.rollout.max_new_tokens, or serve the rollouts "
+                                "(rl.rollout.engine vllm)",
+                        note=f"{episodes} episodes of up to {length} tokens generated together")], []
+
+
+def sglang_rollout_plan(cfg: PipelineConfig, shape: ModelShape, budget: int,
+                        gpu_bytes: int) -> tuple[list[StageMemory], list[str]]:
+    """SGLang's pool is `mem_fraction_static` of each of its cards; a colocated one releases it
+    between phases but the trainer's states stay."""
+    rl, sg = cfg.rl, cfg.rl.rollout.sglang
+    length = rl_trajectory_tokens(cfg)[0]
     kv_one = length * shape.kv_bytes_per_token
-    if ro.engine == "hf":
-        states, extra = _rl_residents(cfg, shape)
-        episodes = rl.prompts_per_step // rl.num_ranks * rl.group_size
-        kv = episodes * length * shape.kv_bytes_per_token
-        return [StageMemory("RL rollout (hf)", f"each of {rl.num_ranks} training GPUs",
-                            states.gpu + extra + (("KV cache", kv), ("prefill", _prefill(shape, episodes * prompt,
-                                                                                         episodes * patches))),
-                            budget, "lower rl.group_size or rl.rollout.max_new_tokens, or serve the rollouts "
-                                    "(rl.rollout.engine vllm)",
-                            note=f"{episodes} episodes of up to {length} tokens generated together")]
-    if ro.engine == "vllm":
-        return _vllm_stages(cfg, shape, budget, gpu_bytes, length, kv_one)
-    sg = ro.sglang
     if sg.url is not None:
-        return []  # named in MemoryPlan.unplanned
+        return [], []  # named in MemoryPlan.unplanned
     if sg.placement == "split":
         pool = int((sg.mem_fraction_static or SERVER_FRACTION) * gpu_bytes)
         weights = 2 * shape.params // sg.tp_size
@@ -487,28 +500,35 @@ def _rollout_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_byt
                             (("weights", weights), ("one longest episode's KV", kv_one // sg.tp_size)), pool,
                             "raise rl.rollout.sglang.mem_fraction_static or tp_size (with more sglang.gpus)",
                             note=f"its {pool / GB:.1f} GB pool holds {held} episodes of {length} tokens at once "
-                                 f"({rl.prompts_per_step * rl.group_size} per step; SGLang queues the rest)")]
+                                 f"({rl.prompts_per_step * rl.group_size} per step; SGLang queues the rest)")], []
     states, extra = _rl_residents(cfg, shape)
     if sg.mem_fraction_static is None:
         return [StageMemory("RL rollout server (SGLang, colocated)", f"each of {rl.num_ranks} training GPUs",
                             states.gpu + extra, budget, "offload the trainer (rl.deepspeed)",
                             note="the server takes the memory free at its start-up (no "
-                                 "rl.rollout.sglang.mem_fraction_static): set one to plan its KV cache")]
+                                 "rl.rollout.sglang.mem_fraction_static): set one to plan its KV cache")], []
     pool = int(sg.mem_fraction_static * gpu_bytes)
     return [StageMemory("RL rollout server (SGLang, colocated)", f"each of {rl.num_ranks} training GPUs",
                         states.gpu + extra + (("server pool", pool),), budget,
                         "lower rl.rollout.sglang.mem_fraction_static, raise rl.num_ranks, or offload "
                         "(rl.deepspeed.offload_optimizer)",
-                        note="the trainer's states stay on the card while the server generates")]
+                        note="the trainer's states stay on the card while the server generates")], []
 
 
-def _vllm_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes: int, length: int,
-                 kv_one: int) -> list[StageMemory]:
+def vllm_rollout_plan(cfg: PipelineConfig, shape: ModelShape, budget: int,
+                      gpu_bytes: int) -> tuple[list[StageMemory], list[str]]:
     """vLLM's pool is `gpu_memory_utilization` of each of its cards (weights, activations, KV
-    cache); nothing is released between phases, so a colocated one sits beside rank 0's trainer."""
+    cache); nothing is released between phases, so a colocated one sits beside rank 0's trainer.
+    A `max_model_len` shorter than the longest trajectory is a problem: vLLM would refuse it."""
     rl, vl = cfg.rl, cfg.rl.rollout.vllm
+    length = rl_trajectory_tokens(cfg)[0]
+    kv_one = length * shape.kv_bytes_per_token
     if vl.url is not None:
-        return []  # named in MemoryPlan.unplanned
+        return [], []  # named in MemoryPlan.unplanned
+    problems = []
+    if vl.max_model_len and vl.max_model_len < length:
+        problems.append(f"rl.rollout.vllm.max_model_len {vl.max_model_len} is shorter than the longest trajectory the "
+                        f"rollout protocol allows ({length} tokens), which vLLM would refuse: raise it")
     fraction = vl.gpu_memory_utilization or VLLM_FRACTION
     pool = int(fraction * gpu_bytes)
     if vl.placement == "split":
@@ -519,13 +539,13 @@ def _vllm_stages(cfg: PipelineConfig, shape: ModelShape, budget: int, gpu_bytes:
                             "raise rl.rollout.vllm.gpu_memory_utilization or tp_size (with more vllm.gpus)",
                             note=f"its {pool / GB:.1f} GB pool ({fraction:.0%} of the card) holds {held} episodes of "
                                  f"{length} tokens at once ({rl.prompts_per_step * rl.group_size} per step; vLLM "
-                                 "queues the rest)")]
+                                 "queues the rest)")], problems
     states, extra = _rl_residents(cfg, shape)
     return [StageMemory("RL rollout server (vLLM, colocated)", "rank 0's training GPU",
                         states.gpu + extra + (("server pool", pool),), budget,
                         "use placement split (rl.rollout.vllm.gpus), or lower rl.rollout.vllm.gpu_memory_utilization",
                         note=f"the server keeps {fraction:.0%} of the card (rl.rollout.vllm.gpu_memory_utilization) "
-                             "beside the trainer's states for the whole run")]
+                             "beside the trainer's states for the whole run")], problems
 
 
 @dataclass(frozen=True)
@@ -657,13 +677,9 @@ def memory_plan(cfg: PipelineConfig, shape: ModelShape, gpus: int, gpu_bytes: in
         stage = stage_of(cfg, shape, budget)
         change = _fitting_change(cfg, shape, budget, section, stage_of) if stage.over else None
         trained.append(replace(stage, knobs=f"{change}; otherwise {stage.knobs}") if change else stage)
-    stages = [_flow_stage(budget), *trained,
-              *_rollout_stages(cfg, shape, budget, gpu_bytes), *_eval_stages(cfg, shape, budget, gpu_bytes)]
-    problems = []
-    vl, longest = cfg.rl.rollout.vllm, rl_trajectory_tokens(cfg)[0]
-    if cfg.rl.rollout.engine == "vllm" and vl.url is None and vl.max_model_len and vl.max_model_len < longest:
-        problems.append(f"rl.rollout.vllm.max_model_len {vl.max_model_len} is shorter than the longest trajectory the "
-                        f"rollout protocol allows ({longest} tokens), which vLLM would refuse: raise it")
+    rollout, rollout_problems = _rollout_stages(cfg, shape, budget, gpu_bytes)
+    problems = list(rollout_problems)
+    stages = [_flow_stage(budget), *trained, *rollout, *_eval_stages(cfg, shape, budget, gpu_bytes)]
     needed = gpus_needed(cfg)
     if needed > gpus and cfg.sft.hostfile is None and cfg.rl.hostfile is None:
         problems.append(f"the config places work on {needed} GPUs (sft.num_ranks {cfg.sft.num_ranks}, "

@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from paravt_core.config import PipelineConfig
 from paravt_core.plan import GB, GIB, MemoryPlan, ModelShape, PlanError, gpus_needed, memory_plan, model_shape
+from paravt_core.rollout_engines import rollout_engine_spec
 from paravt_core.sft.loader import PREFETCH_FACTOR
 
 SUPPORTED_PYTHONS = ((3, 11), (3, 12))
@@ -222,25 +223,38 @@ def _local(url: str | None) -> bool:
     return url is not None and urlparse(url).hostname in ("127.0.0.1", "localhost", "::1")
 
 
-def _packages(cfg: PipelineConfig, probes: Probes) -> list[Check]:
+def sglang_checks(cfg: PipelineConfig, probes: Probes) -> list[Check]:
+    """`sglang` with no url: rank 0 launches the server with this interpreter."""
+    here = sys.executable
+    if cfg.rl.rollout.sglang.url is not None:
+        return []
+    return [Check("sglang", probes.has_module(here, "sglang"), f"rank 0 launches the rollout server with {here}",
+                  "install the GPU profile (make install-gpu brings SGLang), or give "
+                  "rl.rollout.sglang.url of a running server")]
+
+
+def vllm_checks(cfg: PipelineConfig, probes: Probes) -> list[Check]:
+    """`vllm` with no url: rank 0 launches the server with the serve interpreter."""
     from paravt_core.agent.server_launch import server_python_path
+
+    vl = cfg.rl.rollout.vllm
+    if vl.url is not None:
+        return []
+    python = server_python_path(vl.python)
+    return [Check("rollout server", probes.has_module(python, "vllm"), f"vLLM for {python}",
+                  "make install-serve, or name an interpreter with vLLM in rl.rollout.vllm.python")]
+
+
+def _packages(cfg: PipelineConfig, probes: Probes) -> list[Check]:
+    from paravt_core.agent.server_launch import SERVERS, server_python_path
 
     here = sys.executable
     checks = [Check("deepspeed", probes.has_module(here, "deepspeed"), f"for {here}",
                     "install the GPU profile: make install-gpu")]
-    ro = cfg.rl.rollout
-    if ro.engine == "sglang" and ro.sglang.url is None:
-        checks.append(Check("sglang", probes.has_module(here, "sglang"),
-                            f"rank 0 launches the rollout server with {here}",
-                            "install the GPU profile (make install-gpu brings SGLang), or give "
-                            "rl.rollout.sglang.url of a running server"))
-    if ro.engine == "vllm" and ro.vllm.url is None:
-        python = server_python_path(ro.vllm.python)
-        checks.append(Check("rollout server", probes.has_module(python, "vllm"), f"vLLM for {python}",
-                            "make install-serve, or name an interpreter with vLLM in rl.rollout.vllm.python"))
+    checks += rollout_engine_spec(cfg.rl.rollout.engine).call("preflight", cfg, probes)  # its record's
     if cfg.eval.engine == "openai" and (cfg.eval.endpoint is None or _local(cfg.eval.endpoint)):
         python = server_python_path(None, cfg.eval.server_python)
-        found = [name for name in ("sglang", "vllm") if probes.has_module(python, name)]
+        found = [name for name in SERVERS if probes.has_module(python, name)]
         serves = (f"`paravt eval serve` serves {cfg.eval.endpoint}" if cfg.eval.endpoint else
                   "the evaluation serves each checkpoint")
         if cfg.eval.server != "auto":

@@ -179,8 +179,8 @@ def expected_roles(cfg: PipelineConfig) -> tuple[str, ...]:
     `hf` process."""
     roles = [f"SFT rank {r}" for r in range(cfg.sft.num_ranks)] + ["SFT grammar check"]
     roles += [f"RL rank {r}" for r in range(cfg.rl.num_ranks)]
-    engine = cfg.rl.rollout.engine
-    if engine in ("vllm", "sglang") and getattr(cfg.rl.rollout, engine).url is None:
+    server = cfg.rl.rollout.server_section()
+    if server is not None and server.url is None:
         roles.append("RL rollout server")
     if cfg.eval.engine == "hf":
         roles.append("evaluation (hf)")

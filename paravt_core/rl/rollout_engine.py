@@ -1,4 +1,5 @@
-"""The RL stage's rollout engine, built from `rl.rollout.engine` on each rank (issue 14).
+"""The RL stage's rollout engine, built from `rl.rollout.engine` on each rank (issue 14), by the
+engine's record (`rollout_engines.py`, registered in `config.py`): its `backend` and `check`.
 
 - `hf`: each rank generates with its own copy of the policy (`HFEngine`); every rank
   copies its new weights in after each optimizer step.
@@ -42,19 +43,30 @@ from paravt_core.agent.engine import RolloutEngine
 from paravt_core.agent.served_model import served_folder
 from paravt_core.agent.weight_snapshots import WeightStream, shm_staging_dir
 from paravt_core.config import ConfigError, PipelineConfig
+from paravt_core.rollout_engines import rollout_engine_spec
 
 SGLANG_MISSING = "SGLang is not installed; install the GPU profile or set rl.rollout.engine=hf"
 
 
 def check_rollout_engine(cfg: PipelineConfig) -> None:
-    """Raise `ConfigError` when `rl.rollout.engine` cannot run as configured here."""
+    """Raise `ConfigError` when `rl.rollout.engine` cannot run as configured here (its record's `check`)."""
+    rollout_engine_spec(cfg.rl.rollout.engine).call("check", cfg)
+
+
+def check_sglang(cfg: PipelineConfig) -> None:
+    """`sglang` with no url to connect to needs SGLang here (rank 0 launches the server)."""
     from paravt_core.agent.sglang_engine import sglang_installed
 
     rollout = cfg.rl.rollout
-    if rollout.engine == "sglang" and rollout.sglang.url is None and not sglang_installed():
+    if rollout.sglang.url is None and not sglang_installed():
         raise ConfigError(f"rl.rollout.engine is sglang with no rl.rollout.sglang.url to connect to, and "
                           f"{SGLANG_MISSING} (or set rl.rollout.sglang.url to a running server)")
-    if rollout.engine == "vllm" and rollout.vllm.url is None:
+
+
+def check_vllm(cfg: PipelineConfig) -> None:
+    """`vllm` with no url to connect to needs a serve interpreter with vLLM (rank 0 launches the server)."""
+    rollout = cfg.rl.rollout
+    if rollout.vllm.url is None:
         from paravt_core.agent.server_launch import ServeError, pick_server, probe_python, server_python_path
 
         try:
@@ -168,23 +180,34 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
         SGLangUnavailable: a server must be launched but there is no CUDA GPU.
         SGLangServerError: the configured server does not answer.
     """
-    rollout = cfg.rl.rollout
-    if rollout.engine == "hf":
-        from paravt_core.agent.hf_build import build_hf_engine
-        from paravt_core.model.loading import build_model
+    return rollout_engine_spec(cfg.rl.rollout.engine).call("backend", cfg, init_model, processor, device, rank, world,
+                                                          staging_dir, init_sha256)
 
-        model = build_model(cfg.model, init_model, device=device).eval()
-        return RolloutBackend(build_hf_engine(cfg, model, processor, "rollout"), pushes_weights=True, world=world)
 
+def hf_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: str, rank: int, world: int,
+               staging_dir: Path, init_sha256: str) -> RolloutBackend:
+    """Each rank generates with its own copy of the policy (module docstring)."""
+    from paravt_core.agent.hf_build import build_hf_engine
+    from paravt_core.model.loading import build_model
+
+    model = build_model(cfg.model, init_model, device=device).eval()
+    return RolloutBackend(build_hf_engine(cfg, model, processor, "rollout"), pushes_weights=True, world=world)
+
+
+def _dtype(cfg: PipelineConfig) -> Any:
+    """What a server's weights are pushed in (`model.dtype`)."""
     import torch
 
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    if rollout.engine == "vllm":
-        return _vllm_backend(cfg, init_model, processor, rank, world, staging_dir, dtype, init_sha256)
+    return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
 
+
+def sglang_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: str, rank: int, world: int,
+                   staging_dir: Path, init_sha256: str) -> RolloutBackend:
+    """Every rank on ONE SGLang server, rank 0's or `rl.rollout.sglang.url` (module docstring)."""
     from paravt_core.agent.sglang_engine import SGLangEngine, launch_sglang_server
 
-    server_cfg = rollout.sglang
+    dtype = _dtype(cfg)
+    server_cfg = cfg.rl.rollout.sglang
     check_rollout_engine(cfg)
     server, url = None, server_cfg.url
     colocated = server_cfg.placement == "colocated"
@@ -218,10 +241,12 @@ def _served_name(cfg: PipelineConfig, init_sha256: str) -> str:
     return served_model_name(cfg.model.registered_name, init_sha256)
 
 
-def _vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, rank: int, world: int, staging_dir: Path,
-                  dtype: Any, init_sha256: str) -> RolloutBackend:
+def vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: str, rank: int, world: int,
+                 staging_dir: Path, init_sha256: str) -> RolloutBackend:
+    """Every rank on ONE vLLM server, rank 0's or `rl.rollout.vllm.url` (module docstring)."""
     from paravt_core.agent.vllm_engine import VLLMEngine, launch_vllm_rollout_server
 
+    dtype = _dtype(cfg)
     server_cfg = cfg.rl.rollout.vllm
     check_rollout_engine(cfg)
     server, url = None, server_cfg.url

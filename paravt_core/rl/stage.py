@@ -22,7 +22,7 @@ WORKER = Path(__file__).with_name("worker.py")
 
 
 def run_dir(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef) -> Path:
-    # Where the rollout server runs is not part of the run's identity (`cache_identity.SERVER_LOCATION`).
+    # Where the rollout server runs is not part of the run's identity (`cache_identity.server_location`).
     key = hashlib.sha256(
         f"{init.sha256}|{rl_data.sha256}|{rl_run_config(cfg).section_hash('rl', 'video', 'run')}".encode()
     ).hexdigest()[:16]

@@ -24,9 +24,10 @@ def _sub_section(annotation) -> type[BaseModel] | None:
 def classification_problems(config: type[BaseModel] = PipelineConfig) -> list[str]:
     """Config fields the cache-identity tables leave out or classify twice, and table entries that
     name no field. A section of its own may be classified whole (hashed when set, or never); its
-    fields then need a class too unless it is never hashed."""
+    fields then need a class too unless it is never hashed, or a later engine's server section (hashed whole)."""
     hashed = cache_identity.HASHED
-    when_set, never = set(cache_identity.HASHED_ONLY_WHEN_SET), set(cache_identity.NEVER_HASHED)
+    when_set, never = set(cache_identity.hashed_only_when_set()), set(cache_identity.NEVER_HASHED)
+    whole = {f"rl.rollout.{name}" for name in cache_identity.later_server_sections()}  # hashed whole by rule
     problems, seen = [], set()
 
     def walk(section: type[BaseModel], path: str) -> None:
@@ -40,7 +41,7 @@ def classification_problems(config: type[BaseModel] = PipelineConfig) -> list[st
                 problems.append(f"{path}.{name}: {' and '.join(classes) or 'not classified'}")
             elif sub is not None and (len(classes) > 1 or "HASHED" in classes):
                 problems.append(f"{path}.{name}: a section, classified {' and '.join(classes)}")
-            if sub is not None and "NEVER_HASHED" not in classes:
+            if sub is not None and "NEVER_HASHED" not in classes and f"{path}.{name}" not in whole:
                 walk(sub, f"{path}.{name}")
 
     for name, field in config.model_fields.items():
@@ -54,7 +55,7 @@ def test_every_config_field_has_its_cache_identity_declared():
     assert classification_problems() == []
     model_fields, eval_fields = PipelineConfig().model.model_fields, PipelineConfig().eval.model_fields
     assert set(cache_identity.NOT_PER_RESULT) <= set(eval_fields)
-    assert set(cache_identity.SERVER_LOCATION) <= set(PipelineConfig().rl.rollout.model_fields)
+    assert set(cache_identity.server_location()) == {"sglang", "vllm"} <= set(PipelineConfig().rl.rollout.model_fields)
     assert {name for names in cache_identity.APPLIED_SINCE_63.values() for name in names} <= set(model_fields)
     assert set(cache_identity.PRETRAIN_MODEL_FIELDS) <= set(model_fields)
 
