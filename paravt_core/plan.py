@@ -281,6 +281,8 @@ class MemoryPlan:
     stages: tuple[StageMemory, ...]
     problems: tuple[str, ...]  # placement that cannot work on these cards (too few GPUs)
     unplanned: tuple[str, ...] = ()  # GPU memory the plan does not count, and why
+    products: tuple[tuple[str, int, int], ...] = ()  # `step_products`, with rl.shared_prefix on
+    products_note: str = ""
 
     @property
     def refusals(self) -> list[str]:
@@ -308,9 +310,20 @@ class MemoryPlan:
             lines += ["", "Notes:", *notes]
         if self.unplanned:
             lines += ["", "Not planned:", *(f"  {u}" for u in self.unplanned)]
+        if self.products:
+            lines += ["", self.products_note, *_products_table(self.products)]
         if self.refusals:
             lines += ["", "Over budget:", *(f"  - {r}" for r in self.refusals)]
         return "\n".join(lines)
+
+
+def _products_table(products: tuple[tuple[str, int, int], ...]) -> list[str]:
+    rows = [("pass", "per-row TFLOP", "shared TFLOP", "fewer")]
+    rows += [(name, f"{flat / 1e12:,.0f}", f"{shared / 1e12:,.0f}", f"{flat / shared:.2f}x") for name, flat, shared
+             in products]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+            for r in rows]
 
 
 @dataclass(frozen=True)
@@ -374,17 +387,40 @@ def overview_frames(cfg: PipelineConfig) -> int:
     return max(cfg.rl.gating.choices) if cfg.rl.gating.enabled else cfg.video.nframes
 
 
-def rl_trajectory_tokens(cfg: PipelineConfig) -> tuple[int, int, int]:
-    """(longest trajectory, its prompt, patches) of an RL rollout under the protocol's bounds (SPEC §3)."""
+@dataclass(frozen=True)
+class TrainedKind:
+    """A kind of trajectory an RL step trains, at the protocol's bounds (SPEC §3): `prefix` tokens
+    its group shares (its prompt, holding `patches` vision patches), then `suffix` tokens of its own."""
+
+    prefix: int
+    suffix: int
+    patches: int
+
+    @property
+    def length(self) -> int:
+        return self.prefix + self.suffix
+
+
+def trained_kinds(cfg: PipelineConfig) -> tuple[TrainedKind, TrainedKind | None]:
+    """(the main agent's, the sub-agent's or None when `rl.train_subagents` is off) at the bounds:
+    every turn generates `max_new_tokens`, every tool round returns `max_parallel` responses."""
     ro = cfg.rl.rollout
     patches, per_frame = frame_tokens(cfg)
     k = overview_frames(cfg)
-    prompt = PROMPT_TEXT_TOKENS + k * per_frame
     rounds = ro.max_turns * ro.max_parallel * (ro.tool_response_max_tokens + TOOL_RESPONSE_WRAP_TOKENS)
-    main = prompt + (ro.max_turns + 1) * ro.max_new_tokens + rounds
-    sub_prompt = PROMPT_TEXT_TOKENS + cfg.video.crop_max_frames * per_frame
-    sub = sub_prompt + ro.subagent_max_new_tokens if cfg.rl.train_subagents else 0
-    return max(main, sub), prompt, max(k, cfg.video.crop_max_frames) * patches
+    main = TrainedKind(PROMPT_TEXT_TOKENS + k * per_frame, (ro.max_turns + 1) * ro.max_new_tokens + rounds,
+                       k * patches)
+    crop = cfg.video.crop_max_frames
+    sub = TrainedKind(PROMPT_TEXT_TOKENS + crop * per_frame, ro.subagent_max_new_tokens, crop * patches)
+    return main, sub if cfg.rl.train_subagents else None
+
+
+def rl_trajectory_tokens(cfg: PipelineConfig) -> tuple[int, int, int]:
+    """(longest trajectory, its prompt, patches) of an RL rollout under the protocol's bounds (SPEC §3)."""
+    main, sub = trained_kinds(cfg)
+    patches, _ = frame_tokens(cfg)
+    return max(main.length, sub.length if sub else 0), main.prefix, max(overview_frames(cfg),
+                                                                          cfg.video.crop_max_frames) * patches
 
 
 def eval_request_tokens(cfg: PipelineConfig) -> tuple[int, int]:
@@ -449,16 +485,157 @@ def _rl_policy_stage(cfg: PipelineConfig, shape: ModelShape, budget: int) -> Sta
     rl = cfg.rl
     states, extra = _rl_residents(cfg, shape)
     length, _, patches = rl_trajectory_tokens(cfg)
-    acts = _activations(shape, rl.micro_batch_size, length, rl.micro_batch_size * patches, rl.gradient_checkpointing,
-                        cfg.model.attn_implementation)
+    knobs = (("" if rl.gradient_checkpointing else "turn on rl.gradient_checkpointing, ")
+             + "lower rl.micro_batch_size, raise rl.num_ranks, or offload (rl.deepspeed.offload_optimizer)")
+    note = (f"micro-batch {rl.micro_batch_size} x {length} tokens (longest trajectory the protocol allows); the "
+            "reference and proximal passes hold the same without autograd")
+    if rl.shared_prefix:
+        packed = max(dict.fromkeys(rank_micro_batches(cfg)), key=lambda batch: sum(_packed_bytes(cfg, shape, batch)))
+        acts, mask = _packed_bytes(cfg, shape, packed)
+        acts_parts = (("activations", acts), ("shared-prefix mask", mask))
+        rows, width = len(packed), max(kind.prefix + n * kind.suffix for kind, n in packed)
+        note = (f"rl.shared_prefix: the largest micro-batch packs {rl.micro_batch_size} trajectories into {rows} "
+                f"row(s) of {width} tokens (per-row: {rl.micro_batch_size} x {length}) with a [{rows}, 1, {width}, "
+                f"{width}] mask; the reference and proximal passes hold the same without autograd")
+    else:
+        acts_parts = (("activations", _activations(shape, rl.micro_batch_size, length, rl.micro_batch_size * patches,
+                                                    rl.gradient_checkpointing, cfg.model.attn_implementation)),)
     logits = 16 * rl.logprob_chunk * shape.vocab
-    working = (("activations", acts), ("logits chunk", logits)) if acts + logits >= states.step else \
-        (("fp32 gradients at the step", states.step),)
-    return StageMemory("RL policy pass", f"each of {rl.num_ranks} training GPUs", states.gpu + extra + working, budget,
-                       ("" if rl.gradient_checkpointing else "turn on rl.gradient_checkpointing, ")
-                       + "lower rl.micro_batch_size, raise rl.num_ranks, or offload (rl.deepspeed.offload_optimizer)",
-                       note=f"micro-batch {rl.micro_batch_size} x {length} tokens (longest trajectory the protocol "
-                            "allows); the reference and proximal passes hold the same without autograd")
+    working = (*acts_parts, ("logits chunk", logits)) if sum(b for _, b in acts_parts) + logits >= states.step \
+        else (("fp32 gradients at the step", states.step),)
+    stage = StageMemory("RL policy pass", f"each of {rl.num_ranks} training GPUs", states.gpu + extra + working,
+                        budget, knobs, note=note)
+    if rl.shared_prefix:  # the packed rows' mask can outgrow what they save: say when per row is smaller
+        per_row = _rl_policy_stage(cfg.model_copy(update={"rl": rl.model_copy(update={"shared_prefix": False})}),
+                                   shape, budget)
+        if per_row.total < stage.total:
+            stage = replace(stage, knobs=f"{knobs}, or set rl.shared_prefix: false (plans {per_row.total / GB:.1f} "
+                                         "GB: the packed rows' mask outweighs what they save)")
+    return stage
+
+
+# A micro-batch as `rl.shared_prefix` packs it: one row per group met, (kind, members in it).
+PackedMicroBatch = tuple[tuple[TrainedKind, int], ...]
+
+
+def rank_micro_batches(cfg: PipelineConfig) -> list[PackedMicroBatch]:
+    """One rank's micro-batches of a step, in the order `policy.micro_batches(by_group=True)`
+    builds them: the rank's main-agent trajectories first, `rl.group_size` to a group sharing its
+    prompt, then its sub-agents' (`policy.trajectories`), each a group of its own at the bounds
+    (every call crops other frames), cut every `rl.micro_batch_size` trajectories."""
+    rl, ro = cfg.rl, cfg.rl.rollout
+    main, sub = trained_kinds(cfg)
+    episodes = rl.prompts_per_step // rl.num_ranks * rl.group_size
+    order = [(main, i // rl.group_size) for i in range(episodes)]
+    if sub is not None:
+        order += [(sub, episodes + j) for j in range(episodes * ro.max_turns * ro.max_parallel)]
+    batches = []
+    for start in range(0, len(order), rl.micro_batch_size):
+        rows: list[list] = []
+        for kind, group in order[start:start + rl.micro_batch_size]:
+            if rows and rows[-1][2] == group:
+                rows[-1][1] += 1
+            else:
+                rows.append([kind, 1, group])
+        batches.append(tuple((kind, members) for kind, members, _ in rows))
+    return batches
+
+
+def _dense_mask_path(cfg: PipelineConfig, training: bool) -> bool:
+    """Whether a shared-prefix pass attends through its dense [R, 1, N, N] mask (`rl/shared_prefix.py`):
+    under activation checkpointing (the policy's, while training) or an attention other than
+    sdpa and eager; else piecewise, the masked blocks never computed."""
+    return (training and cfg.rl.gradient_checkpointing) or cfg.model.attn_implementation not in ("sdpa", "eager")
+
+
+def _packed_bytes(cfg: PipelineConfig, shape: ModelShape, batch: PackedMicroBatch) -> tuple[int, int]:
+    """(activations, mask bytes) of one packed micro-batch's forward/backward: R rows of the widest
+    row's N tokens, each group's prompt media once. The [R, 1, N, N] bool mask is on the card for
+    the whole pass, float32 (4 bytes) where the attention is eager; through the dense path SDPA
+    also builds a bf16 bias of it (2 bytes) at each attention call, eager its scores
+    (`_activations`); the piecewise path a bool mask and its bias per suffix, [n, prefix + n]."""
+    attention = cfg.model.attn_implementation
+    rows = len(batch)
+    width = max(kind.prefix + n * kind.suffix for kind, n in batch)
+    patches = sum(kind.patches for kind, _ in batch)
+    cells = rows * width * width
+    mask = 4 * cells if attention == "eager" else cells
+    if _dense_mask_path(cfg, training=True):
+        acts = _activations(shape, rows, width, patches, cfg.rl.gradient_checkpointing, attention, packed=True)
+        mask += 0 if attention == "eager" else 2 * cells
+    else:  # the piecewise path attends by SDPA whatever the model's attention
+        acts = _activations(shape, rows, width, patches, False, "sdpa", packed=True)
+        mask += max(3 * kind.suffix * (kind.prefix + kind.suffix) for kind, _ in batch)
+    return acts, mask
+
+
+def _forward_flop(shape: ModelShape, tokens: int, pairs: int, patches: int) -> int:
+    """One forward's matrix products (`step_products`)."""
+    text = shape.layers * (2 * shape.hidden * (shape.q_dim + shape.kv_dim) + 3 * shape.hidden * shape.intermediate)
+    vision = shape.vision_depth * (4 * shape.vision_hidden ** 2 + 2 * shape.vision_hidden * shape.vision_intermediate)
+    return 2 * text * tokens + 4 * shape.layers * shape.q_dim * pairs + 2 * vision * patches
+
+
+def _causal_pairs(length: int) -> int:
+    return length * (length + 1) // 2
+
+
+def _micro_batch_flop(shape: ModelShape, batch: PackedMicroBatch, shared: bool, dense: bool) -> int:
+    """One forward of a micro-batch: per row (each trajectory alone, causal), or packed (`step_products`)."""
+    if not shared:
+        return sum(n * _forward_flop(shape, kind.length, _causal_pairs(kind.length), kind.patches)
+                   for kind, n in batch)
+    widths = [kind.prefix + n * kind.suffix for kind, n in batch]
+    if dense:
+        pairs = len(batch) * max(widths) ** 2
+    else:
+        pairs = sum(_causal_pairs(kind.prefix) + n * (kind.suffix * kind.prefix + _causal_pairs(kind.suffix))
+                    for kind, n in batch)
+    return _forward_flop(shape, sum(widths), pairs, sum(kind.patches for kind, _ in batch))
+
+
+def step_products(cfg: PipelineConfig, shape: ModelShape) -> tuple[tuple[str, int, int], ...]:
+    """(pass, FLOP per row, FLOP with `rl.shared_prefix`) of one RL step's matrix products at
+    `rl.prompts_per_step` x `rl.group_size` episodes, every trajectory at the protocol's bounds
+    (`trained_kinds`), every rank's micro-batches as `rank_micro_batches` cuts them.
+
+    A forward of T tokens holding Q attended query-key pairs and P vision patches costs
+        2 W T + 4 layers q_dim Q + 2 W_vis P
+    with W the text layers' projection weights, layers x (2 h (q_dim + kv_dim) + 3 h I), and W_vis
+    the vision blocks', depth x (4 vh^2 + 2 vh vI) (2 FLOP a multiply-add; QK^T and AV are q_dim
+    multiply-adds a pair each). A trajectory of L tokens alone attends L(L + 1)/2 pairs; a packed
+    row attends its prefix causally and each suffix of n tokens to the prefix's p and itself,
+    p(p + 1)/2 + sum n p + n(n + 1)/2, or, through the dense mask (`_dense_mask_path`: the
+    policy under checkpointing), every pair of the row, N^2. Each trajectory's media are its own
+    per row; a packed row's prompt media are encoded once. The policy pass is its forward and
+    its backward, 3x the forward (checkpointing's recomputed forward not counted); the reference
+    is one forward (none when `rl.kl_mode` is none); the rollout prefill is every episode's first
+    prompt and every sub-agent's (a tool round's `max_parallel` crops, each other frames), a
+    group's prompt once with sharing (`HFEngine(share_prompts=True)`, the servers' prefix
+    caches). Left out, the same in both columns: the output layer (the trained positions only),
+    the vision tower's attention and mergers, the later turns' prefills (the `hf` engine
+    recomputes a context each turn, the servers reuse their cache).
+    """
+    rl, ro = cfg.rl, cfg.rl.rollout
+    main, _ = trained_kinds(cfg)
+    batches = rank_micro_batches(cfg)
+
+    def passes(shared: bool) -> tuple[int, int]:
+        policy = 3 * sum(_micro_batch_flop(shape, b, shared, _dense_mask_path(cfg, training=True)) for b in batches)
+        reference = sum(_micro_batch_flop(shape, b, shared, _dense_mask_path(cfg, training=False)) for b in batches)
+        return rl.num_ranks * policy, rl.num_ranks * reference if rl.kl_mode != "none" else 0
+
+    patches, per_frame = frame_tokens(cfg)
+    sub_prompt = PROMPT_TEXT_TOKENS + cfg.video.crop_max_frames * per_frame
+    subagents = rl.prompts_per_step * rl.group_size * ro.max_turns * ro.max_parallel * _forward_flop(
+        shape, sub_prompt, _causal_pairs(sub_prompt), cfg.video.crop_max_frames * patches)
+    prompt = _forward_flop(shape, main.prefix, _causal_pairs(main.prefix), main.patches)
+    (policy, reference), (shared_policy, shared_reference) = passes(False), passes(True)
+    rollout = (rl.prompts_per_step * rl.group_size * prompt + subagents, rl.prompts_per_step * prompt + subagents)
+    rows = [("policy forward+backward", policy, shared_policy), ("reference forward", reference, shared_reference),
+            ("rollout prefill", *rollout)]
+    rows = [row for row in rows if row[1]]
+    return (*rows, ("total", sum(r[1] for r in rows), sum(r[2] for r in rows)))
 
 
 def _rollout_stages(cfg: PipelineConfig, shape: ModelShape, budget: int,
@@ -686,7 +863,22 @@ def memory_plan(cfg: PipelineConfig, shape: ModelShape, gpus: int, gpu_bytes: in
                         f"rl.num_ranks {cfg.rl.num_ranks} + the rollout server's "
                         f"rl.rollout.{cfg.rl.rollout.engine}.gpus) but {gpus} are given: lower the ranks or run on "
                         "more GPUs")
-    return MemoryPlan(shape.name, shape.params, gpus, gpu_bytes, tuple(stages), tuple(problems), _unplanned(cfg))
+    products = step_products(cfg, shape) if cfg.rl.shared_prefix else ()
+    return MemoryPlan(shape.name, shape.params, gpus, gpu_bytes, tuple(stages), tuple(problems), _unplanned(cfg),
+                      products, _products_note(cfg) if products else "")
+
+
+def _products_note(cfg: PipelineConfig) -> str:
+    rl = cfg.rl
+    note = (f"RL step's matrix products, per row and with rl.shared_prefix ({rl.prompts_per_step} x {rl.group_size} "
+            "episodes at the protocol's bounds; formula: paravt_core/plan.py step_products)")
+    if _dense_mask_path(cfg, training=True):
+        why = ("rl.gradient_checkpointing" if rl.gradient_checkpointing
+               else f"model.attn_implementation {cfg.model.attn_implementation}")
+        note += f": the shared policy pass attends through its dense mask ({why}), every pair of a packed row"
+    if rollout_server(cfg):
+        note += f"; {rl.rollout.engine}'s prefix cache already prefills a group's prompt once"
+    return note + ":"
 
 
 def _unplanned(cfg: PipelineConfig) -> tuple[str, ...]:
