@@ -44,11 +44,12 @@ The formula (Ψ parameters, N ranks; bytes):
 - Shared prefixes (`rl.shared_prefix`, `rl/shared_prefix.py`): a micro-batch packs each group it
   meets (`rank_micro_batches`) into one row, the group's prompt and its media once then every
   member's suffix, R rows of the widest row's N tokens, beside an [R, 1, N, N] bool mask (1 byte
-  a cell, float32 with eager attention). Under activation checkpointing (or flash attention)
-  the mask runs dense: SDPA makes a bf16 bias of it at every attention call (2 bytes) and
-  attends every cell; otherwise it attends piecewise (a [n, prefix + n] mask and bias per
-  suffix). With the switch on, `paravt plan` also prints the step's matrix products per row
-  and shared (`step_products`), and names `rl.shared_prefix: false` where per row plans less.
+  a cell, float32 with eager attention). Under activation checkpointing (or an attention other
+  than sdpa and eager) the mask runs dense: SDPA makes a bf16 bias of it at every attention
+  call (2 bytes; planned the same for other kernels) and attends every cell; otherwise it
+  attends piecewise (a [n, prefix + n] mask and bias per suffix). With the switch on, `paravt
+  plan` also prints the step's matrix products per row and shared (`step_products`), and names
+  `rl.shared_prefix: false` where per row plans less.
 - Generation (`hf`): whole bf16 weights (2Ψ), KV cache (2 x layers x kv_dim x 2 bytes per
   token) of every sequence in the batch up to prompt + one turn's new tokens, and the prefill's
   live set without autograd: the larger of the text layer's (12h + 6I bytes per prompt token)
@@ -886,6 +887,9 @@ def _products_note(cfg: PipelineConfig) -> str:
         note += f": the shared policy pass attends through its dense mask ({why}), every pair of a packed row"
     if rollout_server(cfg):
         note += f"; {rl.rollout.engine}'s prefix cache already prefills a group's prompt once"
+    else:
+        note += (f"; the {rl.rollout.engine} engine prefills a group's prompt once with share_prompts, which "
+                 "rl.shared_prefix does not switch on")
     return note + ":"
 
 
