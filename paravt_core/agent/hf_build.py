@@ -6,7 +6,9 @@ Two uses, one rule each:
   sub-batches of at most `eval.hf_batch_tokens` left-padded prompt tokens, so its prefill and
   KV cache fit one card; greedy outputs are the same tokens either way (`HFEngine`).
 - `rollout`: RL's rollout engine and its replay (`rl/replay.py`). One batch per turn: a sampled
-  draw depends on how the requests are cut, and a replay must redraw the run's own.
+  draw depends on how the requests are cut, and a replay must redraw the run's own. With
+  `rl.shared_prefix` a prompt the turn's requests repeat (a group's G rollouts) is prefilled
+  once (`HFEngine`'s `share_prompts`), as the passes that train on them run it once.
 
 `paravt plan` sizes the same `generate` calls from `prefill_budget`, so the plan and the engine
 read the budget from one place. This module does not import torch (the plan runs without it);
@@ -36,4 +38,4 @@ def build_hf_engine(cfg: PipelineConfig, model: Any, processor: Any, use: Use) -
     """An `HFEngine` on `model` (built by `model.loading.build_model`) and its processor, for `use`."""
     from paravt_core.agent.hf_engine import HFEngine
 
-    return HFEngine(model, processor, prefill_budget(cfg, use))
+    return HFEngine(model, processor, prefill_budget(cfg, use), share_prompts=use == "rollout" and cfg.rl.shared_prefix)

@@ -125,6 +125,11 @@ def test_the_prefill_budget_is_the_evaluations_and_never_a_rollouts(tiny_model):
 
     assert build_hf_engine(cfg, tiny_model, Processor, "evaluation").max_batch_tokens == 4096
     assert build_hf_engine(cfg, tiny_model, Processor, "rollout").max_batch_tokens is None
+    # rl.shared_prefix prefills a group's repeated prompt once in the rollouts (and their
+    # replay), never in an evaluation-like engine; off by default
+    shared = load_config(TINY, ["rl.shared_prefix=true"])
+    assert [build_hf_engine(c, tiny_model, Processor, use).share_prompts
+            for c in (cfg, shared) for use in ("evaluation", "rollout")] == [False, False, False, True]
     with pytest.raises(ValueError, match="not 'grammar'"):
         prefill_budget(cfg, "grammar")
 
