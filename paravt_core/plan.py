@@ -888,8 +888,8 @@ def _products_note(cfg: PipelineConfig) -> str:
     if rollout_server(cfg):
         note += f"; {rl.rollout.engine}'s prefix cache already prefills a group's prompt once"
     else:
-        note += (f"; the {rl.rollout.engine} engine prefills a group's prompt once with share_prompts, which "
-                 "rl.shared_prefix does not switch on")
+        note += (f"; the {rl.rollout.engine} engine prefills a group's prompt once too (share_prompts; its memory "
+                 "row still plans every prompt's prefill, an upper bound)")
     return note + ":"
 
 
