@@ -912,6 +912,16 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     return raw
 
 
+def rl_row_file(config_path: str | Path, row: str | Path) -> Path:
+    """An RL row as a command was given it: a YAML file, or a row's name (`paragrpo`: no folder,
+    no suffix, and no such file), which is `rl/<name>.yaml` beside the pipeline config's folder
+    (`conf/rl/paragrpo.yaml` for `conf/pipeline/reproduce.yaml`), as `reproduce.rows` names rows."""
+    given = Path(row)
+    if given.name == str(row) and not given.suffix and not config_file(given).is_file():
+        return config_file(config_path).resolve().parents[1] / "rl" / f"{row}.yaml"
+    return given
+
+
 def load_rl_row(path: str | Path) -> dict[str, Any]:
     """An RL ablation row (`conf/rl/*.yaml`): a partial `rl` section, validated on its own."""
     path = config_file(path)
@@ -931,11 +941,12 @@ def _problems(err: ValidationError, prefix: str = "") -> str:
 
 def load_config(path: str | Path, overrides: list[str] | None = None,
                 rl_row: str | Path | None = None) -> PipelineConfig:
-    """Read a pipeline YAML, lay an RL row over its `rl` section, apply `key=value` overrides, validate."""
+    """Read a pipeline YAML, lay an RL row (a file or a row's name, `rl_row_file`) over its `rl`
+    section, apply `key=value` overrides, validate."""
     path = config_file(path)
     raw = read_yaml_mapping(path, "config")
     if rl_row is not None:
-        raw = _merge(raw, {"rl": load_rl_row(rl_row)})
+        raw = _merge(raw, {"rl": load_rl_row(rl_row_file(path, rl_row))})
     raw = _merge(raw, parse_overrides(overrides or []))
     try:
         cfg = PipelineConfig.model_validate(raw)
