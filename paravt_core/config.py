@@ -703,6 +703,14 @@ class ReproduceConfig(_Section):
     # Whether each RL run is also evaluated on the validation split (with tools), beside the SFT
     # model, which always is where the world draws one. Off: a run that chooses nothing skips it.
     rl_validation: bool = True
+    # Variants of every row, one switch at a time (the replay of #62: `make replay-falls`): a name ->
+    # `rl.<key>=<value>` overrides laid over the row file. Each row x variant x seed is one run,
+    # labelled `<row>.<variant>` and trained under that `rl.row`, so each has a run folder and cache
+    # key of its own and a variant with no overrides trains the row again as it is. Empty: each
+    # row as its file says. Stages before RL read no `rl` knob a variant may set, so they stay cached.
+    variants: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")], tuple[str, ...]] = {}
+    # The report's folder under run.output_dir: a profile of variants writes its own beside the default's.
+    report_dir: str = Field("report", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
     @model_validator(mode="after")
     def _distinct(self) -> ReproduceConfig:
@@ -710,6 +718,12 @@ class ReproduceConfig(_Section):
             raise ValueError(f"reproduce.rows must name distinct RL rows, got {list(self.rows)}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"reproduce.seeds must be distinct, got {list(self.seeds)}")
+        for name, sets in self.variants.items():
+            for item in sets:
+                key, sep, _ = item.partition("=")
+                if not sep or not key.startswith("rl.") or key == "rl.row":
+                    raise ValueError(f"reproduce.variants.{name}: {item!r} is not an rl.<key>=<value> override "
+                                     "(a variant sets RL knobs only; rl.row is its own label)")
         return self
 
 
