@@ -325,7 +325,8 @@ def branch_records(engine, processor, cfg: PipelineConfig, questions: Sequence, 
             raise RuntimeError(f"the {branch} opening was forced on {forced.forced_requests} first turns, not "
                                f"{len(prompts) * samples}")
         scored = [reward_fn(e, rl_prompts[e.prompt_index]) for e in episodes]
-        per_branch[branch] = [(r.total, fixed_format_reward(e, "transcript"), e.tool_calls) for r, e in zip(scored, episodes)]
+        per_branch[branch] = [(r.total, fixed_format_reward(e, "transcript"), e.tool_calls)
+                              for r, e in zip(scored, episodes)]
         terms[branch] = [r.terms for r in scored]
     records = []
     for i, sample in enumerate(questions):

@@ -197,7 +197,8 @@ def test_an_rl_row_is_named_or_given_as_a_file():
     assert rl_row_file(config, REPO / "conf/rl/vanilla_grpo.yaml") == REPO / "conf/rl/vanilla_grpo.yaml"
     para, vanilla = load_config(config, [], "paragrpo"), load_config(config, [], "vanilla_grpo")
     assert para == load_config(config, [], REPO / "conf/rl/paragrpo.yaml") and para.rl.row == "paragrpo"
-    assert (vanilla.rl.row, vanilla.rl.reward.anchor_weight, vanilla.rl.rollout.think_prefix) == ("vanilla_grpo", 0.0, False)
+    assert (vanilla.rl.row, vanilla.rl.reward.anchor_weight, vanilla.rl.rollout.think_prefix) == (
+        "vanilla_grpo", 0.0, False)
     assert "RL row paragrpo: reward scope generated" in scored_under(para) and "in the prompt" in scored_under(para)
     assert "written by the model" in scored_under(vanilla)
     with pytest.raises(ConfigError, match="no_such_row.yaml does not exist"):

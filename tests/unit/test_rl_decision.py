@@ -80,7 +80,8 @@ def test_the_parts_sum_to_the_decision_tokens_advantage(knobs):
         assert all(p.shift == 0.0 for p in parts.values())
     metrics = decision_metrics(parts, moments, cfg.adv_eps)
     assert metrics["decision_task_abs"] == pytest.approx(sum(abs(p.task) for p in parts.values()) / 4)
-    assert metrics["batch_norm_scale"] == (1.0 if moments is None else pytest.approx(1 / (moments.mean_std()[1] + 1e-5)))
+    scale = 1.0 if moments is None else pytest.approx(1 / (moments.mean_std()[1] + 1e-5))
+    assert metrics["batch_norm_scale"] == scale
 
 
 def test_the_kl_part_is_the_kl_reward_to_go_from_the_decision_token():
