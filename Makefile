@@ -21,7 +21,7 @@ GPU_STAMP := $(GPU_VENV)/.installed
 # The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
 GPU_PY ?= $(GPU_VENV)/bin/python
 
-.PHONY: install install-gpu install-serve demo reproduce reproduce-table2 rehearse-8b test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
+.PHONY: install install-gpu install-serve demo reproduce reproduce-table2 replay-falls rehearse-8b test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,17 @@ reproduce: $(STAMP)
 reproduce-table2: $(STAMP)
 	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
 	  --set 'reproduce.rows=[vanilla_grpo,paragrpo,anchoring_only,gating_only]' $(ARGS)
+
+# The replay of PARA-GRPO's falls (#62; docs/miniature.md "Replaying the falls"): the falling seeds
+# (REPLAY_SEEDS) once per variant, one RL switch at a time, in the default's output folder, so the
+# world, pretraining, SFT and the SFT model's measurements come from its cache (the default's
+# threads, one per run). Report: outputs/reproduce/report-replay-falls; MLflow: paravt-replay-falls.
+REPLAY_SEEDS ?= [1,3]
+replay-falls: $(STAMP)
+	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
+	  --set 'reproduce.rows=[paragrpo]' --set 'reproduce.seeds=$(REPLAY_SEEDS)' \
+	  --set 'reproduce.variants={unchanged: [], lr_half: [rl.learning_rate=5.0e-5], subagents_untrained: [rl.train_subagents=false], draw_key_1: [rl.gating.draw_key=1], kl_in_loss: [rl.kl_mode=loss]}' \
+	  --set reproduce.report_dir=report-replay-falls --set mlflow.experiment=paravt-replay-falls $(ARGS)
 
 # A dress rehearsal of the 8B run on this CPU (docs/scale.md "The first 8B run"): paravt_8b.yaml's own
 # pipeline end to end, every process where it puts them, the tiny model and small sizes; the device

@@ -36,6 +36,7 @@ from paravt_core.data.mirror import world_dir
 from paravt_core.data.stage import DataBundle
 from paravt_core.miniature.pretrain import sft_replay
 from paravt_core.miniature.measurements import BudgetPoint, ModelRun, group_breakdown, held_out_groups, read_steps
+from paravt_core.miniature.reproduce import row_variants
 from paravt_core.miniature.visibility import manifest_video_sets, visible_share
 from paravt_core.run_lock import hold_output_dir
 from tasks.miniature import pretrain, reproduce_report, sampled_probe
@@ -195,10 +196,13 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         PROGRESS.stage("sft_model", sft_model.path)
         rl_jobs = []
         for row in cfg.reproduce.rows:
-            for seed in cfg.reproduce.seeds:
-                spec = row_spec("reproduce", row, params.config_path, [*params.overrides, f"run.seed={seed}"],
-                                row_file(params.config_path, row), sft_model, data, seed=seed)
-                rl_jobs.append((spec.label, functools.partial(reproduce_row, spec), spec))
+            # Each row as its file says, or once per variant of `reproduce.variants` (`make replay-falls`).
+            for label, sets in row_variants(row, cfg.reproduce.variants):
+                for seed in cfg.reproduce.seeds:
+                    spec = row_spec("reproduce", label, params.config_path,
+                                    [*params.overrides, f"run.seed={seed}", *sets], row_file(params.config_path, row),
+                                    sft_model, data, seed=seed)
+                    rl_jobs.append((spec.label, functools.partial(reproduce_row, spec), spec))
         # The SFT model's own measurements run in the same fan-out (`job_order` says when).
         jobs = job_order(cfg.run.fanout, rl_jobs, sft_jobs(cfg, sft_model, data.eval, world))
         # At most run.fanout.max_concurrent at a time, gathered in this order (flows/fanout.py).

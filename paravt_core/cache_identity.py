@@ -117,15 +117,16 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("reproduce", "probe"), ("sft", "seed"), ("data.synth", "crop_opening"),
     ("data.synth", "teacher_budgets"), ("data.synth", "subagent_error_rate"),
     ("data.synth", "skip_when_seen"), ("model.pretrain", "overview_rows"), ("data.synth", "direct_check"),
-    ("model.pretrain", "num_ranks"), ("reproduce", "rl_validation"),
+    ("model.pretrain", "num_ranks"), ("reproduce", "rl_validation"), ("reproduce", "variants"),
     # Float rounding only (tests/integration/test_shared_prefix.py), keyed when set as the model's
     # rounding switches are.
     ("rl", "shared_prefix"),
 )
 
 # run.fanout: how many rows run at once and on how many threads (docs/scale.md, "Fanning out RL rows").
+# reproduce.report_dir: where the report (never cached) is written.
 NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"), ("data", "probe_workers"),
-                                            ("run", "fanout"))
+                                            ("run", "fanout"), ("reproduce", "report_dir"))
 
 # `eval` fields that choose, schedule or start samples without changing any one result (the
 # served-model check holds whatever serves to the checkpoint): not in the results' key.

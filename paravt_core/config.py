@@ -739,6 +739,14 @@ class ReproduceConfig(_Section):
     # Whether each RL run is also evaluated on the validation split (with tools), beside the SFT
     # model, which always is where the world draws one. Off: a run that chooses nothing skips it.
     rl_validation: bool = True
+    # Variants of every row, one switch at a time (the replay of #62: `make replay-falls`): a name ->
+    # `rl.<key>=<value>` overrides laid over the row file. Each row x variant x seed is one run,
+    # labelled `<row>.<variant>` and trained under that `rl.row`, so each has a run folder and cache
+    # key of its own and a variant with no overrides trains the row again as it is. Empty: each
+    # row as its file says. Stages before RL read no `rl` knob a variant may set, so they stay cached.
+    variants: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")], tuple[str, ...]] = {}
+    # The report's folder under run.output_dir: a profile of variants writes its own beside the default's.
+    report_dir: str = Field("report", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
     @model_validator(mode="after")
     def _distinct(self) -> ReproduceConfig:
@@ -746,6 +754,12 @@ class ReproduceConfig(_Section):
             raise ValueError(f"reproduce.rows must name distinct RL rows, got {list(self.rows)}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"reproduce.seeds must be distinct, got {list(self.seeds)}")
+        for name, sets in self.variants.items():
+            for item in sets:
+                key, sep, _ = item.partition("=")
+                if not sep or not key.startswith("rl.") or key == "rl.row":
+                    raise ValueError(f"reproduce.variants.{name}: {item!r} is not an rl.<key>=<value> override "
+                                     "(a variant sets RL knobs only; rl.row is its own label)")
         return self
 
 
@@ -948,6 +962,16 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     return raw
 
 
+def rl_row_file(config_path: str | Path, row: str | Path) -> Path:
+    """An RL row as a command was given it: a YAML file, or a row's name (`paragrpo`: no folder,
+    no suffix, and no such file), which is `rl/<name>.yaml` beside the pipeline config's folder
+    (`conf/rl/paragrpo.yaml` for `conf/pipeline/reproduce.yaml`), as `reproduce.rows` names rows."""
+    given = Path(row)
+    if given.name == str(row) and not given.suffix and not config_file(given).is_file():
+        return config_file(config_path).resolve().parents[1] / "rl" / f"{row}.yaml"
+    return given
+
+
 def load_rl_row(path: str | Path) -> dict[str, Any]:
     """An RL ablation row (`conf/rl/*.yaml`): a partial `rl` section, validated on its own."""
     path = config_file(path)
@@ -967,11 +991,12 @@ def _problems(err: ValidationError, prefix: str = "") -> str:
 
 def load_config(path: str | Path, overrides: list[str] | None = None,
                 rl_row: str | Path | None = None) -> PipelineConfig:
-    """Read a pipeline YAML, lay an RL row over its `rl` section, apply `key=value` overrides, validate."""
+    """Read a pipeline YAML, lay an RL row (a file or a row's name, `rl_row_file`) over its `rl`
+    section, apply `key=value` overrides, validate."""
     path = config_file(path)
     raw = read_yaml_mapping(path, "config")
     if rl_row is not None:
-        raw = _merge(raw, {"rl": load_rl_row(rl_row)})
+        raw = _merge(raw, {"rl": load_rl_row(rl_row_file(path, rl_row))})
     raw = _merge(raw, parse_overrides(overrides or []))
     try:
         cfg = PipelineConfig.model_validate(raw)

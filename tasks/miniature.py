@@ -89,8 +89,9 @@ def pretrain(cfg: PipelineConfig, base: ArtifactRef) -> ArtifactRef:
 
 @task(name="reproduce-report", retries=1)
 def reproduce_report(cfg: PipelineConfig, runs: list, budget: list | None = None) -> Path:
-    """Table 2 in miniature and the per-step figure under `<output_dir>/report/`, logged to MLflow.
+    """Table 2 in miniature and the per-step figure under `<output_dir>/<reproduce.report_dir>/`
+    (`report/` by default), logged to MLflow.
 
     Not cached: it is a pure function of the measurements and takes a second."""
-    return write_report(runs, cfg.run.output_dir / "report", f"Miniature reproduction: `{cfg.run.name}`",
+    return write_report(runs, cfg.run.output_dir / cfg.reproduce.report_dir, f"Miniature reproduction: `{cfg.run.name}`",
                         cfg.mlflow_uri(), cfg.mlflow.experiment, budget=budget or ())

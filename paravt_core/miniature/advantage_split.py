@@ -11,7 +11,11 @@ the push on the crop decision: in each group that holds both (only those say any
 decision), Σ_crop a_i (1 - π̂) - Σ_skip a_i π̂, with a_i the mean advantage on the episode's
 first trained tokens (where the decision is written) and π̂ the group's crop share. That is the
 gradient the update puts on a crop-or-skip logit, up to the common 1 / step_tokens: positive
-pushes towards cropping. A group whose episodes all crop or all skip adds nothing.
+pushes towards cropping. A group whose episodes all crop or all skip adds nothing to the push;
+each row counts those groups (`all_crop_groups`, `all_skip_groups`) and the groups whose
+rollouts all got the same reward as group normalization saw it (`equal_reward_groups`: shaped
+and clipped, the log's `shaped`, in logs that have it; R in older ones), so a block of steps where the decision
+or the reward saturated shows as such rather than as a small push.
 """
 
 from __future__ import annotations
@@ -80,6 +84,14 @@ class SplitRow:
     mixed_groups: int
     push: float  # summed over the mixed groups of the steps
     push_per_step: float
+    all_crop_groups: int  # groups left out of the push: every episode crops
+    all_skip_groups: int  # ... every episode skips
+    equal_reward_groups: int  # groups whose episodes' rewards are all equal (no task signal)
+
+
+def _scalar(record: Mapping[str, Any]) -> float:
+    """The reward group normalization got: shaped and clipped where the log has it (`shaped`), else R."""
+    return float(record.get("shaped", record["total"]))
 
 
 def split_rows(records: Sequence[Mapping[str, Any]], videos: Mapping[str, Mapping[str, Any]],
@@ -105,12 +117,16 @@ def split_rows(records: Sequence[Mapping[str, Any]], videos: Mapping[str, Mappin
                 crop = [r for r in episodes if r["tool_calls"] > 0]
                 skip = [r for r in episodes if r["tool_calls"] == 0]
                 pushes = [p for p in (group_push(g) for g in mine) if p is not None]
+                crop_counts = [sum(r["tool_calls"] > 0 for r in g) for g in mine]
                 out.append(SplitRow(
                     (block[0], block[-1]), k, kind, len(episodes), len(crop) / len(episodes),
                     statistics.fmean(r["tool_calls"] for r in crop) if crop else 0.0,
                     statistics.fmean(r["total"] for r in crop) if crop else None,
                     statistics.fmean(r["total"] for r in skip) if skip else None,
-                    len(pushes), sum(pushes), sum(pushes) / len(block)))
+                    len(pushes), sum(pushes), sum(pushes) / len(block),
+                    all_crop_groups=sum(n == len(g) for n, g in zip(crop_counts, mine)),
+                    all_skip_groups=crop_counts.count(0),
+                    equal_reward_groups=sum(len({_scalar(r) for r in g}) == 1 for g in mine)))
     return out
 
 
@@ -119,11 +135,13 @@ def render(rows: Sequence[SplitRow]) -> str:
         return "–" if x is None else f"{x:.3f}"
 
     lines = ["| steps | K | question | episodes | crop share (%) | calls when cropping | mean reward, crop | "
-             "mean reward, skip | mixed groups | push on crop, per step |", "|---|---:|---|" + "---:|" * 7]
+             "mean reward, skip | mixed groups | push on crop, per step | all-crop groups | all-skip groups | "
+             "equal-reward groups |", "|---|---:|---|" + "---:|" * 10]
     for r in rows:
         lines.append(f"| {r.steps[0]}-{r.steps[1]} | {r.nframes} | {r.kind} | {r.episodes} | {100 * r.crop_share:.1f} | "
                      f"{r.calls_when_cropping:.2f} | {fmt(r.reward_crop)} | {fmt(r.reward_skip)} | {r.mixed_groups} | "
-                     f"{r.push_per_step:+.2f} |")
+                     f"{r.push_per_step:+.2f} | {r.all_crop_groups} | {r.all_skip_groups} | {r.equal_reward_groups} |")
     lines.append("\nPush: Σ over groups holding both of Σ_crop a (1 - π̂) - Σ_skip a π̂, a the advantage on the "
-                 "episode's first trained tokens; positive towards cropping.")
+                 "episode's first trained tokens; positive towards cropping. All-crop and all-skip groups add no "
+                 "push; equal-reward groups carry no task signal (only KL and batch normalization's shift).")
     return "\n".join(lines)

@@ -20,7 +20,13 @@ measures it on one model (the SFT model, before any RL) with the model's own sam
   main agent's first turn is forced; sub-agents and later turns run as they would;
 - each episode is scored with the full SPEC §4 reward of the config's `rl.reward`
   (`rl.policy.paravt_reward`), and its format with the one fixed R_fmt of every row
-  (`rl.policy.fixed_format_reward`, transcript scope).
+  (`rl.policy.fixed_format_reward`, transcript scope). The reward and rollout knobs are the RL
+  row's (`--rl-row paragrpo`, `--rl-row vanilla_grpo`: `config.rl_row_file`), so the check can be
+  read under each row's own reward: under `reward.scope: generated` PARA-GRPO's think prefix sits
+  in the prompt, so no episode shows `<think>`: anchoring never fires and R_fmt is 0.5 x [answer
+  present] on both branches, while vanilla's rollouts write `<think>` themselves and a tool path
+  earns +0.3 for thinking before its call (#62). Each record keeps the mean of every reward term
+  per branch (`terms`), so the tables say which term makes a gap.
 
 Per K it reports the share of questions on which skipping scores at least as well as cropping
 (mean reward over the samples), the share on which it scores worse, and each branch's
@@ -100,6 +106,7 @@ class BranchRecord:
     in_format: dict[str, float]
     calls: dict[str, float]
     samples: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)  # branch -> each episode's reward
+    terms: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # branch -> term -> mean (unweighted)
 
 
 @dataclass(frozen=True)
@@ -271,6 +278,14 @@ def render(summaries: Sequence[BranchSummary]) -> str:
     return "\n".join(lines)
 
 
+def scored_under(cfg: PipelineConfig) -> str:
+    """One line naming the RL row whose reward and rollout knobs the probe used."""
+    reward, rollout = cfg.rl.reward, cfg.rl.rollout
+    return (f"Scored under RL row {cfg.rl.row}: reward scope {reward.scope}, answer_suffix {reward.answer_suffix}, "
+            f"anchor_weight {reward.anchor_weight:g}, tool reward {reward.use_tool_reward}; think prefix "
+            f"{'in the prompt' if rollout.think_prefix else 'written by the model'}")
+
+
 def probe_rollout(cfg: PipelineConfig):
     """The rollout knobs the probe's episodes run with: the RL row's, as `rl.worker` passes them
     to `run_episodes` (not the evaluation's, which force the think prefix)."""
@@ -299,7 +314,7 @@ def branch_records(engine, processor, cfg: PipelineConfig, questions: Sequence, 
     rollout = probe_rollout(cfg)
     renderer = ChatRenderer(processor, rollout.think_prefix, (cfg.video.min_pixels, cfg.video.max_pixels))
     reward_fn = paravt_reward(cfg.rl)
-    per_branch = {}
+    per_branch, terms = {}, {}
     # Without the think prefix (vanilla GRPO's rollouts) the model writes `<think>` itself: forced too.
     lead = "" if rollout.think_prefix else "<think>\n"
     for branch, text in openings.items():
@@ -309,19 +324,22 @@ def branch_records(engine, processor, cfg: PipelineConfig, questions: Sequence, 
         if forced.forced_requests != len(prompts) * samples:  # every episode's first turn, in one call
             raise RuntimeError(f"the {branch} opening was forced on {forced.forced_requests} first turns, not "
                                f"{len(prompts) * samples}")
-        per_branch[branch] = [(reward_fn(e, rl_prompts[e.prompt_index]).total, fixed_format_reward(e, "transcript"),
-                               e.tool_calls) for e in episodes]
+        scored = [reward_fn(e, rl_prompts[e.prompt_index]) for e in episodes]
+        per_branch[branch] = [(r.total, fixed_format_reward(e, "transcript"), e.tool_calls)
+                              for r, e in zip(scored, episodes)]
+        terms[branch] = [r.terms for r in scored]
     records = []
     for i, sample in enumerate(questions):
         block = slice(i * samples, (i + 1) * samples)
         rows = {b: per_branch[b][block] for b in per_branch}
+        parts = {b: {name: statistics.fmean(t[name] for t in terms[b][block]) for name in terms[b][0]} for b in terms}
         records.append(BranchRecord(
             sample.id, k,
             reward={b: statistics.fmean(r for r, _, _ in v) for b, v in rows.items()},
             fmt={b: statistics.fmean(f for _, f, _ in v) for b, v in rows.items()},
             in_format={b: statistics.fmean(float(f >= 1.0) for _, f, _ in v) for b, v in rows.items()},
             calls={b: statistics.fmean(c for _, _, c in v) for b, v in rows.items()},
-            samples={b: tuple(r for r, _, _ in v) for b, v in rows.items()}))
+            samples={b: tuple(r for r, _, _ in v) for b, v in rows.items()}, terms=parts))
     return records
 
 

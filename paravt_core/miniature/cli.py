@@ -148,7 +148,7 @@ def _opening_probe(args: argparse.Namespace) -> int:
 
 
 def _branch_probe(args: argparse.Namespace) -> int:
-    from paravt_core.miniature.branch_probe import branch_probe, precondition, render, summarize
+    from paravt_core.miniature.branch_probe import branch_probe, precondition, render, scored_under, summarize
 
     cfg, model_dir = _probe_inputs(args, "branch-probe", "sft")
     split_json = _prepared_split(cfg, args, "branch-probe")
@@ -161,6 +161,7 @@ def _branch_probe(args: argparse.Namespace) -> int:
     records = branch_probe(model_dir, cfg, split_json, args.questions, args.samples, frame_counts,
                            args.temperature, args.seed)
     summaries = summarize(records)
+    print(scored_under(cfg) + "\n")
     print(render(summaries))
     shown = _shown_on_overview(cfg, split_json, args.split, frame_counts)
     if shown is not None:
@@ -176,6 +177,7 @@ def _branch_probe(args: argparse.Namespace) -> int:
 
         atomic_write_text(Path(args.out), json.dumps({
             "model": str(model_dir), "split": args.split, "samples": args.samples, "temperature": args.temperature,
+            "row": cfg.rl.row, "scored_under": scored_under(cfg),
             "summaries": [asdict(s) for s in summaries],
             "precondition": [{"check": text, "holds": ok} for text, ok in precondition(summaries)],
             "records": [asdict(r) for r in records],
@@ -209,6 +211,8 @@ def _branch_push(args: argparse.Namespace) -> int:
         print(f"paravt miniature branch-push: {source} is not a branch probe's --out file ({error})", file=sys.stderr)
         return 2
     shown = None if saved.get("shown") is None else {(r["sample_id"], r["nframes"]): r["shown"] for r in saved["shown"]}
+    if saved.get("scored_under"):  # the rewards are the probe's: its row, not --rl-row, scored them
+        print(f"{source}: {saved['scored_under']}")
     try:
         _print_push(records, shown, cfg, args.push_p, args.group_size)
     except ValueError as error:
@@ -496,8 +500,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "R_fmt, and checks the precondition of the paper's tool collapse "
                     "(paravt_core/miniature/branch_probe.py, docs/miniature.md).")
     _split_probe_args(p)
-    p.add_argument("--rl-row", default=None, help="an RL row file (conf/rl/<row>.yaml) whose reward and rollout "
-                                                  "knobs score and roll out the episodes, e.g. vanilla_grpo's")
+    p.add_argument("--rl-row", default=None, help="the RL row whose reward and rollout knobs score and roll out the "
+                                                  "episodes: a row's name (paragrpo, vanilla_grpo: conf/rl/<row>.yaml) "
+                                                  "or a row file; default: the config's own rl section")
     p.add_argument("--split", default="videomme_val", help="prepared evaluation split (validation by default)")
     p.add_argument("--questions", type=int, default=32, help="questions of the split, from its first")
     p.add_argument("--samples", type=int, default=8, help="episodes per question and branch")

@@ -9,7 +9,7 @@ measurements back from a folder or from MLflow.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,6 +23,16 @@ from paravt_core.miniature.measurements import (
 )
 from paravt_core.miniature.report_plot import plot_steps
 from paravt_core.miniature.report_tables import report_markdown
+
+
+def row_variants(row: str, variants: Mapping[str, Sequence[str]]) -> list[tuple[str, list[str]]]:
+    """(label, overrides) of each run a row gives per seed (`reproduce.variants`): the row as its
+    file says when there are no variants; else one per variant, labelled `<row>.<variant>` and
+    trained under that `rl.row` (its own run folder and cache key: a variant with no overrides
+    trains the row again), with the variant's overrides after it."""
+    if not variants:
+        return [(row, [])]
+    return [(f"{row}.{name}", [f"rl.row={row}.{name}", *sets]) for name, sets in variants.items()]
 
 
 def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], list[BudgetPoint]]:

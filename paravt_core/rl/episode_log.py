@@ -7,9 +7,14 @@ key per term of `rewards.REWARD_TERMS`, then `total`), its
 group-normalized scalar advantage (SPEC §5 step 2), and what the main agent's trained tokens
 carried after steps 3-4 (per-token KL reward, batch normalization): the mean over its
 trained tokens and the value on each of its first `FIRST_TOKENS` trained tokens with their
-ids, where an episode's first decision lies (crop or answer). Its sub-agents' trained tokens
-are counted beside it. `step_tokens` is the step's one token-mean denominator over every rank
-(SPEC §5), so `advantage * 1 / step_tokens` is a token's weight in the loss.
+ids, where an episode's first decision lies (crop or answer); and its decision token (the first
+trained token after the think prefix, `rl/decision.py`) with that token's advantage split into
+the task scalar, the KL reward to go, the format term and batch normalization's shift
+(`decision_*` keys; None where the episode wrote no token after the prefix); and `shaped`, the
+scalar group normalization got (shaped and clipped, step 1), so a group whose rewards differ
+only beyond the clip reads as saturated. Its sub-agents' trained tokens are counted beside it.
+`step_tokens` is the step's one token-mean denominator over every rank (SPEC §5), so
+`advantage * 1 / step_tokens` is a token's weight in the loss.
 
 One file per step and rank, written atomically after the advantages and before the update, so
 a resumed run that repeats a step rewrites its file. Records are plain JSON built from the
@@ -20,13 +25,16 @@ trainer's own tensors (`episode_records`, a pure function); reading them back is
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from paravt_core.rewards import reward_term_names
+from paravt_core.rl.decision import DecisionParts
 
 FIRST_TOKENS = 8
+DECISION_KEYS = tuple(f"decision_{f.name}" for f in fields(DecisionParts))
 
 
 def episode_log_path(run_dir: Path, step: int, rank: int) -> Path:
@@ -34,7 +42,9 @@ def episode_log_path(run_dir: Path, step: int, rank: int) -> Path:
 
 
 def episode_records(step: int, rank: int, episodes: Sequence, prompts: Sequence, rewards: Sequence,
-                    scalar_advantages, trajectories: Sequence, step_tokens: float) -> list[dict[str, Any]]:
+                    scalar_advantages, trajectories: Sequence, step_tokens: float,
+                    decisions: Mapping[int, DecisionParts] | None = None,
+                    shaped: Sequence[float] | None = None) -> list[dict[str, Any]]:
     """One record per episode, in the step's order (prompt-major, `group_size` per prompt).
 
     Args:
@@ -42,12 +52,18 @@ def episode_records(step: int, rank: int, episodes: Sequence, prompts: Sequence,
         rewards: each episode's `RewardBreakdown`; `scalar_advantages` [E] after step 2.
         trajectories: the step's `Trajectory`s with their final `advantages` (steps 3-4).
         step_tokens: trained tokens of the step over every rank.
+        decisions: episode index -> its decision token's parts (`rl.decision.decision_parts`);
+            None: no `decision_*` keys.
+        shaped: [E] the scalars group normalization got (shaped and clipped, SPEC §5 step 1;
+            `StepAdvantages.shaped`), logged as `shaped`; None: not logged.
 
     Raises:
         ValueError: the lengths disagree, or an episode has no main-agent trajectory.
     """
     if not len(episodes) == len(rewards) == len(scalar_advantages):
         raise ValueError(f"{len(episodes)} episodes, {len(rewards)} rewards and {len(scalar_advantages)} advantages")
+    if shaped is not None and len(shaped) != len(episodes):
+        raise ValueError(f"{len(episodes)} episodes and {len(shaped)} shaped rewards")
     main: dict[int, Any] = {}
     sub_tokens = [0] * len(episodes)
     sub_sum = [0.0] * len(episodes)
@@ -79,6 +95,11 @@ def episode_records(step: int, rank: int, episodes: Sequence, prompts: Sequence,
             "first_token_ids": [int(x) for x in t.token_ids[trained][:FIRST_TOKENS]],
             "first_token_advantages": [round(float(x), 6) for x in values[:FIRST_TOKENS]],
             "subagent_tokens": sub_tokens[i], "subagent_advantage_sum": sub_sum[i], "step_tokens": float(step_tokens)})
+        if shaped is not None:
+            records[-1]["shaped"] = float(shaped[i])
+        if decisions is not None:
+            parts = decisions.get(i)
+            records[-1].update(parts.record() if parts is not None else dict.fromkeys(DECISION_KEYS))
     return records
 
 

@@ -213,6 +213,9 @@ class StepAdvantages:
     format_per_episode: torch.Tensor | None  # [E] token anchoring only
     rewards: list[RewardBreakdown]
     kl: torch.Tensor  # [E] summed KL estimate of each episode's generated tokens (0 when not computed)
+    # [E] the scalars group-normalized into `per_episode`: shaped and clipped (step 1), so a group
+    # whose rewards differ only beyond the clip is as saturated as one with equal rewards
+    shaped: torch.Tensor | None = None
 
 
 def step_advantages(episodes: Sequence[Episode], prompts: Sequence[RLPrompt], cfg: RLConfig, reward_fn: RewardFn,
@@ -225,16 +228,19 @@ def step_advantages(episodes: Sequence[Episode], prompts: Sequence[RLPrompt], cf
     rewards = [reward_fn(e, prompts[e.prompt_index]) for e in episodes]
     fmt_w = cfg.reward.format_weight
 
+    def shaped(values: torch.Tensor) -> torch.Tensor:
+        return shaped_reward(values, cfg.reward_shift, cfg.reward_scale, cfg.reward_clip)
+
     def normalized(values: torch.Tensor) -> torch.Tensor:
-        return group_advantages(shaped_reward(values, cfg.reward_shift, cfg.reward_scale, cfg.reward_clip),
-                                cfg.group_size, cfg.adv_eps)
+        return group_advantages(values, cfg.group_size, cfg.adv_eps)
 
     if cfg.anchoring_mode == "token":
         main = torch.tensor([r.total - fmt_w * r.terms["format"] for r in rewards])
-        fmt = normalized(torch.tensor([r.terms["format"] for r in rewards]) * fmt_w)
+        fmt = normalized(shaped(torch.tensor([r.terms["format"] for r in rewards]) * fmt_w))
     else:
         main, fmt = torch.tensor([r.total for r in rewards]), None
-    return StepAdvantages(normalized(kl_mode(cfg).shaped_scalars(main, seq_kl)), fmt, rewards, seq_kl)
+    scalars = shaped(kl_mode(cfg).shaped_scalars(main, seq_kl))
+    return StepAdvantages(normalized(scalars), fmt, rewards, seq_kl, scalars)
 
 
 def assign_token_advantages(trajs: Sequence[Trajectory], adv: StepAdvantages, cfg: RLConfig) -> None:

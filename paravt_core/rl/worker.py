@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from paravt_core.dist.rank import StepLog
+from paravt_core.rl.decision import decision_metrics, decision_parts
 from paravt_core.rl.grpo import Moments
 from paravt_core.rl.job import RLJob
 from paravt_core.rl.kl import kl_mode
@@ -56,6 +57,7 @@ class Trainer:
     def __init__(self, job: RLJob, reward_fn=None):
         import deepspeed
 
+        from paravt_core.agent.context import THINK_PREFIX
         from paravt_core.agent.tags import TagLocator
         from paravt_core.dist.checkpoints import resume, trim_step_log
         from paravt_core.dist.ds_config import rl_deepspeed_config, training_dtype, zero_optimizer
@@ -97,6 +99,9 @@ class Trainer:
         self.ids = {"pad": tok.pad_token_id, "image": policy.config.image_token_id, "video": policy.config.video_token_id}
         # Tags are matched as token sequences (SPEC §2): in Qwen3-VL's tokenizer `<answer>` is several tokens.
         self.locator = TagLocator(tok) if self.rl.anchoring_mode == "token" else None
+        # Rollouts without the think prefix write it themselves: the decision token follows it (rl/decision.py).
+        self.think_lead = () if self.rl.rollout.think_prefix else tuple(tok.encode(THINK_PREFIX,
+                                                                                   add_special_tokens=False))
         self.layout = TokenLayout.of(policy.config, tok, self.processor.image_processor.merge_size)
         # Only a ZeRO-3 reference runs collectives in its forward; a whole local copy does not.
         self.ref_collectives = zero3 is not None
@@ -217,13 +222,16 @@ class Trainer:
         adv = P.step_advantages(episodes, prompts, self.rl, self.reward_fn, kl)
         P.assign_token_advantages(trajs, adv, self.rl)
         raw_stats = _advantage_stats(trajs, "adv_raw")
+        moments = None
         if self.rl.batch_norm_advantages:
             local = P.local_advantage_moments(trajs, self.rl.moments_main_agent_only)
-            P.normalize_token_advantages(trajs, Moments(*self._all_ranks(local.total, local.total_sq, local.count)),
-                                         self.rl.adv_eps)
+            moments = Moments(*self._all_ranks(local.total, local.total_sq, local.count))
+            P.normalize_token_advantages(trajs, moments, self.rl.adv_eps)
         total = self._all_ranks(float(sum(t.loss_mask.sum() for t in trajs)))[0]  # ONE token mean (SPEC §5)
+        decisions = decision_parts(trajs, adv.per_episode, adv.format_per_episode, self.rl, moments, self.think_lead)
         write_episode_log(self.job.out_dir, step + 1, self.rank, episode_records(
-            step + 1, self.rank, episodes, prompts, adv.rewards, adv.per_episode, trajs, total))
+            step + 1, self.rank, episodes, prompts, adv.rewards, adv.per_episode, trajs, total, decisions,
+            adv.shaped.tolist()))
         loss_sum, clip_sum, dropped = 0.0, 0.0, 0.0
         for i, batch in enumerate(P.micro_batches(trajs, micro, count)):
             self.policy.set_gradient_accumulation_boundary(i == count - 1)
@@ -239,8 +247,9 @@ class Trainer:
         clipped, dropped = self._all_ranks(clip_sum, dropped)  # shares of the step's trained tokens
         row = self.metrics(episodes, adv, loss_sum, clipped / max(total, 1.0), (t1 - t0, t2 - t1, t3 - t2))
         row.update(raw_stats, **_advantage_stats(trajs, "adv"), dropped_frac=dropped / max(total, 1.0),
-                   saturated_groups=_saturated_share(adv.rewards, self.rl.group_size), trajectories=float(len(trajs)),
-                   micro_batches=float(count), filler_micro_batches=float(count - own))
+                   saturated_groups=saturated_groups(adv, self.rl.group_size), trajectories=float(len(trajs)),
+                   micro_batches=float(count), filler_micro_batches=float(count - own),
+                   **decision_metrics(decisions, moments, self.rl.adv_eps))
         return row
 
     def _check_on_every_rank(self, check) -> None:
@@ -307,9 +316,14 @@ def _advantage_stats(trajs, prefix: str) -> dict[str, float]:
             f"{prefix}_absmax": float(values.abs().max())}
 
 
-def _saturated_share(rewards, group_size: int) -> float:
-    """Share of prompt groups whose rollouts all got the same R (no task signal to normalize)."""
-    totals = [r.total for r in rewards]
+def saturated_groups(adv, group_size: int) -> float:
+    """Share of prompt groups with no task signal: all their scalars equal as group normalization
+    gets them (`StepAdvantages.shaped`: shaped and clipped, SPEC §5 step 1), so rewards that
+    differ only beyond the clip count as equal. Such a group's tokens carry only the KL reward
+    and step 4's shift."""
+    if adv.shaped is None:
+        raise ValueError("the step's advantages carry no shaped scalars (build them with rl.policy.step_advantages)")
+    totals = adv.shaped.tolist()
     groups = [totals[i : i + group_size] for i in range(0, len(totals), group_size)]
     return float(np.mean([max(g) - min(g) < 1e-9 for g in groups])) if groups else 0.0
 

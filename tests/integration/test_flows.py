@@ -272,6 +272,61 @@ def test_reproduce_flow_reports_rows_over_seeds_resumes_finished_rows_and_fans_r
     assert (report.parent / "steps.png").stat().st_size > 1000
 
 
+def _files(folder: Path) -> dict[str, int]:
+    """Every file under `folder` with its modification time (ns)."""
+    return {str(f.relative_to(folder)): f.stat().st_mtime_ns for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def test_the_replay_profile_reuses_the_defaults_stages_and_repeats_its_run_bit_for_bit(prefect_harness, task_runs,
+                                                                                         tmp_path: Path):
+    """`make replay-falls` (#62), its own `--set`s read from the Makefile, on the shrunk reproduction after a
+    default run in the same folder: nothing before RL runs again, each variant trains a run of its own, the
+    unchanged variant gives the default run's weights bit for bit (same seed, one thread), and the default's
+    report stays as it was."""
+    import json
+
+    from flows.reproduce import ReproduceParams, reproduce
+    from paravt_core.refs import file_hash
+    from tests.unit.test_replay_profile import replay_falls_sets
+
+    config = str(REPO / "conf/pipeline/reproduce.yaml")
+    small = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1", "run.fanout.max_concurrent=1"]
+    default = reproduce(ReproduceParams(config_path=config, overrides=[*small, "reproduce.rows=[paragrpo]"]),
+                        return_state=True)
+    assert default.is_completed()
+    report = (tmp_path / "report" / "report.md").read_bytes()
+    pretrained = _files(tmp_path / "cache" / "pretrain")
+    assert pretrained
+
+    replay = reproduce(ReproduceParams(config_path=config, overrides=[*small, *replay_falls_sets("[0]")]),
+                       return_state=True)
+    assert replay.is_completed()
+    runs = task_runs(replay.state_details.flow_run_id)
+    before_rl = ("data-synth-world", "data-materialize", "data-validate", "data-eval", "base-model", "sft")
+    assert {stage: {r.state.name for r in runs[stage]} for stage in before_rl} == dict.fromkeys(before_rl, {"Cached"})
+    assert pretrained == _files(tmp_path / "cache" / "pretrain")  # its own cache (not Prefect's): reused, nothing new
+    # the SFT model's measurements too: its evaluations and probe come from the cache (only their MLflow log is new)
+    assert {r.state.name for r in runs["sampled-probe"]} >= {"Cached"}
+    sft_evals = [r for r in runs["eval-checkpoint"] if r.state.name == "Cached"]
+    assert len(sft_evals) >= 2 + 2 * 3  # with tools and direct, and each other K of the budget sweep
+    assert sorted(r.state.name for r in runs["rl"]) == ["Completed"] * 5
+
+    def weights(row: str) -> dict[str, str]:
+        (folder,) = (tmp_path / "rl").glob(f"{row}-*")
+        return {f.name: file_hash(f) for f in sorted((folder / "model").glob("*.safetensors"))}
+
+    assert weights("paragrpo.unchanged") and weights("paragrpo.unchanged") == weights("paragrpo")
+    assert weights("paragrpo.lr_half") != weights("paragrpo")
+    assert (tmp_path / "report" / "report.md").read_bytes() == report
+    measured = json.loads((Path(replay.result()).parent / "runs.json").read_text())
+    assert Path(replay.result()).parent == tmp_path / "report-replay-falls"
+    assert [(m["row"], m["seed"]) for m in measured] == [
+        ("sft", None), ("paragrpo.unchanged", 0), ("paragrpo.lr_half", 0), ("paragrpo.subagents_untrained", 0),
+        ("paragrpo.draw_key_1", 0), ("paragrpo.kl_in_loss", 0)]
+    (alone,) = [m for m in json.loads((tmp_path / "report" / "runs.json").read_text()) if m["row"] == "paragrpo"]
+    assert measured[1]["accuracy"] == alone["accuracy"] and measured[1]["correct"] == alone["correct"]
+
+
 def test_reproduce_refuses_an_unknown_row_before_any_stage(tmp_path: Path):
     from pydantic import ValidationError
 

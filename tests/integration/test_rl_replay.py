@@ -98,6 +98,14 @@ def test_two_output_folders_give_identical_gated_runs_and_steps_replay(tmp_path,
         assert all(r["nframes"] in (2, 3, 4) and r["main_tokens"] >= len(r["first_token_ids"]) > 0 for r in rows)
         for group in (rows[:2], rows[2:]):  # group-normalized: each group's scalar advantages sum to 0
             assert sum(r["advantage"] for r in group) == pytest.approx(0.0, abs=1e-4)
+        for r in rows:  # the decision token (rl/decision.py): with the think prefix, the first trained token
+            assert r["decision_position"] == 0 and r["decision_token_id"] == r["first_token_ids"][0]
+            assert r["decision_advantage"] == pytest.approx(r["first_token_advantages"][0], abs=1e-5)
+            parts = r["decision_task"] + r["decision_kl"] + r["decision_format"] + r["decision_shift"]
+            assert parts == pytest.approx(r["decision_advantage"], rel=1e-5, abs=1e-5)
+    # #62: two identical runs (same seed and thread count) train bit-identical weights
+    weights = [(job.out_dir / "model" / "model.safetensors").read_bytes() for job in (job_a, job_b)]
+    assert weights[0] == weights[1]
 
     first = replay_step(job_a.out_dir, 1)
     assert first.identical, "step 1 (the SFT weights) did not replay to the logged rollouts"

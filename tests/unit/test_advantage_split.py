@@ -69,7 +69,17 @@ def test_rows_per_block_k_and_kind_and_the_command(tmp_path, capsys):
     assert (second.kind, second.calls_when_cropping, second.reward_skip, second.push) == (NOT_SHOWN, 3.0, None, 0.0)
     blocks = split_rows(log, videos, step_blocks=2)
     assert [(r.steps, r.kind) for r in blocks] == [((1, 1), SHOWN), ((1, 1), NOT_SHOWN), ((2, 2), SHOWN)]
-    assert "| 1-2 | 6 | shown | 4 | 25.0 | 1.00 | 1.600 | 1.000 | 1 | +0.50 |" in render(split_rows(log, videos))
+    # the groups the push leaves out are counted: one all-crop (q), one all-skip (p at step 2), whose rewards
+    # are equal too; q's rewards are equal as logged, p's at step 1 differ
+    assert (first.all_crop_groups, first.all_skip_groups, first.equal_reward_groups) == (0, 1, 1)
+    assert (second.all_crop_groups, second.all_skip_groups, second.equal_reward_groups) == (1, 0, 1)
+    assert ("| 1-2 | 6 | shown | 4 | 25.0 | 1.00 | 1.600 | 1.000 | 1 | +0.50 | 0 | 1 | 1 |"
+            in render(split_rows(log, videos)))
+    # rewards that differ only beyond the clip (the log's `shaped`) are equal to group normalization
+    clipped = [dict(r, total=2.3 + 0.1 * i, shaped=20.0) for i, r in enumerate(log[2:4])]
+    assert split_rows(log[:2] + clipped, videos)[1].equal_reward_groups == 1
+    assert split_rows(log[:2] + [dict(r, total=2.3 + 0.1 * i) for i, r in enumerate(log[2:4])],
+                      videos)[1].equal_reward_groups == 0
 
     run = tmp_path / "rl"
     write_episode_log(run, 1, 0, log)

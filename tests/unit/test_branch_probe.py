@@ -186,3 +186,76 @@ def test_the_probe_rolls_out_with_the_rl_rows_knobs_not_the_evaluations():
     # scope does not score (SPEC §4.5), so probing with them under-scored vanilla's format
     assert probe_rollout(cfg) == cfg.rl.rollout and probe_rollout(cfg).think_prefix is False
     assert rollout_config(cfg.eval, "agentic_general", cfg.rl.rollout).think_prefix is True
+
+
+def test_an_rl_row_is_named_or_given_as_a_file():
+    from paravt_core.config import ConfigError, load_config, rl_row_file
+    from paravt_core.miniature.branch_probe import scored_under
+
+    config = REPO / "conf/pipeline/reproduce.yaml"
+    assert rl_row_file(config, "paragrpo") == REPO / "conf/rl/paragrpo.yaml"
+    assert rl_row_file(config, REPO / "conf/rl/vanilla_grpo.yaml") == REPO / "conf/rl/vanilla_grpo.yaml"
+    para, vanilla = load_config(config, [], "paragrpo"), load_config(config, [], "vanilla_grpo")
+    assert para == load_config(config, [], REPO / "conf/rl/paragrpo.yaml") and para.rl.row == "paragrpo"
+    assert (vanilla.rl.row, vanilla.rl.reward.anchor_weight, vanilla.rl.rollout.think_prefix) == (
+        "vanilla_grpo", 0.0, False)
+    assert "RL row paragrpo: reward scope generated" in scored_under(para) and "in the prompt" in scored_under(para)
+    assert "written by the model" in scored_under(vanilla)
+    with pytest.raises(ConfigError, match="no_such_row.yaml does not exist"):
+        load_config(config, [], "no_such_row")
+
+
+@pytest.mark.integration
+def test_each_rl_row_scores_the_probes_episodes_with_its_own_reward(tmp_path, tiny_model_dir, monkeypatch):
+    """#62: the branch probe under PARA-GRPO's reward (generated scope, think prefix in the prompt)
+    against vanilla's, on the same tiny model, questions and seed."""
+    from tests.conftest import write_mcq_split
+
+    import paravt_core.agent.rollout as rollout
+    from paravt_core.agent.hf_engine import HFEngine
+    from paravt_core.config import load_config
+    from paravt_core.eval.prepared import load_split_file
+    from paravt_core.miniature.branch_probe import branch_records
+    from paravt_core.model.loading import load_model, load_processor
+    from paravt_core.rewards import accuracy_reward, extract_answer, format_reward, has_answer, tool_reward
+
+    split_json = write_mcq_split(tmp_path, ["Which colour is first?"])
+    processor = load_processor(tiny_model_dir)
+    engine = HFEngine(load_model(tiny_model_dir, "float32", "cpu").eval(), processor)
+    # the skip plan answers at once, so a skip episode holds an answer whatever the random model adds
+    openings = {"crop": "Short events are easy to miss.", "skip": "The frames show it.</think>\n<answer>A</answer>"}
+    played = []
+    real = rollout.run_episodes
+
+    def run_and_keep(*args, **kwargs):
+        episodes = real(*args, **kwargs)
+        played.append(episodes)
+        return episodes
+
+    monkeypatch.setattr(rollout, "run_episodes", run_and_keep)
+    records = {}
+    for row in ("paragrpo", "vanilla_grpo"):
+        cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["eval.max_new_tokens=48", "rl.rollout.max_new_tokens=24",
+                                                              "rl.rollout.subagent_max_new_tokens=4"], row)
+        played.clear()
+        (records[row],) = branch_records(engine, processor, cfg, load_split_file(split_json), samples=3, k=2,
+                                         openings=openings)
+        knobs = cfg.rl.reward
+        for branch, episodes in zip(openings, played):
+            texts = [e.text("generated") for e in episodes]
+            # the row's reward by its definition (SPEC §4): R_acc + R_fmt (the row's knobs) + R_tool
+            fmt = [format_reward(t, answer_suffix=knobs.answer_suffix, anchor_weight=knobs.anchor_weight,
+                                 unclosed_think_penalty=knobs.unclosed_think_penalty) for t in texts]
+            assert records[row].terms[branch]["format"] == pytest.approx(sum(fmt) / len(fmt))
+            acc = [accuracy_reward(extract_answer(t), "A", "mcq") for t in texts]
+            expected = [a + f + tool_reward(t, a) for a, f, t in zip(acc, fmt, texts)]
+            assert records[row].samples[branch] == pytest.approx(tuple(expected))
+            if row == "paragrpo":  # the prefix is in the prompt: no <think> is scored, anchoring never fires
+                assert all(not t.startswith("<think>") for t in texts)
+                assert [f for f, t in zip(fmt, texts) if "<think>" not in t] == [
+                    0.5 * has_answer(t) for t in texts if "<think>" not in t]
+            else:  # vanilla writes the prefix itself (forced here), and it is scored
+                assert all(t.startswith("<think>\n") for t in texts)
+    # the same right skip: PARA-GRPO's R_fmt is 0.5 (the answer's tags), vanilla's more (its <think> counts)
+    assert records["paragrpo"].terms["skip"]["acc"] == records["vanilla_grpo"].terms["skip"]["acc"] == 1.0
+    assert records["paragrpo"].terms["skip"]["format"] < records["vanilla_grpo"].terms["skip"]["format"]

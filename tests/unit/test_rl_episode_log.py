@@ -49,3 +49,27 @@ def test_records_carry_each_episodes_reward_advantages_and_first_trained_tokens(
     path.write_text("[1]\n")
     with pytest.raises(ValueError, match="line 1: not a JSON object"):
         read_episode_log(tmp_path)
+
+
+def test_records_carry_the_decision_tokens_split_where_given():
+    from paravt_core.rl.decision import DecisionParts
+    from paravt_core.rl.episode_log import DECISION_KEYS
+
+    prompts = [SimpleNamespace(video_key="media/a.mp4", question="What colour?")]
+    episodes = [SimpleNamespace(prompt_id="p0", prompt_index=0, sample_index=i, nframes=6, tool_calls=0,
+                                end_reason="answer") for i in range(2)]
+    rewards = [RewardBreakdown("A", {"acc": 1.0, "format": 1.0, "tool": 0.0}, 1.0)] * 2
+    trajs = [_traj(0, False, [1, 30], [0, 1], [0.0, 0.4]), _traj(1, False, [1, 30], [0, 1], [0.0, -0.4])]
+    parts = DecisionParts(position=0, token_id=30, advantage=0.4, task=0.5, kl=-0.05, format=0.0, shift=-0.05)
+    rows = episode_records(1, 0, episodes, prompts, rewards, torch.tensor([0.5, -0.5]), trajs, 2.0, {0: parts},
+                           [8.0, 8.0])
+    assert [r["shaped"] for r in rows] == [8.0, 8.0]
+    assert {k: rows[0][k] for k in DECISION_KEYS} == {"decision_position": 0, "decision_token_id": 30,
+                                                       "decision_advantage": 0.4, "decision_task": 0.5,
+                                                       "decision_kl": -0.05, "decision_format": 0.0,
+                                                       "decision_shift": -0.05}
+    assert all(rows[1][k] is None for k in DECISION_KEYS)  # an episode with no token after the prefix
+    assert not {*DECISION_KEYS, "shaped"} & set(episode_records(1, 0, episodes, prompts, rewards, torch.zeros(2), trajs,
+                                                                2.0)[0])
+    with pytest.raises(ValueError, match="2 episodes and 1 shaped"):
+        episode_records(1, 0, episodes, prompts, rewards, torch.zeros(2), trajs, 2.0, None, [1.0])

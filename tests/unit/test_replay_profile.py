@@ -1,0 +1,72 @@
+"""`make replay-falls` (#62): the falling PARA-GRPO seeds, one RL switch at a time, from the default's cache."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from paravt_core.config import ConfigError, load_config, rl_row_file
+from paravt_core.miniature.reproduce import row_variants
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "conf/pipeline/reproduce.yaml"
+
+
+def replay_falls_sets(seeds: str = "[1,3]") -> list[str]:
+    """The `--set` overrides `make replay-falls` passes to `paravt reproduce`, read from the Makefile."""
+    shown = subprocess.run(["make", "-n", "replay-falls", f"REPLAY_SEEDS={seeds}", "STAMP=/dev/null"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout
+    words = shlex.split(shown.replace("\\\n", " "))
+    start = next(i for i, word in enumerate(words) if word.endswith("/paravt"))
+    assert words[start + 1:start + 4] == ["reproduce", "--config", "conf/pipeline/reproduce.yaml"]
+    return [words[i + 1] for i in range(start, len(words) - 1) if words[i] == "--set"]
+
+
+def test_each_row_runs_as_it_is_or_once_per_variant_under_its_own_label():
+    assert row_variants("paragrpo", {}) == [("paragrpo", [])]
+    assert row_variants("paragrpo", {"unchanged": (), "lr_half": ("rl.learning_rate=5e-5",)}) == [
+        ("paragrpo.unchanged", ["rl.row=paragrpo.unchanged"]),
+        ("paragrpo.lr_half", ["rl.row=paragrpo.lr_half", "rl.learning_rate=5e-5"])]
+
+
+@pytest.mark.parametrize("variant", ["x: [sft.max_steps=3]", "x: [rl.learning_rate]", "x: [rl.row=other]",
+                                     "'a b': []"])
+def test_a_variant_that_is_not_rl_knobs_is_refused_at_load(variant):
+    with pytest.raises(ConfigError, match="reproduce.variants"):
+        load_config(CONFIG, [f"reproduce.variants={{{variant}}}"])
+
+
+def test_the_replay_keeps_every_key_before_rl_and_gives_each_variant_a_run_of_its_own():
+    from paravt_core.rl import stage as rl_stage
+    from tests.unit.test_cache_identity import _ref, stage_keys
+
+    sets = replay_falls_sets()
+    default, replay = load_config(CONFIG), load_config(CONFIG, sets)
+    assert (replay.reproduce.rows, replay.reproduce.seeds) == (("paragrpo",), (1, 3))
+    assert (replay.reproduce.report_dir, replay.mlflow.experiment) == ("report-replay-falls", "paravt-replay-falls")
+    assert default.reproduce.report_dir == "report"
+    # world, base model, pretraining, SFT, its grammar check and the SFT model's evaluations: the same keys
+    before_rl = {k: v for k, v in stage_keys(replay, False).items() if k not in ("all", "rl,video,run", "rl_run_dir")}
+    assert before_rl == {k: v for k, v in stage_keys(default, False).items() if k in before_rl}
+    assert set(before_rl) >= {"model", "video", "eval", "sft_run_dir", "grammar", "eval_results", "pretrain"}
+    # the default's paragrpo run at seed 1, then each variant as the flow builds it (flows/reproduce.py)
+    row = rl_row_file(CONFIG, "paragrpo")
+    fell = load_config(CONFIG, ["run.seed=1"], row)
+    runs = {label: load_config(CONFIG, [*sets, "run.seed=1", *extra], row)
+            for label, extra in row_variants("paragrpo", replay.reproduce.variants)}
+    switched = {label: {k: v for k, v in cfg.rl.model_dump().items() if v != fell.rl.model_dump()[k] and k != "row"}
+                for label, cfg in runs.items()}
+    assert switched == {"paragrpo.unchanged": {}, "paragrpo.lr_half": {"learning_rate": 5e-5},
+                        "paragrpo.subagents_untrained": {"train_subagents": False},
+                        "paragrpo.draw_key_1": {"gating": {**fell.rl.gating.model_dump(), "draw_key": 1}},
+                        "paragrpo.kl_in_loss": {"kl_mode": "loss"}}
+    assert fell.rl.learning_rate == 1e-4 and fell.rl.kl_mode == "token_reward" and fell.rl.train_subagents
+    # one switch each and everything else the run's own: the same seed and threads, a run folder of its own
+    assert all(cfg.run == fell.run and cfg.video == fell.video for cfg in runs.values())
+    folders = {rl_stage.run_dir(cfg, _ref("init"), _ref("rl")).name for cfg in [fell, *runs.values()]}
+    assert len(folders) == 6 and rl_stage.run_dir(runs["paragrpo.unchanged"], _ref("init"), _ref("rl")).name.startswith(
+        "paragrpo.unchanged-")
+    assert replay.run.fanout.threads_per_run == 1  # as the default's runs: a run's weights depend on its threads
