@@ -29,7 +29,7 @@ from flows.eval import eval_stage
 from flows.fanout import RowSpec, check_fanout_fits, fan_out, row_spec
 from flows.params import PipelineParams
 from flows.progress import PROGRESS
-from paravt_core.config import VALIDATION_SPLITS, FanoutConfig, PipelineConfig, config_file
+from paravt_core.config import VALIDATION_SPLITS, FanoutConfig, PipelineConfig, rl_row_path
 from paravt_core.refs import ArtifactRef
 from paravt_core.eval.results import ResultsLog
 from paravt_core.data.mirror import world_dir
@@ -54,8 +54,8 @@ class ReproduceParams(PipelineParams):
     @model_validator(mode="after")
     def _rows_exist(self) -> ReproduceParams:
         for row in self.load().reproduce.rows:
-            if not row_file(self.config_path, row).is_file():
-                raise ValueError(f"reproduce.rows names {row!r} but {row_file(self.config_path, row)} does not exist")
+            if not rl_row_path(self.config_path, row).is_file():
+                raise ValueError(f"reproduce.rows names {row!r} but {rl_row_path(self.config_path, row)} does not exist")
         cfg = self.load()
         check_fanout_fits(cfg.run.fanout)
         if cfg.reproduce.probe.enabled and cfg.reproduce.probe.split not in cfg.eval.splits:
@@ -63,11 +63,6 @@ class ReproduceParams(PipelineParams):
                              f"{list(cfg.eval.splits)} does not prepare it; add it there or set "
                              "reproduce.probe.enabled=false")
         return self
-
-
-def row_file(config_path: str, row: str) -> Path:
-    """`conf/rl/<row>.yaml` beside the pipeline config's folder."""
-    return config_file(config_path).resolve().parents[1] / "rl" / f"{row}.yaml"
 
 
 def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row: str, seed: int | None,
@@ -200,7 +195,7 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
             for label, sets in row_variants(row, cfg.reproduce.variants):
                 for seed in cfg.reproduce.seeds:
                     spec = row_spec("reproduce", label, params.config_path,
-                                    [*params.overrides, f"run.seed={seed}", *sets], row_file(params.config_path, row),
+                                    [*params.overrides, f"run.seed={seed}", *sets], rl_row_path(params.config_path, row),
                                     sft_model, data, seed=seed)
                     rl_jobs.append((spec.label, functools.partial(reproduce_row, spec), spec))
         # The SFT model's own measurements run in the same fan-out (`job_order` says when).

@@ -962,13 +962,18 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     return raw
 
 
+def rl_row_path(config_path: str | Path, name: str) -> Path:
+    """The RL row `name`: `rl/<name>.yaml` beside the pipeline config's folder
+    (`conf/rl/paragrpo.yaml` for `conf/pipeline/reproduce.yaml`), as `reproduce.rows` names rows."""
+    return config_file(config_path).resolve().parents[1] / "rl" / f"{name}.yaml"
+
+
 def rl_row_file(config_path: str | Path, row: str | Path) -> Path:
     """An RL row as a command was given it: a YAML file, or a row's name (`paragrpo`: no folder,
-    no suffix, and no such file), which is `rl/<name>.yaml` beside the pipeline config's folder
-    (`conf/rl/paragrpo.yaml` for `conf/pipeline/reproduce.yaml`), as `reproduce.rows` names rows."""
+    no suffix, and no such file; `rl_row_path`)."""
     given = Path(row)
     if given.name == str(row) and not given.suffix and not config_file(given).is_file():
-        return config_file(config_path).resolve().parents[1] / "rl" / f"{row}.yaml"
+        return rl_row_path(config_path, str(row))
     return given
 
 
