@@ -54,8 +54,8 @@ class ReproduceParams(PipelineParams):
     @model_validator(mode="after")
     def _rows_exist(self) -> ReproduceParams:
         for row in self.load().reproduce.rows:
-            if not rl_row_path(self.config_path, row).is_file():
-                raise ValueError(f"reproduce.rows names {row!r} but {rl_row_path(self.config_path, row)} does not exist")
+            if not (path := rl_row_path(self.config_path, row)).is_file():
+                raise ValueError(f"reproduce.rows names {row!r} but {path} does not exist")
         cfg = self.load()
         check_fanout_fits(cfg.run.fanout)
         if cfg.reproduce.probe.enabled and cfg.reproduce.probe.split not in cfg.eval.splits:
@@ -195,8 +195,8 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
             for label, sets in row_variants(row, cfg.reproduce.variants):
                 for seed in cfg.reproduce.seeds:
                     spec = row_spec("reproduce", label, params.config_path,
-                                    [*params.overrides, f"run.seed={seed}", *sets], rl_row_path(params.config_path, row),
-                                    sft_model, data, seed=seed)
+                                    [*params.overrides, f"run.seed={seed}", *sets],
+                                    rl_row_path(params.config_path, row), sft_model, data, seed=seed)
                     rl_jobs.append((spec.label, functools.partial(reproduce_row, spec), spec))
         # The SFT model's own measurements run in the same fan-out (`job_order` says when).
         jobs = job_order(cfg.run.fanout, rl_jobs, sft_jobs(cfg, sft_model, data.eval, world))
