@@ -113,6 +113,9 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("data.synth", "teacher_budgets"), ("data.synth", "subagent_error_rate"),
     ("data.synth", "skip_when_seen"), ("model.pretrain", "overview_rows"), ("data.synth", "direct_check"),
     ("model.pretrain", "num_ranks"), ("reproduce", "rl_validation"),
+    # Float rounding only (tests/integration/test_shared_prefix.py), keyed when set as the model's
+    # rounding switches are.
+    ("rl", "shared_prefix"),
 )
 
 # run.fanout: how many rows run at once and on how many threads (docs/scale.md, "Fanning out RL rows").
