@@ -38,12 +38,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from paravt_core.agent.engine import GenerationRequest
+from paravt_core.agent.engine import GenerationRequest, VisionInputs
 from paravt_core.agent.hf_engine import pad_requests
 from paravt_core.model.logprobs import (
     LOGPROB_CHUNK,
@@ -53,8 +53,13 @@ from paravt_core.model.logprobs import (
     unwrapped,
 )
 
-if TYPE_CHECKING:
-    from paravt_core.rl.policy import Trajectory
+
+class Trajectory(Protocol):
+    """What this module reads of a `policy.Trajectory` (that module imports this one)."""
+
+    token_ids: torch.Tensor  # [L]
+    vision: VisionInputs
+    prompt_length: int
 
 # Faults the equality test plants (tests only, never a setting): a suffix that also sees the
 # previous suffix's keys, suffix positions shifted by one, the prefix's gradient taken from
@@ -169,7 +174,6 @@ class PackedBatch:
     inputs: dict[str, torch.Tensor]
     rows: list[PackedRow]
     source: list[torch.Tensor]  # per trajectory [L]: flat index (row * N + column) of each of its positions
-    plant: Plant = None
 
 
 def _row_positions(trajs: Sequence[Trajectory], ids: dict[str, int], rope_index) -> list[torch.Tensor]:
@@ -229,9 +233,9 @@ def pack(trajs: Sequence[Trajectory], ids: dict[str, int], model, plant: Plant =
             end = start + t.token_ids.numel() - prefix
             input_ids[r, start:end] = t.token_ids[prefix:]
             position_ids[:, r, start:end] = positions[i][:, prefix:] + (1 if plant == "shift" else 0)
-            pieces_of = [m for m in media[i] if m.start >= prefix]
-            for m in pieces_of:
-                pieces[m.kind].append(m)
+            for m in media[i]:
+                if m.start >= prefix:
+                    pieces[m.kind].append(m)
             source[i] = r * width + torch.cat([torch.arange(prefix), torch.arange(start, end)])
             row.spans.append((start, end))
             start = end
@@ -240,7 +244,7 @@ def pack(trajs: Sequence[Trajectory], ids: dict[str, int], model, plant: Plant =
         if pieces[kind]:
             inputs[pixels_name] = torch.cat([m.pixels for m in pieces[kind]])
             inputs[grid_name] = torch.stack([m.grid for m in pieces[kind]])
-    return PackedBatch(inputs, rows, source, plant)
+    return PackedBatch(inputs, rows, source)
 
 
 # --- attention without the masked blocks ---------------------------------------------------

@@ -141,6 +141,12 @@ def test_logprobs_and_gradients_equal_the_per_row_path_and_planted_faults_break_
         assert grad_gap > 100 * GRADIENT_TOLERANCE, (plant, logp_gap, grad_gap)
         if plant != "once":  # the forward is right there; only the prefix's gradient is short
             assert logp_gap > 100 * LOGPROB_TOLERANCE, (plant, logp_gap)
+    # Under activation checkpointing (`rl.gradient_checkpointing`) the backward recomputes each layer
+    # outside the piecewise attention's reach: the dense mask runs, to the same tolerance.
+    model.gradient_checkpointing_enable()
+    assert shared_prefix._checkpointing(model)
+    logp_gap, grad_gap = _gaps(_values_and_grads(model, shared(), needed), want)
+    assert logp_gap <= LOGPROB_TOLERANCE and grad_gap <= GRADIENT_TOLERANCE, ("checkpointing", logp_gap, grad_gap)
 
 
 def test_micro_batches_by_group_keep_the_count_and_put_members_together(step):
