@@ -31,7 +31,14 @@ from paravt_core.agent.prompts import question_prompt
 from paravt_core.agent.rollout import run_episodes
 from paravt_core.config import load_config
 from paravt_core.rl import shared_prefix
-from paravt_core.rl.policy import _needed, micro_batches, sequence_logprobs, trajectories
+from paravt_core.rl.policy import (
+    _needed,
+    micro_batch_loss,
+    micro_batches,
+    reference_pass,
+    sequence_logprobs,
+    trajectories,
+)
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -70,8 +77,7 @@ class ScriptedEngine:
 @pytest.fixture()
 def step(tiny_model, tiny_processor, short_video):
     """(the step's trajectories, token ids of the model)."""
-    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["video.nframes=2", "video.max_pixels=3072",
-                                                         "rl.rollout.max_turns=1", "video.crop_max_frames=2"])
+    cfg = _config()
     engine = ScriptedEngine(tiny_processor.tokenizer)
     prompt = question_prompt("a", short_video, "What colour is the square?")
     episodes = run_episodes(engine, tiny_processor, [prompt], cfg.rl.rollout, cfg.video, group_size=3)
@@ -81,6 +87,12 @@ def step(tiny_model, tiny_processor, short_video):
     ids = {"pad": tiny_processor.tokenizer.pad_token_id, "image": tiny_model.config.image_token_id,
            "video": tiny_model.config.video_token_id}
     return trajs, ids
+
+
+def _config(*overrides: str):
+    return load_config(REPO / "conf/pipeline/tiny.yaml", ["video.nframes=2", "video.max_pixels=3072",
+                                                          "rl.rollout.max_turns=1", "video.crop_max_frames=2",
+                                                          "rl.kl_mode=loss", *overrides])
 
 
 def _values_and_grads(model, compute, needed):
@@ -159,3 +171,31 @@ def test_micro_batches_by_group_keep_the_count_and_put_members_together(step):
     assert sorted(map(id, order)) == sorted(map(id, shuffled))
     keys = [shared_prefix.group_key(t) for t in order]
     assert all(keys.index(k) == i or keys[i - 1] == k for i, k in enumerate(keys))  # each group contiguous
+
+
+def test_the_step_passes_give_the_per_row_results_with_the_switch(tiny_model, step):
+    """`reference_pass` (micro-batches by group: results go back to their own trajectories) and
+    `micro_batch_loss` (the step's token mean: same loss, same gradients) under `rl.shared_prefix`."""
+    trajs, ids = step
+    model = tiny_model.train()
+    generator = torch.Generator().manual_seed(1)
+    for t in trajs:
+        t.advantages = torch.randn(t.token_ids.numel(), generator=generator) * t.loss_mask
+        t.old_logprobs = -torch.rand(t.token_ids.numel(), generator=generator)
+    shuffled = [trajs[i] for i in (3, 0, 7, 4, 1, 8, 5, 2, 6)]  # groups split, so the reorder matters
+    total = float(sum(t.loss_mask.sum() for t in trajs))
+    results = {}
+    for shared in (False, True):
+        rl = _config(f"rl.shared_prefix={str(shared).lower()}").rl
+        with torch.no_grad():
+            reference_pass(model, shuffled, 3, ids, TEMPERATURE, "cpu", shared_prefix=shared)
+        refs = [t.ref_logprobs.clone() for t in shuffled]
+        model.zero_grad(set_to_none=True)
+        loss = sum(micro_batch_loss(model, batch.trajs, rl, ids, total, "cpu")[0]
+                   for batch in micro_batches(shuffled, 3, by_group=shared))
+        loss.backward()
+        results[shared] = refs, float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    (refs, loss, grads), (refs_shared, loss_shared, grads_shared) = results[False], results[True]
+    assert max(float((a - b).abs().max()) for a, b in zip(refs, refs_shared)) <= LOGPROB_TOLERANCE
+    assert abs(loss - loss_shared) <= 1e-5 * max(1.0, abs(loss))
+    assert _gaps((torch.zeros(1), grads_shared), (torch.zeros(1), grads))[1] <= GRADIENT_TOLERANCE
