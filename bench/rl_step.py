@@ -36,8 +36,13 @@ lands there). Old's unprofiled CPU seconds over a variant's product-and-attentio
 the largest ratio that variant could reach by cutting everything else to nothing while
 computing the same products on the same tokens.
 
+`--shared-prefix` adds a fourth variant, `shared`: this tree by default with `rl.shared_prefix: true`
+(each group's shared prefix once in the policy and reference passes, issue #64; float rounding
+only), interleaved with the others and held to bounds against `new` as `fast` is against `old`.
+
 Old tree: `git worktree add --detach /tmp/h5-old 8f8d49a` (the issue's baseline), then
-Run: `.venv/bin/python bench/rl_step.py --old /tmp/h5-old [--repeats 2] [--steps 2] [--threads 1] [--kernels]`.
+Run: `.venv/bin/python bench/rl_step.py --old /tmp/h5-old [--repeats 2] [--steps 2] [--threads 1] [--kernels]
+[--shared-prefix]`.
 """
 
 from __future__ import annotations
@@ -176,6 +181,8 @@ class KernelSplit:
 
 
 FAST = ["model.vision_dedupe=always", "model.patch_embed=linear", "model.prefill_attention=causal_rows"]
+# The settings each variant of this tree adds (`old` runs the older tree as it is).
+VARIANT_SETTINGS = {"old": [], "new": [], "fast": FAST, "shared": ["rl.shared_prefix=true"]}
 
 
 def _config(tree: Path, out: Path, questions: int, main_tokens: int = 64, subagent_tokens: int = 48,
@@ -207,8 +214,7 @@ def child(args) -> None:
     inputs = json.loads(Path(args.inputs).read_text())
     tree = Path(args.tree)
     out = Path(args.out)
-    cfg = _config(tree, out, args.questions, args.main_tokens, args.subagent_tokens,
-                  FAST if args.variant == "fast" else None)
+    cfg = _config(tree, out, args.questions, args.main_tokens, args.subagent_tokens, VARIANT_SETTINGS[args.variant])
     model_dir = Path(inputs["model"])
     init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
     rl_data = ArtifactRef(kind="rl_data", path=Path(inputs["rl"]), sha256=content_hash(Path(inputs["rl"])))
@@ -287,7 +293,7 @@ def print_kernel_split(results: dict[str, list[dict]]) -> None:
     print("|---|---|---|---|---|---|---|")
     for label, key in (("RL step", "rl_step_split"), ("evaluation", "eval_split")):
         medians = {}
-        for name in ("old", "new", "fast"):
+        for name in results:
             splits = [s for r in results[name] for s in _as_list(r[key])]
             medians[name] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
         timed_key = "rl_step_cpu_s" if key == "rl_step_split" else "eval_cpu_s"
@@ -314,6 +320,8 @@ def main() -> int:
     parser.add_argument("--kernels", action="store_true",
                         help="after the timed work, one more step and evaluation under torch.profiler, their CPU time "
                         "split by kernel (module docstring)")
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="a fourth variant, this tree with rl.shared_prefix: true (module docstring)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tree", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
@@ -327,7 +335,7 @@ def main() -> int:
         print("bench/rl_step.py: --old must be a checkout of the baseline (git worktree add --detach /tmp/h2-old "
               "8f8d49a)", file=sys.stderr)
         return 2
-    trees = {"old": args.old.resolve(), "new": REPO, "fast": REPO}
+    trees = {"old": args.old.resolve(), "new": REPO, "fast": REPO, **({"shared": REPO} if args.shared_prefix else {})}
     with tempfile.TemporaryDirectory(prefix="paravt-bench-rl-step-") as tmp:
         root = Path(tmp)
         inputs = root / "inputs.json"
@@ -349,25 +357,30 @@ def main() -> int:
     reference = results["old"][0]
     same = all(r["rl_metrics"] == reference["rl_metrics"] and r["weights_sha256"] == reference["weights_sha256"] and
                r["eval_predictions"] == reference["eval_predictions"] for r in results["old"] + results["new"])
-    print("| measure (median) | old s | new s | fast s | old / new | old / fast |")
-    print("|---|---|---|---|---|---|")
+    others = [name for name in trees if name != "old"]
+    print(f"| measure (median) | {' | '.join(f'{name} s' for name in trees)} | "
+          f"{' | '.join(f'old / {name}' for name in others)} |")
+    print("|---" * (len(trees) + len(others) + 1) + "|")
     for label, key in (("RL step, wall", "rl_step_s"), ("RL step, CPU", "rl_step_cpu_s"),
                        (f"evaluation of {args.questions}, wall", "eval_s"),
                        (f"evaluation of {args.questions}, CPU", "eval_cpu_s")):
-        old, new, fast = (statistics.median(s for r in results[name] for s in _as_list(r[key]))
-                          for name in ("old", "new", "fast"))
-        print(f"| {label} | {old:.2f} | {new:.2f} | {fast:.2f} | {old / new:.2f}x | {old / fast:.2f}x |")
+        median = {name: statistics.median(s for r in results[name] for s in _as_list(r[key])) for name in trees}
+        times = " | ".join(f"{median[name]:.2f}" for name in trees)
+        ratios = " | ".join(f"{median['old'] / median[name]:.2f}x" for name in others)
+        print(f"| {label} | {times} | {ratios} |")
     if args.kernels:
         print_kernel_split(results)
     print(f"same results, new against old (RL metrics of every step, final weights, eval predictions): "
           f"{'yes' if same else 'NO'}")
-    for r in results["fast"]:
-        metric_gap = max(abs(a[k] - b[k]) for a, b in zip(r["rl_metrics"], reference["rl_metrics"]) for k in a)
-        weight_gap = max(float((weights["fast"][k] - weights["old"][k]).abs().max()) for k in weights["old"])
-        equal = sum(a == b for a, b in zip(r["eval_predictions"], reference["eval_predictions"]))
-        print(f"fast against old: largest RL metric difference {metric_gap:.3g}, largest weight difference "
-              f"{weight_gap:.3g} after {args.steps + 1 + args.kernels} steps, {equal} of {len(r['eval_predictions'])} "
-              "predictions equal")
+    for name, against in (("fast", "old"), ("shared", "new")):
+        base = results[against][0]
+        for r in results.get(name, []):
+            metric_gap = max(abs(a[k] - b[k]) for a, b in zip(r["rl_metrics"], base["rl_metrics"]) for k in a)
+            weight_gap = max(float((weights[name][k] - weights[against][k]).abs().max()) for k in weights[against])
+            equal = sum(a == b for a, b in zip(r["eval_predictions"], base["eval_predictions"]))
+            print(f"{name} against {against}: largest RL metric difference {metric_gap:.3g}, largest weight "
+                  f"difference {weight_gap:.3g} after {args.steps + 1 + args.kernels} steps, {equal} of "
+                  f"{len(r['eval_predictions'])} predictions equal")
     return 0 if same else 1
 
 
