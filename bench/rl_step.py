@@ -287,7 +287,7 @@ def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
 def print_kernel_split(results: dict[str, list[dict]]) -> None:
     """Under --kernels: the profiled CPU seconds split by kernel, medians over the children, and the
     ratio each variant could reach with everything but its products and attention cut to nothing
-    (against old's unprofiled, timed CPU seconds)."""
+    (against the first variant's unprofiled, timed CPU seconds: old, or new without --old)."""
     print("| block | variant | profiled CPU s | matrix products s | attention s | everything else s | "
           "old (unprofiled) / (products + attention) |")
     print("|---|---|---|---|---|---|---|")
@@ -297,7 +297,7 @@ def print_kernel_split(results: dict[str, list[dict]]) -> None:
             splits = [s for r in results[name] for s in _as_list(r[key])]
             medians[name] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
         timed_key = "rl_step_cpu_s" if key == "rl_step_split" else "eval_cpu_s"
-        old_cpu = statistics.median(s for r in results["old"] for s in _as_list(r[timed_key]))
+        old_cpu = statistics.median(s for r in results[next(iter(results))] for s in _as_list(r[timed_key]))
         for name, m in medians.items():
             bound = old_cpu / (m["matmul_s"] + m["attention_s"])
             print(f"| {label} | {name} | {m['cpu_s']:.2f} | {m['matmul_s']:.2f} | {m['attention_s']:.2f} | "
@@ -331,11 +331,16 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
-    if args.old is None or not (args.old / "paravt_core").is_dir():
+    if args.old is None and args.shared_prefix:  # the switch alone: new against shared, this tree only
+        trees = {"new": REPO, "shared": REPO}
+    elif args.old is None or not (args.old / "paravt_core").is_dir():
         print("bench/rl_step.py: --old must be a checkout of the baseline (git worktree add --detach /tmp/h2-old "
-              "8f8d49a)", file=sys.stderr)
+              "8f8d49a), or give --shared-prefix alone", file=sys.stderr)
         return 2
-    trees = {"old": args.old.resolve(), "new": REPO, "fast": REPO, **({"shared": REPO} if args.shared_prefix else {})}
+    else:
+        trees = {"old": args.old.resolve(), "new": REPO, "fast": REPO,
+                 **({"shared": REPO} if args.shared_prefix else {})}
+    first = next(iter(trees))  # the baseline of the ratios and of the exactness check
     with tempfile.TemporaryDirectory(prefix="paravt-bench-rl-step-") as tmp:
         root = Path(tmp)
         inputs = root / "inputs.json"
@@ -354,27 +359,27 @@ def main() -> int:
                 print(f"  {name} #{repeat}: RL s/step {[round(s, 2) for s in result['rl_step_s']]} (CPU "
                       f"{[round(s, 2) for s in result['rl_step_cpu_s']]}), eval {result['eval_s']:.2f} s (CPU "
                       f"{result['eval_cpu_s']:.2f})", flush=True)
-    reference = results["old"][0]
+    reference = results[first][0]
     same = all(r["rl_metrics"] == reference["rl_metrics"] and r["weights_sha256"] == reference["weights_sha256"] and
-               r["eval_predictions"] == reference["eval_predictions"] for r in results["old"] + results["new"])
-    others = [name for name in trees if name != "old"]
+               r["eval_predictions"] == reference["eval_predictions"] for r in results[first] + results["new"])
+    others = [name for name in trees if name != first]
     print(f"| measure (median) | {' | '.join(f'{name} s' for name in trees)} | "
-          f"{' | '.join(f'old / {name}' for name in others)} |")
+          f"{' | '.join(f'{first} / {name}' for name in others)} |")
     print("|---" * (len(trees) + len(others) + 1) + "|")
     for label, key in (("RL step, wall", "rl_step_s"), ("RL step, CPU", "rl_step_cpu_s"),
                        (f"evaluation of {args.questions}, wall", "eval_s"),
                        (f"evaluation of {args.questions}, CPU", "eval_cpu_s")):
         median = {name: statistics.median(s for r in results[name] for s in _as_list(r[key])) for name in trees}
         times = " | ".join(f"{median[name]:.2f}" for name in trees)
-        ratios = " | ".join(f"{median['old'] / median[name]:.2f}x" for name in others)
+        ratios = " | ".join(f"{median[first] / median[name]:.2f}x" for name in others)
         print(f"| {label} | {times} | {ratios} |")
     if args.kernels:
         print_kernel_split(results)
-    print(f"same results, new against old (RL metrics of every step, final weights, eval predictions): "
+    print(f"same results, new against {first} (RL metrics of every step, final weights, eval predictions): "
           f"{'yes' if same else 'NO'}")
     for name, against in (("fast", "old"), ("shared", "new")):
-        base = results[against][0]
         for r in results.get(name, []):
+            base = results[against][0]
             metric_gap = max(abs(a[k] - b[k]) for a, b in zip(r["rl_metrics"], base["rl_metrics"]) for k in a)
             weight_gap = max(float((weights[name][k] - weights[against][k]).abs().max()) for k in weights[against])
             equal = sum(a == b for a, b in zip(r["eval_predictions"], base["eval_predictions"]))
