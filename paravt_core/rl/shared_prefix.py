@@ -42,9 +42,12 @@ from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+from transformers.models.qwen3_vl.modeling_qwen3_vl import eager_attention_forward
 
 from paravt_core.agent.engine import GenerationRequest, VisionInputs
 from paravt_core.agent.hf_engine import pad_requests
+from paravt_core.config import SHARED_PREFIX_ATTENTION
 from paravt_core.model.logprobs import (
     LOGPROB_CHUNK,
     final_hidden_states,
@@ -60,6 +63,7 @@ class Trajectory(Protocol):
     token_ids: torch.Tensor  # [L]
     vision: VisionInputs
     prompt_length: int
+
 
 # Faults the equality test plants (tests only, never a setting): a suffix that also sees the
 # previous suffix's keys, suffix positions shifted by one, the prefix's gradient taken from
@@ -178,8 +182,10 @@ class PackedBatch:
 
 def _row_positions(trajs: Sequence[Trajectory], ids: dict[str, int], rope_index) -> list[torch.Tensor]:
     """Each trajectory's [3, L] M-RoPE positions, as the model computes them on the unpadded sequence."""
-    padded = pad_requests([GenerationRequest(t.token_ids.tolist(), t.vision) for t in trajs], ids["pad"],
-                          ids["image"], ids["video"])
+    grids = [VisionInputs(image_grid_thw=t.vision.image_grid_thw, video_grid_thw=t.vision.video_grid_thw)
+             for t in trajs]
+    padded = pad_requests([GenerationRequest(t.token_ids.tolist(), g) for t, g in zip(trajs, grids)], ids["pad"],
+                          ids["image"], ids["video"])  # grids only: the positions need no pixels
     vision = padded.vision
     positions, _ = rope_index(padded.input_ids, padded.mm_token_type_ids, image_grid_thw=vision.image_grid_thw,
                               video_grid_thw=vision.video_grid_thw, attention_mask=padded.attention_mask)
@@ -256,9 +262,6 @@ def _segmented(module, query, key, value, attention_mask, dropout: float = 0.0, 
                **kwargs):
     """The attention function registered as ATTENTION_KEY: the packed rows' attention piecewise
     when `attention_mask` is the active packed mask, else the base implementation's."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import eager_attention_forward
-
     if attention_mask is not _ACTIVE.get("mask"):
         base = ALL_ATTENTION_FUNCTIONS.get_interface(_ACTIVE.get("base", "sdpa"), eager_attention_forward)
         return base(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -296,12 +299,6 @@ def _segmented(module, query, key, value, attention_mask, dropout: float = 0.0, 
     return torch.cat(outputs).transpose(1, 2).contiguous(), None  # [R, N, H, D]
 
 
-def _register() -> None:
-    from transformers.modeling_utils import AttentionInterface
-
-    AttentionInterface.register(ATTENTION_KEY, _segmented)
-
-
 def _checkpointing(model) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) and m.training for m in unwrapped(model).modules())
 
@@ -309,13 +306,13 @@ def _checkpointing(model) -> bool:
 @contextlib.contextmanager
 def segmented_attention(model, mask: torch.Tensor, rows: Sequence[PackedRow], plant: Plant = None) -> Iterator[bool]:
     """While the packed forward runs, the text model attends piecewise (module docstring); yields
-    whether it does (not under activation checkpointing, nor for flash attention)."""
+    whether it does (not under activation checkpointing)."""
     text_config = unwrapped(model).config.get_text_config()
     base = text_config._attn_implementation
-    if _checkpointing(model) or base not in ("sdpa", "eager"):
+    if _checkpointing(model):
         yield False
         return
-    _register()
+    AttentionInterface.register(ATTENTION_KEY, _segmented)
     _ACTIVE.update(mask=mask, rows=list(rows), plant=plant, base=base)
     text_config._attn_implementation = ATTENTION_KEY
     try:
@@ -340,13 +337,18 @@ def shared_prefix_logprobs(model, trajs: Sequence[Trajectory], ids: dict[str, in
     width = max(lengths)
     want = torch.ones(len(trajs), width, dtype=torch.bool) if needed is None else needed.to("cpu", torch.bool).clone()
     want[:, 0] = False
+    attention = unwrapped(model).config.get_text_config()._attn_implementation
+    if attention not in SHARED_PREFIX_ATTENTION:
+        raise ValueError(f"rl.shared_prefix needs an attention implementation that takes an explicit mask "
+                         f"{SHARED_PREFIX_ATTENTION}; the model runs {attention!r}: set model.attn_implementation "
+                         "or rl.shared_prefix: false")
     packed = pack(trajs, ids, model, plant)
     norm, head = output_layers(model)
     inputs = {name: value.to(device) for name, value in packed.inputs.items()}
-    if unwrapped(model).config.get_text_config()._attn_implementation == "eager":  # an additive mask there
-        blocked = torch.finfo(next(head.parameters()).dtype).min
-        inputs["attention_mask"] = torch.zeros(inputs["attention_mask"].shape, device=device).masked_fill(
-            ~inputs["attention_mask"], blocked)
+    if attention == "eager":  # an additive mask there
+        dtype = next(head.parameters()).dtype
+        inputs["attention_mask"] = torch.zeros(inputs["attention_mask"].shape, dtype=dtype, device=device).masked_fill(
+            ~inputs["attention_mask"], torch.finfo(dtype).min)
     with segmented_attention(model, inputs["attention_mask"], packed.rows, plant) if segmented \
             else contextlib.nullcontext():
         hidden = final_hidden_states(model, inputs, norm)  # [R, N, H]

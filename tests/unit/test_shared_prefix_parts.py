@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from paravt_core.agent.engine import VisionInputs
+from paravt_core.config import load_config
 from paravt_core.rl.policy import Trajectory
 from paravt_core.rl.shared_prefix import PackedRow, dense_mask, media_of, prefix_groups, shared_length
 
+REPO = Path(__file__).resolve().parents[2]
 IDS = {"pad": 0, "image": 9, "video": 8}
 MERGE = 2  # 4 patches per placeholder token
 
@@ -57,3 +62,11 @@ def test_dense_mask_suffixes_see_the_prefix_and_themselves_only():
                              [1, 1, 1, 1, 0, 0],
                              [1, 1, 0, 0, 1, 0],
                              [0, 0, 0, 0, 0, 1]]  # the last column is padding: it sees only itself
+
+
+def test_flash_attention_is_refused_at_load():
+    base = REPO / "conf/pipeline/tiny.yaml"
+    load_config(base, ["rl.shared_prefix=true"])  # sdpa, the default
+    with pytest.raises(Exception, match="rl.shared_prefix packs"):
+        load_config(base, ["rl.shared_prefix=true", "model.attn_implementation=flash_attention_2",
+                           "model.dtype=bfloat16"])
