@@ -15,6 +15,8 @@ The step's data flow (each stage a function here, driven by `rl/worker.py`):
    within a batch (PPO mini-batches) would need them recomputed before its first update.
 Sub-agent trajectories get their episode's normalized scalar at their last generated token
 and their own KL rewards (SPEC §5: sub-agents trained with their episode's advantage).
+With `rl.shared_prefix` the reference and policy passes run each group's shared prompt once
+per micro-batch (`rl/shared_prefix.py`), the micro-batches built by group.
 """
 
 from __future__ import annotations

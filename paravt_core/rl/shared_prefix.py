@@ -30,7 +30,7 @@ piecewise instead: the prefix causally, then each suffix against the prefix's ke
 so masked blocks (one suffix against another) are never computed. Under activation
 checkpointing the backward pass recomputes each layer outside this module's control, so the
 dense mask runs there. Each micro-batch is one forward of the model, as in the per-row path,
-so ZeRO-3's parameter gathers stay in step across ranks.
+so ZeRO-3's parameter gathers should stay in step across ranks (not yet run on two ranks).
 """
 
 from __future__ import annotations
