@@ -31,7 +31,7 @@ from paravt_core.agent.prompts import question_prompt
 from paravt_core.agent.rollout import run_episodes
 from paravt_core.config import load_config
 from paravt_core.model.loading import load_model
-from paravt_core.rl import shared_prefix
+from paravt_core.rl import policy, shared_prefix
 from paravt_core.rl.policy import (
     _needed,
     micro_batch_loss,
@@ -40,6 +40,7 @@ from paravt_core.rl.policy import (
     sequence_logprobs,
     trajectories,
 )
+from tests.integration.test_speed_determinism import EXACT, _two_steps, rl_inputs  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -215,3 +216,16 @@ def test_eager_attention_gets_an_additive_mask(tiny_model_dir, step):
             got = shared_prefix.shared_prefix_logprobs(model, trajs, ids, TEMPERATURE, "cpu", needed,
                                                        segmented=segmented)
             assert float((got - want).abs().max()) <= LOGPROB_TOLERANCE, segmented
+
+
+def test_the_trainer_runs_both_passes_shared_when_the_switch_is_on(rl_inputs, tmp_path, monkeypatch):  # noqa: F811
+    """`rl/worker.py` hands `rl.shared_prefix` to the reference pass (no autograd) and the policy's
+    micro-batches (autograd): both go through the shared-prefix path, and the steps train."""
+    init, rl_data = rl_inputs
+    calls: list[bool] = []  # autograd on, at each call
+    real = policy.shared_prefix_logprobs
+    monkeypatch.setattr(policy, "shared_prefix_logprobs",
+                        lambda *args, **kwargs: calls.append(torch.is_grad_enabled()) or real(*args, **kwargs))
+    rows, _, _ = _two_steps(tmp_path, init, rl_data, [*EXACT, "rl.shared_prefix=true"], monkeypatch)
+    assert False in calls and True in calls
+    assert all(torch.isfinite(torch.tensor(value)) for row in rows for value in row.values())
