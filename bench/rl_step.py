@@ -36,8 +36,13 @@ lands there). Old's unprofiled CPU seconds over a variant's product-and-attentio
 the largest ratio that variant could reach by cutting everything else to nothing while
 computing the same products on the same tokens.
 
+`--shared-prefix` adds a fourth variant, `shared`: this tree by default with `rl.shared_prefix: true`
+(each group's shared prefix once in the policy and reference passes, issue #64; float rounding
+only), interleaved with the others and held to bounds against `new` as `fast` is against `old`.
+
 Old tree: `git worktree add --detach /tmp/h5-old 8f8d49a` (the issue's baseline), then
-Run: `.venv/bin/python bench/rl_step.py --old /tmp/h5-old [--repeats 2] [--steps 2] [--threads 1] [--kernels]`.
+Run: `.venv/bin/python bench/rl_step.py --old /tmp/h5-old [--repeats 2] [--steps 2] [--threads 1] [--kernels]
+[--shared-prefix]`.
 """
 
 from __future__ import annotations
@@ -176,6 +181,8 @@ class KernelSplit:
 
 
 FAST = ["model.vision_dedupe=always", "model.patch_embed=linear", "model.prefill_attention=causal_rows"]
+# The settings each variant of this tree adds (`old` runs the older tree as it is).
+VARIANT_SETTINGS = {"old": [], "new": [], "fast": FAST, "shared": ["rl.shared_prefix=true"]}
 
 
 def _config(tree: Path, out: Path, questions: int, main_tokens: int = 64, subagent_tokens: int = 48,
@@ -207,8 +214,7 @@ def child(args) -> None:
     inputs = json.loads(Path(args.inputs).read_text())
     tree = Path(args.tree)
     out = Path(args.out)
-    cfg = _config(tree, out, args.questions, args.main_tokens, args.subagent_tokens,
-                  FAST if args.variant == "fast" else None)
+    cfg = _config(tree, out, args.questions, args.main_tokens, args.subagent_tokens, VARIANT_SETTINGS[args.variant])
     model_dir = Path(inputs["model"])
     init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
     rl_data = ArtifactRef(kind="rl_data", path=Path(inputs["rl"]), sha256=content_hash(Path(inputs["rl"])))
@@ -281,17 +287,17 @@ def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
 def print_kernel_split(results: dict[str, list[dict]]) -> None:
     """Under --kernels: the profiled CPU seconds split by kernel, medians over the children, and the
     ratio each variant could reach with everything but its products and attention cut to nothing
-    (against old's unprofiled, timed CPU seconds)."""
+    (against the first variant's unprofiled, timed CPU seconds: old, or new without --old)."""
     print("| block | variant | profiled CPU s | matrix products s | attention s | everything else s | "
           "old (unprofiled) / (products + attention) |")
     print("|---|---|---|---|---|---|---|")
     for label, key in (("RL step", "rl_step_split"), ("evaluation", "eval_split")):
         medians = {}
-        for name in ("old", "new", "fast"):
+        for name in results:
             splits = [s for r in results[name] for s in _as_list(r[key])]
             medians[name] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
         timed_key = "rl_step_cpu_s" if key == "rl_step_split" else "eval_cpu_s"
-        old_cpu = statistics.median(s for r in results["old"] for s in _as_list(r[timed_key]))
+        old_cpu = statistics.median(s for r in results[next(iter(results))] for s in _as_list(r[timed_key]))
         for name, m in medians.items():
             bound = old_cpu / (m["matmul_s"] + m["attention_s"])
             print(f"| {label} | {name} | {m['cpu_s']:.2f} | {m['matmul_s']:.2f} | {m['attention_s']:.2f} | "
@@ -314,6 +320,8 @@ def main() -> int:
     parser.add_argument("--kernels", action="store_true",
                         help="after the timed work, one more step and evaluation under torch.profiler, their CPU time "
                         "split by kernel (module docstring)")
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="a fourth variant, this tree with rl.shared_prefix: true (module docstring)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tree", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
@@ -323,11 +331,16 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
-    if args.old is None or not (args.old / "paravt_core").is_dir():
+    if args.old is None and args.shared_prefix:  # the switch alone: new against shared, this tree only
+        trees = {"new": REPO, "shared": REPO}
+    elif args.old is None or not (args.old / "paravt_core").is_dir():
         print("bench/rl_step.py: --old must be a checkout of the baseline (git worktree add --detach /tmp/h2-old "
-              "8f8d49a)", file=sys.stderr)
+              "8f8d49a), or give --shared-prefix alone", file=sys.stderr)
         return 2
-    trees = {"old": args.old.resolve(), "new": REPO, "fast": REPO}
+    else:
+        trees = {"old": args.old.resolve(), "new": REPO, "fast": REPO,
+                 **({"shared": REPO} if args.shared_prefix else {})}
+    first = next(iter(trees))  # the baseline of the ratios and of the exactness check
     with tempfile.TemporaryDirectory(prefix="paravt-bench-rl-step-") as tmp:
         root = Path(tmp)
         inputs = root / "inputs.json"
@@ -346,28 +359,33 @@ def main() -> int:
                 print(f"  {name} #{repeat}: RL s/step {[round(s, 2) for s in result['rl_step_s']]} (CPU "
                       f"{[round(s, 2) for s in result['rl_step_cpu_s']]}), eval {result['eval_s']:.2f} s (CPU "
                       f"{result['eval_cpu_s']:.2f})", flush=True)
-    reference = results["old"][0]
+    reference = results[first][0]
     same = all(r["rl_metrics"] == reference["rl_metrics"] and r["weights_sha256"] == reference["weights_sha256"] and
-               r["eval_predictions"] == reference["eval_predictions"] for r in results["old"] + results["new"])
-    print("| measure (median) | old s | new s | fast s | old / new | old / fast |")
-    print("|---|---|---|---|---|---|")
+               r["eval_predictions"] == reference["eval_predictions"] for r in results[first] + results["new"])
+    others = [name for name in trees if name != first]
+    print(f"| measure (median) | {' | '.join(f'{name} s' for name in trees)} | "
+          f"{' | '.join(f'{first} / {name}' for name in others)} |")
+    print("|---" * (len(trees) + len(others) + 1) + "|")
     for label, key in (("RL step, wall", "rl_step_s"), ("RL step, CPU", "rl_step_cpu_s"),
                        (f"evaluation of {args.questions}, wall", "eval_s"),
                        (f"evaluation of {args.questions}, CPU", "eval_cpu_s")):
-        old, new, fast = (statistics.median(s for r in results[name] for s in _as_list(r[key]))
-                          for name in ("old", "new", "fast"))
-        print(f"| {label} | {old:.2f} | {new:.2f} | {fast:.2f} | {old / new:.2f}x | {old / fast:.2f}x |")
+        median = {name: statistics.median(s for r in results[name] for s in _as_list(r[key])) for name in trees}
+        times = " | ".join(f"{median[name]:.2f}" for name in trees)
+        ratios = " | ".join(f"{median[first] / median[name]:.2f}x" for name in others)
+        print(f"| {label} | {times} | {ratios} |")
     if args.kernels:
         print_kernel_split(results)
-    print(f"same results, new against old (RL metrics of every step, final weights, eval predictions): "
+    print(f"same results, new against {first} (RL metrics of every step, final weights, eval predictions): "
           f"{'yes' if same else 'NO'}")
-    for r in results["fast"]:
-        metric_gap = max(abs(a[k] - b[k]) for a, b in zip(r["rl_metrics"], reference["rl_metrics"]) for k in a)
-        weight_gap = max(float((weights["fast"][k] - weights["old"][k]).abs().max()) for k in weights["old"])
-        equal = sum(a == b for a, b in zip(r["eval_predictions"], reference["eval_predictions"]))
-        print(f"fast against old: largest RL metric difference {metric_gap:.3g}, largest weight difference "
-              f"{weight_gap:.3g} after {args.steps + 1 + args.kernels} steps, {equal} of {len(r['eval_predictions'])} "
-              "predictions equal")
+    for name, against in (("fast", "old"), ("shared", "new")):
+        for r in results.get(name, []):
+            base = results[against][0]
+            metric_gap = max(abs(a[k] - b[k]) for a, b in zip(r["rl_metrics"], base["rl_metrics"]) for k in a)
+            weight_gap = max(float((weights[name][k] - weights[against][k]).abs().max()) for k in weights[against])
+            equal = sum(a == b for a, b in zip(r["eval_predictions"], base["eval_predictions"]))
+            print(f"{name} against {against}: largest RL metric difference {metric_gap:.3g}, largest weight "
+                  f"difference {weight_gap:.3g} after {args.steps + 1 + args.kernels} steps, {equal} of "
+                  f"{len(r['eval_predictions'])} predictions equal")
     return 0 if same else 1
 
 

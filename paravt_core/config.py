@@ -30,6 +30,8 @@ from paravt_core.seeds import Seed
 # makes the OS refuse threads (torch.set_num_threads(65536) ends in SIGSEGV once libgomp
 # cannot create them). A count above this machine's cores only oversubscribes it.
 MAX_WORKERS = 1024
+# The attention implementations `rl.shared_prefix` runs under: those that take an explicit mask.
+SHARED_PREFIX_ATTENTION = ("sdpa", "eager")
 
 
 class _Section(BaseModel):
@@ -796,6 +798,16 @@ class PipelineConfig(_Section):
         if self.sft.host_pixel_dtype == "bfloat16" and self.model.dtype != "bfloat16":
             raise ValueError("sft.host_pixel_dtype: bfloat16 would round the pixel values a float32 model reads; "
                              "set model.dtype: bfloat16 or sft.host_pixel_dtype: float32")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_prefix_has_a_mask(self) -> PipelineConfig:
+        # The packed rows attend under an explicit mask (rl/shared_prefix.py); flash attention takes none.
+        if self.rl.shared_prefix and self.model.attn_implementation not in SHARED_PREFIX_ATTENTION:
+            raise ValueError(f"rl.shared_prefix packs a group's trajectories under an explicit attention mask, which "
+                             f"model.attn_implementation={self.model.attn_implementation} does not take: set "
+                             f"model.attn_implementation to one of {SHARED_PREFIX_ATTENTION} or "
+                             "rl.shared_prefix: false")
         return self
 
     @model_validator(mode="after")

@@ -75,14 +75,20 @@ def selected_token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets
     return torch.cat(pieces)
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF model inside `model`: itself, or what a wrapper (DeepSpeedEngine, DDP) holds as `.module`."""
+    inner = model
+    while isinstance(getattr(inner, "module", None), torch.nn.Module):
+        inner = inner.module
+    return inner
+
+
 def output_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(final norm of the text model, lm_head) of a Qwen3-VL causal LM, itself or wrapped.
 
     `model` may be the HF model or a wrapper holding it as `.module` (DeepSpeedEngine, DDP).
     """
-    inner = model
-    while isinstance(getattr(inner, "module", None), torch.nn.Module):
-        inner = inner.module
+    inner = unwrapped(model)
     text_model = getattr(getattr(inner, "model", None), "language_model", None)
     norm = getattr(text_model, "norm", None)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None

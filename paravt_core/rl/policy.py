@@ -15,6 +15,8 @@ The step's data flow (each stage a function here, driven by `rl/worker.py`):
    within a batch (PPO mini-batches) would need them recomputed before its first update.
 Sub-agent trajectories get their episode's normalized scalar at their last generated token
 and their own KL rewards (SPEC §5: sub-agents trained with their episode's advantage).
+With `rl.shared_prefix` the reference and policy passes run each group's shared prompt once
+per micro-batch (`rl/shared_prefix.py`), the micro-batches built by group.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from paravt_core.rl.grpo import (
 )
 from paravt_core.rl.kl import KLMode, kl_mode
 from paravt_core.model.logprobs import LOGPROB_CHUNK, teacher_forced_logprobs
+from paravt_core.rl.shared_prefix import group_order, shared_prefix_logprobs
 from paravt_core.rewards import (
     RewardBreakdown,
     RewardScope,
@@ -158,8 +161,12 @@ class MicroBatch:
     filler: bool = False
 
 
-def micro_batches(trajs: Sequence[Trajectory], micro: int, count: int | None = None) -> list[MicroBatch]:
+def micro_batches(trajs: Sequence[Trajectory], micro: int, count: int | None = None,
+                  by_group: bool = False) -> list[MicroBatch]:
     """This rank's micro-batches of `micro` trajectories, then fillers up to `count`.
+
+    `by_group` (`rl.shared_prefix`) orders the trajectories by the prompt they share first
+    (`shared_prefix.group_order`): the count, ceil(trajectories / micro), is the same either way.
 
     Under ZeRO-3 every forward and backward gathers and scatters parameters with the other
     ranks, and the ranks hold different numbers of trajectories (sub-agent calls differ per
@@ -170,6 +177,8 @@ def micro_batches(trajs: Sequence[Trajectory], micro: int, count: int | None = N
     Raises:
         ValueError: `count` below this rank's own count, or fillers asked for with no trajectory.
     """
+    if by_group:  # a group's members side by side, so they share one prefix per micro-batch (rl.shared_prefix)
+        trajs = [trajs[i] for i in group_order(trajs)]
     batches = [MicroBatch(list(trajs[i : i + micro])) for i in range(0, len(trajs), micro)]
     count = len(batches) if count is None else count
     if count < len(batches):
@@ -185,23 +194,36 @@ def _needed(batch: Sequence[Trajectory]) -> torch.Tensor:
     return left_pad([t.loss_mask for t in batch], max(t.token_ids.numel() for t in batch), torch.bool)
 
 
+def batch_logprobs(model, batch_trajs: Sequence[Trajectory], ids: dict[str, int], temperature: float, device: str,
+                   chunk: int = LOGPROB_CHUNK, shared_prefix: bool = False) -> torch.Tensor:
+    """[B, L] left-padded log-probs of a micro-batch's trained tokens (0 elsewhere): the per-row
+    path, or with `shared_prefix` each group's prefix once (`rl/shared_prefix.py`)."""
+    needed = _needed(batch_trajs)
+    if shared_prefix:
+        return shared_prefix_logprobs(model, batch_trajs, ids, temperature, device, needed, chunk)
+    return sequence_logprobs(model, batch_trajs, ids["pad"], ids["image"], ids["video"], temperature, device,
+                             needed=needed, chunk=chunk)[0]
+
+
 def _logprob_pass(model, trajs: Sequence[Trajectory], micro: int, ids: dict[str, int], temperature: float,
-                  device: str, count: int | None = None, chunk: int = LOGPROB_CHUNK) -> list[torch.Tensor]:
-    rows: list[torch.Tensor] = []
+                  device: str, count: int | None = None, chunk: int = LOGPROB_CHUNK,
+                  shared_prefix: bool = False) -> list[tuple[Trajectory, torch.Tensor]]:
+    rows: list[tuple[Trajectory, torch.Tensor]] = []
     with torch.no_grad():
-        for batch in micro_batches(trajs, micro, count):
-            logp, _ = sequence_logprobs(model, batch.trajs, ids["pad"], ids["image"], ids["video"], temperature,
-                                        device, needed=_needed(batch.trajs), chunk=chunk)
+        for batch in micro_batches(trajs, micro, count, by_group=shared_prefix):
+            logp = batch_logprobs(model, batch.trajs, ids, temperature, device, chunk, shared_prefix)
             if not batch.filler:
-                rows += [row[row.numel() - t.token_ids.numel():] for row, t in zip(logp.cpu(), batch.trajs)]
+                rows += [(t, row[row.numel() - t.token_ids.numel():]) for row, t in zip(logp.cpu(), batch.trajs)]
     return rows
 
 
 def reference_pass(ref_model, trajs: Sequence[Trajectory], micro: int, ids: dict[str, int], temperature: float,
-                   device: str, count: int | None = None, chunk: int = LOGPROB_CHUNK) -> None:
+                   device: str, count: int | None = None, chunk: int = LOGPROB_CHUNK,
+                   shared_prefix: bool = False) -> None:
     """Fill each trajectory's `ref_logprobs` (on its trained tokens; 0 elsewhere) from the frozen
-    reference (SPEC §5 KL). `count`: the micro-batches the ranks agreed on (`micro_batches`)."""
-    for t, row in zip(trajs, _logprob_pass(ref_model, trajs, micro, ids, temperature, device, count, chunk)):
+    reference (SPEC §5 KL). `count`: the micro-batches the ranks agreed on (`micro_batches`);
+    `shared_prefix`: `rl.shared_prefix`."""
+    for t, row in _logprob_pass(ref_model, trajs, micro, ids, temperature, device, count, chunk, shared_prefix):
         t.ref_logprobs = row
 
 
@@ -300,8 +322,7 @@ def micro_batch_loss(model, batch_trajs: Sequence[Trajectory], cfg: RLConfig, id
     Needs `advantages` on every trajectory. With `decoupled_ppo` the proximal log-probs are
     this forward's, detached (module docstring: one optimizer step per rollout batch).
     """
-    logp, _ = sequence_logprobs(model, batch_trajs, ids["pad"], ids["image"], ids["video"], cfg.temperature, device,
-                                needed=_needed(batch_trajs), chunk=cfg.logprob_chunk)
+    logp = batch_logprobs(model, batch_trajs, ids, cfg.temperature, device, cfg.logprob_chunk, cfg.shared_prefix)
     length = logp.shape[1]
     mask = left_pad([t.loss_mask for t in batch_trajs], length).to(device)  # [B, L]
     rollout = left_pad([t.old_logprobs for t in batch_trajs], length).to(device)  # [B, L]

@@ -215,7 +215,8 @@ class Trainer:
         count = int(self._all_ranks(float(own), op="max")[0])
         if self.ref_model is not None:
             P.reference_pass(self.ref_model, trajs, micro, self.ids, self.rl.ref_temperature or self.rl.temperature,
-                             self.device, count if self.ref_collectives else None, self.rl.logprob_chunk)
+                             self.device, count if self.ref_collectives else None, self.rl.logprob_chunk,
+                             self.rl.shared_prefix)
         kl = (P.episode_kl(episodes, trajs, kl_mode(self.rl)) if self.ref_model is not None
               else torch.zeros(len(episodes)))
         t2 = time.perf_counter()
@@ -233,7 +234,7 @@ class Trainer:
             step + 1, self.rank, episodes, prompts, adv.rewards, adv.per_episode, trajs, total, decisions,
             adv.shaped.tolist()))
         loss_sum, clip_sum, dropped = 0.0, 0.0, 0.0
-        for i, batch in enumerate(P.micro_batches(trajs, micro, count)):
+        for i, batch in enumerate(P.micro_batches(trajs, micro, count, by_group=self.rl.shared_prefix)):
             self.policy.set_gradient_accumulation_boundary(i == count - 1)
             loss, stats = P.micro_batch_loss(self.policy, batch.trajs, self.rl, self.ids, total, self.device,
                                              world=self.world, weight=0.0 if batch.filler else 1.0)
