@@ -601,7 +601,8 @@ class RLConfig(_Section):
     logprob_chunk: int = Field(1024, ge=1)
     # Run each group's shared prompt (system turn, frames, question; a sub-agent's crop) once per
     # micro-batch in the policy and reference passes, its suffixes attending to it
-    # (`rl/shared_prefix.py`): the per-row path's log-probs and gradients up to float rounding.
+    # (`rl/shared_prefix.py`), and in the `hf` rollouts prefill it once (`agent/hf_build.py`): the
+    # per-row path's log-probs, gradients and rollouts up to float rounding.
     shared_prefix: bool = False
     # Recompute the policy's activations in its backward pass: at the 2B shape on one 80 GB GPU
     # the second step's policy pass ran out of memory without it (docs/gpu_check.md). Same loss.
