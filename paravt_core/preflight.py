@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from paravt_core.agent.server_launch import server_python_path
 from paravt_core.config import PipelineConfig
 from paravt_core.plan import GB, GIB, MemoryPlan, ModelShape, PlanError, gpus_needed, memory_plan, model_shape
 from paravt_core.sft.loader import PREFETCH_FACTOR
@@ -223,8 +224,6 @@ def _local(url: str | None) -> bool:
 
 
 def _packages(cfg: PipelineConfig, probes: Probes) -> list[Check]:
-    from paravt_core.agent.server_launch import server_python_path
-
     here = sys.executable
     checks = [Check("deepspeed", probes.has_module(here, "deepspeed"), f"for {here}",
                     "install the GPU profile: make install-gpu")]
