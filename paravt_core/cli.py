@@ -14,6 +14,8 @@ import importlib
 import os
 import sys
 
+from paravt_core.config import ConfigError
+
 # In the order a user meets them: run the pipeline, inspect configs, plan and check a GPU run, data,
 # models, evaluation, rewards and RL replays, reports; then the miniature's own commands.
 COMMAND_MODULES = (
@@ -80,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:
-        from paravt_core.config import ConfigError  # here, not at the top: it imports pydantic
-
         storage = _storage_error(exc)
         if storage is not None:
             line, status = _storage_message(args.command, storage)

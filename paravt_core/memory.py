@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from paravt_core.atomic import atomic_write_text
+
 
 def parameter_bytes(model: torch.nn.Module) -> tuple[int, int]:
     """(bytes of parameter storage this rank holds, bytes of the whole model's parameters).
@@ -45,8 +47,6 @@ def peak_memory(device: str) -> dict[str, int | None]:
 def record_memory(out_dir: Path, stage: str, when: str, rank: int, world: int, device: str,
                   model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
     """Append this rank's figures under `when` to `out_dir/memory/rank<N>.json` and print them."""
-    from paravt_core.atomic import atomic_write_text
-
     local, total = parameter_bytes(model)
     row = {"when": when, "rank": rank, "world": world, "device": device, "param_bytes_local": local,
            "param_bytes_total": total, **peak_memory(device), **extra}

@@ -21,6 +21,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from paravt_core.atomic import atomic_write_text
+from paravt_core.dist.launch import launch_workers
+
 
 def call_in_own_process(target: str, job: str, work_dir: str | Path, log_line: Callable[[str], None] = print) -> str:
     """`target(job)` in a child process; its job and result files are kept in `work_dir`.
@@ -29,9 +32,6 @@ def call_in_own_process(target: str, job: str, work_dir: str | Path, log_line: C
         RuntimeError: the child failed (the message holds its exit code and last lines).
     """
     import torch
-
-    from paravt_core.atomic import atomic_write_text
-    from paravt_core.dist.launch import launch_workers
 
     work_dir = Path(work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -49,8 +49,6 @@ def call_in_own_process(target: str, job: str, work_dir: str | Path, log_line: C
 
 
 def main(argv: list[str] | None = None) -> int:
-    from paravt_core.atomic import atomic_write_text
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True)
     parser.add_argument("--local_rank", type=int, default=0)  # launch_workers gives every rank one

@@ -917,8 +917,6 @@ def stage_bytes(cfg, stage: str, model_dir: str | os.PathLike, gpu_bytes: int) -
 
 @functools.cache
 def _planned_config(path: str):
-    from paravt_core.config import PipelineConfig
-
     return PipelineConfig.model_validate_json(Path(path).read_text())
 
 

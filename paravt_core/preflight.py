@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from paravt_core.agent.server_launch import SERVERS, server_python_path
 from paravt_core.config import PipelineConfig
 from paravt_core.plan import GB, GIB, MemoryPlan, ModelShape, PlanError, gpus_needed, memory_plan, model_shape
 from paravt_core.rollout_engines import rollout_engine_spec
@@ -235,8 +236,6 @@ def sglang_checks(cfg: PipelineConfig, probes: Probes) -> list[Check]:
 
 def vllm_checks(cfg: PipelineConfig, probes: Probes) -> list[Check]:
     """`vllm` with no url: rank 0 launches the server with the serve interpreter."""
-    from paravt_core.agent.server_launch import server_python_path
-
     vl = cfg.rl.rollout.vllm
     if vl.url is not None:
         return []
@@ -246,8 +245,6 @@ def vllm_checks(cfg: PipelineConfig, probes: Probes) -> list[Check]:
 
 
 def _packages(cfg: PipelineConfig, probes: Probes) -> list[Check]:
-    from paravt_core.agent.server_launch import SERVERS, server_python_path
-
     here = sys.executable
     checks = [Check("deepspeed", probes.has_module(here, "deepspeed"), f"for {here}",
                     "install the GPU profile: make install-gpu")]

@@ -33,9 +33,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paravt_core.atomic import atomic_write_text
 from paravt_core.config import PipelineConfig, load_config
-from paravt_core.device_ledger import (LEDGER_ENV, PLANNED_CONFIG_ENV, PLANNED_GPU_BYTES_ENV, PLANNED_MODEL_ENV, Claim,
-                                       check_ledger, read_ledger)
+from paravt_core.device_ledger import (
+    LEDGER_ENV,
+    PLANNED_CONFIG_ENV,
+    PLANNED_GPU_BYTES_ENV,
+    PLANNED_MODEL_ENV,
+    Claim,
+    LedgerError,
+    check_ledger,
+    read_ledger,
+)
 
 SUMMARY = "rehearsal.json"  # the rehearsal's outcome, in its output folder (and its mark)
 # Evaluation replicas at once: each is a vLLM CPU engine with its own model copy and its
@@ -124,8 +133,6 @@ def ledger_environment(real: PipelineConfig, ledger: Path, gpu_bytes: int) -> di
     """The variables every process of the rehearsal inherits: where to declare, and the config,
     model and card the claims are planned for (config C's sizes and model, not the rehearsal's;
     C is written beside the ledger)."""
-    from paravt_core.atomic import atomic_write_text
-
     planned = atomic_write_text(ledger.with_name("planned_config.json"), real.model_dump_json(indent=1))
     env = {LEDGER_ENV: str(ledger), PLANNED_GPU_BYTES_ENV: str(gpu_bytes), PLANNED_CONFIG_ENV: str(planned)}
     if real.model.base != "tiny":  # the tiny model plans as itself (its folder's config.json)
@@ -162,8 +169,6 @@ def verify(ledger: Path, gpu_bytes: int, flow_pid: int, expected_roles: tuple[st
     Raises:
         LedgerError: naming each problem.
     """
-    from paravt_core.device_ledger import LedgerError
-
     claims = read_ledger(ledger) if ledger.is_file() else []
     missing = [role for role in expected_roles if not any(c.role.startswith(role) for c in claims)]
     if missing:
@@ -190,6 +195,4 @@ def expected_roles(cfg: PipelineConfig) -> tuple[str, ...]:
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
-    from paravt_core.atomic import atomic_write_text
-
     atomic_write_text(path, json.dumps(summary, indent=1, default=str))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.atomic import atomic_write_text
+from paravt_core.model.integrity import model_dir_problem
 
 
 def output_epoch(output: Path, intact: Callable[[Path], bool] | None = None) -> str:
@@ -31,8 +32,6 @@ def output_epoch(output: Path, intact: Callable[[Path], bool] | None = None) -> 
 
 
 def model_intact(folder: Path) -> bool:
-    from paravt_core.model.integrity import model_dir_problem
-
     return model_dir_problem(folder) is None
 
 

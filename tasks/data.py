@@ -21,6 +21,7 @@ from paravt_core.config import PipelineConfig
 from paravt_core.data import stage as data_stage
 from paravt_core.data.hub import Downloads, LocalMirror, is_transient
 from paravt_core.data.materialize import Materialized, missing_table
+from paravt_core.data.mirror import ensure_world, world_complete, world_dir
 from paravt_core.refs import ArtifactRef, source_digest
 from tasks._cache import output_epoch, stage_key
 
@@ -69,8 +70,6 @@ def _download_failed_transiently(task: Any, task_run: TaskRun, state: State) -> 
 
 
 def _world_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    from paravt_core.data.mirror import world_complete, world_dir
-
     cfg: PipelineConfig = parameters["cfg"]
     out = world_dir(cfg)  # its name hashes data.synth and the generator's code
     return stage_key("data-synth-world", out.name, cfg.data.revision, output=out,
@@ -80,8 +79,6 @@ def _world_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 @task(name="data-synth-world", cache_key_fn=_world_key, persist_result=True)
 def synth_world(cfg: PipelineConfig) -> LocalMirror:
     """The generated world as a local hub mirror (`data.source: synth`); built once per world."""
-    from paravt_core.data.mirror import ensure_world
-
     return ensure_world(cfg)
 
 

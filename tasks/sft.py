@@ -10,8 +10,9 @@ from prefect.context import TaskRunContext
 from paravt_core.cache_identity import grammar_key_parts, sft_run_settings
 from paravt_core.config import PipelineConfig
 from paravt_core.refs import ArtifactRef
-from paravt_core.sft import stage as sft_stage
+from paravt_core.sft import grammar, stage as sft_stage
 from paravt_core.sft.stage import ExtraShard
+from paravt_core.tracking import MetricLogger
 from tasks._cache import model_intact, stage_key
 
 
@@ -46,9 +47,6 @@ def sft_grammar(cfg: PipelineConfig, base: ArtifactRef, sft_model: ArtifactRef, 
     """Share of held-out greedy episodes that follow the response grammar, before and after SFT;
     "set_aside": [prompt id, why] of held-out samples whose video did not decode. The check runs
     in a process of its own, so no model stays in the flow process (`sft/grammar.py`)."""
-    from paravt_core.sft import grammar
-    from paravt_core.tracking import MetricLogger
-
     log = get_run_logger()
     run_dir = sft_stage.run_dir(cfg, base, data.sft)  # the full pipeline's SFT: no extra shard
     reports = grammar.run_in_own_process(cfg, base.path, sft_model.path, data.sft.path, data.eval.path,

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+# lazy: hf_engine loads torch and transformers (2.3 s + 0.9 s to import); plan.py imports this
+# module, and `paravt plan` / `paravt preflight` run without them.
+
 if TYPE_CHECKING:
     from paravt_core.agent.hf_engine import HFEngine
     from paravt_core.config import PipelineConfig

@@ -34,6 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from paravt_core.agent.served_model import request_json
+from paravt_core.model.loading import build_model
+from paravt_core.model.logprobs import teacher_forced_logprobs
+
 if TYPE_CHECKING:
     from paravt_core.config import ModelConfig
 
@@ -65,8 +69,6 @@ def probe_prompt_ids(tokenizer: Any) -> list[int]:
 
 def trainer_logprobs(model: Any, probe: PolicyProbe, temperature: float, device: str) -> torch.Tensor:
     """[N] log-probabilities of the probe's sampled tokens under `model`, by teacher forcing."""
-    from paravt_core.model.logprobs import teacher_forced_logprobs
-
     ids = torch.tensor([probe.prompt_ids + probe.token_ids], device=device)  # [1, P + N]
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     with torch.no_grad():
@@ -104,8 +106,6 @@ def served_completion_probe(api_root: str, model_name: str, tokenizer: Any, *, a
         ServerUnanswered: no answer in time, or not JSON.
         ServedPolicyMismatch: an answer without sampled token ids and their log-probabilities.
     """
-    from paravt_core.agent.served_model import request_json
-
     prompt = probe_prompt_ids(tokenizer)
     url = api_root.rstrip("/") + "/completions"
     data = request_json(url, api_key=api_key, deadline_s=deadline_s, payload={
@@ -134,8 +134,6 @@ def check_served_logprobs(api_root: str, model_name: str, checkpoint: str | Path
         ServerUnanswered: the server gives no answer in time.
     """
     import gc
-
-    from paravt_core.model.loading import build_model
 
     probe = served_completion_probe(api_root, model_name, tokenizer, api_key=api_key, deadline_s=deadline_s)
     # The evaluation's model reference is content-hashed when it is resolved: no second sha256 of

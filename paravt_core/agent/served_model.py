@@ -51,6 +51,7 @@ from typing import Any
 
 from paravt_core.config import VideoConfig
 from paravt_core.model.integrity import MANIFEST, ModelFolderError, weight_files
+from paravt_core.model.loading import PROCESSOR_FILES, pixel_bounded_folder
 
 MAX_REPLY_BYTES = 64 * 2**20  # a model list of 64 MB is no server's; stop reading there
 SHOWN_ENTRIES = 5  # a refusal shows this many of the listed models, then how many more
@@ -90,8 +91,6 @@ def served_folder(checkpoint: str | Path, video: VideoConfig, work_dir: str | Pa
     the evaluation's own server, base model included. A folder with no processor config is
     served as it is: there is nothing to rewrite, and the rendering check refuses a server
     that cannot render frames as the configuration says."""
-    from paravt_core.model.loading import PROCESSOR_FILES, pixel_bounded_folder
-
     if not any((Path(checkpoint) / name).is_file() for name in PROCESSOR_FILES):
         return Path(checkpoint)
     return pixel_bounded_folder(checkpoint, video, Path(work_dir) / "served-model")

@@ -56,6 +56,7 @@ import torch
 
 from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams
 from paravt_core.agent.media import collapse_pads, first_difference, png_data_url
+from paravt_core.agent.server_launch import launch
 from paravt_core.agent.server_process import ServerProcess, server_healthy
 from paravt_core.agent.weight_snapshots import SnapshotStager, WeightStream
 
@@ -245,8 +246,6 @@ def launch_vllm_rollout_server(model_path: str | Path, port: int, *, python: str
         ServeError: no interpreter with vLLM (`make install-serve`).
         ServerStartError: the server exited or never became healthy.
     """
-    from paravt_core.agent.server_launch import launch
-
     args, env = placement_settings(cuda_devices, tp_size, gpu_memory_utilization)
     _, server = launch(Path(model_path), served_name, port=port, server="vllm", python=python,
                        max_model_len=max_model_len, startup_timeout_s=startup_timeout_s, log_path=log_path,

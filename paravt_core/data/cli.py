@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from paravt_core.atomic import output_folder
+from paravt_core.config import read_yaml_mapping
+from paravt_core.data.synth import SynthConfig, generate_world
 from paravt_core.seeds import seed_argument
 
 
@@ -31,9 +33,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_synth_config(path: Path | None, seed: int | None):
     """SynthConfig from an optional YAML file, with the seed overridden when given."""
-    from paravt_core.config import read_yaml_mapping
-    from paravt_core.data.synth import SynthConfig
-
     fields = {}
     if path is not None:
         fields = read_yaml_mapping(Path(path), "synth config")
@@ -70,8 +69,6 @@ def summary_table(world) -> str:
 
 def run_synth(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
-
-    from paravt_core.data.synth import generate_world
 
     try:
         cfg = load_synth_config(args.config, args.seed)

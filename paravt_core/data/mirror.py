@@ -15,6 +15,8 @@ from pathlib import Path
 
 from paravt_core.config import PipelineConfig
 from paravt_core.data.hub import DownloadError, LocalMirror
+from paravt_core.data.synth.generate import HUB_DIR, MANIFEST, generate_world
+from paravt_core.refs import source_digest
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +24,6 @@ log = logging.getLogger(__name__)
 def world_dir(cfg: PipelineConfig) -> Path:
     """`<output_dir>/data/world-<hash of data.synth and the generator's code>`: one folder per world.
     The code includes the split records (`eval/splits.py`), whose real hub layouts the world writes."""
-    from paravt_core.refs import source_digest
-
     code = source_digest("paravt_core.data.synth") + source_digest("paravt_core.eval", only=("splits.py",))
     dumped = json.dumps(cfg.data.synth.model_dump(mode="json"), sort_keys=True) + code
     return cfg.run.output_dir / "data" / f"world-{hashlib.sha256(dumped.encode()).hexdigest()[:16]}"
@@ -31,8 +31,6 @@ def world_dir(cfg: PipelineConfig) -> Path:
 
 def world_complete(out: Path, cfg: PipelineConfig) -> bool:
     """The manifest is written last, so its presence (for this config) means the world is whole."""
-    from paravt_core.data.synth.generate import MANIFEST
-
     manifest = out / MANIFEST
     if not manifest.is_file():
         return False
@@ -42,8 +40,6 @@ def world_complete(out: Path, cfg: PipelineConfig) -> bool:
 
 def ensure_world(cfg: PipelineConfig, progress: bool = True) -> LocalMirror:
     """Generate the synthetic world unless already complete; returns its hub cache as a mirror."""
-    from paravt_core.data.synth.generate import HUB_DIR, generate_world
-
     if cfg.data.synth.revision != cfg.data.revision:
         raise DownloadError(
             f"data.revision {cfg.data.revision!r} differs from data.synth.revision {cfg.data.synth.revision!r}: "

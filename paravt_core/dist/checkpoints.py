@@ -19,7 +19,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from paravt_core.atomic import atomic_write_text
 from paravt_core.dist.launch import LogLine
+from paravt_core.refs import file_hash
 
 
 class CheckpointError(RuntimeError):
@@ -48,9 +50,6 @@ def write_checkpoint_manifest(tag_dir: Path, owner: dict[str, str] | None = None
 
     Collective: every rank hashes its share of the files (the tag folder is shared, as the
     ZeRO-3 consolidation on rank 0 already needs) and rank 0 writes the manifest."""
-    from paravt_core.atomic import atomic_write_text
-    from paravt_core.refs import file_hash
-
     rank, world = _rank(), _world()
     names = list(_tag_files(tag_dir).items())
     entries = {name: {"bytes": f.stat().st_size, "sha256": file_hash(f)} for name, f in names[rank::world]}
@@ -68,8 +67,6 @@ def write_checkpoint_manifest(tag_dir: Path, owner: dict[str, str] | None = None
 def _manifest_damage(tag_dir: Path, checksums: bool, share: tuple[int, int]) -> str | None:
     """Why the tag's files are not the ones its manifest recorded at save, or None (also for a
     tag saved before manifests were written: the CRC checks alone apply to it)."""
-    from paravt_core.refs import file_hash
-
     path = tag_dir / CHECKPOINT_MANIFEST
     if not path.is_file():
         return None
@@ -214,7 +211,6 @@ def resume(engine, checkpoint_dir: Path, warn: LogLine = print, stage: str | Non
             _, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
             if damaged and _rank() == 0:
                 # `latest` names what later reads (ZeRO-3 consolidation, replay) use: the tag resumed from
-                from paravt_core.atomic import atomic_write_text
 
                 atomic_write_text(checkpoint_dir / "latest", tag)
             return client_state or {}
@@ -230,8 +226,6 @@ def trim_step_log(path: Path, resumed_step: int) -> None:
     """Keep only the rows of a per-step JSON-lines log (`{"step": N, ...}`) up to the step a
     run resumes from, so the steps it runs again are not logged twice; a torn last line (a
     kill mid-write) goes too. Rank 0 calls it, before its first new row."""
-    from paravt_core.atomic import atomic_write_text
-
     if not path.is_file():
         return
     kept = []
@@ -251,8 +245,6 @@ def save(engine, checkpoint_dir: Path, step: int, client_state: dict[str, Any], 
     `latest` at it (collective: every rank calls it); with `keep_last`, rank 0 then prunes the
     older tags (`prune_checkpoints`)."""
     import torch.distributed as dist
-
-    from paravt_core.atomic import atomic_write_text
 
     tag = f"step{step:07d}"
     # `latest` is ours to write: a tag becomes the resume point only once its manifest exists

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from paravt_core.config import DeepSpeedConfig, PipelineConfig
+from paravt_core.config import DeepSpeedConfig, PipelineConfig
 
 
 def local_grad_norm(engine) -> float:
@@ -26,8 +25,6 @@ def training_dtype(model_dtype: str, on_gpu: bool) -> str:
 def deepspeed_config(*, micro_batch: int, grad_accum: int, zero_stage: int, grad_clip: float,
                      bf16: bool, zero: DeepSpeedConfig | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON of one training stage; `zero` holds the offload and bucket settings."""
-    from paravt_core.config import DeepSpeedConfig
-
     zero = zero or DeepSpeedConfig()
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch,

@@ -34,6 +34,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from paravt_core import forkserver
+from paravt_core.atomic import atomic_write_text
+from paravt_core.device_ledger import release
+from paravt_core.model.integrity import model_dir_problem
+from paravt_core.refs import ArtifactRef, content_hash
+
 LogLine = Callable[[str], None]
 RENDEZVOUS_FILE_ENV = "PARAVT_RENDEZVOUS_FILE"
 # DeepSpeed's CPU backend gives every rank a 66 MiB shared-memory segment for its allreduce,
@@ -215,7 +221,6 @@ def _run_ranks(commands: list[tuple[list[str], dict[str, str]]], timeout_s: floa
             kill_group(signal.SIGKILL)
             for proc in procs:
                 proc.wait()
-        from paravt_core.device_ledger import release
 
         for proc in procs:  # the device ledger (rehearsals): a rank stopped by a signal wrote no release itself
             release(proc.pid)
@@ -228,8 +233,6 @@ def _start_rank(cmd: list[str], env: dict[str, str], out_fd: int, process_group:
     a line says why where it does not), else a subprocess. Either way its stdout and stderr
     are `out_fd` and its stdin is empty."""
     if os.environ.get("PARAVT_RANK_FORKSERVER"):
-        from paravt_core import forkserver
-
         def fallback(reason: str) -> None:
             log_line(f"rank started as a subprocess, not forked: {reason}")
 
@@ -280,10 +283,6 @@ def run_stage_workers(out: Path, kind: str, make_job: Callable[[], Any], worker:
     latest checkpoint, if any (a damaged export is written again from the final checkpoint).
     Returns the exported model as an `ArtifactRef` of `kind`.
     """
-    from paravt_core.atomic import atomic_write_text
-    from paravt_core.model.integrity import model_dir_problem
-    from paravt_core.refs import ArtifactRef, content_hash
-
     model_dir = out / "model"
     finished = (model_dir / "paravt_meta.json").is_file()
     problem = model_dir_problem(model_dir) if finished else None

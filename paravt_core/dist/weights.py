@@ -7,6 +7,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from paravt_core.atomic import atomic_dir
+from paravt_core.model.integrity import write_manifest
+from paravt_core.model.loading import load_export_model, load_processor, pixel_bounded
+
 if TYPE_CHECKING:
     from paravt_core.config import VideoConfig
 
@@ -77,10 +81,6 @@ def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: P
     The processor is the base's with `video`'s pixel bounds, the ones the trainer rendered
     frames with (`model.loading.pixel_bounded`): a server renders with the folder's own.
     """
-    from paravt_core.atomic import atomic_dir
-    from paravt_core.model.integrity import write_manifest
-    from paravt_core.model.loading import load_export_model, load_processor, pixel_bounded
-
     # Built in the export dtype: load_state_dict casts the fp32 weights in, so rank 0 never holds
     # a second full fp32 copy beside the consolidated state.
     model = load_export_model(base_model_dir, dtype)

@@ -44,6 +44,7 @@ from paravt_core.agent.engine import RolloutEngine
 from paravt_core.agent.prompts import EpisodePrompt
 from paravt_core.agent.rollout import Episode, run_episodes
 from paravt_core.config import EvalConfig, PipelineConfig, RolloutConfig, VideoConfig
+from paravt_core.eval.openai_engine import OpenAIAgent
 from paravt_core.eval.prompting import PromptMode, episode_prompt, prompt_mode_for, rollout_config
 from paravt_core.eval.results import (
     EpisodeOutcome,
@@ -160,8 +161,6 @@ class OpenAISampleRunner:
 
     def agent(self, mode: PromptMode) -> Any:
         """The `OpenAIAgent` of a prompt mode (its rollout knobs differ per mode)."""
-        from paravt_core.eval.openai_engine import OpenAIAgent
-
         if mode not in self._agents:
             self._agents[mode] = OpenAIAgent(self.client, self.processor, self.settings.rollout_for(mode),
                                              self.settings.video, self.settings.eval.tool_mode)

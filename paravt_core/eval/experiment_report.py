@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from paravt_core.atomic import atomic_write_text
 from paravt_core.eval.report import PAPER_TABLE1, TABLE1_HEADERS, TABLE1_SPLITS, metric_name
+from paravt_core.tracking import start_stage_run
 
 # SPEC §6 Table 2: fτ, κ, VideoMME w/o, w/ sub, LVBench, MLVU (None where the paper gives none).
 PAPER_TABLE2: dict[str, tuple[float | None, ...]] = {
@@ -146,9 +148,6 @@ def plot(rows: Sequence[RLRow], metric: str, out: Path) -> Path:
 
 def write_report(uri: str, experiment: str, out_dir: Path) -> Path:
     """Write `<out_dir>/report.md` and the plots; log them to an MLflow run; return the report path."""
-    from paravt_core.atomic import atomic_write_text
-    from paravt_core.tracking import start_stage_run
-
     out_dir.mkdir(parents=True, exist_ok=True)
     evals, rows = eval_rows(uri, experiment), rl_rows(uri, experiment)
     plots = [plot(rows, m, out_dir / f"{m}_per_step.png") for m in ("f_tau", "kappa")]

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from paravt_core import registry
 from paravt_core.atomic import atomic_dir
 from paravt_core.config import PipelineConfig
+from paravt_core.model import stage as model_stage
 from paravt_core.refs import ArtifactRef, content_hash
 from paravt_core.tracking import retry_when_busy
 
@@ -104,8 +105,6 @@ def resolve_model(cfg: PipelineConfig, reference: str) -> ResolvedModel:
                                   "weights), or a registry alias (sft, candidate, champion), a version number or "
                                   "'base'")
     if reference == "base":
-        from paravt_core.model import stage as model_stage
-
         return ResolvedModel(artifact=model_stage.run(cfg), label="base")
     version = _registry_version(cfg, reference) if reference.isdigit() else _aliased_version(cfg, reference)
     label = f"v{version.version}" if reference.isdigit() else reference

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from paravt_core.eval.splits import EVAL_SPLITS, PAPER_ROWS, SPLITS
-from paravt_core.tracking import retry_when_busy
+from paravt_core.tracking import retry_when_busy, start_stage_run
 
 # Table 1's columns and the paper's rows, from the split records (`eval/splits.py`).
 TABLE1_SPLITS = EVAL_SPLITS
@@ -135,8 +135,6 @@ def log_report(tracking_uri: str, experiment: str, run_name: str, report: EvalRe
 
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
-
-    from paravt_core.tracking import start_stage_run
 
     run_id = start_stage_run(tracking_uri, experiment, run_name, tags, params)
     client = MlflowClient(tracking_uri)

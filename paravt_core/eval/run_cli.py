@@ -21,21 +21,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+from paravt_core.agent.server_process import ServerStartError
+from paravt_core.config import ConfigError, load_config
+from paravt_core.eval import stage
+from paravt_core.eval.evaluator import EvalError
+from paravt_core.eval.models import ModelReferenceError, resolve_model
+from paravt_core.eval.openai_engine import ChatError
+from paravt_core.layout import eval_dir
+from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.run_lock import OutputDirBusy, hold_output_dir
+
 INPUT_ERROR = 2
 SERVER_FAILED = 1
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from paravt_core.agent.server_process import ServerStartError
-    from paravt_core.config import ConfigError, load_config
-    from paravt_core.layout import eval_dir
-    from paravt_core.eval import stage
-    from paravt_core.eval.evaluator import EvalError
-    from paravt_core.eval.models import ModelReferenceError, resolve_model
-    from paravt_core.eval.openai_engine import ChatError
-    from paravt_core.refs import ArtifactRef, content_hash
-    from paravt_core.run_lock import OutputDirBusy, hold_output_dir
-
     try:
         cfg = load_config(args.config, args.set)
         root = eval_dir(cfg)

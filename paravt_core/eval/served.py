@@ -42,8 +42,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from paravt_core.agent.served_model import served_folder, served_model_name
+from paravt_core.agent.server_launch import ServeError, launch, server_python_path, serving_port
 from paravt_core.config import PipelineConfig
+from paravt_core.device_ledger import LedgerError, declare_server, physical_gpu, release
+from paravt_core.plan import SERVER_FRACTION, VLLM_FRACTION
 from paravt_core.refs import ArtifactRef
+
+# lazy: the evaluator loads torch (2.3 s, via agent.context) for one exception class;
+# `paravt eval serve` runs without it.
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +113,6 @@ class ServerOnDemand:
         return self._served or self._start()
 
     def _start(self) -> Served:
-        from paravt_core.agent.served_model import served_folder, served_model_name
-        from paravt_core.agent.server_launch import ServeError, launch, server_python_path, serving_port
         from paravt_core.eval.evaluator import EvalError
 
         ev = self.cfg.eval
@@ -140,9 +145,6 @@ class ServerOnDemand:
         """The device ledger (rehearsals, `device_ledger.py`): the server holds its static share of
         each of `eval.gpus` (none: the card it inherits as `cuda:0`), at vLLM's default
         `gpu_memory_utilization` or SGLang's pool; a claim the cards cannot hold stops it."""
-        from paravt_core.device_ledger import LedgerError, declare_server, physical_gpu
-        from paravt_core.plan import SERVER_FRACTION, VLLM_FRACTION
-
         fraction = SERVER_FRACTION if server == "sglang" else VLLM_FRACTION
         try:
             declare_server(f"evaluation server ({server})", self._running.process.pid, list(self.cfg.eval.gpus) or [physical_gpu(0)],
@@ -155,8 +157,6 @@ class ServerOnDemand:
         """Stop the server's whole process group, if one was started; idempotent."""
         running, self._running, self._served = self._running, None, None
         if running is not None:
-            from paravt_core.device_ledger import release
-
             running.stop()
             release(running.process.pid)  # the device ledger (rehearsals): its cards are free again
             self.notify(f"eval: stopped the model server for {self.model.path}")

@@ -53,6 +53,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from paravt_core import registry
+from paravt_core.agent.hf_build import build_hf_engine
+from paravt_core.agent.policy_probe import ServedPolicyMismatch, check_served_logprobs, probe_tolerance
+from paravt_core.agent.served_model import ServedModelMismatch, ServerUnanswered, check_served_model
 from paravt_core.atomic import atomic_write_text
 from paravt_core.cache_identity import eval_results_settings
 from paravt_core.config import KNOWN_SPLITS, EvalConfig, ModelConfig, PipelineConfig
@@ -65,11 +69,17 @@ from paravt_core.eval.evaluator import (
     SplitRun,
     evaluate_split,
 )
-from paravt_core.eval.report import EvalReport, build_report, format_table
+from paravt_core.eval.openai_engine import ChatError, OpenAIChatClient, ServerRenderingMismatch, check_server_rendering
+from paravt_core.eval.report import EvalReport, build_report, format_table, log_report
 from paravt_core.eval.results import EpisodeOutcome
 from paravt_core.eval.samples import EvalSample, LoadedSplit, read_split
 from paravt_core.eval.served import ENDPOINT_ENV, Served, ServerOnDemand, serves_its_own
+from paravt_core.model.loading import build_model, load_processor
+from paravt_core.own_process import call_in_own_process
+from paravt_core.plan import declare_stage
+from paravt_core.provenance import git_revision
 from paravt_core.refs import ArtifactRef, content_hash, source_digest
+from paravt_core.tracking import flatten
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +146,6 @@ def load_samples(cfg: PipelineConfig, eval_data: ArtifactRef, split: str) -> Loa
 
 @functools.lru_cache(maxsize=1)
 def _loaded_model(model_path: str, sha256: str, model_cfg: ModelConfig, device: str) -> tuple[Any, Any]:
-    from paravt_core.model.loading import build_model, load_processor
-
     logger.info("loading %s (sha256 %s) as %s on %s", model_path, sha256[:12], model_cfg.dtype, device)
     processor = load_processor(model_path)
     return build_model(model_cfg, model_path, device=device), processor
@@ -150,16 +158,12 @@ def hf_engine(cfg: PipelineConfig, model: ArtifactRef) -> tuple[Any, Any]:
     loaded stays cached)."""
     import torch
 
-    from paravt_core.agent.hf_build import build_hf_engine
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
     loaded, processor = _loaded_model(str(model.path), model.sha256, cfg.model, device)
     return build_hf_engine(cfg, loaded, processor, "evaluation"), processor
 
 
 def _openai_client(model: ArtifactRef, eval_cfg: EvalConfig, served: Served | None = None) -> Any:
-    from paravt_core.eval.openai_engine import OpenAIChatClient
-
     timeout = eval_cfg.request_timeout_s or float(os.environ.get(TIMEOUT_ENV, "600"))
     if served is not None:
         return OpenAIChatClient(served.endpoint, served.model_name, timeout_s=timeout)
@@ -175,9 +179,6 @@ def _openai_client(model: ArtifactRef, eval_cfg: EvalConfig, served: Served | No
 def check_serves_checkpoint(client: Any, model: ArtifactRef) -> None:
     """Refuse a server that serves another checkpoint than `model` (`agent/served_model.py`):
     its answers would be scored and cached under this checkpoint's key (issue #48)."""
-    from paravt_core.agent.served_model import ServedModelMismatch, ServerUnanswered, check_served_model
-    from paravt_core.eval.openai_engine import ChatError
-
     api_root = client.url.removesuffix("/chat/completions")
     try:
         check_served_model(api_root, client.model, model.path, model.sha256, api_key=client.api_key,
@@ -193,10 +194,6 @@ def check_serves_weights(client: Any, model: ArtifactRef, tokenizer: Any, cfg: P
     on the CPU (`agent/policy_probe.py`): `check_serves_checkpoint` takes a server whose root
     is not a folder on this machine on its name, and a name proves nothing (issue #61 item
     1). Returns the gap, nats per token."""
-    from paravt_core.agent.policy_probe import ServedPolicyMismatch, check_served_logprobs, probe_tolerance
-    from paravt_core.agent.served_model import ServerUnanswered
-    from paravt_core.eval.openai_engine import ChatError
-
     api_root = client.url.removesuffix("/chat/completions")
     try:
         gap = check_served_logprobs(api_root, client.model, model.path, tokenizer, cfg.model,
@@ -242,9 +239,6 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef, served: Served | None =
     (the stage's own) with `eval.concurrency` samples in flight per replica."""
     settings = runner_settings(cfg, served)
     if cfg.eval.engine == "openai":
-        from paravt_core.eval.openai_engine import ServerRenderingMismatch, check_server_rendering
-        from paravt_core.model.loading import load_processor
-
         client = _openai_client(model, cfg.eval, served)
         check_serves_checkpoint(client, model)
         processor = load_processor(model.path)
@@ -258,7 +252,6 @@ def open_runner(cfg: PipelineConfig, model: ArtifactRef, served: Served | None =
         except ServerRenderingMismatch as exc:
             raise EvalError(f"the server does not render prompts as {model.path} does: {exc}") from exc
         return OpenAISampleRunner(client, processor, settings)
-    from paravt_core.plan import declare_stage
 
     declare_stage("evaluation (hf)", "evaluation (hf)", cfg, model.path)
     engine, processor = hf_engine(cfg, model)
@@ -374,8 +367,6 @@ def run_in_own_process(cfg: PipelineConfig, model: ArtifactRef, eval_data: Artif
     """`run` in a process of its own (`paravt_core/own_process.py`), so the model an `hf`
     evaluation loads onto a GPU (kept for the process's life, `hf_engine`) is returned when it
     ends rather than held in the flow process beside the next stage; its lines go to `log_line`."""
-    from paravt_core.own_process import call_in_own_process
-
     job = EvalJob(config=cfg, model=model, eval_data=eval_data, label=label, splits=tuple(splits or cfg.eval.splits))
     work_dir = cfg.run.output_dir / "eval" / "jobs" / f"{label}-{model.sha256[:12]}-{results_config_hash(cfg)}"
     return EvalReport.model_validate_json(call_in_own_process("paravt_core.eval.stage:run_job", job.model_dump_json(),
@@ -389,11 +380,6 @@ def log_to_mlflow(cfg: PipelineConfig, report: EvalReport, model: ArtifactRef) -
     Returns:
         the run id.
     """
-    from paravt_core import registry
-    from paravt_core.eval.report import log_report
-    from paravt_core.provenance import git_revision
-    from paravt_core.tracking import flatten
-
     uri, name = cfg.mlflow_uri(), cfg.model.registered_name
     version = registry.find_version(uri, name, model.sha256)
     tags = {"stage": "eval", "label": report.label, "model_sha256": model.sha256, "registered_name": name,

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+# lazy: visibility loads paravt_core.video and so PyAV (0.3 s), which `paravt --help` and
+# `paravt miniature`'s input errors do without.
+
 BACKGROUND = "background"
 SHOWN = "shown"
 NOT_SHOWN = "not shown"

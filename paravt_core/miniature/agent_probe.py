@@ -21,8 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.miniature.forced import ProbeScores, score_row
+from paravt_core.data.synth.paravt import TrainVideo, sft_messages
+from paravt_core.data.synth.questions import OptionStyle
+from paravt_core.data.synth.render import encode_mp4
+from paravt_core.data.synth.traces import tool_trace
+from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+from paravt_core.miniature.forced import ProbeScores, score_row, teacher_forced
+from paravt_core.miniature.pretrain import mcq_event_question
 from paravt_core.miniature.reading_probe import check_spans
+from paravt_core.model.loading import build_model, load_processor
+
+# lazy: torch (2.3 s to import) only where a model runs: `paravt miniature` imports this module to
+# check a command's config, model folder and split first (a config error took 0.9 s; 6.9 s with
+# these imports at the top).
 
 PROBE_STREAM = "probe-agent"  # derived_rng stream; training videos come from the data stage's
 PARTS = ("value", "options", "values", "verdicts", "letter", "chain")
@@ -45,13 +56,6 @@ class AgentProbe(ProbeScores):
 def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Path) -> list[dict]:
     """The SFT-layout messages of held-out probe question `index` (its video rendered into
     `video_dir`): a multiple-choice question on the video's event and the teacher's tool trace."""
-    from paravt_core.data.synth.paravt import TrainVideo, sft_messages
-    from paravt_core.data.synth.questions import OptionStyle
-    from paravt_core.data.synth.render import encode_mp4
-    from paravt_core.data.synth.traces import tool_trace
-    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
-    from paravt_core.miniature.pretrain import mcq_event_question
-
     synth = cfg.data.synth
     rng = derived_rng(synth.seed, PROBE_STREAM, seed, index)
     spec = sample_video(rng, synth, youtube_like_id(rng))
@@ -67,8 +71,6 @@ def probe_conversation(cfg: PipelineConfig, index: int, seed: int, video_dir: Pa
 
 def agent_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 64, seed: int = 0) -> AgentProbe:
     """Score the model in `model_dir` on `rows` held-out teacher transcripts (module docstring)."""
-    from paravt_core.miniature.forced import teacher_forced
-    from paravt_core.model.loading import build_model, load_processor
     from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 

@@ -55,7 +55,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paravt_core.agent.hf_build import build_hf_engine
 from paravt_core.config import PipelineConfig
+from paravt_core.eval.prepared import load_split_file
+from paravt_core.eval.prompting import episode_prompt, is_agentic, prompt_mode_for
+from paravt_core.miniature.opening_probe import config_openings, is_crop, skip_opening
+from paravt_core.model.loading import build_model, load_processor
 
 TEMPERATURE = 0.7
 # Fixed before the first run (#46 item 2, docs/miniature.md "Does calling pay?").
@@ -76,6 +81,7 @@ class ForcedFirstTurn:
     def generate(self, requests, params):
         import dataclasses
 
+        # lazy: torch, after `paravt miniature`'s input checks
         from paravt_core.agent.engine import Generation, GenerationRequest
 
         if self.used:
@@ -169,6 +175,7 @@ def grpo_push(crop: Sequence[float], skip: Sequence[float], p_crop: float, group
     """
     import torch
 
+    # lazy: torch, after `paravt miniature`'s input checks
     from paravt_core.rl.grpo import group_advantages, shaped_reward
 
     if not crop or not skip:
@@ -245,6 +252,7 @@ def shown_on_overview(samples: Sequence, manifest: Mapping[str, Any], split: str
     Raises:
         ValueError: the manifest has no such split, or a sample's video is not among its videos.
     """
+    # lazy: PyAV, after `paravt miniature`'s input checks
     from paravt_core.miniature.visibility import event_visible, videos_of_samples
 
     video_of = videos_of_samples(manifest, split, samples)
@@ -296,10 +304,10 @@ def branch_records(engine, processor, cfg: PipelineConfig, questions: Sequence, 
                    openings: dict[str, str], temperature: float = TEMPERATURE, seed: int = 0) -> list[BranchRecord]:
     """Both branches of every question in `questions` at K overview frames (module docstring);
     `openings` maps "crop" and "skip" to the forced opening texts."""
-    from paravt_core.agent.context import ChatRenderer
-    from paravt_core.agent.rollout import run_episodes
-    from paravt_core.eval.prompting import episode_prompt, is_agentic, prompt_mode_for
-    from paravt_core.rl.data import RLPrompt
+    from paravt_core.agent.context import ChatRenderer  # lazy: torch, after `paravt miniature`'s input checks
+    from paravt_core.agent.rollout import run_episodes  # lazy: torch, after `paravt miniature`'s input checks
+    from paravt_core.rl.data import RLPrompt  # lazy: torch, after `paravt miniature`'s input checks
+    # lazy: torch, after `paravt miniature`'s input checks
     from paravt_core.rl.policy import fixed_format_reward, paravt_reward
 
     if not questions or samples < 1 or k < 1:
@@ -349,11 +357,6 @@ def branch_probe(model_dir: Path, cfg: PipelineConfig, split_json: Path, questio
     """Load the model in `model_dir` as the evaluation does and probe the first `questions`
     questions of the prepared split `split_json` at each K in `frame_counts`."""
     import time
-
-    from paravt_core.agent.hf_build import build_hf_engine
-    from paravt_core.eval.prepared import load_split_file
-    from paravt_core.miniature.opening_probe import config_openings, is_crop, skip_opening
-    from paravt_core.model.loading import build_model, load_processor
 
     chosen = load_split_file(split_json)[:questions]
     if not chosen:

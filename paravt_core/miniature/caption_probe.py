@@ -28,7 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
+from paravt_core.data.synth.render import encode_mp4
+from paravt_core.data.synth.traces import segment_grid, summarize_window
+from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
 from paravt_core.miniature.forced import ProbeScores, score_row, teacher_forced, token_offsets
+from paravt_core.miniature.pretrain import caption_row
+from paravt_core.model.loading import build_model, load_processor
+
+# lazy: torch (2.3 s to import) only where a model runs: `paravt miniature` imports this module to
+# check a command's config, model folder and split first (a config error took 0.9 s; 6.9 s with
+# these imports at the top).
 
 PROBE_STREAM = "probe-caption"  # derived_rng stream; pretraining clips come from "pretrain"
 EVENT = re.compile(r"From (\d\d:\d\d\.\d) to (\d\d:\d\d\.\d) an? (\w+) (\w+) appears in (the centre|the (?:\w+ \w+) corner)\.")
@@ -70,11 +79,6 @@ def caption_spans(caption: str) -> tuple[list[dict[str, list[tuple[int, int]]]],
 
 def caption_probe(model_dir: Path, cfg: PipelineConfig, videos: int = 24, seed: int = 0) -> CaptionProbe:
     """Score the model in `model_dir` on the grid-segment clips of `videos` held-out videos."""
-    from paravt_core.data.synth.render import encode_mp4
-    from paravt_core.data.synth.traces import segment_grid, summarize_window
-    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
-    from paravt_core.model.loading import build_model, load_processor
-    from paravt_core.miniature.pretrain import caption_row
     from paravt_core.sft.dataset import FrameCache, FrameSampling, load_image
     from paravt_core.sft.encode import IGNORE_INDEX, encode_conversation
 

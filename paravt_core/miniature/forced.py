@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import fields
 
+# lazy: sft.encode loads torch (2.3 s); the probes import this module at their top and stay
+# without torch until a model runs (see miniature/caption_probe.py).
+
 
 class ProbeScores:
     """Base of a probe's report (a frozen dataclass): `COUNTS` name its count fields, every

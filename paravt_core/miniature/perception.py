@@ -22,7 +22,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from paravt_core.agent.hf_build import build_hf_engine
 from paravt_core.config import PipelineConfig
+from paravt_core.data.mirror import world_dir as synth_world_dir
+from paravt_core.data.synth.traces import segment_grid
+from paravt_core.data.synth.world import COLOURS, Background, VideoSpec
+from paravt_core.model.loading import build_model, load_processor
+
+# lazy: torch (2.3 s to import) only where a model runs: `paravt miniature` imports this module to
+# check a command's config, model folder and split first (a config error took 0.9 s; 6.9 s with
+# these imports at the top).
 
 NOTHING_PHRASE = "nothing notable"  # how the teacher summaries of `data.synth.traces` say an empty window
 
@@ -113,8 +122,6 @@ def world_manifest(cfg: PipelineConfig) -> Path:
     Raises:
         FileNotFoundError: this config's world was not generated, naming where it should be.
     """
-    from paravt_core.data.mirror import world_dir as synth_world_dir
-
     manifest = synth_world_dir(cfg) / "manifest.json"
     if not manifest.is_file():
         raise FileNotFoundError(f"{manifest}: the generated world of this config is missing; run its data stage "
@@ -126,9 +133,6 @@ def window_truths(manifest: Path, split: str, video_dir: Path, segment_s: float,
                   ) -> list[WindowTruth]:
     """The `segment_s` grid segments (as the teacher crops them) of up to `max_videos` videos of
     one evaluation split of the world `manifest` describes, with their events' colours."""
-    from paravt_core.data.synth.traces import segment_grid
-    from paravt_core.data.synth.world import Background, VideoSpec
-
     record = json.loads(Path(manifest).read_text())
     try:
         videos = record["eval"][split]["videos"][:max_videos]
@@ -156,9 +160,6 @@ def perception_report(model_dir: Path, cfg: PipelineConfig, truths: Sequence[Win
     from paravt_core.agent.context import ChatRenderer
     from paravt_core.agent.dispatch import CropJob, CropRunner, CropSource
     from paravt_core.agent.engine import SamplingParams
-    from paravt_core.agent.hf_build import build_hf_engine
-    from paravt_core.data.synth.world import COLOURS
-    from paravt_core.model.loading import build_model, load_processor
     from paravt_core.video import VideoFile
 
     processor = load_processor(model_dir)

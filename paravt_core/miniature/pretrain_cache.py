@@ -34,10 +34,16 @@ import json
 import shutil
 from pathlib import Path
 
+from paravt_core.atomic import atomic_dir
 from paravt_core.cache_identity import pretrain_model_settings
 from paravt_core.config import PipelineConfig
 from paravt_core.dist.launch import LogLine
-from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.model.integrity import model_dir_problem
+from paravt_core.refs import ArtifactRef, content_hash, source_digest
+from paravt_core.sft.dataset import read_sft_rows
+from paravt_core.sft.encode import MEDIA_TYPES, media_path
+from paravt_core.sft.stage import sft_shards
+from paravt_core.video import video_sha256
 
 ENTRY_FILE = "entry.json"
 # The code a pretrained model depends on beyond its rows and settings: the stage (its training
@@ -58,11 +64,6 @@ def rows_digest(corpus: ArtifactRef) -> str:
     Raises:
         FileNotFoundError: a row's media file is missing (named with its shard and row).
     """
-    from paravt_core.sft.dataset import read_sft_rows
-    from paravt_core.sft.encode import MEDIA_TYPES, media_path
-    from paravt_core.sft.stage import sft_shards
-    from paravt_core.video import video_sha256
-
     media: dict[Path, str] = {}  # a video is shown by several clips: hash it once
 
     def file_digest(row: dict, item: dict) -> str:
@@ -91,8 +92,6 @@ def rows_digest(corpus: ArtifactRef) -> str:
 def pretraining_key(training: PipelineConfig, base: ArtifactRef, corpora: list[ArtifactRef]) -> str:
     """The content key of a pretraining (module docstring) from `base` on `corpora`, one per phase
     in order, under `training`: the config the phases train under (`pretrain.training_config`)."""
-    from paravt_core.refs import source_digest
-
     settings = {
         "rows": [rows_digest(corpus) for corpus in corpora],
         "pretrain": training.model.pretrain.model_dump(mode="json", exclude={"sft_replay_rows"}),
@@ -107,8 +106,6 @@ def pretraining_key(training: PipelineConfig, base: ArtifactRef, corpora: list[A
 
 def reuse(cfg: PipelineConfig, key: str, log_line: LogLine = print) -> ArtifactRef | None:
     """The filed model of `key`, or None when there is none or it is damaged or incomplete."""
-    from paravt_core.model.integrity import model_dir_problem
-
     entry = entry_dir(cfg, key)
     if not entry.exists():
         return None
@@ -129,8 +126,6 @@ def reuse(cfg: PipelineConfig, key: str, log_line: LogLine = print) -> ArtifactR
 
 def store(cfg: PipelineConfig, key: str, model: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
     """File a copy of the pretrained `model` under `key` (whole or not at all) and return it."""
-    from paravt_core.atomic import atomic_dir
-
     entry = entry_dir(cfg, key)
     with atomic_dir(entry) as tmp:
         shutil.copytree(model.path, tmp / "model")

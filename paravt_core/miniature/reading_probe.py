@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.miniature.forced import ProbeScores, score_row, spaced
+from paravt_core.data.synth.questions import OptionStyle
+from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
+from paravt_core.miniature.forced import ProbeScores, score_row, spaced, text_row_forced
+from paravt_core.miniature.pretrain import reading_row
+from paravt_core.model.loading import build_model, load_processor
 
 PARTS = ("quote", "value", "options", "values", "verdicts", "letter", "chain")
 PROBE_STREAM = "probe-reading"  # derived_rng stream; training rows come from "pretrain-reading"
@@ -101,10 +105,6 @@ def padded(row: dict, pad: int) -> dict | None:
 def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0, pad: int = 0) -> list[dict]:
     """`count` multiple-choice reading rows of the config's world from the probe's own stream
     (`pad`: their quotes lengthened, `padded`)."""
-    from paravt_core.data.synth.questions import OptionStyle
-    from paravt_core.data.synth.world import derived_rng, sample_video, youtube_like_id
-    from paravt_core.miniature.pretrain import reading_row
-
     synth = cfg.data.synth
     topics, style = (tuple(synth.question_topics) if synth.question_topics else None), OptionStyle.of(synth)
     rows, index = [], 0
@@ -124,9 +124,6 @@ def probe_rows(cfg: PipelineConfig, count: int, seed: int = 0, pad: int = 0) -> 
 def reading_probe(model_dir: Path, cfg: PipelineConfig, rows: int = 200, seed: int = 0, pad: int = 0) -> ReadingProbe:
     """Score the model in `model_dir` on `rows` held-out reading rows (module docstring;
     `pad`: each quote led by that many empty-window notes, `padded`)."""
-    from paravt_core.miniature.forced import text_row_forced
-    from paravt_core.model.loading import build_model, load_processor
-
     processor = load_processor(model_dir)
     model = build_model(cfg.model, model_dir, dtype="float32").eval()
     totals = dict.fromkeys(PARTS, 0)

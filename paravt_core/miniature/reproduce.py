@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from paravt_core.atomic import atomic_dir, atomic_write_text
+from paravt_core.eval.experiment_report import _client, _runs
 from paravt_core.miniature.intervals import by_row, rows_in_order
 from paravt_core.miniature.measurements import (
     BudgetPoint,
@@ -23,6 +25,7 @@ from paravt_core.miniature.measurements import (
 )
 from paravt_core.miniature.report_plot import plot_steps
 from paravt_core.miniature.report_tables import report_markdown
+from paravt_core.tracking import start_stage_run
 
 
 def row_variants(row: str, variants: Mapping[str, Sequence[str]]) -> list[tuple[str, list[str]]]:
@@ -39,8 +42,6 @@ def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], l
     """The latest reproduction run's measurements in MLflow: its runs.json and, where it logged
     one, its budget.json (the SFT model's budget sweep; empty before #35 logged it)."""
     import tempfile
-
-    from paravt_core.eval.experiment_report import _client, _runs
 
     logged = _runs(tracking_uri, experiment, "reproduce")
     if not logged:
@@ -99,8 +100,6 @@ def rebuild_report(runs: Sequence[ModelRun], out_dir: Path, title: str, budget: 
     Raises:
         MeasurementsError: see `rebuilt_report_dir`.
     """
-    from paravt_core.atomic import atomic_dir
-
     out = rebuilt_report_dir(out_dir, source_dir)
     with atomic_dir(out) as tmp:
         write_report(runs, tmp, title, budget=budget)
@@ -111,17 +110,12 @@ def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_u
                  experiment: str | None = None, budget: Sequence[BudgetPoint] = ()) -> Path:
     """`<out_dir>/report.md`, `steps.png` and `runs.json` (the measurements); logged to MLflow
     as one run tagged `stage=reproduce` when a tracking URI is given. Returns the report's path."""
-    from paravt_core.atomic import atomic_write_text
-
     out_dir.mkdir(parents=True, exist_ok=True)
     figure = plot_steps(runs, out_dir / "steps.png")
     data = atomic_write_text(out_dir / "runs.json", json.dumps([asdict(r) for r in runs], indent=1))
     budget_file = atomic_write_text(out_dir / "budget.json", json.dumps([asdict(p) for p in budget], indent=1))
     report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title, budget))
     if tracking_uri and experiment:
-        from paravt_core.eval.experiment_report import _client
-        from paravt_core.tracking import start_stage_run
-
         run_id = start_stage_run(tracking_uri, experiment, "reproduce", {"stage": "reproduce"}, {})
         client = _client(tracking_uri)
         for row in rows_in_order(runs):

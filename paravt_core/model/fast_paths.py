@@ -36,6 +36,8 @@ import weakref
 from types import MethodType
 from typing import Any
 
+from paravt_core.model.vision_attention import rebind_forward
+
 VISION_DEDUPE = ("never", "no_grad", "always")
 PATCH_EMBED = ("conv", "linear")
 PREFILL_ATTENTION = ("masked", "causal_rows")
@@ -139,8 +141,6 @@ def apply_patch_embed(model, mode: str) -> int:
     from torch import nn
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionPatchEmbed
 
-    from paravt_core.model.vision_attention import rebind_forward
-
     def one_product_per_patch(conv) -> bool:  # else keep the convolution
         return tuple(conv.kernel_size) == tuple(conv.stride) and not any(conv.padding) and conv.groups == 1
 
@@ -239,8 +239,6 @@ def apply_prefill_attention(model, mode: str) -> int:
     if mode == "masked":
         return 0
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextAttention
-
-    from paravt_core.model.vision_attention import rebind_forward
 
     return rebind_forward(model, Qwen3VLTextAttention, _causal_rows_text_forward,
                           lambda module: module.config._attn_implementation == "sdpa")

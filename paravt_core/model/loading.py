@@ -21,6 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from paravt_core.atomic import atomic_dir
+from paravt_core.model.fast_paths import apply_fast_paths
+from paravt_core.model.integrity import verify_model_dir
+from paravt_core.model.vision_attention import apply_vision_attention
+
 if TYPE_CHECKING:
     from paravt_core.config import ModelConfig, VideoConfig
 
@@ -69,8 +74,6 @@ def pixel_bounded_folder(model_dir: str | Path, video: VideoConfig, out_dir: str
     ids would part from ours. `out_dir` gets the bounded processor (`pixel_bounded`) and links
     to every other file of `model_dir`; it is rebuilt whole (atomically) each time.
     """
-    from paravt_core.atomic import atomic_dir
-
     model_dir = Path(model_dir)
     processor = load_processor(model_dir)
     if has_pixel_bounds(processor, video):
@@ -112,14 +115,11 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from paravt_core.model.integrity import verify_model_dir
-
     verify_model_dir(model_dir, checksums)  # whole weights before anything is built (ModelFolderError names the file)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(f"attn_implementation {attn_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
-    from paravt_core.model.vision_attention import apply_vision_attention
 
     kwargs = {"dtype": getattr(torch, DTYPES[dtype]), "attn_implementation": attn_implementation}
     if zero3_config is not None:
@@ -128,7 +128,6 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
     else:
         model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs).to(device)
     apply_vision_attention(model, vision_attention)
-    from paravt_core.model.fast_paths import apply_fast_paths
 
     return apply_fast_paths(model, vision_dedupe, patch_embed, prefill_attention)
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from paravt_core.atomic import atomic_dir
+from paravt_core.model.integrity import write_manifest
+
 SHAPES: dict[str, dict[str, Any]] = {
     # 2.13 B parameters.
     "2b": {"text": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
@@ -75,9 +78,6 @@ def build_shaped_model(shape: str, tiny_model_dir: str | Path, out_dir: str | Pa
     """Write a random-weight bf16 model of `shape` with the tiny model's processor to `out_dir` (atomically)."""
     import torch
     from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
-
-    from paravt_core.atomic import atomic_dir
-    from paravt_core.model.integrity import write_manifest
 
     config = shaped_config(shape, tiny_model_dir)
     torch.manual_seed(0)

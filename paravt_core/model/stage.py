@@ -11,7 +11,8 @@ import logging
 from pathlib import Path
 
 from paravt_core.config import PipelineConfig
-from paravt_core.refs import ArtifactRef, content_hash
+from paravt_core.model.tiny import build_tiny_model
+from paravt_core.refs import ArtifactRef, content_hash, source_digest
 
 log = logging.getLogger(__name__)
 
@@ -22,15 +23,11 @@ BUILDER_FILES = ("tiny.py", "chat_template.jinja")
 
 def base_model_dir(cfg: PipelineConfig) -> Path:
     """`<output_dir>/models/base-<hash of the model section>-<tiny builder code digest>`."""
-    from paravt_core.refs import source_digest
-
     builder = source_digest("paravt_core.model", only=BUILDER_FILES)
     return cfg.run.output_dir / "models" / f"base-{cfg.section_hash('model')}-{builder}"
 
 
 def run(cfg: PipelineConfig) -> ArtifactRef:
-    from paravt_core.model.tiny import build_tiny_model
-
     if cfg.model.is_tiny:
         out = base_model_dir(cfg)
         if not (out / "config.json").is_file():

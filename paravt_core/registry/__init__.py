@@ -20,7 +20,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from paravt_core.refs import ArtifactRef
+from paravt_core.model.integrity import ModelFolderError, verify_model_dir
+from paravt_core.refs import ArtifactRef, content_hash
 from paravt_core.tracking import experiment_id, local_store_dir, retry_when_busy
 
 log = logging.getLogger(__name__)
@@ -70,9 +71,6 @@ def register_checkpoint(
             longer the one hashed when the stage wrote it; nothing is registered or aliased.
     """
     from mlflow.exceptions import MlflowException
-
-    from paravt_core.model.integrity import ModelFolderError, verify_model_dir
-    from paravt_core.refs import content_hash
 
     # The folder's content hash covers every file, the weights' sha256 included: with it equal to
     # the one taken when the stage wrote the folder, the manifest's checksums need no second pass.

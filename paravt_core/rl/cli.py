@@ -38,6 +38,9 @@ from paravt_core.agent.tool_calls import TOOL_NAME, ParsedBlock, parse_tool_call
 from paravt_core.json_lines import BadLine, is_blank, load_json_line, raw_lines
 from paravt_core.rewards import OPEN_ENDED_MODES, QUESTION_TYPES, compute_reward, reward_term_names
 
+# lazy: rl.replay loads torch (2.3 s); `paravt rewards` and `paravt --help` run without it
+# (tests/unit/test_rewards.py).
+
 _REQUIRED_STRINGS = ("completion", "answer")
 _OPTIONAL_KEYS = ("answer_suffix", "anchor_weight", "format_weight", "mode", "question")
 _KNOWN_KEYS = (*_REQUIRED_STRINGS, "question_type", *_OPTIONAL_KEYS)

@@ -28,6 +28,7 @@ from typing import Any
 from paravt_core.agent.prompts import EpisodePrompt, messages_from_rl_prompt
 from paravt_core.agent.rollout import run_dropping_undecodable
 from paravt_core.sft.encode import media_path
+from paravt_core.video.hashing import video_sha256
 
 QUESTION_TYPES = ("mcq", "tvg", "oe")
 
@@ -56,7 +57,6 @@ def video_key(video: Path, media_root: Path | None) -> str:
             return Path(video).resolve().relative_to(Path(media_root).resolve()).as_posix()
         except ValueError:
             pass
-    from paravt_core.video.hashing import video_sha256
 
     try:
         return "sha256:" + video_sha256(video)

@@ -30,6 +30,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from paravt_core.atomic import atomic_write_text
 from paravt_core.rewards import reward_term_names
 from paravt_core.rl.decision import DecisionParts
 
@@ -104,8 +105,6 @@ def episode_records(step: int, rank: int, episodes: Sequence, prompts: Sequence,
 
 
 def write_episode_log(run_dir: Path, step: int, rank: int, records: Sequence[dict[str, Any]]) -> Path:
-    from paravt_core.atomic import atomic_write_text
-
     path = episode_log_path(run_dir, step, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))

@@ -44,14 +44,14 @@ from dataclasses import dataclass
 
 import torch
 
+from paravt_core.video.sampling import frame_budget_of
+
 ADV_EPS = 1e-5  # the release's eps of steps 2 and 4 (SPEC §5); `rl.adv_eps`
 
 
 def frame_budget(seed: int, prompt_id: str, epoch: int, choices: Sequence[int], draw_key: int = 0) -> int:
     """K ~ Uniform(choices) for one prompt, the same in every process (not Python's hash());
     `draw_key` (rl.gating.draw_key) > 0 draws another K for the same seed."""
-    from paravt_core.video.sampling import frame_budget_of
-
     suffix = f"|key{draw_key}" if draw_key else ""
     return frame_budget_of(f"{seed}|{prompt_id}|{epoch}{suffix}", choices)
 

@@ -26,16 +26,21 @@ import dataclasses
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from paravt_core.agent.rollout import Episode
-
-if TYPE_CHECKING:
-    from paravt_core.rl.data import RLPrompt
-    from paravt_core.rl.job import RLJob
+from paravt_core.agent.hf_build import build_hf_engine
+from paravt_core.agent.rollout import Episode, run_episodes
+from paravt_core.atomic import atomic_write_text
+from paravt_core.dist.checkpoints import CHECKPOINT_MANIFEST, checkpoint_damage
+from paravt_core.dist.weights import checkpoint_state_dict
+from paravt_core.model.integrity import ModelFolderError
+from paravt_core.model.loading import build_model, load_processor
+from paravt_core.rl.data import RLPrompt, RLRowError, read_rl_prompts
+from paravt_core.rl.job import RLJob
+from paravt_core.rl.schedule import step_plan
+from paravt_core.video.errors import VideoDecodeError
 
 
 class PromptDraw(BaseModel):
@@ -89,8 +94,6 @@ def draws_path(run_dir: Path, step: int, rank: int) -> Path:
 
 
 def write_draws(run_dir: Path, draws: StepDraws) -> Path:
-    from paravt_core.atomic import atomic_write_text
-
     path = draws_path(run_dir, draws.step, draws.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, draws.model_dump_json(indent=1))
@@ -118,8 +121,6 @@ def check_draws(draws: StepDraws, path: Path, step: int, rank: int, job: RLJob, 
     field replay reads agrees with what the run draws at that step (`rl.schedule.step_plan`):
     the prompts (those of the plan, in its order; a prompt whose video did not decode is left
     out of the log), each prompt's video and K, the epoch, the sampler seed, the weights."""
-    from paravt_core.rl.schedule import step_plan
-
     def wrong(what: str) -> ReplayError:
         return ReplayError(f"{path}: {what}; the log was edited or belongs to another run, so it does not say "
                            "what this step drew: replay another step, or run the RL stage again to log this one")
@@ -171,8 +172,6 @@ def replay_weights(run_dir: Path, version: int, zero_stage: int) -> dict[str, to
     else the checkpoint written after that step."""
     if version == 0:
         return None
-    from paravt_core.dist.checkpoints import checkpoint_damage
-    from paravt_core.dist.weights import checkpoint_state_dict
 
     tag = Path(run_dir) / "checkpoints" / f"step{version:07d}"
     if not tag.is_dir():
@@ -192,8 +191,6 @@ def _misfiled(tag: Path, version: int) -> str | None:
     (#61: one deleted, another step's file copied in): each model-states file records the step
     it was saved after (the trainers' client state, `{"step": N}`), and a tag whose manifest is
     gone while the run's other tags have theirs is named."""
-    from paravt_core.dist.checkpoints import CHECKPOINT_MANIFEST
-
     for states in sorted(tag.glob("*model_states.pt")):
         saved = torch.load(states, map_location="cpu", weights_only=False, mmap=True)
         step = saved.get("step") if isinstance(saved, dict) else None
@@ -209,8 +206,6 @@ def _misfiled(tag: Path, version: int) -> str | None:
 
 def read_job(run_dir: Path) -> RLJob:
     """The run's `job.json` (its config, model and data), or `ReplayError` naming the file."""
-    from paravt_core.rl.job import RLJob
-
     path = Path(run_dir) / "job.json"
     try:
         return RLJob.model_validate_json(path.read_bytes())
@@ -227,13 +222,6 @@ def replay_step(run_dir: Path, step: int, rank: int = 0) -> Replay:
             (`check_draws`), no intact checkpoint of its weights, a prompt of the log missing
             from the job's RL data, or an init model that is not whole.
     """
-    from paravt_core.agent.hf_build import build_hf_engine
-    from paravt_core.agent.rollout import run_episodes
-    from paravt_core.model.integrity import ModelFolderError
-    from paravt_core.model.loading import build_model, load_processor
-    from paravt_core.rl.data import RLRowError, read_rl_prompts
-    from paravt_core.video.errors import VideoDecodeError
-
     run_dir = Path(run_dir)
     job = read_job(run_dir)
     cfg, draws, path = job.config, read_draws(run_dir, step, rank), draws_path(run_dir, step, rank)

@@ -40,9 +40,17 @@ from pathlib import Path
 from typing import Any
 
 from paravt_core.agent.engine import RolloutEngine
-from paravt_core.agent.served_model import served_folder
+from paravt_core.agent.hf_build import build_hf_engine
+from paravt_core.agent.served_model import ServedModelMismatch, check_served_model, served_folder, served_model_name
+from paravt_core.agent.server_launch import ServeError, pick_server, probe_python, server_python_path
+from paravt_core.agent.sglang_engine import SGLangEngine, launch_sglang_server, sglang_installed
+from paravt_core.agent.vllm_engine import VLLMEngine, launch_vllm_rollout_server
 from paravt_core.agent.weight_snapshots import WeightStream, shm_staging_dir
 from paravt_core.config import ConfigError, PipelineConfig
+from paravt_core.device_ledger import LedgerError, declare_server, physical_gpu, release
+from paravt_core.dist.launch import free_port
+from paravt_core.model.loading import build_model
+from paravt_core.plan import SERVER_FRACTION, VLLM_FRACTION
 from paravt_core.rollout_engines import rollout_engine_spec
 
 SGLANG_MISSING = "SGLang is not installed; install the GPU profile or set rl.rollout.engine=hf"
@@ -55,8 +63,6 @@ def check_rollout_engine(cfg: PipelineConfig) -> None:
 
 def check_sglang(cfg: PipelineConfig) -> None:
     """`sglang` with no url to connect to needs SGLang here (rank 0 launches the server)."""
-    from paravt_core.agent.sglang_engine import sglang_installed
-
     rollout = cfg.rl.rollout
     if rollout.sglang.url is None and not sglang_installed():
         raise ConfigError(f"rl.rollout.engine is sglang with no rl.rollout.sglang.url to connect to, and "
@@ -67,8 +73,6 @@ def check_vllm(cfg: PipelineConfig) -> None:
     """`vllm` with no url to connect to needs a serve interpreter with vLLM (rank 0 launches the server)."""
     rollout = cfg.rl.rollout
     if rollout.vllm.url is None:
-        from paravt_core.agent.server_launch import ServeError, pick_server, probe_python, server_python_path
-
         try:
             pick_server("vllm", probe_python(server_python_path(rollout.vllm.python)))
         except ServeError as exc:
@@ -116,8 +120,6 @@ class RolloutBackend:
         if self.served and self.pushes_weights:
             self.engine.release_staged_weights()  # the /dev/shm snapshot: host memory until deleted
         if self.server is not None:
-            from paravt_core.device_ledger import release
-
             self.server.stop()
             release(self.server.process.pid)  # the device ledger (rehearsals): its card is free again
             self.server = None
@@ -127,8 +129,6 @@ def hold_in_ledger(server: Any, role: str, gpus: Sequence[int], fraction: float)
     """The device ledger (rehearsals, `device_ledger.py`): the server launched holds `fraction`
     of each of its cards (`gpus`; none: its `cuda:0`, rank 0's card when colocated); a claim
     the cards cannot hold stops it."""
-    from paravt_core.device_ledger import LedgerError, declare_server, physical_gpu
-
     try:
         declare_server(role, server.process.pid, list(gpus) or [physical_gpu(0)], fraction)
     except LedgerError:
@@ -147,8 +147,6 @@ def _shared_url(url: str | None, rank: int, world: int, checkpoint: Path, sha256
     """Rank 0's server url on every rank, once rank 0 found that it serves `checkpoint`; every
     rank raises rank 0's `ServedModelMismatch`, so none is left waiting for the others."""
     import torch.distributed as dist
-
-    from paravt_core.agent.served_model import ServedModelMismatch, check_served_model
 
     problem = None
     if rank == 0:
@@ -187,9 +185,6 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
 def hf_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: str, rank: int, world: int,
                staging_dir: Path, init_sha256: str) -> RolloutBackend:
     """Each rank generates with its own copy of the policy (module docstring)."""
-    from paravt_core.agent.hf_build import build_hf_engine
-    from paravt_core.model.loading import build_model
-
     model = build_model(cfg.model, init_model, device=device).eval()
     return RolloutBackend(build_hf_engine(cfg, model, processor, "rollout"), pushes_weights=True, world=world)
 
@@ -204,23 +199,17 @@ def _dtype(cfg: PipelineConfig) -> Any:
 def sglang_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: str, rank: int, world: int,
                    staging_dir: Path, init_sha256: str) -> RolloutBackend:
     """Every rank on ONE SGLang server, rank 0's or `rl.rollout.sglang.url` (module docstring)."""
-    from paravt_core.agent.sglang_engine import SGLangEngine, launch_sglang_server
-
     dtype = _dtype(cfg)
     server_cfg = cfg.rl.rollout.sglang
     check_rollout_engine(cfg)
     server, url = None, server_cfg.url
     colocated = server_cfg.placement == "colocated"
     if url is None and rank == 0:
-        from paravt_core.dist.launch import free_port
-
         server = launch_sglang_server(
             served_folder(init_model, cfg.video, staging_dir.parent), free_port(), tp_size=server_cfg.tp_size,
             mem_fraction_static=server_cfg.mem_fraction_static, enable_memory_saver=colocated,
             cuda_devices=server_cfg.gpus, pixel_bounds=(cfg.video.min_pixels, cfg.video.max_pixels),
             served_model_name=_served_name(cfg, init_sha256), startup_timeout_s=server_cfg.startup_timeout_s)
-        from paravt_core.plan import SERVER_FRACTION
-
         hold_in_ledger(server, "RL rollout server (SGLang)", server_cfg.gpus,
                        server_cfg.mem_fraction_static or SERVER_FRACTION)
         url = server.url
@@ -236,23 +225,17 @@ def _served_name(cfg: PipelineConfig, init_sha256: str) -> str:
     """The name a launched rollout server serves under: it carries the starting checkpoint's
     sha256[:12], so the served-model check (`_shared_url`) accepts the linked copy of a base
     model that `agent.served_model.served_folder` may serve (other bytes in its processor config, same weights)."""
-    from paravt_core.agent.served_model import served_model_name
-
     return served_model_name(cfg.model.registered_name, init_sha256)
 
 
 def vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: str, rank: int, world: int,
                  staging_dir: Path, init_sha256: str) -> RolloutBackend:
     """Every rank on ONE vLLM server, rank 0's or `rl.rollout.vllm.url` (module docstring)."""
-    from paravt_core.agent.vllm_engine import VLLMEngine, launch_vllm_rollout_server
-
     dtype = _dtype(cfg)
     server_cfg = cfg.rl.rollout.vllm
     check_rollout_engine(cfg)
     server, url = None, server_cfg.url
     if url is None and rank == 0:
-        from paravt_core.dist.launch import free_port
-
         server = launch_vllm_rollout_server(served_folder(init_model, cfg.video, staging_dir.parent), free_port(),
                                             python=server_cfg.python,
                                             startup_timeout_s=server_cfg.startup_timeout_s,
@@ -261,8 +244,6 @@ def vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: 
                                             cuda_devices=server_cfg.gpus, tp_size=server_cfg.tp_size,
                                             gpu_memory_utilization=server_cfg.gpu_memory_utilization,
                                             served_name=_served_name(cfg, init_sha256))
-        from paravt_core.plan import VLLM_FRACTION
-
         hold_in_ledger(server, "RL rollout server (vLLM)", server_cfg.gpus,
                        server_cfg.gpu_memory_utilization or VLLM_FRACTION)
         url = server.url

@@ -11,12 +11,12 @@ import dataclasses
 import numpy as np
 
 from paravt_core.config import PipelineConfig
+from paravt_core.rl.grpo import frame_budget
+from paravt_core.sft.worker import sample_index
 
 
 def step_prompts(prompts: list, step: int, per_step: int, rank: int, world: int, seed: int) -> tuple[list, int]:
     """This rank's prompts for `step` (a pure function of step: resumable) and the epoch."""
-    from paravt_core.sft.worker import sample_index
-
     orders: dict[int, np.ndarray] = {}
     if per_step % world:
         raise ValueError(f"rl.prompts_per_step ({per_step}) is not a multiple of the {world} ranks")
@@ -30,8 +30,6 @@ def step_plan(prompts: list, cfg: PipelineConfig, step: int, rank: int, world: i
     """This rank's prompts of `step` (0-based) with their frame budget K set (nFrames gating,
     SPEC §5; None without gating), and the epoch: what the step draws before its rollout, and
     what replay checks a draws log against (`rl/replay.py`)."""
-    from paravt_core.rl.grpo import frame_budget
-
     picked, epoch = step_prompts(prompts, step, cfg.rl.prompts_per_step, rank, world, cfg.run.seed)
     gating = cfg.rl.gating
     planned = []

@@ -11,12 +11,16 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from paravt_core.agent.weight_snapshots import release_shm_staging
 from paravt_core.cache_identity import rl_run_config
 from paravt_core.config import PipelineConfig
 from paravt_core.dist.launch import LogLine, run_stage_workers
+from paravt_core.layout import media_dir, media_dir_of
 from paravt_core.provenance import git_revision
 from paravt_core.refs import ArtifactRef
 from paravt_core.rl.job import RLJob
+from paravt_core.rl.rollout_engine import check_rollout_engine
+from paravt_core.tracking import flatten, stage_run_id
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -41,8 +45,6 @@ def media_root(cfg: PipelineConfig, rl_data: ArtifactRef) -> Path:
     the media folder of the data stage that wrote `rl_data`, which need not be this config's
     run.output_dir (a row given another run's data bundle, flows/fanout.py `RowSpec`); the
     config's own media folder for RL data laid out otherwise."""
-    from paravt_core.layout import media_dir, media_dir_of
-
     return (media_dir_of(Path(rl_data.path)) or media_dir(cfg)).resolve()
 
 
@@ -58,10 +60,6 @@ def make_job(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, with_
 
 def run(cfg: PipelineConfig, init: ArtifactRef, rl_data: ArtifactRef, log_line: LogLine = print) -> ArtifactRef:
     """Raises `ConfigError` before any worker starts when `rl.rollout.engine` cannot run here."""
-    from paravt_core.rl.rollout_engine import check_rollout_engine
-
-    from paravt_core.agent.weight_snapshots import release_shm_staging
-
     check_rollout_engine(cfg)
     out = run_dir(cfg, init, rl_data)
     try:
@@ -80,8 +78,6 @@ def threads_per_rank(cfg: PipelineConfig) -> int | None:
 
 def _mlflow_run(cfg: PipelineConfig, out: Path, init: ArtifactRef, rl_data: ArtifactRef) -> str:
     """The run's MLflow run id, tagged with its ablation row; a resumed run reuses it."""
-    from paravt_core.tracking import flatten, stage_run_id
-
     return stage_run_id(
         out, cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-rl-{cfg.rl.row}",
         tags={"stage": "rl", "ablation_row": cfg.rl.row, "init_model_sha256": init.sha256,

@@ -6,6 +6,9 @@ Here, not in `paravt_core.dist`: the stream is written by the agent layer's snap
 
 from __future__ import annotations
 
+from paravt_core.agent.weight_snapshots import TensorSpec
+from paravt_core.dist.weights import persistent_buffers
+
 
 class GatheredWeights:
     """The policy's weights for a rollout server's snapshot, one tensor at a time (issue #44 item 8).
@@ -24,9 +27,6 @@ class GatheredWeights:
     """
 
     def __init__(self, engine, zero_stage: int, keep: bool):
-        from paravt_core.agent.weight_snapshots import TensorSpec
-        from paravt_core.dist.weights import persistent_buffers
-
         module = engine.module
         if zero_stage == 3:
             entries = [(name, p, tuple(p.ds_shape), True) for name, p in module.named_parameters()]

@@ -34,12 +34,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from paravt_core.dist.rank import StepLog
+from paravt_core.agent.context import THINK_PREFIX
+from paravt_core.agent.rollout import run_episodes
+from paravt_core.agent.tags import TagLocator
+from paravt_core.collectives import CheckedCollectives
+from paravt_core.dist.checkpoints import resume, save, trim_step_log
+from paravt_core.dist.ds_config import rl_deepspeed_config, training_dtype, zero_optimizer
+from paravt_core.dist.rank import StepLog, init_distributed, maybe_kill_for_test, shutdown_distributed
+from paravt_core.dist.weights import export_hf_model, full_state_dict, gathered_state_dict
+from paravt_core.memory import record_memory
+from paravt_core.model.loading import build_model, load_processor
+from paravt_core.plan import declare_stage
+from paravt_core.rl import policy as P, served_policy as S
+from paravt_core.rl.contracts import TokenLayout, TrajectoryContractError, check_trajectories
+from paravt_core.rl.data import read_rl_prompts, rollout_dropping_undecodable
 from paravt_core.rl.decision import decision_metrics, decision_parts
+from paravt_core.rl.episode_log import episode_records, write_episode_log
 from paravt_core.rl.grpo import Moments
 from paravt_core.rl.job import RLJob
 from paravt_core.rl.kl import kl_mode
+from paravt_core.rl.policy import fixed_format_reward, paravt_reward, reward_means
+from paravt_core.rl.replay import PromptDraw, StepDraws, rollout_digest, sampler_seed, write_draws
+from paravt_core.rl.rollout_engine import build_rollout_engine
 from paravt_core.rl.schedule import step_plan
+from paravt_core.rl.weight_push import GatheredWeights
+from paravt_core.tracking import MetricLogger
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,19 +75,6 @@ class Trainer:
 
     def __init__(self, job: RLJob, reward_fn=None):
         import deepspeed
-
-        from paravt_core.agent.context import THINK_PREFIX
-        from paravt_core.agent.tags import TagLocator
-        from paravt_core.dist.checkpoints import resume, trim_step_log
-        from paravt_core.dist.ds_config import rl_deepspeed_config, training_dtype, zero_optimizer
-        from paravt_core.dist.rank import init_distributed
-        from paravt_core.plan import declare_stage
-        from paravt_core.memory import record_memory
-        from paravt_core.model.loading import build_model, load_processor
-        from paravt_core.rl.contracts import TokenLayout
-        from paravt_core.rl.data import read_rl_prompts
-        from paravt_core.rl.policy import paravt_reward
-        from paravt_core.rl.rollout_engine import build_rollout_engine
 
         self.job, self.cfg, self.rl = job, job.config, job.config.rl
         self.rank, self.world, self.device = init_distributed()
@@ -125,8 +131,6 @@ class Trainer:
         engine (same offload settings as the policy, no optimizer), so no rank holds it whole."""
         import deepspeed
 
-        from paravt_core.model.loading import build_model
-
         if zero3 is None:
             return build_model(self.cfg.model, job.init_model, device=self.device).eval()
         dtype = "bfloat16" if zero3["bf16"]["enabled"] else "float32"
@@ -139,9 +143,6 @@ class Trainer:
         """The policy's weights to the rollout engine: every rank's own `hf` copy gets the whole
         state dict; a server gets rank 0's snapshot, streamed as each ZeRO-3 parameter is
         gathered, and the other ranks only join the gathers (issue #44 item 8)."""
-        from paravt_core.dist.weights import gathered_state_dict
-        from paravt_core.rl.weight_push import GatheredWeights
-
         if self.rollout_backend.served:
             weights = GatheredWeights(self.policy, self.rl.zero_stage, keep=self.rollout_backend.pushes_weights)
         else:
@@ -154,8 +155,6 @@ class Trainer:
         (`rl/served_policy.py`): rank 0 draws it, every rank scores it (a ZeRO-3 forward
         gathers on all ranks) and all stop together on the largest gap."""
         import torch.distributed as dist
-
-        from paravt_core.rl import served_policy as S
 
         probe = None
         if self.rank == 0:
@@ -175,10 +174,6 @@ class Trainer:
 
     def rollout(self, step: int):
         """(prompts kept, their episodes) of this rank's step; its draws are logged (`rl/replay.py`)."""
-        from paravt_core.agent.rollout import run_episodes
-        from paravt_core.rl.data import rollout_dropping_undecodable
-        from paravt_core.rl.replay import PromptDraw, StepDraws, rollout_digest, sampler_seed, write_draws
-
         prompts, epoch = step_plan(self.prompts, self.cfg, step, self.rank, self.world)
         seed = sampler_seed(self.cfg.run.seed, step, self.rank)
 
@@ -197,10 +192,6 @@ class Trainer:
         return kept, episodes
 
     def train_step(self, step: int) -> dict[str, float]:
-        from paravt_core.rl import policy as P
-        from paravt_core.rl.contracts import check_trajectories
-        from paravt_core.rl.episode_log import episode_records, write_episode_log
-
         t0 = time.perf_counter()
         prompts, episodes = self.rollout(step)
         self.rollout_backend.after_rollout()
@@ -256,8 +247,6 @@ class Trainer:
     def _check_on_every_rank(self, check) -> None:
         """Run `check` (it raises on a bad trajectory); every rank raises when any rank's check
         failed, so no rank is left waiting in the step's next collective for one that stopped."""
-        from paravt_core.rl.contracts import TrajectoryContractError
-
         problem = None
         try:
             check()
@@ -273,8 +262,6 @@ class Trainer:
         """`values` summed (or their max) over every rank; as they are on one rank."""
         import torch.distributed as dist
 
-        from paravt_core.collectives import CheckedCollectives
-
         if not dist.is_initialized() or self.world == 1:
             return list(values)
         reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
@@ -284,8 +271,6 @@ class Trainer:
 
     def metrics(self, episodes, adv, loss: float, clip_frac: float, times) -> dict[str, float]:
         """SPEC §5 per-step metrics of this rank (averaged over ranks by the caller)."""
-        from paravt_core.rl.policy import fixed_format_reward, reward_means
-
         gen_len = [float(e.loss_mask.sum()) for e in episodes]
         row = {
             "f_tau": float(np.mean([x.terms["format"] for x in adv.rewards])),
@@ -341,8 +326,6 @@ def _all_reduce_mean(row: dict[str, float], world: int) -> dict[str, float]:
 def train(job: RLJob, reward_fn=None) -> None:
     import torch.distributed as dist
 
-    from paravt_core.dist.rank import shutdown_distributed
-
     try:
         trainer = Trainer(job, reward_fn)
         try:
@@ -356,11 +339,6 @@ def train(job: RLJob, reward_fn=None) -> None:
 
 def _train_loop(trainer: Trainer, job: RLJob) -> None:
     from tqdm import tqdm
-
-    from paravt_core.dist.checkpoints import save
-    from paravt_core.dist.rank import maybe_kill_for_test
-    from paravt_core.dist.weights import export_hf_model, full_state_dict
-    from paravt_core.tracking import MetricLogger
 
     rl = job.config.rl
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=trainer.rank == 0)

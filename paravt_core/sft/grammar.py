@@ -23,9 +23,16 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from paravt_core.agent.hf_build import build_hf_engine
 from paravt_core.agent.prompts import EpisodePrompt
-from paravt_core.agent.rollout import Episode
-from paravt_core.config import PipelineConfig
+from paravt_core.agent.rollout import Episode, run_dropping_undecodable, run_episodes
+from paravt_core.config import EVAL_SPLITS, PipelineConfig
+from paravt_core.dist.ds_config import training_dtype
+from paravt_core.eval.prepared import load_split_file
+from paravt_core.model.loading import build_model, load_processor
+from paravt_core.own_process import call_in_own_process
+from paravt_core.plan import declare_stage
+from paravt_core.sft.dataset import read_sft_rows
 
 ANSWER = re.compile(r"<answer>\s*\S.*?</answer>", re.S)
 
@@ -97,11 +104,6 @@ def grammar_report(model_dir: Path, prompts: Sequence[EpisodePrompt], cfg: Pipel
 
     import torch
 
-    from paravt_core.agent.hf_build import build_hf_engine
-    from paravt_core.agent.rollout import run_dropping_undecodable, run_episodes
-    from paravt_core.dist.ds_config import training_dtype
-    from paravt_core.model.loading import build_model, load_processor
-
     undecodable = set() if undecodable is None else undecodable
     on_gpu = torch.cuda.is_available()
     processor = load_processor(model_dir)
@@ -132,9 +134,6 @@ def held_out_samples(eval_dir: Path, per_split: int = PER_SPLIT) -> list:
     Raises:
         NoHeldOutPrompts: there is none (said before any model loads).
     """
-    from paravt_core.config import EVAL_SPLITS
-    from paravt_core.eval.prepared import load_split_file
-
     samples = []
     for split in EVAL_SPLITS:
         split_json = Path(eval_dir) / split / "split.json"
@@ -156,9 +155,6 @@ def run(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_rows_dir: Path, 
     The first `per_split` samples of each of the seven splits with a video: 56 prompts on the
     embedded default, enough that one episode moves the rate by under 2 points.
     """
-    from paravt_core.plan import declare_stage
-    from paravt_core.sft.dataset import read_sft_rows
-
     # One claim for the process: the base and the SFT model are loaded one after the other, and the
     # plan's row is the larger of the two (the same shape), not their sum.
     declare_stage("SFT grammar check", "SFT grammar check", cfg, base_dir)
@@ -206,8 +202,6 @@ def run_in_own_process(cfg: PipelineConfig, base_dir: Path, sft_dir: Path, sft_r
     Raises:
         RuntimeError: the check's process failed (the message holds its last lines).
     """
-    from paravt_core.own_process import call_in_own_process
-
     held_out_samples(eval_dir, per_split)
     job = GrammarJob(config=cfg, base_dir=Path(base_dir).resolve(), sft_dir=Path(sft_dir).resolve(),
                      sft_rows_dir=Path(sft_rows_dir).resolve(), eval_dir=Path(eval_dir).resolve(), per_split=per_split)

@@ -21,6 +21,7 @@ from paravt_core.dist.launch import LogLine, run_stage_workers
 from paravt_core.provenance import git_revision
 from paravt_core.refs import ArtifactRef
 from paravt_core.sft.job import SFTJob
+from paravt_core.tracking import flatten, stage_run_id
 WORKER = Path(__file__).with_name("worker.py")
 
 
@@ -105,8 +106,6 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
 
 def _mlflow_run(cfg: PipelineConfig, out: Path, base: ArtifactRef, sft_data: ArtifactRef, stage: str) -> str:
     """The run's MLflow run id; a resumed run keeps logging into the run it started."""
-    from paravt_core.tracking import flatten, stage_run_id
-
     return stage_run_id(
         out, cfg.mlflow_uri(), cfg.mlflow.experiment, f"{cfg.run.name}-{stage}",
         tags={"stage": stage, "base_model_sha256": base.sha256, "data_sha256": sft_data.sha256,

@@ -45,6 +45,8 @@ from tqdm import tqdm
 from paravt_core.atomic import atomic_write_text
 from paravt_core.video.errors import VideoDecodeError
 from paravt_core.video.hashing import video_sha256
+from paravt_core.video.reader import VideoFile
+from paravt_core.video.sampling import overview_frame_indices
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +73,12 @@ class VideoHealth:
 def probe_indices(num_frames: int, keyframes: list[int]) -> list[int]:
     """The frames the probe decodes: every keyframe and the overview sampler's `_PROBE_SPREAD`
     frames (first and last included), the very indices a 64-frame overview reads."""
-    from paravt_core.video.sampling import overview_frame_indices
-
     return sorted({*keyframes, *overview_frame_indices(num_frames, _PROBE_SPREAD)})
 
 
 def _probe(path: Path) -> tuple[int, float, str | None]:
     """(frames, duration, problem) of one video file."""
     import av
-
-    from paravt_core.video.reader import VideoFile
 
     if path.stat().st_size == 0:
         return 0, 0.0, "the file is empty (0 bytes)"

@@ -451,7 +451,7 @@ def test_a_config_asking_for_sglang_never_gets_hf(monkeypatch, tmp_path, tiny_mo
     from paravt_core.rl import rollout_engine
 
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["rl.rollout.engine=sglang"])
-    monkeypatch.setattr("paravt_core.agent.sglang_engine.sglang_installed", lambda: False)
+    monkeypatch.setattr(rollout_engine, "sglang_installed", lambda: False)
     with pytest.raises(ConfigError, match="SGLang is not installed; install the GPU profile or set "
                                           "rl.rollout.engine=hf"):
         rollout_engine.build_rollout_engine(cfg, tiny_model_dir, tiny_processor, "cpu", 0, 1, tmp_path,

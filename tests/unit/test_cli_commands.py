@@ -129,7 +129,7 @@ def test_a_full_disk_or_read_only_output_is_one_line_naming_the_file(tmp_path, c
     except OSError as cause:
         wrapped = RuntimeError("the data stage failed")
         wrapped.__cause__ = cause
-    monkeypatch.setattr("paravt_core.data.synth.generate_world", _raise(wrapped))
+    monkeypatch.setattr("paravt_core.data.cli.generate_world", _raise(wrapped))
     assert main(["synth", "--out", str(tmp_path / "world")]) == status
     assert says.format(file=file) in capsys.readouterr().err
 

@@ -81,7 +81,7 @@ def test_a_complete_world_is_not_generated_again(mirror, monkeypatch):
     def regenerate(*args, **kwargs):
         raise AssertionError("the world was already complete")
 
-    monkeypatch.setattr("paravt_core.data.synth.generate.generate_world", regenerate)
+    monkeypatch.setattr("paravt_core.data.mirror.generate_world", regenerate)
     assert ensure_world(cfg, progress=False) == hub.LocalMirror(hub_dir=world_dir(cfg) / "hub", revision="main")
 
 

@@ -115,12 +115,12 @@ def test_a_toy_split_added_to_the_records_reaches_every_reader(tmp_path):
 
 def test_the_generated_world_moves_with_the_split_records(monkeypatch, tmp_path):
     """The world writes the records' layouts: an edit of `eval/splits.py` is a new world folder."""
-    import paravt_core.refs as refs
     from paravt_core.config import load_config
+    from paravt_core.data import mirror
     from paravt_core.data.mirror import world_dir
 
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [f"run.output_dir={tmp_path}"])
-    before, real = world_dir(cfg), refs.source_digest
-    monkeypatch.setattr(refs, "source_digest", lambda package, only=None: real(package, only) + (
+    before, real = world_dir(cfg), mirror.source_digest
+    monkeypatch.setattr(mirror, "source_digest", lambda package, only=None: real(package, only) + (
         "edited" if (package, only) == ("paravt_core.eval", ("splits.py",)) else ""))
     assert world_dir(cfg) != before

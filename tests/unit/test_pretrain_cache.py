@@ -34,8 +34,11 @@ def world_code(monkeypatch):
     real = refs.source_digest
 
     def set_digest(digest: str) -> None:
-        monkeypatch.setattr(refs, "source_digest", lambda package, only=None:
-                            digest if package == "paravt_core.data.synth" else real(package, only))
+        def edited(package, only=None):
+            return digest if package == "paravt_core.data.synth" else real(package, only)
+
+        monkeypatch.setattr(refs, "source_digest", edited)
+        monkeypatch.setattr(pretrain_cache, "source_digest", edited)  # imported at its top
 
     return set_digest
 
@@ -114,7 +117,7 @@ def test_the_key_follows_the_base_model_the_training_settings_and_the_trainer_co
         assert _key(_cfg(tmp_path, setting), BASE, corpora) != key, setting
     assert _key(_cfg(tmp_path, "sft.keep_last=2"), BASE, corpora) == key
     real = refs.source_digest
-    monkeypatch.setattr(refs, "source_digest",
+    monkeypatch.setattr(pretrain_cache, "source_digest",
                         lambda package, only=None: "0" * 16 if package == "paravt_core.sft" else real(package, only))
     assert _key(cfg, BASE, corpora) != key
 

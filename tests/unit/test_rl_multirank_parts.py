@@ -175,6 +175,7 @@ def test_a_video_outside_the_media_root_is_hashed_once_for_all_its_rows(tmp_path
     import pyarrow.parquet as pq
 
     import paravt_core.video.hashing as hashing
+    from paravt_core.rl import data as rl_data
     from paravt_core.rl.data import read_rl_prompts
 
     video = tmp_path / "clip.mp4"
@@ -185,7 +186,7 @@ def test_a_video_outside_the_media_root_is_hashed_once_for_all_its_rows(tmp_path
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rl.parquet")
     calls = []
     real = hashing.video_sha256
-    monkeypatch.setattr(hashing, "video_sha256", lambda path: calls.append(path) or real(path))
+    monkeypatch.setattr(rl_data, "video_sha256", lambda path: calls.append(path) or real(path))
     prompts = read_rl_prompts([tmp_path / "rl.parquet"])
     assert len(prompts) == 3 and len({p.prompt.prompt_id for p in prompts}) == 3
     assert len(calls) == 1 and {p.video_key for p in prompts} == {"sha256:" + real(video)}

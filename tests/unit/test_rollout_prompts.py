@@ -146,7 +146,7 @@ def test_the_pipelines_sglang_server_gets_the_rollouts_pixel_bounds(monkeypatch,
 
     monkeypatch.setattr(sglang_engine, "require_sglang", lambda: None)
     monkeypatch.setattr(sglang_engine, "wait_until_healthy", record_command)
-    monkeypatch.setattr(sglang_engine, "sglang_installed", lambda: True)
+    monkeypatch.setattr(rollout_engine, "sglang_installed", lambda: True)
     cfg = load_config(Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml",
                       ["rl.rollout.engine=sglang", "video.min_pixels=1024", "video.max_pixels=8192"])
     with pytest.raises(RuntimeError, match="recorded"):

@@ -137,8 +137,11 @@ def test_the_8b_configs_rollout_server_is_launched_on_its_own_gpu(monkeypatch, t
         launched.update(command=list(command), env=dict(env))
         raise _Launched
 
-    monkeypatch.setattr(server_launch, "probe_python",
-                        lambda path: server_launch.ServerPython(path, ("vllm",), cuda=True))
+    def probe_python(path):
+        return server_launch.ServerPython(path, ("vllm",), cuda=True)
+
+    monkeypatch.setattr(server_launch, "probe_python", probe_python)
+    monkeypatch.setattr(rollout_engine, "probe_python", probe_python)  # imported at its top
     monkeypatch.setattr(server_launch, "start_server", start_server)
     for name, value in (("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6"), ("RANK", "0"), ("LOCAL_RANK", "0"),
                         ("WORLD_SIZE", "7"), ("MASTER_PORT", "29500")):
