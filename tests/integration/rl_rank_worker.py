@@ -94,7 +94,7 @@ def rank_trajectories(spec: dict, rank: int | None):
 def run_uneven(job_file: Path, out: Path) -> None:
     import torch.distributed as dist
 
-    from paravt_core.rl import rollout_engine
+    from paravt_core.rl import rollout_engine, worker
     from paravt_core.rl.job import RLJob
     from paravt_core.rl.worker import train
 
@@ -105,7 +105,7 @@ def run_uneven(job_file: Path, out: Path) -> None:
         engines.append(engine)
         return rollout_engine.RolloutBackend(engine, pushes_weights=True, world=world)
 
-    rollout_engine.build_rollout_engine = scripted_backend
+    worker.build_rollout_engine = scripted_backend  # where the trainer looks the name up
     rank = int(__import__("os").environ["RANK"])
     original_barrier = dist.barrier
 
