@@ -3,13 +3,10 @@ issue #64 item 4), on hand-computed cases."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from paravt_core.cli import main
 from paravt_core.config import load_config
 from paravt_core.plan import (
     GB,
-    GIB,
     QWEN3_VL_8B,
     ModelShape,
     TrainedKind,
@@ -20,9 +17,7 @@ from paravt_core.plan import (
     trained_kinds,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-CONFIG_8B = str(REPO / "conf/pipeline/paravt_8b.yaml")
-H100 = 79 * GIB
+from tests.unit.test_plan import CONFIG_8B, H100
 
 # paravt_8b.yaml at the protocol's bounds: a 64-frame prompt of 1024 + 64 x (50176 / 16^2 / 2^2 + 8)
 # tokens, then 4 turns of 2048 new tokens and 3 rounds of 5 tool responses of 512 + 16.
