@@ -38,9 +38,14 @@ computing the same products on the same tokens.
 
 `--shared-prefix` adds a fourth variant, `shared`: this tree by default with `rl.shared_prefix: true`
 (each group's shared prefix once in the policy and reference passes, issue #64; float rounding
-only), interleaved with the others and held to bounds against `new` as `fast` is against `old`.
+only), interleaved with the others and held to bounds against `new` as `fast` is against `old`; with
+--old also a fifth, `fast_shared` (both sets of switches), held to bounds against `fast`.
 
-Old tree: `git worktree add --detach /tmp/h5-old 8f8d49a` (the issue's baseline), then
+The RL step's wall time is also split into its phases as the trainer times them (rollout,
+reference pass, policy pass with the update).
+
+Old tree: `git worktree add --detach /tmp/h5-old 8f8d49a` (issue #45's baseline; issue #64's is
+88dfe98, whose `paravt_core.dist` was one module), then
 Run: `.venv/bin/python bench/rl_step.py --old /tmp/h5-old [--repeats 2] [--steps 2] [--threads 1] [--kernels]
 [--shared-prefix]`.
 """
@@ -180,9 +185,12 @@ class KernelSplit:
         return False
 
 
+# The trainer's own wall seconds of a step's three phases (rl.worker.Trainer.train_step's `time_*`).
+PHASES = {"time_rollout_s": "rollout", "time_reference_s": "reference pass", "time_train_s": "policy pass and update"}
 FAST = ["model.vision_dedupe=always", "model.patch_embed=linear", "model.prefill_attention=causal_rows"]
 # The settings each variant of this tree adds (`old` runs the older tree as it is).
-VARIANT_SETTINGS = {"old": [], "new": [], "fast": FAST, "shared": ["rl.shared_prefix=true"]}
+VARIANT_SETTINGS = {"old": [], "new": [], "fast": FAST, "shared": ["rl.shared_prefix=true"],
+                    "fast_shared": [*FAST, "rl.shared_prefix=true"]}
 
 
 def _config(tree: Path, out: Path, questions: int, main_tokens: int = 64, subagent_tokens: int = 48,
@@ -203,8 +211,11 @@ def child(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from paravt_core.dist.launch import free_port
-    from paravt_core.dist.rank import shutdown_distributed
+    if hasattr(importlib.import_module("paravt_core.dist"), "__path__"):  # this tree: a package
+        from paravt_core.dist.launch import free_port
+        from paravt_core.dist.rank import shutdown_distributed
+    else:  # 88dfe98 and before: one module
+        from paravt_core.dist import free_port, shutdown_distributed
     from paravt_core.eval import stage as eval_stage
     from paravt_core.eval.evaluator import EvalSettings, HFSampleRunner
     from paravt_core.refs import ArtifactRef, content_hash
@@ -225,7 +236,7 @@ def child(args) -> None:
     trainer = rl_worker.Trainer(job)
     trainer.engine = ScriptedFirstTurn(trainer.engine, trainer.processor.tokenizer)
     trainer.train_step(0)  # warm-up
-    rows, step_s, step_cpu, step_split = [], [], [], {}
+    rows, step_s, step_cpu, step_split, phases = [], [], [], {}, []
     for step in range(1, args.steps + 1 + args.kernels):
         profiled = step > args.steps  # under --kernels, one more step, profiled, after the timed ones
         with KernelSplit(profiled) as timed:
@@ -235,6 +246,7 @@ def child(args) -> None:
         else:
             step_s.append(timed.wall_s)
             step_cpu.append(timed.cpu_s)
+            phases.append({k: v for k, v in row.items() if k in PHASES})
         rows.append({k: v for k, v in sorted(row.items()) if not k.startswith("time_")})
     state = trainer.policy.module.state_dict()
     torch.save({name: value.detach().cpu() for name, value in state.items()}, out / "weights.pt")
@@ -266,7 +278,7 @@ def child(args) -> None:
     print("BENCH " + json.dumps({"rl_step_s": step_s, "rl_step_cpu_s": step_cpu, "rl_metrics": rows,
                                  "weights_sha256": digest.hexdigest(), "eval_s": eval_s[-1], "eval_cpu_s": eval_cpu[-1],
                                  "eval_predictions": predictions, "rl_step_split": step_split,
-                                 "eval_split": eval_split}), flush=True)
+                                 "eval_split": eval_split, "rl_phase_s": phases}), flush=True)
 
 
 def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
@@ -282,6 +294,20 @@ def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
     if done.returncode != 0 or not lines:
         sys.exit(f"bench/rl_step.py: the child on {tree} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(lines[-1].removeprefix("BENCH "))
+
+
+def print_phase_split(results: dict[str, list[dict]], first: str) -> None:
+    """Where the RL step's wall time went: the trainer's own timing of its rollout, reference pass and
+    policy pass with the update (medians over every timed step of every child), and each phase's
+    ratio against the first variant; the step's rest (batching, logging) is the remainder."""
+    names = list(results)
+    print(f"| RL step phase, wall (median) | {' | '.join(f'{name} s' for name in names)} | "
+          f"{' | '.join(f'{first} / {name}' for name in names if name != first)} |")
+    print("|---" * (2 * len(names)) + "|")
+    for key, label in PHASES.items():
+        median = {name: statistics.median(p[key] for r in results[name] for p in r["rl_phase_s"]) for name in names}
+        ratios = " | ".join(f"{median[first] / median[name]:.2f}x" for name in names if name != first)
+        print(f"| {label} | {' | '.join(f'{median[name]:.2f}' for name in names)} | {ratios} |")
 
 
 def print_kernel_split(results: dict[str, list[dict]]) -> None:
@@ -339,7 +365,7 @@ def main() -> int:
         return 2
     else:
         trees = {"old": args.old.resolve(), "new": REPO, "fast": REPO,
-                 **({"shared": REPO} if args.shared_prefix else {})}
+                 **({"shared": REPO, "fast_shared": REPO} if args.shared_prefix else {})}
     first = next(iter(trees))  # the baseline of the ratios and of the exactness check
     with tempfile.TemporaryDirectory(prefix="paravt-bench-rl-step-") as tmp:
         root = Path(tmp)
@@ -360,7 +386,12 @@ def main() -> int:
                       f"{[round(s, 2) for s in result['rl_step_cpu_s']]}), eval {result['eval_s']:.2f} s (CPU "
                       f"{result['eval_cpu_s']:.2f})", flush=True)
     reference = results[first][0]
-    same = all(r["rl_metrics"] == reference["rl_metrics"] and r["weights_sha256"] == reference["weights_sha256"] and
+    # Metrics both trees log (a later tree logs more, e.g. the decision token's split, #62); the ones only
+    # one tree has are named below the table.
+    shared_keys = set(reference["rl_metrics"][0]) & set(results["new"][0]["rl_metrics"][0])
+    same = all([{k: row[k] for k in shared_keys} for row in r["rl_metrics"]] ==
+               [{k: row[k] for k in shared_keys} for row in reference["rl_metrics"]] and
+               r["weights_sha256"] == reference["weights_sha256"] and
                r["eval_predictions"] == reference["eval_predictions"] for r in results[first] + results["new"])
     others = [name for name in trees if name != first]
     print(f"| measure (median) | {' | '.join(f'{name} s' for name in trees)} | "
@@ -373,14 +404,18 @@ def main() -> int:
         times = " | ".join(f"{median[name]:.2f}" for name in trees)
         ratios = " | ".join(f"{median[first] / median[name]:.2f}x" for name in others)
         print(f"| {label} | {times} | {ratios} |")
+    print_phase_split(results, first)
     if args.kernels:
         print_kernel_split(results)
+    only = sorted(set(results["new"][0]["rl_metrics"][0]) ^ set(reference["rl_metrics"][0]))
+    if only:
+        print(f"RL metrics logged by one tree only (not compared): {', '.join(only)}")
     print(f"same results, new against {first} (RL metrics of every step, final weights, eval predictions): "
           f"{'yes' if same else 'NO'}")
-    for name, against in (("fast", "old"), ("shared", "new")):
+    for name, against in (("fast", "old"), ("shared", "new"), ("fast_shared", "fast")):
         for r in results.get(name, []):
             base = results[against][0]
-            metric_gap = max(abs(a[k] - b[k]) for a, b in zip(r["rl_metrics"], base["rl_metrics"]) for k in a)
+            metric_gap = max(abs(a[k] - b[k]) for a, b in zip(r["rl_metrics"], base["rl_metrics"]) for k in a if k in b)
             weight_gap = max(float((weights[name][k] - weights[against][k]).abs().max()) for k in weights[against])
             equal = sum(a == b for a, b in zip(r["eval_predictions"], base["eval_predictions"]))
             print(f"{name} against {against}: largest RL metric difference {metric_gap:.3g}, largest weight "
