@@ -391,7 +391,8 @@ def _train_loop(trainer: Trainer, job: RLJob) -> None:
             prompts, episodes = batch.data
             return trainer.learn(step, prompts, episodes, batch.seconds, push=False)
 
-        first = load_inflight(trainer.ckpt_dir, trainer.start, trainer.rank) if trainer.start else None
+        resumed = 0 < trainer.start < rl.max_steps  # (at max_steps only the export is left)
+        first = load_inflight(trainer.ckpt_dir, trainer.start, trainer.rank) if resumed else None
         # The engine holds W(start): the init model, or on a resumed run the weights pushed at its start.
         run_overlapped(trainer.start, rl.max_steps, trainer.start, first,
                        trainer.rollout_batch, train, trainer.push_weights, finish)
