@@ -104,3 +104,17 @@ def test_a_run_killed_after_a_step_resumes_to_the_weights_of_one_never_killed(tm
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _weights(jobs["killed"]) == _weights(jobs["whole"])
     assert _metrics(jobs["killed"].out_dir) == _metrics(jobs["whole"].out_dir)
+
+
+def test_two_ranks_under_zero3_follow_the_schedule_and_replay(tmp_path, tiny_model_dir, short_video):
+    """Each rank has its own engine process; the pushes gather ZeRO-3 shards on both ranks at the
+    same point of the schedule, so no rank waits for the other's rollout."""
+    from paravt_core.rl import stage
+    from paravt_core.rl.replay import read_draws, replay_step
+
+    init = ArtifactRef(kind="sft_model", path=tiny_model_dir, sha256=content_hash(tiny_model_dir))
+    root = tmp_path / "reproduce"
+    cfg = _config(root, *OVERLAP, "rl.num_ranks=2", "rl.zero_stage=3")
+    out = stage.run(cfg, init, _run_folder(root, short_video), log_line=lambda line: None).path.parent
+    assert [[read_draws(out, step, rank).weight_version for step in (1, 2, 3)] for rank in (0, 1)] == [[0, 0, 1]] * 2
+    assert replay_step(out, 3, rank=1).identical, "rank 1's step 3 did not replay from the weights after step 1"
