@@ -71,7 +71,11 @@ class HFProcessEngine:
             self._conn = self._accept(listener)
         finally:
             listener.close()
-        self._call("start", cfg, str(init_model), device, int(threads))
+        try:
+            self._call("start", cfg, str(init_model), device, int(threads))
+        except HFProcessError:
+            self.close()  # a child that could not build the engine is not left waiting
+            raise
 
     def _accept(self, listener: Listener) -> Connection:
         """The child's connection, or `HFProcessError` when it exits or does not connect in time."""

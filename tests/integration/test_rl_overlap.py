@@ -118,3 +118,39 @@ def test_two_ranks_under_zero3_follow_the_schedule_and_replay(tmp_path, tiny_mod
     out = stage.run(cfg, init, _run_folder(root, short_video), log_line=lambda line: None).path.parent
     assert [[read_draws(out, step, rank).weight_version for step in (1, 2, 3)] for rank in (0, 1)] == [[0, 0, 1]] * 2
     assert replay_step(out, 3, rank=1).identical, "rank 1's step 3 did not replay from the weights after step 1"
+
+
+def test_the_engine_process_generates_as_the_in_process_engine_and_names_its_failures(tiny_model_dir, tiny_processor):
+    import psutil
+    import torch
+
+    from paravt_core.agent.engine import GenerationRequest, SamplingParams
+    from paravt_core.agent.hf_build import build_hf_engine
+    from paravt_core.agent.hf_process import HFProcessEngine, HFProcessError
+    from paravt_core.config import load_config
+    from paravt_core.model.loading import build_model
+
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", ["rl.overlap=1"])
+    local = build_hf_engine(cfg, build_model(cfg.model, tiny_model_dir).eval(), tiny_processor, "rollout")
+    remote = HFProcessEngine(cfg, tiny_model_dir, "cpu", torch.get_num_threads())
+    try:
+        requests = [GenerationRequest(tiny_processor.tokenizer.encode(text)) for text in ("a red square", "blue")]
+        params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=11)
+        before = remote.generate(requests, params)
+        assert before == local.generate(requests, params)
+        noise = torch.Generator().manual_seed(0)
+        moved = {name: t + 0.05 * torch.randn(t.shape, generator=noise) if t.is_floating_point() else t
+                 for name, t in local.model.state_dict().items()}
+        for engine in (local, remote):
+            engine.update_weights(moved)
+        after = remote.generate(requests, params)
+        assert after == local.generate(requests, params) and after != before
+        with pytest.raises(HFProcessError, match="failed update_weights: KeyError"):
+            remote.update_weights({"no.such.weight": torch.zeros(1)})
+    finally:
+        remote.close()
+    assert remote.process.returncode == 0
+    children = {child.pid for child in psutil.Process().children()}
+    with pytest.raises(HFProcessError, match="failed start: .*missing"):
+        HFProcessEngine(cfg, tiny_model_dir / "missing", "cpu", 1)
+    assert {child.pid for child in psutil.Process().children()} <= children  # the failed child is gone
