@@ -5,7 +5,9 @@ roll out G episodes per prompt with the agentic protocol (SPEC §3) on the rollo
 score them (SPEC §4), score the reference and (decoupled PPO) the policy before the update,
 turn rewards into token advantages by the release's five steps (SPEC §5; batch statistics
 summed over all ranks), and take one PPO-clip step over the episodes and (with
-`train_subagents`) their sub-agent runs. The rollout engine is then given the new weights.
+`train_subagents`) their sub-agent runs. The rollout engine is then given the new weights;
+with `rl.overlap: 1` the next step's rollout runs in a background thread while the step trains,
+and the weights reach the engine when `rl/overlap.py`'s schedule says (one step off-policy).
 A rollout server is also given them before step 1, on every run, and must then serve the
 policy's log-probs on a fixed probe (`rl/served_policy.py`, issue #48): it holds whatever
 weights it was last given, which need not be the ones it names.
