@@ -243,7 +243,7 @@ class Trainer:
         decisions = decision_parts(trajs, adv.per_episode, adv.format_per_episode, self.rl, moments, self.think_lead)
         write_episode_log(self.job.out_dir, step + 1, self.rank, episode_records(
             step + 1, self.rank, episodes, prompts, adv.rewards, adv.per_episode, trajs, total, decisions,
-            adv.shaped.tolist()))
+            adv.shaped.tolist(), behaviour_version(step, self.rl.overlap)))
         loss_sum, clip_sum, dropped = 0.0, 0.0, 0.0
         for i, batch in enumerate(P.micro_batches(trajs, micro, count, by_group=self.rl.shared_prefix)):
             self.policy.set_gradient_accumulation_boundary(i == count - 1)

@@ -44,6 +44,10 @@ def test_overlapped_runs_repeat_follow_the_schedule_and_replay(tmp_path, monkeyp
     assert [read_draws(a.out_dir, step).weight_version for step in (1, 2, 3)] == [0, 0, 1]
     rows = [json.loads(line) for line in (a.out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["behaviour_version"] for row in rows] == [0.0, 0.0, 1.0]
+    from paravt_core.rl.episode_log import read_episode_log
+
+    assert [(r["step"], r["behaviour_version"]) for r in read_episode_log(a.out_dir)] == [
+        (1, 0)] * 4 + [(2, 0)] * 4 + [(3, 1)] * 4  # 2 prompts x 2 rollouts a step
     for row in rows:
         assert all(row[key] >= 0.0 for key in ("time_rollout_s", "time_train_s", "time_trainer_idle_s",
                                                "time_rollout_idle_s"))
