@@ -121,6 +121,8 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     # Float rounding only (tests/integration/test_shared_prefix.py), keyed when set as the model's
     # rounding switches are.
     ("rl", "shared_prefix"),
+    # The one-step off-policy schedule (issue #65, `rl/overlap.py`): 0 is the step as it was cached.
+    ("rl", "overlap"),
 )
 
 # run.fanout: how many rows run at once and on how many threads (docs/scale.md, "Fanning out RL rows").

@@ -493,7 +493,7 @@ class VLLMServerConfig(_Section):
 # callables are named by module path: they live in the layers above the config.
 register_rollout_engine(RolloutEngineSpec(
     "hf", backend="paravt_core.rl.rollout_engine:hf_backend", plan="paravt_core.plan:hf_rollout_plan",
-    copy_per_rank=True))
+    copy_per_rank=True, overlaps=True))
 register_rollout_engine(RolloutEngineSpec(
     "sglang", backend="paravt_core.rl.rollout_engine:sglang_backend", plan="paravt_core.plan:sglang_rollout_plan",
     check="paravt_core.rl.rollout_engine:check_sglang", preflight="paravt_core.preflight:sglang_checks",
@@ -615,6 +615,10 @@ class RLConfig(_Section):
     # this many nats per token (`rl/served_policy.py`); None: 1e-3 in float32 (measured), 0.1 in bf16.
     served_logprob_tolerance: float | None = Field(None, gt=0)
     keep_last: int | None = Field(None, ge=1)  # as sft.keep_last; replay needs the step before a replayed one
+    # 1: one-step off-policy (`rl/overlap.py`, issue #65): step n's batch is generated while step n-1
+    # trains, by the weights that step started from, and decoupled PPO corrects the one step of
+    # staleness; a fixed function of the run's draws, never of timing. 0: the synchronous step.
+    overlap: int = Field(0, ge=0, le=1)
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -809,6 +813,22 @@ class PipelineConfig(_Section):
                              f"model.attn_implementation={self.model.attn_implementation} does not take: set "
                              f"model.attn_implementation to one of {SHARED_PREFIX_ATTENTION} or "
                              "rl.shared_prefix: false")
+        return self
+
+    @model_validator(mode="after")
+    def _overlap_runs_here(self) -> PipelineConfig:
+        # The schedule needs an engine that generates beside the trainer (its record's `overlaps`) and
+        # the loss that corrects a stale batch (SPEC §5 step 5, `rl/overlap.py`).
+        rl = self.rl
+        if not rl.overlap:
+            return self
+        if not rollout_engine_spec(rl.rollout.engine).overlaps:
+            able = [name for name, spec in ROLLOUT_ENGINES.items() if spec.overlaps]
+            raise ValueError(f"rl.overlap: 1 does not run on rl.rollout.engine={rl.rollout.engine} yet: set "
+                             f"rl.rollout.engine to one of {able} or rl.overlap: 0")
+        if not rl.decoupled_ppo:
+            raise ValueError("rl.overlap: 1 trains on batches generated one step behind the trainer, which the "
+                             "decoupled PPO loss corrects: set rl.decoupled_ppo: true or rl.overlap: 0")
         return self
 
     @model_validator(mode="after")

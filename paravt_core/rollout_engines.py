@@ -12,7 +12,8 @@ name to a literal (tests/unit/test_rollout_engines.py holds that):
 - the memory plan (`plan.py`): `plan`, the engine's rows and problems, and `copy_per_rank`,
   whether every training rank also holds a whole bf16 copy of the policy to generate with;
 - the pre-flight (`preflight.py`): `preflight`, the checks of what the engine needs installed;
-- the rehearsal (`rehearsal.py`) and the cache identity (`cache_identity.py`): `server`.
+- the rehearsal (`rehearsal.py`) and the cache identity (`cache_identity.py`): `server`;
+- the config's check of `rl.overlap` (`rl/overlap.py`): `overlaps`.
 
 The config holds the records beside the server sections they name (`config.py`, the rollout
 section), registered with `register_rollout_engine`. The callables live above the config's
@@ -55,6 +56,8 @@ class RolloutEngineSpec:
             a launched one holds cards of its own (the device ledger, the rehearsal) and where it
             runs is no part of an RL run's identity.
         copy_per_rank: every training rank holds a whole bf16 copy of the policy to generate with.
+        overlaps: its backend can generate the next step's batch while the trainer trains
+            (`rl.overlap: 1`, `rl/overlap.py`); the config refuses the knob on any other engine.
     """
 
     name: str
@@ -64,6 +67,7 @@ class RolloutEngineSpec:
     preflight: str | None = None
     server: bool = False
     copy_per_rank: bool = False
+    overlaps: bool = False
 
     def call(self, hook: Hook, *args: Any) -> Any:
         """Call the record's `hook` ("backend", "plan", "check", "preflight") with `args`; an unset

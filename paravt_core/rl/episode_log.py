@@ -12,7 +12,8 @@ trained token after the think prefix, `rl/decision.py`) with that token's advant
 the task scalar, the KL reward to go, the format term and batch normalization's shift
 (`decision_*` keys; None where the episode wrote no token after the prefix); and `shaped`, the
 scalar group normalization got (shaped and clipped, step 1), so a group whose rewards differ
-only beyond the clip reads as saturated. Its sub-agents' trained tokens are counted beside it.
+only beyond the clip reads as saturated; and `behaviour_version`, the weights that generated it
+(one step behind the trainer's under `rl.overlap: 1`). Its sub-agents' trained tokens are counted beside it.
 `step_tokens` is the step's one token-mean denominator over every rank (SPEC §5), so
 `advantage * 1 / step_tokens` is a token's weight in the loss.
 
@@ -45,7 +46,8 @@ def episode_log_path(run_dir: Path, step: int, rank: int) -> Path:
 def episode_records(step: int, rank: int, episodes: Sequence, prompts: Sequence, rewards: Sequence,
                     scalar_advantages, trajectories: Sequence, step_tokens: float,
                     decisions: Mapping[int, DecisionParts] | None = None,
-                    shaped: Sequence[float] | None = None) -> list[dict[str, Any]]:
+                    shaped: Sequence[float] | None = None,
+                    behaviour_version: int | None = None) -> list[dict[str, Any]]:
     """One record per episode, in the step's order (prompt-major, `group_size` per prompt).
 
     Args:
@@ -57,6 +59,8 @@ def episode_records(step: int, rank: int, episodes: Sequence, prompts: Sequence,
             None: no `decision_*` keys.
         shaped: [E] the scalars group normalization got (shaped and clipped, SPEC §5 step 1;
             `StepAdvantages.shaped`), logged as `shaped`; None: not logged.
+        behaviour_version: the weight version that generated the episodes (`rl/overlap.py`),
+            logged as `behaviour_version`; None: not logged.
 
     Raises:
         ValueError: the lengths disagree, or an episode has no main-agent trajectory.
@@ -98,6 +102,8 @@ def episode_records(step: int, rank: int, episodes: Sequence, prompts: Sequence,
             "subagent_tokens": sub_tokens[i], "subagent_advantage_sum": sub_sum[i], "step_tokens": float(step_tokens)})
         if shaped is not None:
             records[-1]["shaped"] = float(shaped[i])
+        if behaviour_version is not None:
+            records[-1]["behaviour_version"] = behaviour_version
         if decisions is not None:
             parts = decisions.get(i)
             records[-1].update(parts.record() if parts is not None else dict.fromkeys(DECISION_KEYS))

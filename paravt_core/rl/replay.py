@@ -5,7 +5,7 @@ prompts it rolled out (id, video key, overview budget K), the epoch, the sampler
 weight version (optimizer steps applied to the weights that rolled out), the CPU threads,
 and a digest of the rollouts' token ids. `replay_step` rebuilds that rollout from the log
 alone: the same prompts and budgets, the same seed, the weights of that version (the SFT
-model for step 1, else the DeepSpeed checkpoint written after step N-1), and compares
+model for version 0, else the DeepSpeed checkpoint written after that step), and compares
 digests. On CPU in float32 a replay is bit-identical; on a GPU in bf16 kernels may not be.
 
 A file per step and rank, written atomically, so a resumed run rewrites a step it repeats
@@ -39,6 +39,7 @@ from paravt_core.model.integrity import ModelFolderError
 from paravt_core.model.loading import build_model, load_processor
 from paravt_core.rl.data import RLPrompt, RLRowError, read_rl_prompts
 from paravt_core.rl.job import RLJob
+from paravt_core.rl.overlap import behaviour_version
 from paravt_core.rl.schedule import step_plan
 from paravt_core.video.errors import VideoDecodeError
 
@@ -132,7 +133,8 @@ def check_draws(draws: StepDraws, path: Path, step: int, rank: int, job: RLJob, 
     if rank >= draws.world:
         raise wrong(f"rank {rank} is outside the {draws.world} ranks it logs")
     seed = job.config.run.seed
-    for field_name, logged, drawn in (("weight_version", draws.weight_version, step - 1),
+    version = behaviour_version(step - 1, job.config.rl.overlap)  # rl.overlap: 1 generates a step behind
+    for field_name, logged, drawn in (("weight_version", draws.weight_version, version),
                                       ("sampler_seed", draws.sampler_seed, sampler_seed(seed, step - 1, rank))):
         if logged != drawn:
             raise wrong(f"{field_name} is {logged}, but step {step} rank {rank} of this run has {drawn}")
@@ -176,13 +178,13 @@ def replay_weights(run_dir: Path, version: int, zero_stage: int) -> dict[str, to
     tag = Path(run_dir) / "checkpoints" / f"step{version:07d}"
     if not tag.is_dir():
         kept = sorted(p.name for p in (Path(run_dir) / "checkpoints").glob("step*"))
-        raise ReplayError(f"step {version + 1} rolled out with the weights after step {version}, but there is no "
-                          f"checkpoint {tag} (checkpoints kept: {kept or 'none'}); replay step 1 or a step right "
-                          f"after a kept checkpoint (rl.checkpoint_every, rl.keep_last)")
+        raise ReplayError(f"the step rolled out with the weights after step {version}, but there is no "
+                          f"checkpoint {tag} (checkpoints kept: {kept or 'none'}); replay step 1 or a step whose "
+                          f"weights are a kept checkpoint (rl.checkpoint_every, rl.keep_last)")
     problem = checkpoint_damage(tag) or _misfiled(tag, version)
     if problem:
-        raise ReplayError(f"the checkpoint of step {version + 1}'s weights is damaged: {problem}; replay step 1 or "
-                          "a step right after another checkpoint")
+        raise ReplayError(f"the checkpoint of the weights after step {version} is damaged: {problem}; replay step 1 "
+                          "or a step whose weights are another checkpoint")
     return checkpoint_state_dict(tag.parent, tag.name, zero_stage)
 
 

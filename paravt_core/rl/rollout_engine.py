@@ -2,7 +2,9 @@
 engine's record (`rollout_engines.py`, registered in `config.py`): its `backend` and `check`.
 
 - `hf`: each rank generates with its own copy of the policy (`HFEngine`); every rank
-  copies its new weights in after each optimizer step.
+  copies its new weights in after each optimizer step. With `rl.overlap: 1` that copy is in a
+  process of the rank's own (`agent/hf_process.HFProcessEngine`), so it generates while the
+  rank trains; the weights it gets, and when, are `rl/overlap.py`'s schedule.
 - `sglang`: every rank sends its rollouts to ONE SGLang server, either a running one
   (`rl.rollout.sglang.url`) or one rank 0 launches (and stops at the end). The policy is
   the same on all ranks after a step, so rank 0 alone pushes it to the server (under ZeRO-3
@@ -41,6 +43,7 @@ from typing import Any
 
 from paravt_core.agent.engine import RolloutEngine
 from paravt_core.agent.hf_build import build_hf_engine
+from paravt_core.agent.hf_process import HFProcessEngine
 from paravt_core.agent.served_model import ServedModelMismatch, check_served_model, served_folder, served_model_name
 from paravt_core.agent.server_launch import ServeError, pick_server, probe_python, server_python_path
 from paravt_core.agent.sglang_engine import SGLangEngine, launch_sglang_server, sglang_installed
@@ -92,6 +95,7 @@ class RolloutBackend:
     releases_memory: bool = False  # co-located server: free its memory while training
     world: int = 1
     server: Any = None  # a `ServerProcess` (SGLang) this rank launched; stopped by `close`
+    owns_engine: bool = False  # the engine runs in a process of this rank's (`HFProcessEngine`); stopped by `close`
     _released: bool = field(default=False, repr=False)
 
     def after_rollout(self) -> None:
@@ -117,6 +121,9 @@ class RolloutBackend:
         self.engine.update_weights(weights)
 
     def close(self) -> None:
+        if self.owns_engine:
+            self.engine.close()
+            self.owns_engine = False
         if self.served and self.pushes_weights:
             self.engine.release_staged_weights()  # the /dev/shm snapshot: host memory until deleted
         if self.server is not None:
@@ -185,6 +192,11 @@ def build_rollout_engine(cfg: PipelineConfig, init_model: Path, processor: Any, 
 def hf_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: str, rank: int, world: int,
                staging_dir: Path, init_sha256: str) -> RolloutBackend:
     """Each rank generates with its own copy of the policy (module docstring)."""
+    if cfg.rl.overlap:
+        import torch
+
+        engine = HFProcessEngine(cfg, init_model, device, torch.get_num_threads())
+        return RolloutBackend(engine, pushes_weights=True, world=world, owns_engine=True)
     model = build_model(cfg.model, init_model, device=device).eval()
     return RolloutBackend(build_hf_engine(cfg, model, processor, "rollout"), pushes_weights=True, world=world)
 

@@ -5,7 +5,9 @@ roll out G episodes per prompt with the agentic protocol (SPEC §3) on the rollo
 score them (SPEC §4), score the reference and (decoupled PPO) the policy before the update,
 turn rewards into token advantages by the release's five steps (SPEC §5; batch statistics
 summed over all ranks), and take one PPO-clip step over the episodes and (with
-`train_subagents`) their sub-agent runs. The rollout engine is then given the new weights.
+`train_subagents`) their sub-agent runs. The rollout engine is then given the new weights;
+with `rl.overlap: 1` the next step's rollout runs in a background thread while the step trains,
+and the weights reach the engine when `rl/overlap.py`'s schedule says (one step off-policy).
 A rollout server is also given them before step 1, on every run, and must then serve the
 policy's log-probs on a fixed probe (`rl/served_policy.py`, issue #48): it holds whatever
 weights it was last given, which need not be the ones it names.
@@ -53,6 +55,8 @@ from paravt_core.rl.episode_log import episode_records, write_episode_log
 from paravt_core.rl.grpo import Moments
 from paravt_core.rl.job import RLJob
 from paravt_core.rl.kl import kl_mode
+from paravt_core.rl.overlap import (Batch, behaviour_version, load_inflight, prune_inflight, run_overlapped,
+                                    save_inflight)
 from paravt_core.rl.policy import fixed_format_reward, paravt_reward, reward_means
 from paravt_core.rl.replay import PromptDraw, StepDraws, rollout_digest, sampler_seed, write_draws
 from paravt_core.rl.rollout_engine import build_rollout_engine
@@ -184,17 +188,33 @@ class Trainer:
 
         kept, episodes = rollout_dropping_undecodable(prompts, run, self.undecodable)
         write_draws(self.job.out_dir, StepDraws(
-            step=step + 1, rank=self.rank, world=self.world, epoch=epoch, sampler_seed=seed, weight_version=step,
+            step=step + 1, rank=self.rank, world=self.world, epoch=epoch, sampler_seed=seed,
+            weight_version=behaviour_version(step, self.rl.overlap),
             torch_threads=torch.get_num_threads(), engine=self.rl.rollout.engine,
             rollout_sha256=rollout_digest(episodes),
             prompts=[PromptDraw(prompt_id=p.prompt.prompt_id, video=p.video_key, nframes=p.prompt.nframes)
                      for p in kept]))
         return kept, episodes
 
-    def train_step(self, step: int) -> dict[str, float]:
-        t0 = time.perf_counter()
+    def rollout_batch(self, step: int) -> tuple[list, list]:
+        """The step's rollout (`rollout`), then the engine's memory given back where it is co-located."""
         prompts, episodes = self.rollout(step)
         self.rollout_backend.after_rollout()
+        return prompts, episodes
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """The synchronous step (`rl.overlap: 0`): roll out, train, push the new weights."""
+        t0 = time.perf_counter()
+        prompts, episodes = self.rollout_batch(step)
+        t1 = time.perf_counter()
+        row = self.learn(step, prompts, episodes, t1 - t0, push=True)
+        row.update(behaviour_version=float(step), time_trainer_idle_s=t1 - t0,
+                   time_rollout_idle_s=time.perf_counter() - t1)
+        return row
+
+    def learn(self, step: int, prompts: list, episodes: list, rollout_s: float, push: bool) -> dict[str, float]:
+        """One optimizer step on a rolled-out batch (its wall time `rollout_s`) and, with `push`,
+        the new weights to the engine; the step's metrics row of this rank."""
         t1 = time.perf_counter()
         trajs = P.trajectories(episodes, self.rl.train_subagents, self.locator)
         self._check_on_every_rank(lambda: check_trajectories(
@@ -223,7 +243,7 @@ class Trainer:
         decisions = decision_parts(trajs, adv.per_episode, adv.format_per_episode, self.rl, moments, self.think_lead)
         write_episode_log(self.job.out_dir, step + 1, self.rank, episode_records(
             step + 1, self.rank, episodes, prompts, adv.rewards, adv.per_episode, trajs, total, decisions,
-            adv.shaped.tolist()))
+            adv.shaped.tolist(), behaviour_version(step, self.rl.overlap)))
         loss_sum, clip_sum, dropped = 0.0, 0.0, 0.0
         for i, batch in enumerate(P.micro_batches(trajs, micro, count, by_group=self.rl.shared_prefix)):
             self.policy.set_gradient_accumulation_boundary(i == count - 1)
@@ -234,10 +254,11 @@ class Trainer:
             clip_sum += stats["clip_frac"]
             dropped += stats["dropped_tokens"]
         self.policy.step()
-        self.push_weights()
+        if push:
+            self.push_weights()
         t3 = time.perf_counter()
         clipped, dropped = self._all_ranks(clip_sum, dropped)  # shares of the step's trained tokens
-        row = self.metrics(episodes, adv, loss_sum, clipped / max(total, 1.0), (t1 - t0, t2 - t1, t3 - t2))
+        row = self.metrics(episodes, adv, loss_sum, clipped / max(total, 1.0), (rollout_s, t2 - t1, t3 - t2))
         row.update(raw_stats, **_advantage_stats(trajs, "adv"), dropped_frac=dropped / max(total, 1.0),
                    saturated_groups=saturated_groups(adv, self.rl.group_size), trajectories=float(len(trajs)),
                    micro_batches=float(count), filler_micro_batches=float(count - own),
@@ -342,24 +363,45 @@ def _train_loop(trainer: Trainer, job: RLJob) -> None:
 
     rl = job.config.rl
     metrics = MetricLogger(job.tracking_uri, job.mlflow_run_id, enabled=trainer.rank == 0)
-    bar = tqdm(range(trainer.start, rl.max_steps), initial=trainer.start, total=rl.max_steps, desc="rl",
+    bar = tqdm(initial=trainer.start, total=rl.max_steps, desc="rl",
                disable=trainer.rank != 0 or not sys.stdout.isatty())
     progress = StepLog("rl", rl.max_steps, trainer.start, enabled=trainer.rank == 0 and not sys.stdout.isatty(),
                        every=1)
-    for step in bar:
-        row = _all_reduce_mean(trainer.train_step(step), trainer.world)
+
+    def finish(step: int, local: dict[str, float], following: Batch | None) -> None:
+        row = _all_reduce_mean(local, trainer.world)
         if trainer.rank == 0:
             with open(job.out_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": step + 1, **row}) + "\n")
             metrics.log(step + 1, row)
+            bar.update(1)
             bar.set_postfix(R=f"{row['reward']:.3f}", f=f"{row['f_tau']:.2f}", k=f"{row['kappa']:.2f}")
             progress.step(step + 1, reward=row["reward"], f_tau=row["f_tau"], kappa=row["kappa"],
                           rollout_s=row["time_rollout_s"])
         done = step + 1
         if not job.steps_only and (done % rl.checkpoint_every == 0 or done == rl.max_steps):
+            if following is not None:  # the next step's batch, which a resumed run trains on (rl/overlap.py)
+                save_inflight(trainer.ckpt_dir, following, trainer.rank)
             save(trainer.policy, trainer.ckpt_dir, done, {"step": done}, keep_last=rl.keep_last,
                  stage="rl")
+            if rl.overlap:
+                prune_inflight(trainer.ckpt_dir, trainer.rank)
         maybe_kill_for_test(done)
+
+    if rl.overlap:
+        def train(step: int, batch: Batch) -> dict[str, float]:
+            prompts, episodes = batch.data
+            return trainer.learn(step, prompts, episodes, batch.seconds, push=False)
+
+        resumed = 0 < trainer.start < rl.max_steps  # (at max_steps only the export is left)
+        first = load_inflight(trainer.ckpt_dir, trainer.start, trainer.rank) if resumed else None
+        # The engine holds W(start): the init model, or on a resumed run the weights pushed at its start.
+        run_overlapped(trainer.start, rl.max_steps, trainer.start, first,
+                       trainer.rollout_batch, train, trainer.push_weights, finish)
+    else:
+        for step in range(trainer.start, rl.max_steps):
+            finish(step, trainer.train_step(step), None)
+    bar.close()
     if job.steps_only:
         metrics.finish()
         return

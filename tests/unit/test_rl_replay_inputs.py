@@ -152,7 +152,7 @@ def test_a_damaged_or_replaced_checkpoint_is_refused(run, capsys):
     damaged[len(damaged) // 2] ^= 0xFF
     weights.write_bytes(bytes(damaged))
     code, err = _replay(run, 2, capsys)
-    assert code == 2 and "the checkpoint of step 2's weights is damaged" in err and f"{weights} is corrupted" in err
+    assert code == 2 and "the checkpoint of the weights after step 1 is damaged" in err and f"{weights} is corrupted" in err
     other = _checkpoint(run / "elsewhere", 5)  # a whole, valid checkpoint file of other weights
     shutil.copy(other / weights.name, weights)
     code, err = _replay(run, 2, capsys)

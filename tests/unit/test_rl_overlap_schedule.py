@@ -1,0 +1,90 @@
+"""The one-step off-policy schedule (`rl/overlap.py`, issue #65): which weights generate which batch
+and when they are pushed, whatever the timing; the knob's config checks and cache identity."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from paravt_core.config import ConfigError, PipelineConfig, load_config
+from paravt_core.rl.overlap import Batch, behaviour_version, load_inflight, run_overlapped, save_inflight
+
+TINY = Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml"
+
+
+class Side:
+    """An engine that holds a weight version and a trainer that bumps its own, logging events."""
+
+    def __init__(self, trainer: int, engine: int, rollout_s: float = 0.0, train_s: float = 0.0):
+        self.trainer, self.engine, self.rollout_s, self.train_s = trainer, engine, rollout_s, train_s
+        self.events: list[tuple] = []
+        self.generated: dict[int, int] = {}  # step -> the version that generated its batch
+        self.rolling = threading.Event()
+
+    def rollout(self, step: int) -> str:
+        self.rolling.set()
+        held = self.engine
+        time.sleep(self.rollout_s)
+        assert self.engine == held, "the engine's weights changed during a rollout"
+        self.generated[step] = held
+        self.rolling.clear()
+        return f"batch{step}"
+
+    def train(self, step: int, batch: Batch) -> dict[str, float]:
+        assert batch.data == f"batch{step}" and self.trainer == step
+        time.sleep(self.train_s)
+        self.trainer += 1
+        self.events.append(("train", step))
+        return {}
+
+    def push(self) -> None:
+        assert not self.rolling.is_set(), "a push during a rollout"
+        self.engine = self.trainer
+        self.events.append(("push", self.trainer))
+
+    def run(self, start: int, stop: int, first: Batch | None = None) -> list[dict]:
+        rows = []
+        run_overlapped(start, stop, self.engine, first, self.rollout, self.train, self.push,
+                       lambda step, row, following: rows.append(row))
+        return rows
+
+
+@pytest.mark.parametrize("rollout_s,train_s", [(0.0, 0.05), (0.05, 0.0)], ids=["train-slower", "rollout-slower"])
+def test_each_batch_is_generated_by_the_version_the_schedule_names_whatever_the_timing(rollout_s, train_s):
+    side = Side(0, 0, rollout_s, train_s)
+    rows = side.run(0, 5)
+    assert side.generated == {step: behaviour_version(step, 1) for step in range(5)} == {0: 0, 1: 0, 2: 1, 3: 2, 4: 3}
+    # W(n) is pushed after step n (1-based) and before step n+2's batch is begun; none after the last step
+    assert side.events == [("train", 0), ("push", 1), ("train", 1), ("push", 2), ("train", 2), ("push", 3),
+                           ("train", 3), ("train", 4)]
+    assert [row["behaviour_version"] for row in rows] == [0.0, 0.0, 1.0, 2.0, 3.0]
+    slow = "time_trainer_idle_s" if rollout_s else "time_rollout_idle_s"
+    assert all(row[slow] >= 0.03 for row in rows[1:-1])  # the faster side waits for the slower
+
+
+def test_a_resumed_run_starts_from_the_saved_batch_and_a_wrong_engine_is_refused(tmp_path):
+    side = Side(2, 2)  # resumed after 2 steps: trainer and engine hold W(2)
+    side.run(2, 4, Batch(2, 1, 0.0, "batch2"))
+    assert side.generated == {3: 2} and side.events == [("train", 2), ("train", 3)]
+    with pytest.raises(RuntimeError, match=r"step 3's batch is made with W\(1\), but the engine holds W\(2\)"):
+        Side(2, 2).run(2, 4)
+    assert behaviour_version(7, 0) == 7 and behaviour_version(0, 1) == 0
+    save_inflight(tmp_path, Batch(2, 1, 1.5, ["prompts", "episodes"]), rank=0)
+    assert load_inflight(tmp_path, 2, 0).data == ["prompts", "episodes"]
+    with pytest.raises(FileNotFoundError, match="step0000004-rank0.pt is missing"):
+        load_inflight(tmp_path, 3, 0)
+
+
+def test_overlap_is_hashed_only_when_set_and_refused_where_it_cannot_run():
+    plain = PipelineConfig()
+    assert PipelineConfig(rl={"overlap": 0}).section_hash("rl") == plain.section_hash("rl")
+    assert PipelineConfig(rl={"overlap": 1}).section_hash("rl") != plain.section_hash("rl")
+    with pytest.raises(ConfigError, match=r"rl.overlap: 1 does not run on rl.rollout.engine=vllm yet"):
+        load_config(TINY, ["rl.overlap=1", "rl.rollout.engine=vllm", "rl.rollout.vllm.url=http://127.0.0.1:9"])
+    with pytest.raises(ConfigError, match="set rl.decoupled_ppo: true or rl.overlap: 0"):
+        load_config(TINY, ["rl.overlap=1", "rl.decoupled_ppo=false"])
+    with pytest.raises(ConfigError, match="rl.overlap"):
+        load_config(TINY, ["rl.overlap=2"])
