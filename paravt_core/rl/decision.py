@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from paravt_core.config import RLConfig
@@ -110,7 +111,7 @@ def decision_metrics(parts: dict[int, DecisionParts], moments: Moments | None, e
     KL part and the shift then reach the size a task scalar has in other steps."""
     scale = 1.0 / (moments.mean_std()[1] + eps) if moments is not None else 1.0
     if not parts:
-        return {"batch_norm_scale": scale}
+        return {"batch_norm_scale": scale, DECISION_TOKENS: 0.0}
     values = list(parts.values())
 
     def mean_abs(name: str) -> float:
@@ -118,4 +119,29 @@ def decision_metrics(parts: dict[int, DecisionParts], moments: Moments | None, e
 
     return {"decision_task_abs": mean_abs("task"), "decision_kl_abs": mean_abs("kl"),
             "decision_format_abs": mean_abs("format"), "decision_shift": values[0].shift,
-            "decision_advantage_abs": mean_abs("advantage"), "batch_norm_scale": scale}
+            "decision_advantage_abs": mean_abs("advantage"), "batch_norm_scale": scale,
+            DECISION_TOKENS: float(len(values))}
+
+
+# This rank's decision tokens: the weight of its `decision_*` means when the ranks' rows are
+# combined (`combine_rank_rows`), and summed there.
+DECISION_TOKENS = "decision_tokens"
+
+
+def combine_rank_rows(rows: list[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from every rank's row. A metric is the mean over the ranks that report
+    it (a rank without decision tokens reports no `decision_*` mean, and counts as absent, not as
+    0); the `decision_*` means are weighted by each rank's decision tokens, whose count is summed,
+    so the step's value is the mean over all its decision tokens whatever rank holds them."""
+    keys = sorted({k for row in rows for k in row})
+    out = {}
+    for key in keys:
+        present = [row for row in rows if key in row]
+        if key == DECISION_TOKENS:
+            out[key] = float(sum(row[key] for row in present))
+        elif key.startswith("decision_") and sum(row.get(DECISION_TOKENS, 0.0) for row in present) > 0:
+            weights = [row.get(DECISION_TOKENS, 0.0) for row in present]
+            out[key] = float(sum(w * row[key] for w, row in zip(weights, present)) / sum(weights))
+        else:
+            out[key] = float(np.mean([row[key] for row in present]))  # as before this split (#62)
+    return out

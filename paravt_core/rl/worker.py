@@ -50,7 +50,7 @@ from paravt_core.plan import declare_stage
 from paravt_core.rl import policy as P, served_policy as S
 from paravt_core.rl.contracts import TokenLayout, TrajectoryContractError, check_trajectories
 from paravt_core.rl.data import read_rl_prompts, rollout_dropping_undecodable
-from paravt_core.rl.decision import decision_metrics, decision_parts
+from paravt_core.rl.decision import combine_rank_rows, decision_metrics, decision_parts
 from paravt_core.rl.episode_log import episode_records, write_episode_log
 from paravt_core.rl.grpo import Moments
 from paravt_core.rl.job import RLJob
@@ -340,8 +340,7 @@ def _all_reduce_mean(row: dict[str, float], world: int) -> dict[str, float]:
 
     gathered: list[dict[str, float]] = [{} for _ in range(world)]
     dist.all_gather_object(gathered, row)
-    keys = sorted({k for g in gathered for k in g})
-    return {k: float(np.mean([g.get(k, 0.0) for g in gathered])) for k in keys}
+    return combine_rank_rows(gathered)
 
 
 def train(job: RLJob, reward_fn=None) -> None:

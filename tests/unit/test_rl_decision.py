@@ -122,3 +122,19 @@ def test_saturated_groups_count_the_clipped_scalars_the_advantages_use():
     assert saturated_groups(_built_step(unclipped, [2.3, 2.6, 1.0, 0.5])[0], 2) == 0.0
     with pytest.raises(ValueError, match="no shaped scalars"):
         saturated_groups(SimpleNamespace(shaped=None), 2)
+
+
+def test_ranks_rows_combine_over_their_decision_tokens_and_ignore_absent_means():
+    """A rank with no decision token reports no `decision_*` mean: it must not pull the step's
+    mean towards 0, and a rank with more decision tokens weighs more (review of #62)."""
+    from paravt_core.rl.decision import combine_rank_rows
+
+    rank0 = {"reward": 1.0, "decision_task_abs": 0.6, "decision_tokens": 3.0, "batch_norm_scale": 2.0}
+    rank1 = {"reward": 0.0, "decision_task_abs": 0.2, "decision_tokens": 1.0, "batch_norm_scale": 2.0}
+    empty = {"reward": 0.5, "decision_tokens": 0.0, "batch_norm_scale": 2.0}
+    row = combine_rank_rows([rank0, rank1, empty])
+    assert row["decision_task_abs"] == pytest.approx((3 * 0.6 + 1 * 0.2) / 4)
+    assert row["decision_tokens"] == 4.0
+    assert row["reward"] == pytest.approx(0.5)  # every other metric: the plain mean, as before
+    assert row["batch_norm_scale"] == 2.0
+    assert "decision_kl_abs" not in combine_rank_rows([empty, empty])
