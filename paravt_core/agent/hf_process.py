@@ -161,7 +161,11 @@ def serve(address: str, key: bytes) -> None:
 def _build(cfg: Any, init_model: str, device: str, threads: int):
     import torch
 
+    # The trainer's side of this module (HFProcessEngine) only sends requests; the engine's own
+    # process builds the model and needs transformers and the model builder.
+    # lazy: loaded in the engine's process only (above)
     from paravt_core.agent.hf_build import build_hf_engine
+    # lazy: loaded in the engine's process only (above)
     from paravt_core.model.loading import build_model, load_processor
 
     torch.set_num_threads(threads)

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paravt_core.atomic import atomic_write_bytes
+
 
 def behaviour_version(step: int, overlap: int) -> int:
     """The weight version (optimizer steps applied) that generates the batch of 0-based `step`."""
@@ -127,8 +129,6 @@ def save_inflight(checkpoint_dir: Path, batch: Batch, rank: int) -> None:
     import io
 
     import torch
-
-    from paravt_core.atomic import atomic_write_bytes
 
     buffer = io.BytesIO()
     torch.save({"step": batch.step, "version": batch.version, "seconds": batch.seconds, "data": batch.data}, buffer)
