@@ -20,13 +20,19 @@ apply them either:
   with more vision tokens than pixels and break the next turn's prefill. They are masked
   after their log-probabilities are recorded; their mass is what the policy loses.
 
-With `share_prompts` (issue #64 item 3), requests that repeat one prompt (a GRPO group's G
-rollouts of one question: the same token ids and media) are prefilled once: the distinct
-prompts, less their last token, run through the model into the key/value cache, each row of
-which is then copied to every request that repeats it, with M-RoPE's per-row position offset
-(`rope_deltas`); `generate` then continues from that cache, computing only the last prompt
-token of each row. The tokens and log-probabilities are those of the plain path to rounding
-(`tests/unit/test_kv_cache.py`: greedy tokens equal, log-probs within 1e-5).
+With `share_prompts` (issue #64 item 3), requests that share the start of their prompt (a
+GRPO group's G rollouts of one question: the same token ids and media; at a later turn the same
+system turn, video and question before each rollout's own first turn and tool responses) have
+that shared part prefilled once (`shared_prefixes`). The distinct shared parts run through the
+model into the key/value cache, each row of which is copied to every request of its group, with
+M-RoPE's per-row position offset (`rope_deltas`); then every request's own rest but its last token
+runs in one more pass, and `generate` continues from that cache, computing only the last prompt
+token of each row. The cache's columns are [shared part, left-padded | rest, left-padded]: the
+padding between a row's shared part and its rest is masked, and positions count the attended
+tokens only (transformers' `cumsum(attention_mask) - 1 + rope_deltas`), so every token keeps its
+position. A shared part holds all of its requests' media: the rest is text. The tokens and
+log-probabilities are those of the plain path to rounding (`tests/unit/test_kv_cache.py`: greedy
+and seeded tokens equal, log-probs within 1e-5).
 
 A fresh `GenerationConfig` is built per call with every sampling knob set explicitly, so
 no default from a checkpoint's `generation_config.json` (top_k, repetition penalty, ...)
@@ -105,24 +111,58 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int | None) -> list
     return batches
 
 
-def repeated_prompts(requests: Sequence[GenerationRequest]) -> tuple[list[int], list[int]]:
-    """(the index of the first of each distinct prompt, each request's position among those):
-    requests are the same prompt when their token ids are equal and their media are the same
-    (one `VisionInputs` shared by a group, SPEC §3, or equal tensors)."""
+def shared_prefixes(requests: Sequence[GenerationRequest], media_token_ids: Sequence[int] = ()
+                    ) -> tuple[list[int], list[int], list[int]]:
+    """Group requests by a shared start of their prompt: (each group's first request, each request's
+    group, each group's shared length in tokens).
+
+    A request joins the earlier group with which it shares the most tokens, counted against the
+    group's first request and capped by what the group already shares, when the requests' media
+    are the same (one `VisionInputs` shared by a group, SPEC §3, or equal tensors), the shared part
+    covers every media token (`media_token_ids`) of both, leaves each request at least its last
+    token and is at least half of every member's prompt: a shorter one would widen the rests that
+    every row of the batch computes by more than it saves (two questions on the same frames share
+    the system turn and the video, while each question's rollouts share their first turn too). A
+    request that joins no group starts its own, sharing all but its last token with itself.
+    """
     firsts: list[int] = []
-    rows: list[int] = []
-    by_ids: dict[tuple[int, ...], list[int]] = {}
+    groups: list[int] = []
+    shared: list[int] = []
+    covers: list[int] = []  # per group: the tokens its shared part must hold (through its last media token)
+    longest: list[int] = []  # per group: its longest prompt
+    media = set(media_token_ids)
     for index, request in enumerate(requests):
-        candidates = by_ids.setdefault(tuple(request.prompt_ids), [])
-        for position in candidates:
-            if _same_media(requests[firsts[position]].vision, request.vision):
-                rows.append(position)
-                break
-        else:
-            candidates.append(len(firsts))
-            rows.append(len(firsts))
+        ids = request.prompt_ids
+        need = max((position + 1 for position, token in enumerate(ids) if token in media), default=0)
+        best, best_length = None, 0
+        for group, first in enumerate(firsts):
+            length = min(shared[group], _common_length(requests[first].prompt_ids, ids), len(ids) - 1)
+            if length >= max(need, covers[group], 1) and 2 * length >= max(len(ids), longest[group]) \
+                    and length > best_length and _same_media(
+                    requests[first].vision, request.vision):
+                best, best_length = group, length
+        if best is None:
+            groups.append(len(firsts))
             firsts.append(index)
-    return firsts, rows
+            shared.append(max(len(ids) - 1, 0))
+            covers.append(need)
+            longest.append(len(ids))
+        else:
+            groups.append(best)
+            shared[best] = best_length
+            covers[best] = max(covers[best], need)
+            longest[best] = max(longest[best], len(ids))
+    return firsts, groups, shared
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    length = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        length += 1
+    return length
 
 
 def _same_media(a: VisionInputs, b: VisionInputs) -> bool:
@@ -281,39 +321,93 @@ class HFEngine:
         stop_ids = params.stop_token_ids or self.default_stop_ids
         recorder = StepLogprobRecorder(params.temperature, self.media_token_ids)
         device = self.model.device
-        cache = PreallocatedCache(self.num_layers, batch.input_ids.shape[1] + params.max_new_tokens)
-        inputs = batch.model_inputs(device)
         with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device, params.temperature > 0), \
                 _without_cudnn_attention(device):
-            if self.share_prompts:
-                inputs = self._prefill_repeated(requests, batch, cache, device) or inputs
+            prefilled = self._prefill_shared(requests, params) if self.share_prompts else None
+            if prefilled is None:
+                inputs = batch.model_inputs(device)
+                cache = PreallocatedCache(self.num_layers, batch.input_ids.shape[1] + params.max_new_tokens)
+            else:
+                inputs, cache = prefilled
             sequences = self.model.generate(
                 **inputs,
                 generation_config=self._generation_config(params, stop_ids),
                 logits_processor=[recorder],
                 past_key_values=cache,
             )  # [B, L + steps]
-        new_tokens = sequences[:, batch.input_ids.shape[1]:].cpu()  # [B, steps]
+        new_tokens = sequences[:, inputs["input_ids"].shape[1]:].cpu()  # [B, steps]
         logprobs = recorder.finish(sequences[:, -1])  # [B, steps]
         return [self._row_generation(new_tokens[row], logprobs[row], set(stop_ids)) for row in range(len(requests))]
 
-    def _prefill_repeated(self, requests: Sequence[GenerationRequest], batch: PaddedBatch, cache: PreallocatedCache,
-                          device: torch.device) -> dict[str, torch.Tensor] | None:
-        """Fill `cache` with every row's prompt but its last token, computing each distinct prompt
-        once, and return what `generate` then takes (no media: they are in the cache); None, and
-        `cache` untouched, when no prompt repeats or a prompt ends on a media token."""
-        firsts, rows = repeated_prompts(requests)
-        if len(firsts) == len(requests) or batch.input_ids.shape[1] < 2 or bool(
-                (batch.mm_token_type_ids[:, -1] != TEXT_TOKEN_TYPE).any()):
+    def _prefill_shared(self, requests: Sequence[GenerationRequest], params: SamplingParams
+                        ) -> tuple[dict[str, torch.Tensor], PreallocatedCache] | None:
+        """Fill a cache with every row's prompt but its last token, computing each group's shared
+        part once (module docstring), and return what `generate` then takes (the rows in the cache's
+        layout, no media: they are in the cache) with that cache; None when no two requests share."""
+        media = (self.image_token_id, self.video_token_id)
+        if any(len(request.prompt_ids) < 2 or request.prompt_ids[-1] in media for request in requests):
+            return None  # a row needs a shared part and a last token that is text
+        firsts, groups, shared = shared_prefixes(requests, media)
+        if len(firsts) == len(requests):
             return None
-        distinct = pad_requests([requests[i] for i in firsts], self.pad_id, self.image_token_id, self.video_token_id)
-        inputs = distinct.model_inputs(device)
-        self.model(**{name: inputs[name][:, :-1] for name in ("input_ids", "attention_mask", "mm_token_type_ids")},
-                   **distinct.vision.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=1)
-        index = torch.tensor(rows, device=device)
+        rests = [len(request.prompt_ids) - shared[group] for request, group in zip(requests, groups)]
+        # A request alone shares with nobody: it puts as much of its prompt into its rest as the
+        # widest rest allows, so that it does not widen the shared columns.
+        alone = [groups.count(group) == 1 for group in groups]
+        widest = max(rest for rest, single in zip(rests, alone) if not single)
+        for group, first in enumerate(firsts):
+            if alone[first]:
+                ids = requests[first].prompt_ids
+                need = max((i + 1 for i, t in enumerate(ids) if t in media), default=0)
+                shared[group] = max(need, len(ids) - widest, 1)
+                rests[first] = len(ids) - shared[group]
+        device = self.model.device
+        heads = pad_requests([GenerationRequest(requests[first].prompt_ids[:shared[group]], requests[first].vision)
+                              for group, first in enumerate(firsts)], self.pad_id, self.image_token_id,
+                             self.video_token_id)
+        width, rest_width = heads.input_ids.shape[1], max(rests)
+        cache = PreallocatedCache(self.num_layers, width + rest_width + params.max_new_tokens)
+        inputs = heads.model_inputs(device)
+        positions, deltas = self._positions(heads)
+        self.model(**{name: inputs[name] for name in ("input_ids", "attention_mask", "mm_token_type_ids")},
+                   **heads.vision.as_kwargs(), position_ids=positions.to(device), past_key_values=cache,
+                   use_cache=True, logits_to_keep=1)
+        index = torch.tensor(groups, device=device)
         cache.select_rows(index)
-        self.model.model.rope_deltas = self.model.model.rope_deltas.index_select(0, index)
-        return {name: getattr(batch, name).to(device) for name in ("input_ids", "attention_mask", "mm_token_type_ids")}
+        deltas = deltas.to(device).index_select(0, index)  # [B, 1]
+        self.model.model.rope_deltas = deltas
+        # Every row in the cache's layout: its group's shared part, left-padded; its rest, left-padded.
+        rows = len(requests)
+        input_ids = torch.full((rows, width + rest_width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        input_ids[:, :width] = heads.input_ids[groups]
+        attention_mask[:, :width] = heads.attention_mask[groups]
+        for row, (request, group) in enumerate(zip(requests, groups)):
+            rest = torch.tensor(request.prompt_ids[shared[group]:], dtype=torch.long)
+            input_ids[row, input_ids.shape[1] - rest.numel():] = rest
+            attention_mask[row, input_ids.shape[1] - rest.numel():] = 1
+        token_types = torch.zeros_like(input_ids)
+        token_types[input_ids == self.image_token_id] = IMAGE_TOKEN_TYPE
+        token_types[input_ids == self.video_token_id] = VIDEO_TOKEN_TYPE
+        if rest_width > 1:  # the rests but their last tokens, text only, at positions continuing each row's
+            text = (attention_mask[:, :-1].cumsum(-1) - 1).clamp(min=0)[:, width:].to(device) + deltas  # [B, R-1]
+            self.model(input_ids=input_ids[:, width:-1].to(device), attention_mask=attention_mask[:, :-1].to(device),
+                       mm_token_type_ids=token_types[:, width:-1].to(device),
+                       position_ids=text[None].expand(3, -1, -1), past_key_values=cache, use_cache=True,
+                       logits_to_keep=1)
+        return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device),
+                "mm_token_type_ids": token_types.to(device)}, cache
+
+    def _positions(self, batch: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """M-RoPE positions [3, B, L] of a left-padded prefill and each row's offset for the tokens
+        after it, [B, 1], as `generate` computes them: the model's `get_rope_index` over the
+        attended tokens when the batch has media, else the attended tokens counted from 0."""
+        grids = {name: getattr(batch.vision, name) for name in ("image_grid_thw", "video_grid_thw")}
+        if any(grid is not None for grid in grids.values()):
+            return self.model.model.get_rope_index(batch.input_ids, **grids, attention_mask=batch.attention_mask,
+                                                   mm_token_type_ids=batch.mm_token_type_ids)
+        text = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, L]
+        return text[None].expand(3, -1, -1), torch.zeros((text.shape[0], 1), dtype=torch.long)
 
     def _generation_config(self, params: SamplingParams, stop_ids: Sequence[int]):
         from transformers import GenerationConfig

@@ -109,11 +109,84 @@ def test_a_repeated_prompt_is_prefilled_once_with_the_same_generations(tiny_mode
     assert shared[0].token_ids == shared[2].token_ids == shared[5].token_ids or temperature > 0
 
 
-def test_repeated_prompts_are_found_by_ids_and_media():
-    ids = [5, 6, 7]
+def test_requests_are_grouped_by_a_shared_start_that_holds_their_media():
     media = VisionInputs(pixel_values=torch.ones(4, 2), image_grid_thw=torch.tensor([[1, 2, 2]]))
     same_values = VisionInputs(pixel_values=torch.ones(4, 2), image_grid_thw=torch.tensor([[1, 2, 2]]))
     other_pixels = VisionInputs(pixel_values=torch.zeros(4, 2), image_grid_thw=torch.tensor([[1, 2, 2]]))
-    requests = [GenerationRequest(ids, media), GenerationRequest(ids, same_values), GenerationRequest(ids, other_pixels),
-                GenerationRequest([5, 6], media), GenerationRequest(ids, media), GenerationRequest(ids)]
-    assert hf_engine.repeated_prompts(requests) == ([0, 2, 3, 5], [0, 0, 1, 2, 0, 3])
+    crop = VisionInputs(pixel_values=torch.full((4, 2), 3.0), image_grid_thw=torch.tensor([[1, 2, 2]]))
+    other_crop = VisionInputs(pixel_values=torch.full((4, 2), 4.0), image_grid_thw=torch.tensor([[1, 2, 2]]))
+    requests = [GenerationRequest([1, 2, 3, 4], media),
+                GenerationRequest([1, 2, 3, 9], same_values),  # equal media, 3 tokens shared
+                GenerationRequest([1, 2, 3, 4], other_pixels),  # the same ids, other pixels: alone
+                GenerationRequest([1, 2, 7]), GenerationRequest([1, 2, 8]),  # text only, 2 shared
+                GenerationRequest([1, 99, 5, 6], crop), GenerationRequest([1, 99, 7], crop),  # 99 held in 2 shared
+                GenerationRequest([1, 98, 99, 3], crop),  # shares 1 token, short of its media token: alone
+                GenerationRequest([1, 99, 3], other_crop)]
+    firsts, groups, shared = hf_engine.shared_prefixes(requests, media_token_ids=(99,))
+    assert firsts == [0, 2, 3, 5, 7, 8]
+    assert groups == [0, 0, 1, 2, 2, 3, 3, 4, 5]
+    assert shared == [3, 3, 2, 2, 3, 2]  # a request alone shares all but its last token with itself
+    # a repeat shares all but its last token; a later request narrows its group to what they share
+    # while that is half of every member's prompt, and starts its own group below that
+    repeats = [GenerationRequest([5, 6, 7, 8]), GenerationRequest([5, 6, 7, 8]), GenerationRequest([5, 6, 9, 9]),
+               GenerationRequest([5, 8, 9, 9])]
+    assert hf_engine.shared_prefixes(repeats) == ([0, 3], [0, 0, 0, 1], [2, 3])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_shared_start_with_different_rests_is_prefilled_once(tiny_model, tiny_processor, monkeypatch,
+                                                               temperature):
+    """Issue #64 item 3 at a later turn: a group's requests share their prompt, media included,
+    then each has its own rest (a rollout's first turn and tool responses) of its own length. The
+    shared part runs once (the vision tower sees each distinct image once), the rests after it
+    with padding between, and the generations are those of computing every prompt."""
+    first, second, third = _image_requests(tiny_processor)
+    tokens = tiny_processor.tokenizer
+    turn = lambda text: tokens(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    one, two, three = turn(" red"), turn(" a blue block then green"), turn(" yellow at the end")
+    requests = [GenerationRequest(first.prompt_ids + one, first.vision),
+                GenerationRequest(first.prompt_ids + two, first.vision), third,
+                GenerationRequest(first.prompt_ids + three, first.vision),
+                GenerationRequest(second.prompt_ids + two), GenerationRequest(second.prompt_ids + one)]
+    params = SamplingParams(max_new_tokens=8, temperature=temperature, seed=3, stop_token_ids=(-1,))
+    plain = hf_engine.HFEngine(tiny_model, tiny_processor).generate(requests, params)
+    patches, prefilled = [], []
+    visual, language = tiny_model.model.visual, tiny_model.model.language_model
+    forward = visual.forward
+
+    def counting(pixels, *args, **kwargs):
+        patches.append(pixels.shape[0])
+        return forward(pixels, *args, **kwargs)
+
+    monkeypatch.setattr(visual, "forward", counting)
+    hook = language.register_forward_pre_hook(
+        lambda module, args, kwargs: prefilled.append(tuple(kwargs["inputs_embeds"].shape[:2])), with_kwargs=True)
+    try:
+        shared = hf_engine.HFEngine(tiny_model, tiny_processor, share_prompts=True).generate(requests, params)
+    finally:
+        hook.remove()
+    distinct = sum(r.vision.pixel_values.shape[0] for r in (first, third))
+    assert patches == [distinct]
+    # the shared parts (first's prompt, third alone, second's prompt), then the six rests, then decoding
+    assert prefilled[0][0] == 3 and prefilled[1][0] == 6 and all(shape == (6, 1) for shape in prefilled[2:])
+    assert prefilled[0][1] == len(first.prompt_ids)
+    assert [g.token_ids for g in shared] == [g.token_ids for g in plain]
+    for a, b in zip(shared, plain):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_text_only_requests_share_their_start_too(tiny_model, tiny_processor, temperature):
+    """No media in the whole batch: the positions are the attended tokens counted from 0, as
+    `generate` counts them (this path once needed media to set M-RoPE's offsets and failed)."""
+    tokens = tiny_processor.tokenizer
+    system = tokens("You answer questions about videos. Call crop_video to look closer.",
+                    add_special_tokens=False)["input_ids"]
+    requests = [GenerationRequest(system + tokens(text, add_special_tokens=False)["input_ids"])
+                for text in (" red", " red", " blue then green", " yellow")]
+    params = SamplingParams(max_new_tokens=6, temperature=temperature, seed=2, stop_token_ids=(-1,))
+    plain = hf_engine.HFEngine(tiny_model, tiny_processor).generate(requests, params)
+    shared = hf_engine.HFEngine(tiny_model, tiny_processor, share_prompts=True).generate(requests, params)
+    assert [g.token_ids for g in shared] == [g.token_ids for g in plain]
+    for a, b in zip(shared, plain):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
