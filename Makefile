@@ -21,7 +21,7 @@ GPU_STAMP := $(GPU_VENV)/.installed
 # The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
 GPU_PY ?= $(GPU_VENV)/bin/python
 
-.PHONY: install install-gpu install-serve demo reproduce reproduce-table2 replay-falls rehearse-8b test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
+.PHONY: install install-gpu install-serve demo reproduce reproduce-table2 replay-falls rl-budget rehearse-8b test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -81,6 +81,18 @@ replay-falls: $(STAMP)
 	  --set 'reproduce.rows=[paragrpo]' --set 'reproduce.seeds=$(REPLAY_SEEDS)' \
 	  --set 'reproduce.variants={unchanged: [], lr_half: [rl.learning_rate=5.0e-5], subagents_untrained: [rl.train_subagents=false], draw_key_1: [rl.gating.draw_key=1], kl_in_loss: [rl.kl_mode=loss]}' \
 	  --set reproduce.report_dir=report-replay-falls --set mlflow.experiment=paravt-replay-falls $(ARGS)
+
+# The RL budget chosen on validation (#62 item 3; docs/miniature.md "Choosing the RL budget on
+# validation"): vanilla GRPO at each learning rate and step count, once per seed (BUDGET_SEEDS), in
+# the default's output folder (its world, pretraining and SFT from the cache); the report's "RL budget
+# chosen on validation" applies `miniature.budget_choice`. Report: outputs/reproduce/report-rl-budget.
+BUDGET_SEEDS ?= [0,1,2,3]
+rl-budget: $(STAMP)
+	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
+	  --set 'reproduce.rows=[vanilla_grpo]' --set 'reproduce.seeds=$(BUDGET_SEEDS)' \
+	  --set 'reproduce.variants={lr1e4_s12: [], lr5e5_s12: [rl.learning_rate=5.0e-5], lr1e4_s24: [rl.max_steps=24], lr5e5_s24: [rl.learning_rate=5.0e-5, rl.max_steps=24]}' \
+	  --set reproduce.rl_validation=true --set reproduce.report_dir=report-rl-budget \
+	  --set mlflow.experiment=paravt-rl-budget $(ARGS)
 
 # A dress rehearsal of the 8B run on this CPU (docs/scale.md "The first 8B run"): paravt_8b.yaml's own
 # pipeline end to end, every process where it puts them, the tiny model and small sizes; the device

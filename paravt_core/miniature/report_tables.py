@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from statistics import fmean
 
+from paravt_core.miniature.budget_choice import choice_markdown
 from paravt_core.miniature import verdicts as judged
 from paravt_core.miniature.intervals import Interval, by_row, interval95, rows_in_order, sft_training_start
 from paravt_core.miniature.measurements import LAST_STEPS, BudgetPoint, ModelRun
@@ -202,6 +203,7 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
            "The table above is the test split (`videomme`), evaluated once per model. Knobs, rates and budgets are "
            "chosen on this one (`videomme_val`: the same kind of questions on videos of its own).", validation]
           if (validation := validation_table_markdown(runs)) else []),
+        *(["## The RL budget chosen on validation", choice] if (choice := choice_markdown(runs)) else []),
         *(["## By question group (held-out, subagent mode)", groups] if (groups := group_table_markdown(runs)) else []),
         *(["## Before RL: the SFT model at each overview budget K (validation split)",
            "What nFrames gating has to act on: the share of videos whose event an overview of K frames shows, and "

@@ -1,4 +1,4 @@
-"""`make replay-falls` (#62): the falling PARA-GRPO seeds, one RL switch at a time, from the default's cache."""
+"""`make replay-falls` and `make rl-budget` (#62): profiles of RL variants trained from the default's cache."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "conf/pipeline/reproduce.yaml"
 
 
-def replay_falls_sets(seeds: str = "[1,3]") -> list[str]:
-    """The `--set` overrides `make replay-falls` passes to `paravt reproduce`, read from the Makefile."""
-    shown = subprocess.run(["make", "-n", "replay-falls", f"REPLAY_SEEDS={seeds}", "STAMP=/dev/null"], cwd=REPO,
+def replay_falls_sets(seeds: str = "[1,3]", target: str = "replay-falls", seeds_name: str = "REPLAY_SEEDS") -> list[str]:
+    """The `--set` overrides a profile's make target passes to `paravt reproduce`, read from the Makefile."""
+    shown = subprocess.run(["make", "-n", target, f"{seeds_name}={seeds}", "STAMP=/dev/null"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout
     words = shlex.split(shown.replace("\\\n", " "))
     start = next(i for i, word in enumerate(words) if word.endswith("/paravt"))
@@ -70,3 +70,30 @@ def test_the_replay_keeps_every_key_before_rl_and_gives_each_variant_a_run_of_it
     assert len(folders) == 6 and rl_stage.run_dir(runs["paragrpo.unchanged"], _ref("init"), _ref("rl")).name.startswith(
         "paragrpo.unchanged-")
     assert replay.run.fanout.threads_per_run == 1  # as the default's runs: a run's weights depend on its threads
+
+
+def test_the_budget_profile_switches_vanilla_grpo_learning_rate_and_steps_only_and_keeps_the_cache():
+    """`make rl-budget` (#62 item 3): the default's budget listed first (the rule keeps it on a tie),
+    then each learning rate x step count; every stage before RL keeps its key."""
+    from tests.unit.test_cache_identity import stage_keys
+
+    sets = replay_falls_sets("[0,1,2,3]", "rl-budget", "BUDGET_SEEDS")
+    default, profile = load_config(CONFIG, []), load_config(CONFIG, sets)
+    assert (profile.reproduce.rows, profile.reproduce.seeds) == (("vanilla_grpo",), (0, 1, 2, 3))
+    assert (profile.reproduce.report_dir, profile.mlflow.experiment) == ("report-rl-budget", "paravt-rl-budget")
+    assert profile.reproduce.rl_validation
+    before_rl = {k: v for k, v in stage_keys(profile, False).items() if k not in ("all", "rl,video,run", "rl_run_dir")}
+    assert before_rl == {k: v for k, v in stage_keys(default, False).items() if k in before_rl}
+    row = rl_row_file(CONFIG, "vanilla_grpo")
+    base = load_config(CONFIG, [], row)
+    budgets = {label: (cfg.rl.learning_rate, cfg.rl.max_steps, {k for k, v in cfg.rl.model_dump().items()
+                                                               if v != base.rl.model_dump()[k] and k != "row"})
+               for label, extra in row_variants("vanilla_grpo", profile.reproduce.variants)
+               for cfg in [load_config(CONFIG, [*sets, *extra], row)]}
+    assert list(budgets) == ["vanilla_grpo.lr1e4_s12", "vanilla_grpo.lr5e5_s12", "vanilla_grpo.lr1e4_s24",
+                             "vanilla_grpo.lr5e5_s24"]
+    assert (base.rl.learning_rate, base.rl.max_steps) == (1e-4, 12)  # the first is the default's budget
+    assert budgets == {"vanilla_grpo.lr1e4_s12": (1e-4, 12, set()),
+                       "vanilla_grpo.lr5e5_s12": (5e-5, 12, {"learning_rate"}),
+                       "vanilla_grpo.lr1e4_s24": (1e-4, 24, {"max_steps"}),
+                       "vanilla_grpo.lr5e5_s24": (5e-5, 24, {"learning_rate", "max_steps"})}
