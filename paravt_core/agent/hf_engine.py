@@ -317,14 +317,14 @@ class HFEngine:
         return generations
 
     def _generate_batch(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
-        batch = pad_requests(requests, self.pad_id, self.image_token_id, self.video_token_id)
         stop_ids = params.stop_token_ids or self.default_stop_ids
         recorder = StepLogprobRecorder(params.temperature, self.media_token_ids)
         device = self.model.device
         with torch.no_grad(), _eval_mode(self.model), _seeded(params.seed, device, params.temperature > 0), \
                 _without_cudnn_attention(device):
             prefilled = self._prefill_shared(requests, params) if self.share_prompts else None
-            if prefilled is None:
+            if prefilled is None:  # every prompt whole, with every request's media
+                batch = pad_requests(requests, self.pad_id, self.image_token_id, self.video_token_id)
                 inputs = batch.model_inputs(device)
                 cache = PreallocatedCache(self.num_layers, batch.input_ids.shape[1] + params.max_new_tokens)
             else:
