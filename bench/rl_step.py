@@ -127,10 +127,19 @@ class ScriptedFirstTurn:
 
 def build_inputs(root: Path, questions: int) -> dict:
     """The model, the RL prompts and the eval split, built once with this tree's code."""
+    from paravt_core.data import stage as data_stage
+
+    inputs = build_rl_inputs(root)
+    cfg = _config(REPO, root / "world", questions)
+    data = data_stage.run(cfg, progress=False).eval
+    return {**inputs, "eval_data": str(data.path), "eval_sha256": data.sha256}
+
+
+def build_rl_inputs(root: Path) -> dict:
+    """The tiny model and the RL prompts (16 multiple-choice questions on one 40 s clip)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from paravt_core.data import stage as data_stage
     from paravt_core.model.tiny import TinyModelSpec, build_tiny_model
 
     model = build_tiny_model(TinyModelSpec(seed=0), root / "tiny")
@@ -145,9 +154,7 @@ def build_inputs(root: Path, questions: int) -> dict:
                      "videos": [{"video": f"file://{clip}"}],
                      "extra_info": json.dumps({"answer": "A", "question_type": "mcq", "question": question})})
     pq.write_table(pa.Table.from_pylist(rows), rl / "rl.parquet")
-    cfg = _config(REPO, root / "world", questions)
-    data = data_stage.run(cfg, progress=False).eval
-    return {"model": str(model), "rl": str(rl), "eval_data": str(data.path), "eval_sha256": data.sha256}
+    return {"model": str(model), "rl": str(rl)}
 
 
 MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",

@@ -127,8 +127,10 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
 
 # run.fanout: how many rows run at once and on how many threads (docs/scale.md, "Fanning out RL rows").
 # reproduce.report_dir: where the report (never cached) is written.
+# rl.overlap_*_threads: how a rank's threads are split under rl.overlap (as run.fanout's budget, never keyed).
 NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"), ("data", "probe_workers"),
-                                            ("run", "fanout"), ("reproduce", "report_dir"))
+                                            ("run", "fanout"), ("reproduce", "report_dir"),
+                                            ("rl", "overlap_trainer_threads"), ("rl", "overlap_engine_threads"))
 
 # `eval` fields that choose, schedule or start samples without changing any one result (the
 # served-model check holds whatever serves to the checkpoint): not in the results' key.

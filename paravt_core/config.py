@@ -619,6 +619,15 @@ class RLConfig(_Section):
     # trains, by the weights that step started from, and decoupled PPO corrects the one step of
     # staleness; a fixed function of the run's draws, never of timing. 0: the synchronous step.
     overlap: int = Field(0, ge=0, le=1)
+    # Under `rl.overlap: 1` on the `hf` engine, a rank's torch/OpenMP threads (its OMP_NUM_THREADS:
+    # run.fanout.threads_per_run over the ranks, else the host's cores over the ranks) are split
+    # between the trainer and its engine process, which run at the same time (`rl/overlap.thread_share`).
+    # None: the engine gets half (rounded down), the trainer the rest, each at least 1 (on 2 cores
+    # and one rank: one each). Set either to fix it; the other takes what is left (at least 1).
+    # On CPU the engine's count changes a rollout's float rounding: the draws log records it and
+    # `paravt rl-replay` generates at it. Never in a cache key, as run.fanout's thread budget.
+    overlap_trainer_threads: int | None = Field(None, ge=1, le=MAX_WORKERS)
+    overlap_engine_threads: int | None = Field(None, ge=1, le=MAX_WORKERS)
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -636,6 +645,14 @@ class RLConfig(_Section):
     @model_validator(mode="after")
     def _offload_fits_stage(self) -> RLConfig:
         self.deepspeed.check_stage(self.zero_stage, "rl")
+        return self
+
+    @model_validator(mode="after")
+    def _thread_share_needs_overlap(self) -> RLConfig:
+        for name in ("overlap_trainer_threads", "overlap_engine_threads"):
+            if getattr(self, name) is not None and not self.overlap:
+                raise ValueError(f"rl.{name} splits a rank's threads with its engine process under rl.overlap: 1, "
+                                 f"and rl.overlap is 0: set rl.overlap: 1 or leave rl.{name} unset")
         return self
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import secrets
 import subprocess
 import sys
@@ -54,7 +55,8 @@ class HFProcessEngine:
         cfg: the run's `PipelineConfig` (its `model.*` options and `rl.shared_prefix` build the engine).
         init_model: the checkpoint the engine starts from (the RL stage's init model).
         device: where the child puts its copy ("cpu", "cuda:0").
-        threads: the child's torch threads (the trainer's, which the draws log records for replay).
+        threads: the child's torch and OpenMP threads (its OMP_NUM_THREADS and `torch.set_num_threads`:
+            its share of the rank's, `rl/overlap.thread_share`), which the draws log records for replay.
     """
 
     def __init__(self, cfg: Any, init_model: Path, device: str, threads: int):
@@ -64,7 +66,7 @@ class HFProcessEngine:
         listener = Listener(str(Path(self._folder.name) / "socket"), family="AF_UNIX", authkey=key)
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
-               "PARAVT_HF_ENGINE_KEY": key.hex()}
+               "PARAVT_HF_ENGINE_KEY": key.hex(), "OMP_NUM_THREADS": str(int(threads))}
         self.process = subprocess.Popen([sys.executable, "-m", "paravt_core.agent.hf_process", listener.address],
                                         env=env, stdin=subprocess.DEVNULL)
         try:
@@ -112,6 +114,10 @@ class HFProcessEngine:
     def update_weights(self, state_dict: dict[str, Any]) -> None:
         self._call("update_weights", {name: tensor.detach().cpu() for name, tensor in dict(state_dict).items()})
 
+    def threads(self) -> dict[str, int]:
+        """The child's thread counts (`_threads`): what it really computes at."""
+        return self._call("threads")
+
     def close(self) -> None:
         """Stop the child (told to; killed if it does not end within a minute)."""
         if self.process.poll() is None:
@@ -150,12 +156,42 @@ def serve(address: str, key: bytes) -> None:
                 result = engine.generate(*args)
             elif op == "update_weights":
                 result = engine.update_weights(*args)
+            elif op == "threads":
+                result = _threads()
             else:
                 raise HFProcessError(f"unknown request {op!r}")
         except Exception as error:  # every failure goes back to the trainer, which raises it
             _send(conn, ("error", f"{type(error).__name__}: {error}"))
             continue
         _send(conn, ("ok", result))
+
+
+def _threads() -> dict[str, int]:
+    """What this process computes at: torch's intra-op threads, the OpenMP and MKL pools' sizes
+    (`torch.__config__.parallel_info`), and how many of its OS threads did work in a parallel
+    matrix product (their CPU ticks in /proc grew by 2 or more)."""
+    import torch
+
+    def ticks() -> dict[str, int]:
+        out = {}
+        for task in os.listdir("/proc/self/task"):
+            try:
+                fields = Path(f"/proc/self/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # a thread that ended meanwhile
+                continue
+            out[task] = int(fields[11]) + int(fields[12])  # utime + stime (stat fields 14 and 15)
+        return out
+
+    a = torch.randn(1024, 1024)
+    a @ a  # the pool's threads are started by the first parallel region
+    before = ticks()
+    for _ in range(8):
+        a @ a
+    after = ticks()
+    busy = sum(after[task] - before.get(task, 0) >= 2 for task in after)
+    found = dict(re.findall(r"^\s*(\w+)\(\) : (\d+)\s*$", torch.__config__.parallel_info(), re.MULTILINE))
+    return {"torch": torch.get_num_threads(), "omp": int(found.get("omp_get_max_threads", -1)),
+            "mkl": int(found.get("mkl_get_max_threads", -1)), "busy": busy}
 
 
 def _build(cfg: Any, init_model: str, device: str, threads: int):

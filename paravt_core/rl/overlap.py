@@ -52,6 +52,16 @@ from typing import Any
 from paravt_core.atomic import atomic_write_bytes
 
 
+def thread_share(rank_threads: int, trainer: int | None, engine: int | None) -> tuple[int, int]:
+    """(trainer, engine) torch threads of a rank whose `rank_threads` are split with its engine
+    process (`rl.overlap_trainer_threads`, `rl.overlap_engine_threads`; None: the engine half,
+    rounded down, the trainer the rest; whichever is unset takes what the other leaves; each at least 1)."""
+    if engine is None:
+        engine = rank_threads - trainer if trainer is not None else rank_threads // 2
+    engine = max(1, engine)
+    return (max(1, rank_threads - engine) if trainer is None else trainer), engine
+
+
 def behaviour_version(step: int, overlap: int) -> int:
     """The weight version (optimizer steps applied) that generates the batch of 0-based `step`."""
     return step if not overlap else max(step - 1, 0)

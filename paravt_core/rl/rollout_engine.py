@@ -4,7 +4,8 @@ engine's record (`rollout_engines.py`, registered in `config.py`): its `backend`
 - `hf`: each rank generates with its own copy of the policy (`HFEngine`); every rank
   copies its new weights in after each optimizer step. With `rl.overlap: 1` that copy is in a
   process of the rank's own (`agent/hf_process.HFProcessEngine`), so it generates while the
-  rank trains; the weights it gets, and when, are `rl/overlap.py`'s schedule.
+  rank trains; the weights it gets, and when, are `rl/overlap.py`'s schedule. The rank's threads
+  are then split between the two (`rl.overlap_trainer_threads`, `rl.overlap_engine_threads`).
 - `sglang`: every rank sends its rollouts to ONE SGLang server, either a running one
   (`rl.rollout.sglang.url`) or one rank 0 launches (and stops at the end). The policy is
   the same on all ranks after a step, so rank 0 alone pushes it to the server (under ZeRO-3
@@ -54,6 +55,7 @@ from paravt_core.device_ledger import LedgerError, declare_server, physical_gpu,
 from paravt_core.dist.launch import free_port
 from paravt_core.model.loading import build_model
 from paravt_core.plan import SERVER_FRACTION, VLLM_FRACTION
+from paravt_core.rl.overlap import thread_share
 from paravt_core.rollout_engines import rollout_engine_spec
 
 SGLANG_MISSING = "SGLang is not installed; install the GPU profile or set rl.rollout.engine=hf"
@@ -96,6 +98,8 @@ class RolloutBackend:
     world: int = 1
     server: Any = None  # a `ServerProcess` (SGLang) this rank launched; stopped by `close`
     owns_engine: bool = False  # the engine runs in a process of this rank's (`HFProcessEngine`); stopped by `close`
+    # (trainer, engine) torch threads when the rank's are split with its engine process (`rl/overlap.thread_share`)
+    thread_share: tuple[int, int] | None = None
     _released: bool = field(default=False, repr=False)
 
     def after_rollout(self) -> None:
@@ -195,8 +199,10 @@ def hf_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: st
     if cfg.rl.overlap:
         import torch
 
-        engine = HFProcessEngine(cfg, init_model, device, torch.get_num_threads())
-        return RolloutBackend(engine, pushes_weights=True, world=world, owns_engine=True)
+        # The rank's threads (torch's count as the launcher set it) are split with the engine process.
+        share = thread_share(torch.get_num_threads(), cfg.rl.overlap_trainer_threads, cfg.rl.overlap_engine_threads)
+        engine = HFProcessEngine(cfg, init_model, device, share[1])
+        return RolloutBackend(engine, pushes_weights=True, world=world, owns_engine=True, thread_share=share)
     model = build_model(cfg.model, init_model, device=device).eval()
     return RolloutBackend(build_hf_engine(cfg, model, processor, "rollout"), pushes_weights=True, world=world)
 

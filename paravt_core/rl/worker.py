@@ -99,6 +99,11 @@ class Trainer:
         self.rollout_backend = build_rollout_engine(self.cfg, job.init_model, self.processor, self.device, self.rank,
                                                     self.world, job.out_dir / "rollout_weights", job.init_model_sha256)
         self.engine = self.rollout_backend.engine
+        # rl.overlap on hf: the engine process has its share of the rank's threads, the trainer the rest.
+        self.rollout_threads = torch.get_num_threads()  # what a rollout generates at (the draws log's)
+        if self.rollout_backend.thread_share is not None:
+            trainer_threads, self.rollout_threads = self.rollout_backend.thread_share
+            torch.set_num_threads(trainer_threads)
         self.ref_model = None
         if kl_mode(self.rl).needs_reference:
             self.ref_model = self._reference(job, zero3)
@@ -190,7 +195,7 @@ class Trainer:
         write_draws(self.job.out_dir, StepDraws(
             step=step + 1, rank=self.rank, world=self.world, epoch=epoch, sampler_seed=seed,
             weight_version=behaviour_version(step, self.rl.overlap),
-            torch_threads=torch.get_num_threads(), engine=self.rl.rollout.engine,
+            torch_threads=self.rollout_threads, engine=self.rl.rollout.engine,
             rollout_sha256=rollout_digest(episodes),
             prompts=[PromptDraw(prompt_id=p.prompt.prompt_id, video=p.video_key, nframes=p.prompt.nframes)
                      for p in kept]))
@@ -346,6 +351,7 @@ def _all_reduce_mean(row: dict[str, float], world: int) -> dict[str, float]:
 def train(job: RLJob, reward_fn=None) -> None:
     import torch.distributed as dist
 
+    threads = torch.get_num_threads()  # the rank's (the trainer takes a share of them under rl.overlap)
     try:
         trainer = Trainer(job, reward_fn)
         try:
@@ -354,6 +360,7 @@ def train(job: RLJob, reward_fn=None) -> None:
             trainer.rollout_backend.close()  # a server this rank launched
         dist.barrier()
     finally:
+        torch.set_num_threads(threads)  # a caller running the rank in its own process gets them back
         shutdown_distributed()
 
 

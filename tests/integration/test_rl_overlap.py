@@ -31,12 +31,22 @@ def test_overlapped_runs_repeat_follow_the_schedule_and_replay(tmp_path, monkeyp
     from paravt_core.cli import main
     from paravt_core.rl.replay import read_draws, replay_step
 
+    import torch
+
     init = ArtifactRef(kind="sft_model", path=tiny_model_dir, sha256=content_hash(tiny_model_dir))
     jobs = []
-    for name in ("a", "b"):
-        root = tmp_path / name / "reproduce"
-        jobs.append(_train(monkeypatch, _config(root, *OVERLAP), init, _run_folder(root, short_video)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the rank's two threads: one for the trainer, one for its engine process
+    try:
+        for name in ("a", "b"):
+            root = tmp_path / name / "reproduce"
+            jobs.append(_train(monkeypatch, _config(root, *OVERLAP), init, _run_folder(root, short_video)))
+        assert torch.get_num_threads() == 2  # the rank's own again after the run
+    finally:
+        torch.set_num_threads(threads)
     a, b = jobs
+    # (a) the engine generated on its share of the threads, which the draws log records for replay
+    assert {read_draws(a.out_dir, step).torch_threads for step in (1, 2, 3)} == {1}
     # (b) two runs of the same row train the same weights, and log the same steps
     assert _weights(a) == _weights(b)
     assert _metrics(a.out_dir) == _metrics(b.out_dir)
