@@ -41,13 +41,12 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rl_step import ScriptedFirstTurn, _config, build_rl_inputs
+from rl_step import ScriptedFirstTurn, _config, build_rl_inputs, child_result, single_rank_job
 
 REPO = Path(__file__).resolve().parents[1]
 # name -> (settings, the rank's torch threads: None for --threads)
@@ -74,8 +73,6 @@ def child(args) -> None:
 
     from paravt_core.dist.launch import free_port
     from paravt_core.dist.rank import shutdown_distributed
-    from paravt_core.refs import ArtifactRef, content_hash
-    from paravt_core.rl import stage
     from paravt_core.rl import worker as rl_worker
     from paravt_core.rl.overlap import run_overlapped
 
@@ -83,13 +80,7 @@ def child(args) -> None:
     inputs = json.loads(Path(args.inputs).read_text())
     out = Path(args.out)
     cfg = _config(REPO, out, 1, args.main_tokens, args.subagent_tokens, VARIANTS[args.variant][0])
-    model_dir = Path(inputs["model"])
-    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
-    rl_data = ArtifactRef(kind="rl_data", path=Path(inputs["rl"]), sha256=content_hash(Path(inputs["rl"])))
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-                       "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        os.environ[key] = value
-    job = stage.make_job(cfg, init, rl_data, with_mlflow=False).model_copy(update={"steps_only": True})
+    job, _ = single_rank_job(cfg, inputs, free_port)
     begun = time.perf_counter()
     trainer = rl_worker.Trainer(job)
     start_s = time.perf_counter() - begun
@@ -136,11 +127,7 @@ def run_child(inputs: Path, out: Path, variant: str, args) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--inputs", str(inputs), "--out", str(out),
                "--threads", str(threads), "--steps", str(args.steps), "--main-tokens", str(args.main_tokens),
                "--subagent-tokens", str(args.subagent_tokens), "--variant", variant]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH ")]
-    if done.returncode != 0 or not lines:
-        sys.exit(f"bench/overlap.py: the {variant} child failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1].removeprefix("BENCH "))
+    return child_result(command, env, f"bench/overlap.py: the {variant} child")
 
 
 def print_table(results: dict[str, list[dict]], steps: int) -> None:

@@ -225,8 +225,7 @@ def child(args) -> None:
         from paravt_core.dist import free_port, shutdown_distributed
     from paravt_core.eval import stage as eval_stage
     from paravt_core.eval.evaluator import EvalSettings, HFSampleRunner
-    from paravt_core.refs import ArtifactRef, content_hash
-    from paravt_core.rl import stage
+    from paravt_core.refs import ArtifactRef
     from paravt_core.rl import worker as rl_worker
 
     inputs = json.loads(Path(args.inputs).read_text())
@@ -234,12 +233,7 @@ def child(args) -> None:
     out = Path(args.out)
     cfg = _config(tree, out, args.questions, args.main_tokens, args.subagent_tokens, VARIANT_SETTINGS[args.variant])
     model_dir = Path(inputs["model"])
-    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
-    rl_data = ArtifactRef(kind="rl_data", path=Path(inputs["rl"]), sha256=content_hash(Path(inputs["rl"])))
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
-                       "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-        os.environ[key] = value
-    job = stage.make_job(cfg, init, rl_data, with_mlflow=False).model_copy(update={"steps_only": True})
+    job, init = single_rank_job(cfg, inputs, free_port)
     trainer = rl_worker.Trainer(job)
     trainer.engine = ScriptedFirstTurn(trainer.engine, trainer.processor.tokenizer)
     trainer.train_step(0)  # warm-up
@@ -288,6 +282,21 @@ def child(args) -> None:
                                  "eval_split": eval_split, "rl_phase_s": phases}), flush=True)
 
 
+def single_rank_job(cfg, inputs: dict, free_port):
+    """(the RL job of one in-process rank on the bench's inputs, steps only; the SFT model's ref), with the
+    rank's environment set. Imports from whichever tree the child runs (`free_port`: that tree's)."""
+    from paravt_core.refs import ArtifactRef, content_hash
+    from paravt_core.rl import stage
+
+    model_dir = Path(inputs["model"])
+    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
+    rl_data = ArtifactRef(kind="rl_data", path=Path(inputs["rl"]), sha256=content_hash(Path(inputs["rl"])))
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0",
+                       "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ[key] = value
+    return stage.make_job(cfg, init, rl_data, with_mlflow=False).model_copy(update={"steps_only": True}), init
+
+
 def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": str(args.threads)}
@@ -296,10 +305,15 @@ def run_child(tree: Path, inputs: Path, out: Path, args) -> dict:
                "--questions", str(args.questions), "--main-tokens", str(args.main_tokens),
                "--subagent-tokens", str(args.subagent_tokens), "--variant", args.variant_of_child,
                *(["--kernels"] if args.kernels else [])]
+    return child_result(command, env, f"bench/rl_step.py: the child on {tree}")
+
+
+def child_result(command: list[str], env: dict[str, str], what: str) -> dict:
+    """Run a bench child and return the JSON of its last `BENCH ` line; exit naming `what` when it fails."""
     done = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH ")]
     if done.returncode != 0 or not lines:
-        sys.exit(f"bench/rl_step.py: the child on {tree} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        sys.exit(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(lines[-1].removeprefix("BENCH "))
 
 
