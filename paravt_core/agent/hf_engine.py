@@ -133,7 +133,7 @@ def shared_prefixes(requests: Sequence[GenerationRequest], media_token_ids: Sequ
     media = set(media_token_ids)
     for index, request in enumerate(requests):
         ids = request.prompt_ids
-        need = max((position + 1 for position, token in enumerate(ids) if token in media), default=0)
+        need = media_end(ids, media)
         best, best_length = None, 0
         for group, first in enumerate(firsts):
             length = min(shared[group], _common_length(requests[first].prompt_ids, ids), len(ids) - 1)
@@ -153,6 +153,11 @@ def shared_prefixes(requests: Sequence[GenerationRequest], media_token_ids: Sequ
             covers[best] = max(covers[best], need)
             longest[best] = max(longest[best], len(ids))
     return firsts, groups, shared
+
+
+def media_end(ids: Sequence[int], media_token_ids) -> int:
+    """How many leading tokens of `ids` hold all of its media tokens (0 without any)."""
+    return max((position + 1 for position, token in enumerate(ids) if token in media_token_ids), default=0)
 
 
 def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -358,8 +363,7 @@ class HFEngine:
         for group, first in enumerate(firsts):
             if alone[first]:
                 ids = requests[first].prompt_ids
-                need = max((i + 1 for i, t in enumerate(ids) if t in media), default=0)
-                shared[group] = max(need, len(ids) - widest, 1)
+                shared[group] = max(media_end(ids, media), len(ids) - widest, 1)
                 rests[first] = len(ids) - shared[group]
         device = self.model.device
         heads = pad_requests([GenerationRequest(requests[first].prompt_ids[:shared[group]], requests[first].vision)

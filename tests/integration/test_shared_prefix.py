@@ -229,3 +229,37 @@ def test_the_trainer_runs_both_passes_shared_when_the_switch_is_on(rl_inputs, tm
     rows, _, _ = _two_steps(tmp_path, init, rl_data, [*EXACT, "rl.shared_prefix=true"], monkeypatch)
     assert False in calls and True in calls
     assert all(torch.isfinite(torch.tensor(value)) for row in rows for value in row.values())
+
+
+def test_the_rollout_engine_shares_a_groups_start_at_its_later_turn(tiny_model, tiny_processor, short_video):
+    """Issue #64 item 3 on the rollout's own prompts (a video's frames as the pipeline renders them, a
+    real tool round, not the unit test's hand-made requests): at the main
+    agent's second turn a group's requests share system turn, video and question, then differ by their
+    first turns and tool responses; the `hf` engine with `share_prompts` continues them as the plain
+    path does (greedy tokens equal, log-probs within 1e-5)."""
+    from paravt_core.agent.engine import SamplingParams
+    from paravt_core.agent.hf_engine import HFEngine, shared_prefixes
+
+    compared = []
+
+    class Comparing(ScriptedEngine):
+        def generate(self, requests, params):
+            text = self.tok.decode(requests[0].prompt_ids)
+            if "concise, factual summary" not in text and text.count("<|im_start|>assistant") > 1:
+                greedy = SamplingParams(max_new_tokens=6, stop_token_ids=(-1,))
+                compared.append((requests, HFEngine(tiny_model, tiny_processor).generate(requests, greedy),
+                                 HFEngine(tiny_model, tiny_processor, share_prompts=True).generate(requests, greedy)))
+            return super().generate(requests, params)
+
+    cfg = _config()
+    prompt = question_prompt("a", short_video, "What colour is the square?")
+    run_episodes(Comparing(tiny_processor.tokenizer), tiny_processor, [prompt], cfg.rl.rollout, cfg.video, group_size=3)
+    (requests, plain, shared), = compared
+    media = (tiny_model.config.image_token_id, tiny_model.config.video_token_id)
+    firsts, _, common = shared_prefixes(requests, media)
+    assert all(r.vision.image_grid_thw is not None for r in requests)  # the overview's frames
+    assert len(firsts) == 1 and len({len(r.prompt_ids) for r in requests}) > 1  # one start, rests of their own
+    assert common[0] > max(i for i, t in enumerate(requests[0].prompt_ids) if t in media)
+    assert [g.token_ids for g in shared] == [g.token_ids for g in plain]
+    for a, b in zip(shared, plain):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
