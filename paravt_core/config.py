@@ -500,7 +500,8 @@ register_rollout_engine(RolloutEngineSpec(
     server=True))
 register_rollout_engine(RolloutEngineSpec(
     "vllm", backend="paravt_core.rl.rollout_engine:vllm_backend", plan="paravt_core.plan:vllm_rollout_plan",
-    check="paravt_core.rl.rollout_engine:check_vllm", preflight="paravt_core.preflight:vllm_checks", server=True))
+    check="paravt_core.rl.rollout_engine:check_vllm", preflight="paravt_core.preflight:vllm_checks", server=True,
+    overlaps=True))
 
 
 class RolloutConfig(_Section):
@@ -618,6 +619,8 @@ class RLConfig(_Section):
     # 1: one-step off-policy (`rl/overlap.py`, issue #65): step n's batch is generated while step n-1
     # trains, by the weights that step started from, and decoupled PPO corrects the one step of
     # staleness; a fixed function of the run's draws, never of timing. 0: the synchronous step.
+    # Runs on `hf` (the engine in a process of the rank's own) and `vllm` (the server generates
+    # beside the ranks; each reply's weight label is checked against the schedule).
     overlap: int = Field(0, ge=0, le=1)
     # Under `rl.overlap: 1` on the `hf` engine, a rank's torch/OpenMP threads (its OMP_NUM_THREADS:
     # run.fanout.threads_per_run over the ranks, else the host's cores over the ranks) are split

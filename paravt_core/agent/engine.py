@@ -79,6 +79,12 @@ class Generation:
     finish_reason: str  # "stop" | "length"
 
 
+def weight_label(version: int) -> str:
+    """The tag a served engine gives the weights it is pushed (vLLM's `/update_weight_version`,
+    SGLang's `weight_version`): W(version), the policy after `version` optimizer steps."""
+    return f"w{version}"
+
+
 class RolloutEngine(Protocol):
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
         """Continue every request in one batched call; results in request order."""

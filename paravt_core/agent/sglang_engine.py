@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams
+from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, weight_label
 from paravt_core.agent.media import collapse_pads, first_difference, png_data_url
 from paravt_core.agent.server_process import ServerProcess, server_healthy, start_server
 from paravt_core.agent.weight_snapshots import SnapshotStager, WeightStream
@@ -228,8 +228,9 @@ class SGLangEngine:
     def weight_version(self) -> int:
         return self.snapshots.version
 
-    def update_weights(self, state_dict: dict[str, Any] | WeightStream) -> None:
-        """Load new weights into the running server, in place, through `/update_weights_from_disk`.
+    def update_weights(self, state_dict: dict[str, Any] | WeightStream, version: int | None = None) -> None:
+        """Load new weights into the running server, in place, through `/update_weights_from_disk`,
+        tagged with the trainer's weight version (`agent.engine.weight_label`; None: the snapshot's count).
 
         The weights are written as one safetensors snapshot beside the checkpoint's config
         (into `<staging_dir>/v<N>.partial`, or this run's /dev/shm folder when it fits there,
@@ -247,10 +248,10 @@ class SGLangEngine:
         Raises:
             SGLangServerError: the server is unreachable or reports that the load failed.
         """
-        version = self.weight_version + 1
+        label = weight_label(version) if version is not None else str(self.weight_version + 1)
         final = self.snapshots.write(self.model_path, state_dict, self.dtype)
         reply = _post_json(f"{self.url}/update_weights_from_disk",
-                           {"model_path": str(final), "weight_version": str(version), "flush_cache": True},
+                           {"model_path": str(final), "weight_version": label, "flush_cache": True},
                            self.timeout_s)
         if isinstance(reply, dict) and reply.get("success") is False:
             raise SGLangServerError(f"SGLang at {self.url} could not load the weights in {final}: "

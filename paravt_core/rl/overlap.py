@@ -95,7 +95,7 @@ def run_overlapped(start: int, stop: int, held: int, first: Batch | None, rollou
         rollout: the step's batch on the engine as it is (run in a background thread).
         train: one optimizer step on a batch (the trainer's weights go from W(step) to W(step + 1)),
             returning the step's metrics row.
-        push: the trainer's current weights to the engine.
+        push: the trainer's current weights to the engine, called with their version (`step`).
         finish: after the step and the next batch's rollout: the row (with this module's fields),
             and the next step's batch (None after the last step).
     """
@@ -113,7 +113,7 @@ def run_overlapped(start: int, stop: int, held: int, first: Batch | None, rollou
             pending = None
             if step + 1 < stop:
                 if held != step:  # W(step) is the trainer's now: pushed before step + 1's batch is begun
-                    push()
+                    push(step)
                     held = step
                 pending = background.submit(timed_rollout, rollout, step + 1, 1)
             row = train(step, batch)

@@ -65,6 +65,9 @@ class StepDraws(BaseModel):
     engine: str = "hf"  # rl.rollout.engine; only `hf` rollouts are replayed here
     prompts: list[PromptDraw] = Field(min_length=1)  # a step whose every video failed logs nothing
     rollout_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # {weight label: tokens} the server reported sampling this batch with (`agent.engine.weight_label`;
+    # checked against `weight_version`, `rl/served_policy.check_served_versions`); None: the engine does not say
+    served_weight_versions: dict[str, int] | None = None
 
 
 class ReplayError(RuntimeError):

@@ -19,7 +19,11 @@ engine's record (`rollout_engines.py`, registered in `config.py`): its `backend`
   from the serve venv, on `rl.rollout.vllm.gpus` with the split placement); token ids in and
   out on `/inference/v1/generate`, new weights loaded from a snapshot after each step
   (`paravt_core/agent/vllm_engine.py`); nothing is released between phases. Runs on
-  vLLM's CPU build too (the server tier trains on it).
+  vLLM's CPU build too (the server tier trains on it). Each reply names the weights that
+  sampled it (each push tags W(k) as `w<k>`): every batch's labels are held to the version
+  the schedule names (`rl/served_policy.check_served_versions`) and logged in its draws. With
+  `rl.overlap: 1` the server generates the next batch while the ranks train
+  (`rl/overlap.py`), and the served-policy probe follows every push.
 
 A server rank 0 launched is on its machine: its snapshots go to /dev/shm when they fit there
 (`agent/weight_snapshots.SnapshotStager`); a server behind a url gets them in the run folder.
@@ -100,6 +104,7 @@ class RolloutBackend:
     owns_engine: bool = False  # the engine runs in a process of this rank's (`HFProcessEngine`); stopped by `close`
     # (trainer, engine) torch threads when the rank's are split with its engine process (`rl/overlap.thread_share`)
     thread_share: tuple[int, int] | None = None
+    reports_versions: bool = False  # the server says which weights sampled each reply (vllm)
     _released: bool = field(default=False, repr=False)
 
     def after_rollout(self) -> None:
@@ -111,9 +116,15 @@ class RolloutBackend:
             self.engine.release_memory()
             self._released = True
 
-    def update_weights(self, weights: dict[str, Any] | WeightStream) -> None:
-        """Give the engine the policy's weights; a rank that does not push only iterates a
-        stream to its end (its ZeRO-3 gathers are collectives every rank joins), keeping nothing."""
+    def served_versions(self) -> dict[str, int] | None:
+        """{weight label: tokens} the server reported sampling since the last call; None where
+        the engine does not say (`hf`, `sglang`)."""
+        return self.engine.take_served_versions() if self.reports_versions else None
+
+    def update_weights(self, weights: dict[str, Any] | WeightStream, version: int) -> None:
+        """Give the engine the policy's weights, W(`version`) (a server tags them with it:
+        `agent.engine.weight_label`); a rank that does not push only iterates a stream to its end
+        (its ZeRO-3 gathers are collectives every rank joins), keeping nothing."""
         if not self.pushes_weights:
             if isinstance(weights, WeightStream):
                 for _ in weights:
@@ -122,7 +133,10 @@ class RolloutBackend:
         if self._released:
             self.engine.resume_memory()
             self._released = False
-        self.engine.update_weights(weights)
+        if self.served:
+            self.engine.update_weights(weights, version=version)
+        else:
+            self.engine.update_weights(weights)
 
     def close(self) -> None:
         if self.owns_engine:
@@ -269,4 +283,5 @@ def vllm_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device: 
     engine = VLLMEngine.for_processor(url, init_model, staging_dir, processor, dtype=dtype,
                                       timeout_s=server_cfg.request_timeout_s,
                                       shm_dir=shm_staging_dir(staging_dir) if server is not None else None)
-    return RolloutBackend(engine, pushes_weights=rank == 0, served=True, url=url, world=world, server=server)
+    return RolloutBackend(engine, pushes_weights=rank == 0, served=True, url=url, world=world, server=server,
+                          reports_versions=True)

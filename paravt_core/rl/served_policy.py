@@ -11,6 +11,12 @@ pass). If the mean absolute difference exceeds the tolerance, the server does no
 the policy (the push did not take, or it serves another architecture's weights) and the
 run stops before any rollout.
 
+Under `rl.overlap: 1` (issue #65) the probe runs after every push, not only before step 1:
+the server then generates the next batch while the trainer trains, and the probe's collective
+holds every rank's next rollout until rank 0's push has landed. A vLLM server also says, in
+each reply, which weights sampled its tokens (the label each push tags: `agent.engine.weight_label`);
+`check_served_versions` holds a batch's labels to the version its schedule names.
+
 The probe, its tolerance and the gap are `agent/policy_probe.py`'s (the evaluation runs
 the same probe on its server, issue #61); this module draws it on a rollout engine.
 
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paravt_core.agent.engine import GenerationRequest, RolloutEngine, SamplingParams
+from paravt_core.agent.engine import GenerationRequest, RolloutEngine, SamplingParams, weight_label
 from paravt_core.agent.policy_probe import (
     PROBE_NEW_TOKENS,
     TOLERANCE,
@@ -36,8 +42,9 @@ from paravt_core.agent.policy_probe import (
     trainer_logprobs,
 )
 
-__all__ = ["PROBE_NEW_TOKENS", "TOLERANCE", "PolicyProbe", "ServedPolicyMismatch", "check_gap", "collective_timeout_s",
-           "draw_probe", "logprob_gap", "probe_timeout_s", "probe_tolerance", "trainer_logprobs"]
+__all__ = ["PROBE_NEW_TOKENS", "TOLERANCE", "PolicyProbe", "ServedPolicyMismatch", "check_gap", "check_served_versions",
+           "collective_timeout_s", "draw_probe", "logprob_gap", "probe_timeout_s", "probe_tolerance",
+           "trainer_logprobs"]
 
 PROBE_SHARE_OF_COLLECTIVE = 0.9  # of the collective timeout the probe may wait: its error comes first
 
@@ -82,3 +89,19 @@ def check_gap(gap: float, tolerance: float, server: str) -> None:
             f"{tolerance:g}). It did not load them, or serves another model's architecture; restart it on the RL "
             "stage's starting checkpoint (or leave rl.rollout.<engine>.url unset to have one launched). If the gap "
             "is numerical noise of this hardware, raise rl.served_logprob_tolerance")
+
+
+def check_served_versions(served: dict[str, int], version: int, where: str, server: str) -> None:
+    """Raise `ServedPolicyMismatch` unless the server says every token of a batch (`served`:
+    {weight label: tokens}) was sampled by W(`version`), the weights the schedule names
+    (`rl/overlap.behaviour_version`); `where` names the step and rank."""
+    expected = weight_label(version)
+    if not served:
+        raise ServedPolicyMismatch(f"{where}: the rollout server at {server} named no weight version in its replies; "
+                                   "the RL stage needs a vLLM that reports `weight_versions` (requirements-serve.txt)")
+    wrong = {label: tokens for label, tokens in sorted(served.items()) if label != expected}
+    if wrong:
+        raise ServedPolicyMismatch(
+            f"{where}: the rollout server at {server} sampled {sum(wrong.values())} of the batch's "
+            f"{sum(served.values())} tokens with other weights than the schedule's {expected} (W({version})): "
+            f"{wrong}. A push landed during the batch or was lost; the step's batch is not the schedule's")

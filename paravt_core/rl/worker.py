@@ -131,7 +131,7 @@ class Trainer:
         # A server holds whatever it was last given (another run's weights, issue #48): it gets
         # the policy's before step 1 on every run, then must serve its log-probs.
         if self.start or self.rollout_backend.served:
-            self.push_weights()
+            self.push_weights(self.start)
         if self.rollout_backend.served:
             self.check_served_policy()
 
@@ -148,16 +148,24 @@ class Trainer:
         engine.eval()  # DeepSpeedEngine.eval returns None, not the engine
         return engine
 
-    def push_weights(self) -> None:
-        """The policy's weights to the rollout engine: every rank's own `hf` copy gets the whole
-        state dict; a server gets rank 0's snapshot, streamed as each ZeRO-3 parameter is
-        gathered, and the other ranks only join the gathers (issue #44 item 8)."""
+    def push_weights(self, version: int) -> None:
+        """The policy's weights, W(`version`), to the rollout engine: every rank's own `hf` copy
+        gets the whole state dict; a server gets rank 0's snapshot, streamed as each ZeRO-3
+        parameter is gathered, and the other ranks only join the gathers (issue #44 item 8)."""
         if self.rollout_backend.served:
             weights = GatheredWeights(self.policy, self.rl.zero_stage, keep=self.rollout_backend.pushes_weights)
         else:
             weights = gathered_state_dict(self.policy, self.rl.zero_stage)
-        self.rollout_backend.update_weights(weights)
+        self.rollout_backend.update_weights(weights, version)
         self.policy.module.train()
+
+    def push_overlapped(self, version: int) -> None:
+        """`rl.overlap: 1`'s push (`rl/overlap.py`): on a server, the probe follows each one
+        (`rl/served_policy.py`); its collective keeps every rank's next rollout from starting
+        before rank 0's push has landed."""
+        self.push_weights(version)
+        if self.rollout_backend.served:
+            self.check_served_policy()
 
     def check_served_policy(self) -> None:
         """Stop unless the rollout server's log-probs of a fixed probe are the policy's
@@ -191,14 +199,19 @@ class Trainer:
                                 self.cfg.video, group_size=self.rl.group_size, temperature=self.rl.temperature,
                                 seed=seed)
 
+        version = behaviour_version(step, self.rl.overlap)
+        self.rollout_backend.served_versions()  # from here on: this batch's (the probe's draw is not)
         kept, episodes = rollout_dropping_undecodable(prompts, run, self.undecodable)
+        served = self.rollout_backend.served_versions()
         write_draws(self.job.out_dir, StepDraws(
             step=step + 1, rank=self.rank, world=self.world, epoch=epoch, sampler_seed=seed,
-            weight_version=behaviour_version(step, self.rl.overlap),
-            torch_threads=self.rollout_threads, engine=self.rl.rollout.engine,
-            rollout_sha256=rollout_digest(episodes),
+            weight_version=version, torch_threads=self.rollout_threads, engine=self.rl.rollout.engine,
+            rollout_sha256=rollout_digest(episodes), served_weight_versions=served,
             prompts=[PromptDraw(prompt_id=p.prompt.prompt_id, video=p.video_key, nframes=p.prompt.nframes)
                      for p in kept]))
+        if served is not None:  # the server's word on which weights made the batch (issue #65)
+            S.check_served_versions(served, version, f"RL step {step + 1}, rank {self.rank}",
+                                    self.rollout_backend.url or "the configured url")
         return kept, episodes
 
     def rollout_batch(self, step: int) -> tuple[list, list]:
@@ -260,7 +273,7 @@ class Trainer:
             dropped += stats["dropped_tokens"]
         self.policy.step()
         if push:
-            self.push_weights()
+            self.push_weights(step + 1)
         t3 = time.perf_counter()
         clipped, dropped = self._all_ranks(clip_sum, dropped)  # shares of the step's trained tokens
         row = self.metrics(episodes, adv, loss_sum, clipped / max(total, 1.0), (rollout_s, t2 - t1, t3 - t2))
@@ -403,7 +416,7 @@ def _train_loop(trainer: Trainer, job: RLJob) -> None:
         first = load_inflight(trainer.ckpt_dir, trainer.start, trainer.rank) if resumed else None
         # The engine holds W(start): the init model, or on a resumed run the weights pushed at its start.
         run_overlapped(trainer.start, rl.max_steps, trainer.start, first,
-                       trainer.rollout_batch, train, trainer.push_weights, finish)
+                       trainer.rollout_batch, train, trainer.push_overlapped, finish)
     else:
         for step in range(trainer.start, rl.max_steps):
             finish(step, trainer.train_step(step), None)

@@ -25,7 +25,7 @@ class SnapshotEngine:
     def __init__(self, staging: Path, model_dir: Path):
         self.staging, self.model_dir, self.snapshots = staging, model_dir, []
 
-    def update_weights(self, weights) -> None:
+    def update_weights(self, weights, version: int) -> None:
         from paravt_core.agent.weight_snapshots import write_weight_snapshot
 
         self.snapshots.append(write_weight_snapshot(self.staging, len(self.snapshots) + 1, self.model_dir, weights))
@@ -57,7 +57,7 @@ def main() -> int:
     trainer = SimpleNamespace(policy=policy, rl=SimpleNamespace(zero_stage=3), rollout_backend=backend)
     before = _status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM restarts from the current RSS
-    Trainer.push_weights(trainer)
+    Trainer.push_weights(trainer, 1)
     growth = (_status_kib("VmHWM") - before) * 1024
     full = gathered_state_dict(policy, 3)  # the weights as the trainer holds them, for the check
     sizes = [t.numel() * t.element_size() for t in full.values()]

@@ -331,3 +331,57 @@ def test_rl_on_a_vllm_holding_a_previous_runs_weights_rolls_out_the_policy_from_
         assert gap is not None, worker.stderr[-3000:]
     finally:  # the module's server goes back to its own weights
         pusher.update_weights(load_model(model_dir).state_dict())
+
+
+def test_overlapped_rl_on_vllm_rolls_out_each_batch_with_the_weights_its_schedule_names(rollout_server,
+                                                                                     tiny_processor, short_video,
+                                                                                     tmp_path):
+    """Issue #65 on vLLM: under `rl.overlap: 1` the server generates step n+1's batch while step n
+    trains; the server's own label of every reply's weights (`weight_versions`) is the one the
+    schedule names for the batch, and the served-policy probe passes after every push."""
+    import json
+    import re
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.integration.test_rl import REPO, _rl_rows, _run_worker
+
+    from paravt_core.config import load_config
+    from paravt_core.model.loading import load_model
+    from paravt_core.agent.vllm_engine import VLLMEngine
+    from paravt_core.refs import ArtifactRef, content_hash
+    from paravt_core.rl import stage
+    from paravt_core.rl.replay import read_draws
+
+    server, model_dir = rollout_server
+    data = tmp_path / "rl"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pylist(_rl_rows(short_video, 4)), data / "rl.parquet")
+    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
+    rl_data = ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp_path / 'out'}", "rl.max_steps=4", "rl.prompts_per_step=2", "rl.group_size=2",
+        "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
+        "video.nframes=4", f"video.max_pixels={MAX_PIXELS}", "rl.checkpoint_every=1", "rl.zero_stage=0",
+        "rl.learning_rate=0.01", "rl.temperature=1.0", "rl.overlap=1", "rl.rollout.engine=vllm",
+        f"rl.rollout.vllm.url={server.url}"])
+    job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+    try:
+        worker = _run_worker(job, tmp_path)
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        draws = [read_draws(job.out_dir, step) for step in (1, 2, 3, 4)]
+        rows = [json.loads(line) for line in (job.out_dir / "metrics.jsonl").read_text().splitlines()]
+        gaps = re.findall(r"the rollout server serves the policy \(probe log-prob gap (\S+) nats per token\)",
+                          worker.stderr)
+        print(f"\nserved weights per step: {[d.served_weight_versions for d in draws]}; probe gaps {gaps}", flush=True)
+        # W(0) generates steps 1 and 2, W(1) step 3, W(2) step 4 (rl/overlap.py), as the server says
+        assert [d.weight_version for d in draws] == [r["behaviour_version"] for r in rows] == [0, 0, 1, 2]
+        assert [sorted(d.served_weight_versions) for d in draws] == [["w0"], ["w0"], ["w1"], ["w2"]]
+        assert all(n > 0 for d in draws for n in d.served_weight_versions.values())
+        # the probe before step 1 and after each of the two pushes (W(1), W(2)); none after the last step
+        assert len(gaps) == 3, worker.stderr[-3000:]
+        assert (job.out_dir / "model").is_dir()
+    finally:  # the module's server goes back to its own weights
+        pusher = VLLMEngine.for_processor(server.url, model_dir, tmp_path / "restore-weights", tiny_processor)
+        pusher.update_weights(load_model(model_dir).state_dict())

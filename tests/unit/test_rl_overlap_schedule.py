@@ -40,8 +40,9 @@ class Side:
         self.events.append(("train", step))
         return {}
 
-    def push(self) -> None:
+    def push(self, version: int) -> None:
         assert not self.rolling.is_set(), "a push during a rollout"
+        assert version == self.trainer, f"pushed as W({version}) while the trainer holds W({self.trainer})"
         self.engine = self.trainer
         self.events.append(("push", self.trainer))
 
@@ -82,8 +83,12 @@ def test_overlap_is_hashed_only_when_set_and_refused_where_it_cannot_run():
     plain = PipelineConfig()
     assert PipelineConfig(rl={"overlap": 0}).section_hash("rl") == plain.section_hash("rl")
     assert PipelineConfig(rl={"overlap": 1}).section_hash("rl") != plain.section_hash("rl")
-    with pytest.raises(ConfigError, match=r"rl.overlap: 1 does not run on rl.rollout.engine=vllm yet"):
-        load_config(TINY, ["rl.overlap=1", "rl.rollout.engine=vllm", "rl.rollout.vllm.url=http://127.0.0.1:9"])
+    # a vLLM server names the weights of each reply (checked per batch); SGLang's replies are not held to them yet
+    assert load_config(TINY, ["rl.overlap=1", "rl.rollout.engine=vllm",
+                              "rl.rollout.vllm.url=http://127.0.0.1:9"]).rl.overlap == 1
+    with pytest.raises(ConfigError, match=r"rl.overlap: 1 does not run on rl.rollout.engine=sglang yet: set "
+                                          r"rl.rollout.engine to one of \['hf', 'vllm'\]"):
+        load_config(TINY, ["rl.overlap=1", "rl.rollout.engine=sglang", "rl.rollout.sglang.url=http://127.0.0.1:9"])
     with pytest.raises(ConfigError, match="set rl.decoupled_ppo: true or rl.overlap: 0"):
         load_config(TINY, ["rl.overlap=1", "rl.decoupled_ppo=false"])
     with pytest.raises(ConfigError, match="rl.overlap"):

@@ -92,16 +92,54 @@ def test_a_weight_update_pauses_reloads_the_snapshot_tags_it_and_resumes(tmp_pat
     try:
         engine = VLLMEngine(stand_in.url, tmp_path / "model", tmp_path / "weights", MEDIA)
         engine.update_weights({"w": torch.ones(2)})
-        engine.update_weights({"w": torch.zeros(2)})
+        engine.update_weights({"w": torch.zeros(2)}, version=7)  # the trainer's W(7)
     finally:
         stand_in.close()
     calls = [(b["path"], b["body"].get("kwargs"), b["body"].get("new_version")) for b in stand_in.bodies]
     snapshot = str((tmp_path / "weights" / "v2").resolve())
+    assert calls[2] == ("/update_weight_version", None, "v1")  # no version named: the snapshot's count
     assert calls[4:] == [("/pause?mode=wait", None, None),
                          ("/collective_rpc", {"weights_path": snapshot}, None),
-                         ("/update_weight_version", None, "v2"), ("/resume", None, None)]
+                         ("/update_weight_version", None, "w7"), ("/resume", None, None)]
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2"]
     assert (tmp_path / "weights" / "v2" / "config.json").is_file()
+
+
+def test_the_weights_each_reply_names_are_counted_and_held_to_the_schedules_version(tmp_path):
+    """Issue #65: vLLM labels the tokens of each reply with the weights that sampled them
+    (`weight_versions` spans); a batch holding any other label than its schedule's stops the run."""
+    from paravt_core.agent.vllm_engine import VLLMEngine
+    from paravt_core.rl.served_policy import ServedPolicyMismatch, check_served_versions
+
+    request = GenerationRequest([1, 2, 3])
+    spans = {"now": [{"version": "w2", "start": 0, "end": 2}]}
+
+    def answer(path, body):
+        out = reply(request.prompt_ids, [OTHER, 4])
+        out["choices"][0]["weight_versions"] = spans["now"]
+        return out
+
+    stand_in = StandIn(answer)
+    try:
+        engine = VLLMEngine(stand_in.url, tmp_path, tmp_path / "w", MEDIA)
+        engine.generate([request] * 3, SamplingParams(max_new_tokens=2))
+        assert engine.take_served_versions() == {"w2": 6} and engine.take_served_versions() == {}
+        check_served_versions({"w2": 6}, 2, "RL step 3, rank 0", stand_in.url)
+        # a push that landed mid-generation: the reply's tokens are split between two labels
+        spans["now"] = [{"version": "w2", "start": 0, "end": 1}, {"version": "w3", "start": 1, "end": 2}]
+        engine.generate([request], SamplingParams(max_new_tokens=2))
+        served = engine.take_served_versions()
+        assert served == {"w2": 1, "w3": 1}
+        with pytest.raises(ServedPolicyMismatch, match=r"RL step 3, rank 0: the rollout server at \S+ sampled 1 of "
+                                                       r"the batch's 2 tokens with other weights than the schedule's "
+                                                       r"w2 \(W\(2\)\): \{'w3': 1\}"):
+            check_served_versions(served, 2, "RL step 3, rank 0", stand_in.url)
+        spans["now"] = None  # a vLLM that does not say
+        engine.generate([request], SamplingParams(max_new_tokens=2))
+        with pytest.raises(ServedPolicyMismatch, match="named no weight version in its replies"):
+            check_served_versions(engine.take_served_versions(), 2, "RL step 3, rank 0", stand_in.url)
+    finally:
+        stand_in.close()
 
 
 def test_a_vllm_rollout_with_nothing_to_launch_is_a_config_error(monkeypatch, tmp_path, tiny_model_dir,

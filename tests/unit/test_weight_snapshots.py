@@ -88,7 +88,7 @@ def test_a_rank_that_does_not_push_joins_the_stream_and_keeps_nothing():
             raise AssertionError("only the pushing rank gives the engine weights")
 
     stream = CountingStream()
-    RolloutBackend(Refuses(), pushes_weights=False, served=True).update_weights(stream)
+    RolloutBackend(Refuses(), pushes_weights=False, served=True).update_weights(stream, 1)
     assert stream.yielded == 3
 
 
@@ -159,8 +159,8 @@ def test_a_launched_servers_snapshots_go_to_dev_shm_and_are_gone_when_the_backen
     try:
         engine = VLLMEngine(stand_in.url, tmp_path / "model", staging, MEDIA, shm_dir=shm_dir)
         backend = RolloutBackend(engine, pushes_weights=True, served=True, url=stand_in.url)
-        backend.update_weights({"w": torch.ones(2)})
-        backend.update_weights({"w": torch.full((2,), 3.0)})
+        backend.update_weights({"w": torch.ones(2)}, 0)
+        backend.update_weights({"w": torch.full((2,), 3.0)}, 1)
         loaded = [b["body"]["kwargs"]["weights_path"] for b in stand_in.bodies if b["path"] == "/collective_rpc"]
         assert loaded == [str(shm_dir / "v1"), str(shm_dir / "v2")]
         assert sorted(p.name for p in shm_dir.iterdir()) == ["v2"]
