@@ -48,12 +48,15 @@ from pathlib import Path
 
 from rl_step import ScriptedFirstTurn, _config, build_rl_inputs, child_result, single_rank_job
 
+from paravt_core.rl.overlap import SPLIT_KEYS, StepSplit
+
 REPO = Path(__file__).resolve().parents[1]
 # name -> (settings, the rank's torch threads: None for --threads)
 VARIANTS = {"overlap0": ([], None), "overlap0_1t": ([], 1), "overlap1": (["rl.overlap=1"], None)}
 # The step log's keys this bench reports (`rl/worker.Trainer.learn`, `rl/overlap.run_overlapped`).
 PHASES = {"time_rollout_s": "rollout (its wall time, whenever it ran)", "time_reference_s": "reference pass",
-          "time_train_s": "policy pass and update", "time_trainer_idle_s": "trainer idle (waiting for a batch)",
+          "time_train_s": "policy pass and update", "time_push_s": "push (before the next batch)",
+          "time_trainer_idle_s": "trainer idle (waiting for a batch)",
           "time_rollout_idle_s": "engine idle (no batch to make)"}
 
 
@@ -148,6 +151,14 @@ def print_table(results: dict[str, list[dict]], steps: int) -> None:
         value = {name: median(name, pick) for name in names}
         ratios = " | ".join(f"{value['overlap1'] / value[name]:.2f}x" if value[name] > 0 else "-" for name in others)
         print(f"| {label} | {' | '.join(f'{value[name]:.2f}' for name in names)} | {ratios} |")
+    # `paravt plan --step-log`'s estimate from each synchronous variant's phases, beside what overlap1 took
+    estimates = []
+    for name in others:
+        split = StepSplit(*(median(name, lambda r, key=key: [p[key] for p in r["phases"]]) for key in SPLIT_KEYS),
+                          steps=(2, steps + 1))
+        estimates.append(f"{split.overlapped:.2f} s from {name}'s phases")
+    print(f"overlap1's step as `paravt plan --step-log` estimates it: {', '.join(estimates)}; measured "
+          f"{median('overlap1', lambda r: r['step_s']):.2f} s")
 
 
 def main() -> int:

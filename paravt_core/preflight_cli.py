@@ -26,6 +26,7 @@ def _load(command: str, args: argparse.Namespace):
 
 def _plan(args: argparse.Namespace) -> int:
     from paravt_core.plan import GIB, PlanError, memory_plan, model_shape
+    from paravt_core.rl.overlap import format_estimate, read_step_split
 
     cfg = _load("plan", args)
     if cfg is None:
@@ -43,8 +44,17 @@ def _plan(args: argparse.Namespace) -> int:
     except PlanError as err:
         print(f"paravt plan: {err}", file=sys.stderr)
         return INPUT_ERROR
+    split = None
+    if args.step_log is not None:
+        try:
+            split = read_step_split(args.step_log)
+        except ValueError as err:
+            print(f"paravt plan: --step-log: {err}", file=sys.stderr)
+            return INPUT_ERROR
     plan = memory_plan(cfg, shape, args.gpus, int(args.gpu_memory_gib * GIB))
     print(plan.format())
+    if split is not None:
+        print("\n" + "\n".join(format_estimate(split, args.step_log)))
     return READY if plan.fits else MISSING
 
 
@@ -95,6 +105,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, required=True, help="GPUs on the node, e.g. 8")
     p.add_argument("--gpu-memory-gib", type=float, required=True,
                    help="memory of one GPU in GiB as torch reports it, e.g. 79 for an H100 80 GB")
+    p.add_argument("--step-log", default=None, metavar="METRICS_JSONL",
+                   help="a synchronous RL run's step log (its metrics.jsonl, e.g. the first steps on the node "
+                        "planned for): adds the step's time without and with rl.overlap from its measured phases")
     p.set_defaults(func=_plan)
     p = subparsers.add_parser("preflight", help="check this machine for a GPU config before running it",
                               description="Python, CUDA visible to torch, GPU count, driver against torch's CUDA "

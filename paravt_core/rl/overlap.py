@@ -35,6 +35,7 @@ with the weights of one never killed.
 
 Logged per step (beside the worker's split of the trainer's time): `behaviour_version`,
 `time_rollout_s` (the wall time of generating this step's batch, whenever it ran),
+`time_push_s` (the push before the next batch, with the served-policy probe on a server),
 `time_trainer_idle_s` (the trainer waiting for a batch within the step) and
 `time_rollout_idle_s` (the engine generating nothing within the step: waiting for the push,
 or with no next batch to make).
@@ -42,8 +43,10 @@ or with no next batch to make).
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,9 +114,12 @@ def run_overlapped(start: int, stop: int, held: int, first: Batch | None, rollou
                 batch = timed_rollout(rollout, step, 1)
                 busy = waited = batch.seconds
             pending = None
+            pushed = 0.0
             if step + 1 < stop:
                 if held != step:  # W(step) is the trainer's now: pushed before step + 1's batch is begun
+                    t0 = time.perf_counter()
                     push(step)
+                    pushed = time.perf_counter() - t0
                     held = step
                 pending = background.submit(timed_rollout, rollout, step + 1, 1)
             row = train(step, batch)
@@ -123,7 +129,7 @@ def run_overlapped(start: int, stop: int, held: int, first: Batch | None, rollou
                 following = pending.result()
                 waited += time.perf_counter() - t0
                 busy += following.seconds
-            row.update(behaviour_version=float(batch.version), time_rollout_s=batch.seconds,
+            row.update(behaviour_version=float(batch.version), time_rollout_s=batch.seconds, time_push_s=pushed,
                        time_trainer_idle_s=waited, time_rollout_idle_s=max(time.perf_counter() - begun - busy, 0.0))
             finish(step, row, following)
             first = following
@@ -171,3 +177,72 @@ def load_inflight(checkpoint_dir: Path, step: int, rank: int) -> Batch:
         raise ValueError(f"{path} holds step {saved['step'] + 1}'s batch of W({saved['version']}), not step "
                          f"{step + 1}'s: restore the file or delete the run folder's checkpoints")
     return Batch(step, saved["version"], saved["seconds"], saved["data"])
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """Median seconds of a synchronous run's steps (its `metrics.jsonl`), by phase."""
+
+    rollout: float
+    reference: float
+    train: float  # policy pass and update
+    push: float
+    steps: tuple[int, int]  # the first and last step the medians are over
+
+    @property
+    def synchronous(self) -> float:
+        """`rl.overlap: 0`: every phase in turn."""
+        return self.rollout + self.reference + self.train + self.push
+
+    @property
+    def overlapped(self) -> float:
+        """`rl.overlap: 1` (this module's schedule): the push, then the next batch's rollout beside
+        the step's passes. A floor where both sides share hardware: they then slow each other."""
+        return max(self.rollout, self.reference + self.train) + self.push
+
+
+SPLIT_KEYS = ("time_rollout_s", "time_reference_s", "time_train_s", "time_push_s")
+
+
+def step_split(rows: Sequence[dict], source: str) -> StepSplit:
+    """The phases of a synchronous run's step log rows (step 1, which warms up, left out when there
+    are more); `source` names the log in errors.
+
+    Raises:
+        ValueError: no rows, a row without the phases (a log written before `time_push_s`), or
+            rows of an overlapped run (their phases ran side by side).
+    """
+    if not rows:
+        raise ValueError(f"{source} holds no RL steps")
+    for row in rows:
+        missing = [key for key in SPLIT_KEYS if key not in row]
+        if missing:
+            raise ValueError(f"{source}: step {row.get('step')} has no {missing}; the estimate needs a step log "
+                             "written by this version of the RL stage")
+        if row.get("behaviour_version", row["step"] - 1) != row["step"] - 1:
+            raise ValueError(f"{source}: step {row['step']} was rolled out by W({int(row['behaviour_version'])}), "
+                             "an overlapped run's; the estimate needs a synchronous run's (rl.overlap: 0)")
+    used = [row for row in rows if row["step"] > 1] or list(rows)
+    medians = [statistics.median(float(row[key]) for row in used) for key in SPLIT_KEYS]
+    return StepSplit(*medians, steps=(used[0]["step"], used[-1]["step"]))
+
+
+def read_step_split(path: Path) -> StepSplit:
+    """`step_split` of a run's `metrics.jsonl` at `path`."""
+    try:
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read the step log {path}: {error}") from None
+    return step_split(rows, str(path))
+
+
+def format_estimate(split: StepSplit, source: str) -> list[str]:
+    """The plan's lines for `rl.overlap` from a synchronous run's measured split."""
+    first, last = split.steps
+    return [f"RL step without and with rl.overlap (measured phases: medians of steps {first}-{last} of the "
+            f"synchronous run {source}; the overlapped step is max(rollout, reference + policy) + push, a floor "
+            "where rollout and trainer share hardware)",
+            "| rollout s | reference s | policy and update s | push s | rl.overlap 0 s | rl.overlap 1 s | ratio |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {split.rollout:.2f} | {split.reference:.2f} | {split.train:.2f} | {split.push:.2f} | "
+            f"{split.synchronous:.2f} | {split.overlapped:.2f} | {split.overlapped / split.synchronous:.2f}x |"]

@@ -272,13 +272,14 @@ class Trainer:
             clip_sum += stats["clip_frac"]
             dropped += stats["dropped_tokens"]
         self.policy.step()
+        t3 = time.perf_counter()
         if push:
             self.push_weights(step + 1)
-        t3 = time.perf_counter()
+        pushed = time.perf_counter() - t3
         clipped, dropped = self._all_ranks(clip_sum, dropped)  # shares of the step's trained tokens
         row = self.metrics(episodes, adv, loss_sum, clipped / max(total, 1.0), (rollout_s, t2 - t1, t3 - t2))
         row.update(raw_stats, **_advantage_stats(trajs, "adv"), dropped_frac=dropped / max(total, 1.0),
-                   saturated_groups=saturated_groups(adv, self.rl.group_size), trajectories=float(len(trajs)),
+                   time_push_s=pushed, saturated_groups=saturated_groups(adv, self.rl.group_size), trajectories=float(len(trajs)),
                    micro_batches=float(count), filler_micro_batches=float(count - own),
                    **decision_metrics(decisions, moments, self.rl.adv_eps))
         return row

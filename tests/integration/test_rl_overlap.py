@@ -60,7 +60,9 @@ def test_overlapped_runs_repeat_follow_the_schedule_and_replay(tmp_path, monkeyp
         (1, 0)] * 4 + [(2, 0)] * 4 + [(3, 1)] * 4  # 2 prompts x 2 rollouts a step
     for row in rows:
         assert all(row[key] >= 0.0 for key in ("time_rollout_s", "time_train_s", "time_trainer_idle_s",
-                                               "time_rollout_idle_s"))
+                                               "time_rollout_idle_s", "time_push_s"))
+    # W(1) is pushed in step 2 (before step 3's batch); none in step 1 (the engine holds W(0)) nor after the last
+    assert rows[0]["time_push_s"] == 0.0 and rows[1]["time_push_s"] > 0.0 and rows[2]["time_push_s"] == 0.0
     # Step 3 trains on a batch one step stale: decoupled PPO's behaviour weights are not all 1, and
     # the step's batch replays from the checkpoint after step 1 (its logged version), not step 2.
     third = replay_step(b.out_dir, 3)

@@ -12,7 +12,8 @@ import pytest
 from paravt_core.config import ConfigError, PipelineConfig, load_config
 from paravt_core.rl.overlap import Batch, behaviour_version, load_inflight, run_overlapped, save_inflight
 
-TINY = Path(__file__).resolve().parents[2] / "conf/pipeline/tiny.yaml"
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "conf/pipeline/tiny.yaml"
 
 
 class Side:
@@ -93,3 +94,49 @@ def test_overlap_is_hashed_only_when_set_and_refused_where_it_cannot_run():
         load_config(TINY, ["rl.overlap=1", "rl.decoupled_ppo=false"])
     with pytest.raises(ConfigError, match="rl.overlap"):
         load_config(TINY, ["rl.overlap=2"])
+
+
+def _synchronous_rows(phases: list[tuple[float, float, float, float]]) -> list[dict]:
+    keys = ("time_rollout_s", "time_reference_s", "time_train_s", "time_push_s")
+    return [{"step": i + 1, "behaviour_version": float(i), **dict(zip(keys, p))} for i, p in enumerate(phases)]
+
+
+def test_the_overlap_estimate_takes_a_synchronous_runs_medians_without_its_first_step():
+    from paravt_core.rl.overlap import step_split
+
+    rows = _synchronous_rows([(900.0, 90.0, 900.0, 90.0), (120.0, 30.0, 150.0, 25.0), (130.0, 32.0, 140.0, 20.0),
+                              (110.0, 28.0, 160.0, 30.0)])
+    split = step_split(rows, "metrics.jsonl")
+    assert (split.rollout, split.reference, split.train, split.push, split.steps) == (120.0, 30.0, 150.0, 25.0, (2, 4))
+    assert split.synchronous == 325.0  # every phase in turn
+    assert split.overlapped == 205.0  # max(rollout 120, passes 180) + push 25
+    rollout_bound = step_split(_synchronous_rows([(200.0, 10.0, 50.0, 5.0)]), "m")  # one step: it is used
+    assert rollout_bound.overlapped == 205.0 and rollout_bound.steps == (1, 1)
+    overlapped = [dict(row) for row in rows]
+    overlapped[2]["behaviour_version"] = 1.0  # step 3 rolled out by W(1): an overlapped run's log
+    with pytest.raises(ValueError, match=r"step 3 was rolled out by W\(1\), an overlapped run's"):
+        step_split(overlapped, "m")
+    old = [{k: v for k, v in row.items() if k != "time_push_s"} for row in rows]
+    with pytest.raises(ValueError, match=r"step 1 has no \['time_push_s'\]"):
+        step_split(old, "m")
+    with pytest.raises(ValueError, match="holds no RL steps"):
+        step_split([], "m")
+
+
+def test_paravt_plan_prints_the_step_with_and_without_overlap_from_a_step_log(tmp_path, capsys):
+    import json
+
+    from paravt_core.cli import main
+
+    log = tmp_path / "metrics.jsonl"
+    rows = _synchronous_rows([(100.0, 30.0, 150.0, 25.0), (120.0, 30.0, 150.0, 25.0)])
+    log.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = str(REPO / "conf/pipeline/paravt_8b.yaml")
+    assert main(["plan", "--config", config, "--gpus", "8", "--gpu-memory-gib", "79", "--step-log", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "RL policy pass" in out  # the memory plan, then the estimate
+    assert f"medians of steps 2-2 of the synchronous run {log}" in out
+    assert "| 120.00 | 30.00 | 150.00 | 25.00 | 325.00 | 205.00 | 0.63x |" in out
+    log.write_text("not json\n")
+    assert main(["plan", "--config", config, "--gpus", "8", "--gpu-memory-gib", "79", "--step-log", str(log)]) == 2
+    assert f"paravt plan: --step-log: cannot read the step log {log}" in capsys.readouterr().err
