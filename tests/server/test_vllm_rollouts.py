@@ -385,3 +385,32 @@ def test_overlapped_rl_on_vllm_rolls_out_each_batch_with_the_weights_its_schedul
     finally:  # the module's server goes back to its own weights
         pusher = VLLMEngine.for_processor(server.url, model_dir, tmp_path / "restore-weights", tiny_processor)
         pusher.update_weights(load_model(model_dir).state_dict())
+
+
+def test_two_ranks_overlapped_on_one_vllm_never_roll_out_before_the_push_has_landed(rollout_server, tiny_processor,
+                                                                                    short_video, tmp_path):
+    """Two ranks share the server: rank 0 pushes, rank 1 only joins the ZeRO-3 gathers. The
+    probe's collective after each push holds rank 1's next rollout until the push has landed;
+    without it, rank 1's first requests would meet the old weights (their label says so)."""
+    from tests.integration.test_rl_replay import _config, _run_folder
+
+    from paravt_core.agent.vllm_engine import VLLMEngine
+    from paravt_core.model.loading import load_model
+    from paravt_core.refs import ArtifactRef, content_hash
+    from paravt_core.rl import stage
+    from paravt_core.rl.replay import read_draws
+
+    server, model_dir = rollout_server
+    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
+    root = tmp_path / "run"
+    cfg = _config(root, "rl.overlap=1", "rl.max_steps=4", "rl.checkpoint_every=1", "rl.num_ranks=2",
+                  "rl.zero_stage=3", f"video.max_pixels={MAX_PIXELS}", "rl.rollout.engine=vllm",
+                  f"rl.rollout.vllm.url={server.url}")
+    try:
+        out = stage.run(cfg, init, _run_folder(root, short_video), log_line=lambda line: None).path.parent
+        served = [[read_draws(out, step, rank).served_weight_versions for step in (1, 2, 3, 4)] for rank in (0, 1)]
+        print(f"\nserved weights per rank and step: {served}", flush=True)
+        assert [[sorted(labels) for labels in rank] for rank in served] == [[["w0"], ["w0"], ["w1"], ["w2"]]] * 2
+    finally:  # the module's server goes back to its own weights
+        pusher = VLLMEngine.for_processor(server.url, model_dir, tmp_path / "restore-weights", tiny_processor)
+        pusher.update_weights(load_model(model_dir).state_dict())
