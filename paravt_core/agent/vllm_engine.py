@@ -48,7 +48,9 @@ its CPU build with the tiny Qwen3-VL; the server tier tests each point):
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -73,6 +75,11 @@ MEDIA_RETRIES = 16
 # What the DeepSpeed launcher sets for each training rank (torch.distributed's env:// rendezvous):
 # a server that rank 0 starts is no member of that job, so it does not inherit them.
 TRAINER_RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+# Fault injection for tests: seconds a push waits between writing its snapshot and loading it
+# (a slow 8B push), so a rank that rolled out before the push landed would meet the old weights.
+PUSH_DELAY_ENV = "PARAVT_TEST_PUSH_DELAY_S"
 
 
 class VLLMServerError(RuntimeError):
@@ -226,6 +233,7 @@ class VLLMEngine:
         """
         label = weight_label(version) if version is not None else f"v{self.weight_version + 1}"
         final = self.snapshots.write(self.model_path, state_dict, self.dtype)
+        time.sleep(float(os.environ.get(PUSH_DELAY_ENV, "0")))
         _post(f"{self.url}/pause?mode=wait", None, self.timeout_s)
         try:
             _post(f"{self.url}/collective_rpc", {"method": "reload_weights",

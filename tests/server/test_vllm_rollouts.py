@@ -388,13 +388,16 @@ def test_overlapped_rl_on_vllm_rolls_out_each_batch_with_the_weights_its_schedul
 
 
 def test_two_ranks_overlapped_on_one_vllm_never_roll_out_before_the_push_has_landed(rollout_server, tiny_processor,
-                                                                                    short_video, tmp_path):
+                                                                                    short_video, tmp_path,
+                                                                                    monkeypatch):
     """Two ranks share the server: rank 0 pushes, rank 1 only joins the ZeRO-3 gathers. The
-    probe's collective after each push holds rank 1's next rollout until the push has landed;
-    without it, rank 1's first requests would meet the old weights (their label says so)."""
+    probe's collective after each push holds rank 1's next rollout until the push has landed.
+    Each push here waits 3 s between its snapshot and the load (as a slow 8B push would); with
+    the probe taken out of `Trainer.push_overlapped`, rank 1's step-3 batch then met W(0) and
+    the run stopped on the labels (measured once, by hand)."""
     from tests.integration.test_rl_replay import _config, _run_folder
 
-    from paravt_core.agent.vllm_engine import VLLMEngine
+    from paravt_core.agent.vllm_engine import PUSH_DELAY_ENV, VLLMEngine
     from paravt_core.model.loading import load_model
     from paravt_core.refs import ArtifactRef, content_hash
     from paravt_core.rl import stage
@@ -403,6 +406,7 @@ def test_two_ranks_overlapped_on_one_vllm_never_roll_out_before_the_push_has_lan
     server, model_dir = rollout_server
     init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
     root = tmp_path / "run"
+    monkeypatch.setenv(PUSH_DELAY_ENV, "3")
     cfg = _config(root, "rl.overlap=1", "rl.max_steps=4", "rl.checkpoint_every=1", "rl.num_ranks=2",
                   "rl.zero_stage=3", f"video.max_pixels={MAX_PIXELS}", "rl.rollout.engine=vllm",
                   f"rl.rollout.vllm.url={server.url}")
