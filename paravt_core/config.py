@@ -497,7 +497,7 @@ register_rollout_engine(RolloutEngineSpec(
 register_rollout_engine(RolloutEngineSpec(
     "sglang", backend="paravt_core.rl.rollout_engine:sglang_backend", plan="paravt_core.plan:sglang_rollout_plan",
     check="paravt_core.rl.rollout_engine:check_sglang", preflight="paravt_core.preflight:sglang_checks",
-    server=True))
+    server=True, overlaps=True, releases_colocated=True))
 register_rollout_engine(RolloutEngineSpec(
     "vllm", backend="paravt_core.rl.rollout_engine:vllm_backend", plan="paravt_core.plan:vllm_rollout_plan",
     check="paravt_core.rl.rollout_engine:check_vllm", preflight="paravt_core.preflight:vllm_checks", server=True,
@@ -619,8 +619,9 @@ class RLConfig(_Section):
     # 1: one-step off-policy (`rl/overlap.py`, issue #65): step n's batch is generated while step n-1
     # trains, by the weights that step started from, and decoupled PPO corrects the one step of
     # staleness; a fixed function of the run's draws, never of timing. 0: the synchronous step.
-    # Runs on `hf` (the engine in a process of the rank's own) and `vllm` (the server generates
-    # beside the ranks; each reply's weight label is checked against the schedule).
+    # Runs on `hf` (the engine in a process of the rank's own), `vllm` and `sglang` (split
+    # placement: the server generates beside the ranks; each reply's weight label is checked
+    # against the schedule).
     overlap: int = Field(0, ge=0, le=1)
     # Under `rl.overlap: 1` on the `hf` engine, a rank's torch/OpenMP threads (its OMP_NUM_THREADS:
     # run.fanout.threads_per_run over the ranks, else the host's cores over the ranks) are split
@@ -849,6 +850,12 @@ class PipelineConfig(_Section):
         if not rl.decoupled_ppo:
             raise ValueError("rl.overlap: 1 trains on batches generated one step behind the trainer, which the "
                              "decoupled PPO loss corrects: set rl.decoupled_ppo: true or rl.overlap: 0")
+        engine = rl.rollout.engine
+        if (rollout_engine_spec(engine).releases_colocated
+                and getattr(rl.rollout, engine).placement == "colocated"):
+            raise ValueError(f"rl.overlap: 1 generates while the ranks train, and a colocated {engine} server gives "
+                             f"its GPU memory to the training passes between rollouts: set rl.rollout.{engine}."
+                             "placement: split (the server on GPUs of its own) or rl.overlap: 0")
         return self
 
     @model_validator(mode="after")

@@ -58,6 +58,8 @@ class RolloutEngineSpec:
         copy_per_rank: every training rank holds a whole bf16 copy of the policy to generate with.
         overlaps: its backend can generate the next step's batch while the trainer trains
             (`rl.overlap: 1`, `rl/overlap.py`); the config refuses the knob on any other engine.
+        releases_colocated: a colocated server gives its GPU memory to the training passes between
+            rollouts, so it cannot generate beside them: `rl.overlap: 1` needs the split placement.
     """
 
     name: str
@@ -68,6 +70,7 @@ class RolloutEngineSpec:
     server: bool = False
     copy_per_rank: bool = False
     overlaps: bool = False
+    releases_colocated: bool = False
 
     def call(self, hook: Hook, *args: Any) -> Any:
         """Call the record's `hook` ("backend", "plan", "check", "preflight") with `args`; an unset

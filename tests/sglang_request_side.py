@@ -4,8 +4,8 @@
 packages its modules import) on PYTHONPATH; `tests/integration/test_sglang_request_side.py`
 installs them and runs this. JOB holds `model_dir` (a Qwen3-VL checkpoint, for its config
 and processor) and `bodies`: a list of {"path": "/generate" | "/update_weights_from_disk"
-| "/release_memory_occupation" | "/resume_memory_occupation" | "/generate response",
-"body": {...}}. Prints one
+| "/release_memory_occupation" | "/resume_memory_occupation" | "/generate response"
+| "weight versions", "body": {...}}. Prints one
 JSON line: per body what SGLang made of it, each stage's error (as SGLang raised it) or
 its result.
 
@@ -20,6 +20,7 @@ Every function called here is SGLang's, unmodified, as its HTTP server calls it:
 - the weight and memory routes: the pydantic parse FastAPI does into the route's body type.
 - a `/generate` answer ("/generate response"): SGLang's generated API schema decoder
   (`sglang.api.v1.api_types.GenerateResponse`), the shape its servers answer in.
+- "weight versions": the labels a finished request's reply carries (`weight_versions`).
 
 The tokenizer manager is made with `object.__new__` and given only the attributes that
 `_tokenize_one_request` reads: its `__init__` opens the ZMQ sockets to a scheduler, which
@@ -175,7 +176,26 @@ def decode_response(body: dict[str, Any]) -> dict[str, Any]:
     meta = response.meta_info
     return {"finish_reason": type(meta.finish_reason).__name__,
             "output_token_logprobs": [[entry.logprob, entry.token_id] for entry in meta.output_token_logprobs or []],
-            "prompt_token_ids": response.prompt_token_ids}
+            "prompt_token_ids": response.prompt_token_ids,
+            "weight_versions": [[span.version, span.start, span.end] for span in meta.weight_versions]}
+
+
+def weight_versions(body: dict[str, Any]) -> dict[str, Any]:
+    """A finished request's `meta_info` weight labels as SGLang makes them: the scheduler's
+    spans over its version-change events (`compute_weight_version_spans`; body: `events`
+    [[old version, output tokens at the change], ...], `current`, `tokens`), added to the
+    reply by the tokenizer manager's `add_weight_versions_to_meta_info`."""
+    from sglang.srt.utils.weight_versions import (
+        WeightVersionEvent,
+        add_weight_versions_to_meta_info,
+        compute_weight_version_spans,
+    )
+
+    events = [WeightVersionEvent(old_version=version, num_output_tokens=n) for version, n in body["events"]]
+    spans = compute_weight_version_spans(events, current_version=body["current"], num_output_tokens=body["tokens"])
+    meta: dict[str, Any] = {}
+    add_weight_versions_to_meta_info(meta, spans, num_output_tokens=body["tokens"])
+    return {"meta_info": meta}
 
 
 def main(job_path: str) -> None:
@@ -192,6 +212,8 @@ def main(job_path: str) -> None:
             results.append(sides[key].generate(entry["body"]))
         elif entry["path"] == "/generate response":
             results.append(decode_response(entry["body"]))
+        elif entry["path"] == "weight versions":
+            results.append(weight_versions(entry["body"]))
         else:
             results.append(parse_body(entry["path"], entry["body"]))
     print("RESULTS " + json.dumps(results, default=str), flush=True)

@@ -14,7 +14,8 @@ Native API (what `paravt_core/agent/sglang_engine.py` sends):
   request `text`, `output_ids`, `prompt_token_ids` (when asked) and `meta_info` with
   `output_token_logprobs` ([logprob, token id, null] per token), `finish_reason`
   ({"type": "stop", "matched": id} or {"type": "length", "length": n}), token counts and
-  `weight_version`. A batch answers a list, a single request an object, as SGLang does.
+  `weight_version` and `weight_versions` (the spans SGLang 0.5.23 labels a finished request's
+  output tokens with). A batch answers a list, a single request an object, as SGLang does.
 - `POST /update_weights_from_disk`: `model_path`, a folder with config.json and
   *.safetensors; loaded in place (every model key must be there); answers `success`,
   `message`, `num_paused_requests`, with HTTP 400 on failure, as SGLang does.
@@ -157,13 +158,15 @@ class TinySGLangServer:
                     for ids, items in zip(prompts, images)]
         with self._model_lock:
             generations = self.engine.generate(requests, params)
+            version = self.weight_version  # the weights these generations were sampled with
         results = []
         for request, generation in zip(requests, generations):
             ids = generation.token_ids
             finish = ({"type": "stop", "matched": ids[-1]} if generation.finish_reason == "stop"
                       else {"type": "length", "length": len(ids)})
+            # a generation holds the model lock: all its tokens are the weights' it began with
             meta = {"finish_reason": finish, "prompt_tokens": len(request.prompt_ids), "completion_tokens": len(ids),
-                    "weight_version": self.weight_version}
+                    "weight_version": version, "weight_versions": [{"version": version, "start": 0, "end": len(ids)}]}
             if body.get("return_logprob"):
                 meta["output_token_logprobs"] = [[lp, token, None] for lp, token in zip(generation.logprobs, ids)]
             result = {"text": self.processor.tokenizer.decode(ids), "output_ids": ids, "meta_info": meta}
@@ -189,7 +192,7 @@ class TinySGLangServer:
                 self.engine.update_weights(state)
             except KeyError as error:
                 raise StubRequestError(f"weights in {folder} do not fit the model: {error}") from error
-        self.weight_version = body.get("weight_version") or str(folder)
+            self.weight_version = body.get("weight_version") or str(folder)
         return {"success": True, "message": f"Succeeded to update model weights from {folder}.",
                 "num_paused_requests": 0}
 

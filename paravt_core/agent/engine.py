@@ -8,6 +8,8 @@ interface, so the same protocol code runs on a laptop CPU and on GPUs.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -83,6 +85,29 @@ def weight_label(version: int) -> str:
     """The tag a served engine gives the weights it is pushed (vLLM's `/update_weight_version`,
     SGLang's `weight_version`): W(version), the policy after `version` optimizer steps."""
     return f"w{version}"
+
+
+class ServedVersions:
+    """{weight label: tokens} a server said it sampled with, over the replies since `take`.
+
+    vLLM (each choice's `weight_versions`) and SGLang (`meta_info.weight_versions`) answer with
+    the same spans, [{"version", "start", "end"}] over a reply's output tokens; both engines
+    send requests from several threads, hence the lock.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, spans: Sequence[dict[str, Any]] | None) -> None:
+        with self._lock:
+            for span in spans or ():
+                self._tokens[str(span["version"])] += int(span["end"]) - int(span["start"])
+
+    def take(self) -> dict[str, int]:
+        with self._lock:
+            served, self._tokens = dict(self._tokens), Counter()
+        return served
 
 
 class RolloutEngine(Protocol):

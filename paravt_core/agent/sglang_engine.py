@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, weight_label
+from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, ServedVersions, weight_label
 from paravt_core.agent.media import collapse_pads, first_difference, png_data_url
 from paravt_core.agent.server_process import ServerProcess, server_healthy, start_server
 from paravt_core.agent.weight_snapshots import SnapshotStager, WeightStream
@@ -181,6 +181,7 @@ class SGLangEngine:
         self.timeout_s = timeout_s
         # A restarted trainer continues the numbering: the snapshot a live server loaded stays valid.
         self.snapshots = SnapshotStager(self.staging_dir, shm_dir)
+        self.served_versions = ServedVersions()  # each reply's `meta_info.weight_versions` (`take_served_versions`)
         if not server_healthy(self.url):
             raise SGLangServerError(f"no healthy SGLang server at {self.url} (GET /health failed); start one or "
                                     "fix rl.rollout.sglang.url")
@@ -222,11 +223,18 @@ class SGLangEngine:
                     f"{first_difference(request.prompt_ids, served)}; its image processor's pixel bounds or the "
                     "checkpoint's processor differ from the trainer's (a server not launched by the pipeline needs "
                     "--mm-process-config with video.min_pixels / video.max_pixels, see sglang_engine.mm_process_config)")
+        for item in results:
+            self.served_versions.add(item["meta_info"].get("weight_versions"))
         return [parse_generation(item) for item in results]
 
     @property
     def weight_version(self) -> int:
         return self.snapshots.version
+
+    def take_served_versions(self) -> dict[str, int]:
+        """{weight label: tokens} the server reported sampling since the last call: SGLang labels a
+        finished request's output tokens with the weights that sampled them (`meta_info.weight_versions`)."""
+        return self.served_versions.take()
 
     def update_weights(self, state_dict: dict[str, Any] | WeightStream, version: int | None = None) -> None:
         """Load new weights into the running server, in place, through `/update_weights_from_disk`,

@@ -49,11 +49,9 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -62,7 +60,7 @@ from typing import Any
 
 import torch
 
-from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, weight_label
+from paravt_core.agent.engine import Generation, GenerationRequest, SamplingParams, ServedVersions, weight_label
 from paravt_core.agent.media import collapse_pads, first_difference, png_data_url
 from paravt_core.agent.server_launch import launch
 from paravt_core.agent.server_process import ServerProcess, server_healthy
@@ -134,9 +132,7 @@ class VLLMEngine:
         self.media_ids = frozenset(media_token_ids.values())
         self.dtype, self.timeout_s, self.max_in_flight = dtype, timeout_s, max_in_flight
         self.snapshots = SnapshotStager(self.staging_dir, shm_dir)
-        # {weight label: tokens sampled by it} since `take_served_versions` (the server's word, per reply)
-        self._served: Counter[str] = Counter()
-        self._served_lock = threading.Lock()
+        self.served_versions = ServedVersions()  # the server's word, per reply (`take_served_versions`)
         if not server_healthy(self.url):
             raise VLLMServerError(f"no healthy vLLM server at {self.url} (GET /health failed); start one "
                                   "(`launch_vllm_rollout_server`) or fix rl.rollout.vllm.url")
@@ -195,10 +191,7 @@ class VLLMEngine:
         if len(logprobs) != len(token_ids):
             raise VLLMServerError(f"vLLM at {self.url} returned {len(token_ids)} tokens but {len(logprobs)} "
                                   "log-probabilities; is it started with --logprobs-mode processed_logprobs?")
-        spans = choice.get("weight_versions") or []
-        with self._served_lock:
-            for span in spans:
-                self._served[str(span["version"])] += int(span["end"]) - int(span["start"])
+        self.served_versions.add(choice.get("weight_versions"))
         return Generation(token_ids, logprobs, "stop" if choice.get("finish_reason") == "stop" else "length")
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[Generation]:
@@ -217,9 +210,7 @@ class VLLMEngine:
 
     def take_served_versions(self) -> dict[str, int]:
         """{weight label: tokens} the server reported sampling since the last call (module docstring)."""
-        with self._served_lock:
-            served, self._served = dict(self._served), Counter()
-        return served
+        return self.served_versions.take()
 
     def update_weights(self, state_dict: dict[str, Any] | WeightStream, version: int | None = None) -> None:
         """Write a snapshot, then pause (drain, clear caches), reload it in place, tag, resume.

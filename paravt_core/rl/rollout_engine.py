@@ -13,7 +13,9 @@ engine's record (`rollout_engines.py`, registered in `config.py`): its `backend`
   snapshot: issue #44 item 8, `rl.weight_push.GatheredWeights`); the ranks'
   next rollouts start only after the step's metrics are gathered over all ranks, which
   rank 0 reaches after its push. With the co-located placement the server's memory is
-  released once every rank's rollout is done and taken back just before the push.
+  released once every rank's rollout is done and taken back just before the push. Each
+  reply's weight labels are held to the schedule's, as on vLLM (below); `rl.overlap: 1`
+  runs on the split placement only.
 
 - `vllm`: as `sglang`, on ONE vLLM server (`rl.rollout.vllm.url`, or one rank 0 launches
   from the serve venv, on `rl.rollout.vllm.gpus` with the split placement); token ids in and
@@ -104,7 +106,7 @@ class RolloutBackend:
     owns_engine: bool = False  # the engine runs in a process of this rank's (`HFProcessEngine`); stopped by `close`
     # (trainer, engine) torch threads when the rank's are split with its engine process (`rl/overlap.thread_share`)
     thread_share: tuple[int, int] | None = None
-    reports_versions: bool = False  # the server says which weights sampled each reply (vllm)
+    reports_versions: bool = False  # the server says which weights sampled each reply (vllm, sglang)
     _released: bool = field(default=False, repr=False)
 
     def after_rollout(self) -> None:
@@ -118,7 +120,7 @@ class RolloutBackend:
 
     def served_versions(self) -> dict[str, int] | None:
         """{weight label: tokens} the server reported sampling since the last call; None where
-        the engine does not say (`hf`, `sglang`)."""
+        the engine does not say (`hf`)."""
         return self.engine.take_served_versions() if self.reports_versions else None
 
     def update_weights(self, weights: dict[str, Any] | WeightStream, version: int) -> None:
@@ -250,7 +252,7 @@ def sglang_backend(cfg: PipelineConfig, init_model: Path, processor: Any, device
                                         timeout_s=server_cfg.request_timeout_s,
                                         shm_dir=shm_staging_dir(staging_dir) if server is not None else None)
     return RolloutBackend(engine, pushes_weights=rank == 0, served=True, url=url, releases_memory=colocated,
-                          world=world, server=server)
+                          world=world, server=server, reports_versions=True)
 
 
 def _served_name(cfg: PipelineConfig, init_sha256: str) -> str:

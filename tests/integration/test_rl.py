@@ -389,6 +389,27 @@ def test_rl_on_the_sglang_server_pushes_each_steps_weights_into_the_served_model
     assert moved > 1e-3, f"the served log-probs did not change after two steps ({moved:.2e})"
 
 
+def test_overlapped_rl_on_the_sglang_server_rolls_out_each_batch_with_the_weights_its_schedule_names(rl_setup):
+    """Issue #65 on SGLang (split placement): the server generates step n+1's batch while step
+    n trains; each reply's weight labels (`meta_info.weight_versions`) are the schedule's."""
+    from paravt_core.rl import stage
+    from paravt_core.rl.replay import read_draws
+
+    init, rl_data, tmp = rl_setup
+    with _bounded_stub(init.path) as server:
+        cfg = _served_config(tmp, server.url, "rl.max_steps=3", "rl.overlap=1", "rl.rollout.sglang.placement=split")
+        job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+        worker = _run_worker(job, tmp)
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        calls = [c for c in server.calls if c not in ("/health",)]
+    draws = [read_draws(job.out_dir, step) for step in (1, 2, 3)]
+    assert [d.weight_version for d in draws] == [0, 0, 1]
+    assert [sorted(d.served_weight_versions) for d in draws] == [["w0"], ["w0"], ["w1"]]
+    # the push before step 1 and the one of W(1) before step 3's batch, each followed by the probe
+    assert calls.count("/update_weights_from_disk") == 2 and "/release_memory_occupation" not in calls
+    assert worker.stderr.count("the rollout server serves the policy") == 2, worker.stderr[-3000:]
+
+
 def test_a_killed_server_fails_the_step_clearly_and_the_run_resumes_from_its_checkpoint(rl_setup):
     from paravt_core.rl import stage
 

@@ -209,9 +209,35 @@ def test_sglangs_own_request_code_takes_our_bodies_and_expands_our_ids(sglang_pa
         assert "decode_error" not in decoded and decoded["finish_reason"] in ("FinishStop", "FinishLength"), decoded
         assert decoded["prompt_token_ids"] == list(request.prompt_ids)
         assert [entry[1] for entry in decoded["output_token_logprobs"]] == parse_generation(answer).token_ids
+        # the stub's weight labels, in the shape SGLang's schema decodes
+        assert decoded["weight_versions"] == [["initial", 0, len(parse_generation(answer).token_ids)]]
 
     # The memory and weight bodies parse into the routes' own types, with what we sent.
     assert all("parse_error" not in result for result in served[1:4]), served[1:4]
     parsed = served[3]["parsed"]
     assert parsed["model_path"] == weights["model_path"] and Path(parsed["model_path"]).name == "v1"
     assert parsed["weight_version"] == "1" and parsed["flush_cache"] is True
+
+
+def test_the_weight_labels_sglang_puts_in_a_reply_are_what_the_rollout_counts(sglang_packages, tiny_model_dir,
+                                                                               tmp_path):
+    """Issue #65 on SGLang: a finished request's `meta_info.weight_versions` as SGLang's own
+    scheduler and tokenizer-manager code build them, counted by the engine's `ServedVersions`
+    and held to the schedule's label (`rl/served_policy.check_served_versions`)."""
+    from paravt_core.agent.engine import ServedVersions
+    from paravt_core.rl.served_policy import ServedPolicyMismatch, check_served_versions
+
+    steady, split = run_request_side(sglang_packages, tiny_model_dir, [
+        {"path": "weight versions", "body": {"events": [], "current": "w2", "tokens": 8}},
+        {"path": "weight versions", "body": {"events": [["w1", 3]], "current": "w2", "tokens": 8}},
+    ], tmp_path)
+    counted = ServedVersions()
+    counted.add(steady["meta_info"]["weight_versions"])
+    assert counted.take() == {"w2": 8}
+    check_served_versions({"w2": 8}, 2, "RL step 3, rank 0", "sglang")
+    # weights pushed after 3 of the request's 8 tokens (a push that landed mid-batch)
+    counted.add(split["meta_info"]["weight_versions"])
+    served = counted.take()
+    assert served == {"w1": 3, "w2": 5}
+    with pytest.raises(ServedPolicyMismatch, match=r"sampled 3 of the batch's 8 tokens with other weights"):
+        check_served_versions(served, 2, "RL step 3, rank 0", "sglang")

@@ -84,12 +84,14 @@ def test_overlap_is_hashed_only_when_set_and_refused_where_it_cannot_run():
     plain = PipelineConfig()
     assert PipelineConfig(rl={"overlap": 0}).section_hash("rl") == plain.section_hash("rl")
     assert PipelineConfig(rl={"overlap": 1}).section_hash("rl") != plain.section_hash("rl")
-    # a vLLM server names the weights of each reply (checked per batch); SGLang's replies are not held to them yet
+    # vLLM and SGLang servers name the weights of each reply (checked per batch)
     assert load_config(TINY, ["rl.overlap=1", "rl.rollout.engine=vllm",
                               "rl.rollout.vllm.url=http://127.0.0.1:9"]).rl.overlap == 1
-    with pytest.raises(ConfigError, match=r"rl.overlap: 1 does not run on rl.rollout.engine=sglang yet: set "
-                                          r"rl.rollout.engine to one of \['hf', 'vllm'\]"):
-        load_config(TINY, ["rl.overlap=1", "rl.rollout.engine=sglang", "rl.rollout.sglang.url=http://127.0.0.1:9"])
+    sglang = ["rl.overlap=1", "rl.rollout.engine=sglang", "rl.rollout.sglang.url=http://127.0.0.1:9"]
+    assert load_config(TINY, [*sglang, "rl.rollout.sglang.placement=split"]).rl.overlap == 1
+    # a colocated SGLang gives its memory to the training passes between rollouts: nothing to overlap with
+    with pytest.raises(ConfigError, match=r"set rl.rollout.sglang.placement: split .* or rl.overlap: 0"):
+        load_config(TINY, sglang)
     with pytest.raises(ConfigError, match="set rl.decoupled_ppo: true or rl.overlap: 0"):
         load_config(TINY, ["rl.overlap=1", "rl.decoupled_ppo=false"])
     with pytest.raises(ConfigError, match="rl.overlap"):
