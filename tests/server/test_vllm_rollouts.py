@@ -46,6 +46,32 @@ def rollout_server(serve_python, tiny_model_dir: Path, tmp_path_factory: pytest.
         server.stop()
 
 
+def _rl_job(rollout_server, short_video, tmp_path: Path, *settings: str):
+    """An RL job of the tiny config on the module's server from its model (2 prompts x 2, one
+    tool turn, 4 frames at the rollouts' pixel bound), with `settings` laid over it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.integration.test_rl import REPO, _rl_rows
+
+    from paravt_core.config import load_config
+    from paravt_core.refs import ArtifactRef, content_hash
+    from paravt_core.rl import stage
+
+    server, model_dir = rollout_server
+    data = tmp_path / "rl"
+    data.mkdir()
+    pq.write_table(pa.Table.from_pylist(_rl_rows(short_video, 4)), data / "rl.parquet")
+    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
+    rl_data = ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
+    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
+        f"run.output_dir={tmp_path / 'out'}", "rl.prompts_per_step=2", "rl.group_size=2",
+        "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
+        "video.nframes=4", f"video.max_pixels={MAX_PIXELS}", "rl.checkpoint_every=1", "rl.zero_stage=0",
+        "rl.temperature=1.0", "rl.rollout.engine=vllm", f"rl.rollout.vllm.url={server.url}", *settings])
+    return stage.make_job(cfg, init, rl_data, with_mlflow=False)
+
+
 def test_token_ids_and_frames_in_sampled_ids_and_logprobs_out(rollout_server, tiny_processor, short_video, tmp_path):
     from paravt_core.agent.context import ChatRenderer
     from paravt_core.agent.engine import GenerationRequest, SamplingParams
@@ -185,29 +211,13 @@ def test_the_evaluation_probes_the_served_log_probs_and_pixel_bounds_before_its_
 
 def test_rl_on_vllm_loads_each_steps_weights_into_the_served_model(rollout_server, tiny_processor, short_video,
                                                                      tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from tests.integration.test_rl import REPO, _rl_rows, _run_worker, _teacher_forced
+    from tests.integration.test_rl import _run_worker, _teacher_forced
 
     from paravt_core.agent.engine import GenerationRequest, SamplingParams
     from paravt_core.agent.vllm_engine import VLLMEngine
-    from paravt_core.config import load_config
     from paravt_core.model.loading import load_model
-    from paravt_core.refs import ArtifactRef, content_hash
-    from paravt_core.rl import stage
 
     server, model_dir = rollout_server
-    data = tmp_path / "rl"
-    data.mkdir()
-    pq.write_table(pa.Table.from_pylist(_rl_rows(short_video, 4)), data / "rl.parquet")
-    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
-    rl_data = ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
-    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
-        f"run.output_dir={tmp_path / 'out'}", "rl.max_steps=2", "rl.prompts_per_step=2", "rl.group_size=2",
-        "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
-        "video.nframes=4", f"video.max_pixels={MAX_PIXELS}", "rl.checkpoint_every=1", "rl.zero_stage=0",
-        "rl.learning_rate=0.01", "rl.temperature=1.0", "rl.rollout.engine=vllm", f"rl.rollout.vllm.url={server.url}"])
 
     probe = tiny_processor.tokenizer("What colour was the square?", add_special_tokens=False)["input_ids"]
     sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
@@ -218,7 +228,7 @@ def test_rl_on_vllm_loads_each_steps_weights_into_the_served_model(rollout_serve
         return generation.token_ids, torch.tensor(generation.logprobs)
 
     tokens_before, served_before = served()
-    job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+    job = _rl_job(rollout_server, short_video, tmp_path, "rl.max_steps=2", "rl.learning_rate=0.01")
     worker = _run_worker(job, tmp_path)
     assert worker.returncode == 0, worker.stderr[-3000:]
     tokens_after, served_after = served()
@@ -292,33 +302,17 @@ def test_rl_on_a_vllm_holding_a_previous_runs_weights_rolls_out_the_policy_from_
     import json
     import re
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from tests.integration.test_rl import REPO, _rl_rows, _run_worker
+    from tests.integration.test_rl import _run_worker
 
     from paravt_core.agent.vllm_engine import VLLMEngine
-    from paravt_core.config import load_config
     from paravt_core.model.loading import load_model
-    from paravt_core.refs import ArtifactRef, content_hash
-    from paravt_core.rl import stage
 
     server, model_dir = rollout_server
     _, previous = _moved_copy(model_dir, tmp_path / "previous-run")
     pusher = VLLMEngine.for_processor(server.url, model_dir, tmp_path / "previous-weights", tiny_processor)
     pusher.update_weights(previous)
     try:
-        data = tmp_path / "rl"
-        data.mkdir()
-        pq.write_table(pa.Table.from_pylist(_rl_rows(short_video, 4)), data / "rl.parquet")
-        init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
-        rl_data = ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
-        cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
-            f"run.output_dir={tmp_path / 'out'}", "rl.max_steps=1", "rl.prompts_per_step=2", "rl.group_size=2",
-            "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
-            "video.nframes=4", "video.max_pixels=3072", "rl.checkpoint_every=1", "rl.zero_stage=0",
-            "rl.temperature=1.0", "rl.rollout.engine=vllm", f"rl.rollout.vllm.url={server.url}"])
-        job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+        job = _rl_job(rollout_server, short_video, tmp_path, "rl.max_steps=1")
         worker = _run_worker(job, tmp_path)
         assert worker.returncode == 0, worker.stderr[-3000:]
         gap = re.search(r"the rollout server serves the policy \(probe log-prob gap (\S+) nats per token\)",
@@ -342,31 +336,14 @@ def test_overlapped_rl_on_vllm_rolls_out_each_batch_with_the_weights_its_schedul
     import json
     import re
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from tests.integration.test_rl import _run_worker
 
-    from tests.integration.test_rl import REPO, _rl_rows, _run_worker
-
-    from paravt_core.config import load_config
-    from paravt_core.model.loading import load_model
     from paravt_core.agent.vllm_engine import VLLMEngine
-    from paravt_core.refs import ArtifactRef, content_hash
-    from paravt_core.rl import stage
+    from paravt_core.model.loading import load_model
     from paravt_core.rl.replay import read_draws
 
     server, model_dir = rollout_server
-    data = tmp_path / "rl"
-    data.mkdir()
-    pq.write_table(pa.Table.from_pylist(_rl_rows(short_video, 4)), data / "rl.parquet")
-    init = ArtifactRef(kind="sft_model", path=model_dir, sha256=content_hash(model_dir))
-    rl_data = ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
-    cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
-        f"run.output_dir={tmp_path / 'out'}", "rl.max_steps=4", "rl.prompts_per_step=2", "rl.group_size=2",
-        "rl.rollout.max_turns=1", "rl.rollout.max_new_tokens=16", "rl.rollout.subagent_max_new_tokens=8",
-        "video.nframes=4", f"video.max_pixels={MAX_PIXELS}", "rl.checkpoint_every=1", "rl.zero_stage=0",
-        "rl.learning_rate=0.01", "rl.temperature=1.0", "rl.overlap=1", "rl.rollout.engine=vllm",
-        f"rl.rollout.vllm.url={server.url}"])
-    job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
+    job = _rl_job(rollout_server, short_video, tmp_path, "rl.max_steps=4", "rl.learning_rate=0.01", "rl.overlap=1")
     try:
         worker = _run_worker(job, tmp_path)
         assert worker.returncode == 0, worker.stderr[-3000:]
