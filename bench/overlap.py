@@ -26,12 +26,19 @@ of the step log: the rollout's wall time, the reference and policy passes with t
 the trainer's and the engine's idle time within the step). The whole run's wall time (all
 steps) and the start (models, engine, engine process) are printed too.
 
+`--engine vllm` is the issue's own setting: `rl.rollout.engine: vllm`, the vLLM CPU server
+(`make install-serve`) launched by the trainer as an RL run launches it, the server on core 0
+(the process group inherits it; VLLM_CPU_OMP_THREADS_BIND=0 holds its one OpenMP thread there)
+and the trainer on core 1, one torch thread. Two variants: `overlap0` (the synchronous step: each
+side idles while the other works) and `overlap1`. Each child starts its own server (its start is
+in the start line, not in the steps) and pushes the initial weights to it, as every RL run does.
+
 Results must agree within a variant: every child of a variant logs the same RL metrics (timings
 aside) and ends with the same weights (sha256 of the state dict); the two variants train on
 different batches (overlap1 one step off-policy) and are not compared. The bench stops with
 status 1 when they do not agree.
 
-Run: `.venv/bin/python bench/overlap.py [--repeats 2] [--steps 4] [--threads 2]`.
+Run: `.venv/bin/python bench/overlap.py [--repeats 2] [--steps 4] [--threads 2] [--engine vllm]`.
 """
 
 from __future__ import annotations
@@ -48,11 +55,13 @@ from pathlib import Path
 
 from rl_step import ScriptedFirstTurn, _config, build_rl_inputs, child_result, single_rank_job
 
+from paravt_core.agent.server_launch import ServeError, pick_server, probe_python, server_python_path
 from paravt_core.rl.overlap import SPLIT_KEYS, StepSplit
 
 REPO = Path(__file__).resolve().parents[1]
 # name -> (settings, the rank's torch threads: None for --threads)
 VARIANTS = {"overlap0": ([], None), "overlap0_1t": ([], 1), "overlap1": (["rl.overlap=1"], None)}
+SERVER_CORE, TRAINER_CORE = 0, 1  # --engine vllm: a core each
 # The step log's keys this bench reports (`rl/worker.Trainer.learn`, `rl/overlap.run_overlapped`).
 PHASES = {"time_rollout_s": "rollout (its wall time, whenever it ran)", "time_reference_s": "reference pass",
           "time_train_s": "policy pass and update", "time_push_s": "push (before the next batch)",
@@ -60,18 +69,36 @@ PHASES = {"time_rollout_s": "rollout (its wall time, whenever it ran)", "time_re
           "time_rollout_idle_s": "engine idle (no batch to make)"}
 
 
-def _cpu_s(engine_process) -> float:
-    """This process's CPU seconds and, when the engine runs in a process of its own, that one's."""
-    own = time.process_time()
-    if engine_process is None:
-        return own
-    times = engine_process.cpu_times()
-    return own + times.user + times.system
+def _cpu_s(engine_processes: list) -> float:
+    """This process's CPU seconds and those of the engine's processes (`hf` in a process of its
+    own under overlap1; a vLLM server's process group)."""
+    total = time.process_time()
+    for process in engine_processes:
+        times = process.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def _pin_process(cores: set[int]) -> None:
+    """Every thread of this process onto `cores` (threads started later inherit their starter's)."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cores)
+
+
+def _engine_processes(trainer) -> list:
+    """psutil handles of the processes that generate this child's rollouts (none when in process)."""
+    import psutil
+
+    server = trainer.rollout_backend.server
+    if server is not None:  # the vLLM server the trainer launched: its leader and every child
+        leader = psutil.Process(server.process.pid)
+        return [leader, *leader.children(recursive=True)]
+    process = getattr(trainer.rollout_backend.engine, "process", None)
+    return [psutil.Process(process.pid)] if process is not None else []
 
 
 def child(args) -> None:
     """One run of a variant; prints one JSON line."""
-    import psutil
     import torch
 
     from paravt_core.dist.launch import free_port
@@ -82,20 +109,27 @@ def child(args) -> None:
     torch.set_num_threads(args.threads)
     inputs = json.loads(Path(args.inputs).read_text())
     out = Path(args.out)
-    cfg = _config(REPO, out, 1, args.main_tokens, args.subagent_tokens, VARIANTS[args.variant][0])
+    settings = list(VARIANTS[args.variant][0])
+    if args.engine == "vllm":
+        settings.append("rl.rollout.engine=vllm")
+        # The server the trainer launches inherits this process's core; its OpenMP thread is bound there.
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(SERVER_CORE)
+        _pin_process({SERVER_CORE})
+    cfg = _config(REPO, out, 1, args.main_tokens, args.subagent_tokens, settings)
     job, _ = single_rank_job(cfg, inputs, free_port)
     begun = time.perf_counter()
     trainer = rl_worker.Trainer(job)
     start_s = time.perf_counter() - begun
+    if args.engine == "vllm":
+        _pin_process({TRAINER_CORE})
     trainer.engine = ScriptedFirstTurn(trainer.engine, trainer.processor.tokenizer)
-    process = getattr(trainer.rollout_backend.engine, "process", None)
-    engine_process = psutil.Process(process.pid) if process is not None else None
-    marks, cpu, rows = [time.perf_counter()], [_cpu_s(engine_process)], []
+    engine_processes = _engine_processes(trainer)
+    marks, cpu, rows = [time.perf_counter()], [_cpu_s(engine_processes)], []
 
     def finish(step: int, row: dict, following) -> None:
         rows.append(row)
         marks.append(time.perf_counter())
-        cpu.append(_cpu_s(engine_process))
+        cpu.append(_cpu_s(engine_processes))
 
     steps = args.steps + 2
     if cfg.rl.overlap:
@@ -103,11 +137,12 @@ def child(args) -> None:
             prompts, episodes = batch.data
             return trainer.learn(step, prompts, episodes, batch.seconds, push=False)
 
-        run_overlapped(0, steps, 0, None, trainer.rollout_batch, train, trainer.push_weights, finish)
+        run_overlapped(0, steps, 0, None, trainer.rollout_batch, train, trainer.push_overlapped, finish)
     else:
         for step in range(steps):
             finish(step, trainer.train_step(step), None)
-    threads = {"trainer": torch.get_num_threads(), "engine": trainer.rollout_threads}
+    threads = {"trainer": torch.get_num_threads(),
+               "engine": f"server on core {SERVER_CORE}" if args.engine == "vllm" else trainer.rollout_threads}
     state = trainer.policy.module.state_dict()
     digest = hashlib.sha256()
     for name in sorted(state):
@@ -129,7 +164,7 @@ def run_child(inputs: Path, out: Path, variant: str, args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--inputs", str(inputs), "--out", str(out),
                "--threads", str(threads), "--steps", str(args.steps), "--main-tokens", str(args.main_tokens),
-               "--subagent-tokens", str(args.subagent_tokens), "--variant", variant]
+               "--subagent-tokens", str(args.subagent_tokens), "--variant", variant, "--engine", args.engine]
     return child_result(command, env, f"bench/overlap.py: the {variant} child")
 
 
@@ -168,6 +203,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="the rank's torch threads (overlap1 splits them)")
     parser.add_argument("--main-tokens", type=int, default=64)
     parser.add_argument("--subagent-tokens", type=int, default=48)
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                        help="vllm: the vLLM CPU server on core 0, the trainer on core 1 (one thread)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -176,6 +213,15 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
+    if args.engine == "vllm":
+        if not {SERVER_CORE, TRAINER_CORE} <= os.sched_getaffinity(0):
+            sys.exit(f"bench/overlap.py --engine vllm: needs cores {SERVER_CORE} and {TRAINER_CORE} (a core for the "
+                     f"server, one for the trainer); this process may run on {sorted(os.sched_getaffinity(0))}")
+        try:
+            pick_server("vllm", probe_python(server_python_path()))
+        except ServeError as error:
+            sys.exit(f"bench/overlap.py --engine vllm: {error}")
+        args.threads = 1
     with tempfile.TemporaryDirectory(prefix="paravt-bench-overlap-") as tmp:
         root = Path(tmp)
         inputs = root / "inputs.json"
@@ -184,6 +230,8 @@ def main() -> int:
               f"{args.repeats} children per variant interleaved; load average {os.getloadavg()[0]:.2f} on "
               f"{os.cpu_count()} CPUs", flush=True)
         names = [name for name in VARIANTS if name != "overlap0_1t" or args.threads > 1]
+        print(f"engine: {'vLLM CPU server on core 0, trainer on core 1' if args.engine == 'vllm' else 'hf'}",
+              flush=True)
         results: dict[str, list[dict]] = {name: [] for name in names}
         for repeat in range(args.repeats):
             for name in names:
