@@ -4,9 +4,27 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from paravt_core.dist.launch import RENDEZVOUS_FILE_ENV, release_shm_buffers
+
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
+
+
+def own_extensions_dir() -> None:
+    """Keep the ops DeepSpeed builds at run time (the CPU accelerator's shm comm op, CPU Adam)
+    in this virtual environment (`<venv>/torch_extensions`), unless TORCH_EXTENSIONS_DIR is set.
+
+    torch builds them in one folder per user (~/.cache/torch_extensions/<python, cuda>/<op>),
+    keyed by neither the checkout nor the venv. Two checkouts' venvs then rebuild the same op in
+    turn (its include paths differ), and each build holds the folder's lock: a rank stopped in the
+    middle of one (SIGSTOP, a debugger) keeps every other checkout's ranks waiting at start.
+    Outside a venv, or where it is not writable, torch's folder is kept.
+    """
+    if EXTENSIONS_ENV in os.environ or sys.prefix == sys.base_prefix or not os.access(sys.prefix, os.W_OK):
+        return
+    os.environ[EXTENSIONS_ENV] = str(Path(sys.prefix) / "torch_extensions")
 
 
 def maybe_kill_for_test(done_steps: int) -> None:
@@ -58,6 +76,7 @@ def init_distributed() -> tuple[int, int, str]:
     import torch
     import torch.distributed as dist
 
+    own_extensions_dir()  # before DeepSpeed builds its comm op (`init_distributed` on CPU)
     on_gpu = torch.cuda.is_available()
     store_file = os.environ.get(RENDEZVOUS_FILE_ENV)
     if store_file:  # single node: no network listener (`dist.launch`'s docstring)
