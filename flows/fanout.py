@@ -91,9 +91,11 @@ class RowSpec(BaseModel):
 
 def row_spec(job: Literal["ablation", "reproduce"], row: str, config_path: str, overrides: list[str],
              rl_row: Path, sft_model: ArtifactRef, data: DataBundle, seed: int | None = None,
-             sequential_eval: bool = False) -> RowSpec:
-    """The spec of one row, its config loaded now (a bad row file fails before any row runs)."""
+             sequential_eval: bool = False, build: str | None = None) -> RowSpec:
+    """The spec of one row, its config loaded now (a bad row file fails before any row runs);
+    `build`: the SFT build it starts from, where the reproduction trains several (its label's)."""
     label = row if seed is None else f"{row} seed {seed}"
+    label += "" if build is None else f" ({build})"
     cfg = load_config(config_path, overrides, rl_row)
     return RowSpec(job=job, label=label, config_path=str(config_path), overrides=list(overrides), rl_row=str(rl_row),
                    row=row, seed=seed, sequential_eval=sequential_eval, sft_model=sft_model, data=data,

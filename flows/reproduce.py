@@ -10,7 +10,10 @@
 
 Every stage is a cached task, so an interrupted reproduction resumes with the rows and
 seeds it finished (and an RL run resumes from its checkpoint). The rows and seeds are
-`reproduce.rows` / `reproduce.seeds` of the config (`conf/pipeline/reproduce.yaml`).
+`reproduce.rows` / `reproduce.seeds` of the config (`conf/pipeline/reproduce.yaml`). With
+`reproduce.sft_seeds`, SFT runs once per seed from the one base, and each of those SFT builds
+is measured and trains every row x seed (the report's verdicts take the build as a level; the
+budget sweep measures the first build).
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
         update={"prompt_mode": "agentic_general", "tool_mode": "subagent", "splits": splits})})
     direct_cfg = cfg.model_copy(update={"eval": tools_cfg.eval.model_copy(
         update={"prompt_mode": "direct", "splits": direct_splits})})
+    build = sft_build(cfg)
+    label += "" if build is None else f"-{build}"  # one results folder per build's model
     tools = eval_stage(tools_cfg, model, eval_data, label)
     direct = eval_stage(direct_cfg, model, eval_data, f"{label}-direct")
     summary = tools.summaries[HELD_OUT_SPLIT]
@@ -96,7 +101,23 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
                     accuracy_direct_val=direct.primary(VALIDATION_SPLIT) if VALIDATION_SPLIT in direct_splits else None,
                     correct={str(r["id"]): bool(r["correct"]) for r in records},
                     gating_draw_key=cfg.rl.gating.draw_key if row != "sft" else None,
-                    probe_calls=probe.calls if probe else {}, probe_format=probe.fmt if probe else {})
+                    probe_calls=probe.calls if probe else {}, probe_format=probe.fmt if probe else {},
+                    sft_build=build)
+
+
+def sft_build(cfg: PipelineConfig) -> str | None:
+    """The SFT build a model is or starts from, as the report names it: None where the
+    reproduction trains one SFT model (`reproduce.sft_seeds` empty), else `sft<seed>`."""
+    return f"sft{cfg.sft.seed}" if cfg.reproduce.sft_seeds else None
+
+
+def build_configs(cfg: PipelineConfig) -> list[tuple[list[str], PipelineConfig]]:
+    """(the overrides that name it, its config) of each SFT build (`reproduce.sft_seeds`): one
+    with no override where the list is empty, else one per `sft.seed`."""
+    if not cfg.reproduce.sft_seeds:
+        return [([], cfg)]
+    return [([f"sft.seed={seed}"], cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"seed": seed})}))
+            for seed in cfg.reproduce.sft_seeds]
 
 
 def budget_ks(cfg: PipelineConfig) -> list[int]:
@@ -132,14 +153,17 @@ def budget_point(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef
 
 
 def sft_jobs(cfg: PipelineConfig, sft_model: ArtifactRef, eval_data: ArtifactRef,
-             world: Path | None) -> list[tuple[str, Callable[[], tuple[str, Any]]]]:
+             world: Path | None, sweep: bool = True) -> list[tuple[str, Callable[[], tuple[str, Any]]]]:
     """The SFT model's measurements as fan-out jobs, each `(label, work)` whose work returns
     `(kind, result)`: its held-out evaluations and probe, then the sweep's point at the
     evaluation's own K (the same evaluation's results, so in the same job: two jobs must never
-    write one results folder at once), and one job per other K of the sweep."""
-    ks = budget_ks(cfg)
+    write one results folder at once), and one job per other K of the sweep. Without `sweep`
+    (a second SFT build), the held-out measurements alone."""
+    ks = budget_ks(cfg) if sweep else []
     videos = validation_videos(cfg, world) if ks else []
     own = [k for k in ks if k == cfg.eval.nframes]
+    build = sft_build(cfg)
+    name = "sft" if build is None else f"sft ({build})"
 
     def measured() -> tuple[str, Any]:
         run = measure(cfg, sft_model, eval_data, "sft", None, "sft")
@@ -148,7 +172,7 @@ def sft_jobs(cfg: PipelineConfig, sft_model: ArtifactRef, eval_data: ArtifactRef
     def point(k: int) -> tuple[str, Any]:
         return "budget", budget_point(cfg, sft_model, eval_data, k, videos)
 
-    return [("sft", measured), *((f"sft at K={k}", functools.partial(point, k)) for k in ks if k not in own)]
+    return [(name, measured), *((f"sft at K={k}", functools.partial(point, k)) for k in ks if k not in own)]
 
 
 def train_and_measure(row_cfg: PipelineConfig, sft_model: ArtifactRef, data: DataBundle, row: str,
@@ -186,33 +210,53 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         world = world_dir(cfg) if cfg.data.source == "synth" else None  # before any stage: see validation_videos
         data = data_stage(cfg)
         # The miniature plugs into the full pipeline's stages: its perception pretraining after the
-        # base model, its replay rows as one more SFT shard.
-        sft_model = sft(cfg, base_stage(cfg, pretrain=pretrain), data.sft, extra=sft_replay(cfg))
-        PROGRESS.stage("sft_model", sft_model.path)
-        rl_jobs = []
-        for row in cfg.reproduce.rows:
-            # Each row as its file says, or once per variant of `reproduce.variants` (`make replay-falls`).
-            for label, sets in row_variants(row, cfg.reproduce.variants):
-                for seed in cfg.reproduce.seeds:
-                    spec = row_spec("reproduce", label, params.config_path,
-                                    [*params.overrides, f"run.seed={seed}", *sets],
-                                    rl_row_path(params.config_path, row), sft_model, data, seed=seed)
-                    rl_jobs.append((spec.label, functools.partial(reproduce_row, spec), spec))
-        # The SFT model's own measurements run in the same fan-out (`job_order` says when).
-        jobs = job_order(cfg.run.fanout, rl_jobs, sft_jobs(cfg, sft_model, data.eval, world))
+        # base model, its replay rows as one more SFT shard. One SFT model, or one per
+        # `reproduce.sft_seeds` from the same base.
+        base = base_stage(cfg, pretrain=pretrain)
+        rl_jobs, sft_measurements, sft_models = [], [], {}
+        for index, (build_sets, build_cfg) in enumerate(build_configs(cfg)):
+            sft_model = sft(build_cfg, base, data.sft, extra=sft_replay(build_cfg))
+            build = sft_build(build_cfg)
+            sft_models[build] = sft_model
+            PROGRESS.stage("sft_model" if build is None else f"sft_model ({build})", sft_model.path)
+            for row in cfg.reproduce.rows:
+                # Each row as its file says, or once per variant of `reproduce.variants` (`make replay-falls`).
+                for label, sets in row_variants(row, cfg.reproduce.variants):
+                    for seed in cfg.reproduce.seeds:
+                        spec = row_spec("reproduce", label, params.config_path,
+                                        [*params.overrides, f"run.seed={seed}", *build_sets, *sets],
+                                        rl_row_path(params.config_path, row), sft_model, data, seed=seed,
+                                        build=build)
+                        rl_jobs.append((spec.label, functools.partial(reproduce_row, spec), spec))
+            # Each build's own measurements; the budget sweep on the first build only.
+            sft_measurements += sft_jobs(build_cfg, sft_model, data.eval, world, sweep=index == 0)
+        # The SFT models' own measurements run in the same fan-out (`job_order` says when).
+        jobs = job_order(cfg.run.fanout, rl_jobs, sft_measurements)
         # At most run.fanout.max_concurrent at a time, gathered in this order (flows/fanout.py).
-        done = fan_out(jobs, cfg.run.fanout, lambda label, result: PROGRESS.stage(
-            label, result[1][1].path if result[0] == "rl" else sft_model.path))
-        sft_run, budget, rl_runs, points = None, [], [], []
+        first_build = next(iter(sft_models))
+
+        def finished(label: str, result: tuple[str, Any]) -> None:
+            kind, value = result
+            if kind == "rl":
+                where = value[1]
+            elif kind == "sft":
+                where = sft_models[value[0].sft_build]
+            else:  # a sweep point: the first build's model
+                where = sft_models[first_build]
+            PROGRESS.stage(label, where.path)
+
+        done = fan_out(jobs, cfg.run.fanout, finished)
+        sft_runs, budget, rl_runs, points = [], [], [], []
         for kind, result in done:
             if kind == "sft":
-                sft_run, budget = result
+                sft_runs.append(result[0])
+                budget += result[1]
             elif kind == "rl":
                 rl_runs.append(result[0])
             else:
                 points.append(result)
         budget = sorted([*budget, *points], key=lambda point: point.k)
-        runs = [sft_run, *rl_runs]
+        runs = [*sft_runs, *rl_runs]
         report = reproduce_report(cfg, runs, budget)
         text = report.read_text()
         log.info("miniature reproduction (%s):\n%s", report, text)

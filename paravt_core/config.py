@@ -775,6 +775,11 @@ class ReproduceConfig(_Section):
     variants: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_]+$")], tuple[str, ...]] = {}
     # The report's folder under run.output_dir: a profile of variants writes its own beside the default's.
     report_dir: str = Field("report", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    # SFT builds (#62 item 4): empty, the one SFT model `run.seed` gives (labels and cache keys as
+    # before). Otherwise one SFT model per seed here (`sft.seed`, from the one base and pretraining),
+    # each measured, and every row x variant x seed trained from each: the report's verdicts take
+    # the build as a level. The budget sweep measures the first build only.
+    sft_seeds: tuple[Seed, ...] = ()
 
     @model_validator(mode="after")
     def _distinct(self) -> ReproduceConfig:
@@ -782,6 +787,8 @@ class ReproduceConfig(_Section):
             raise ValueError(f"reproduce.rows must name distinct RL rows, got {list(self.rows)}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"reproduce.seeds must be distinct, got {list(self.seeds)}")
+        if len(set(self.sft_seeds)) != len(self.sft_seeds):
+            raise ValueError(f"reproduce.sft_seeds must be distinct, got {list(self.sft_seeds)}")
         for name, sets in self.variants.items():
             for item in sets:
                 key, sep, _ = item.partition("=")

@@ -1,12 +1,12 @@
 """The miniature reproduction's report in Markdown (#15): Table 2 in miniature, with intervals over seeds.
 
-`paravt reproduce` trains one SFT model, then each RL row of SPEC §6 from it once per seed,
-and evaluates every model on the held-out questions twice: in `subagent` tool mode (the
+`paravt reproduce` trains one SFT model (or one per `reproduce.sft_seeds`, the SFT builds),
+then each RL row of SPEC §6 from it once per seed, and evaluates every model on the held-out questions twice: in `subagent` tool mode (the
 agent may crop, sub-agents summarize) and in `direct` mode (no tools, the same overview).
 This module renders those measurements (`measurements.py`, their statistics `intervals.py`) as
 
 - `table_markdown`: one line per row: held-out accuracy in both modes, the tool gain
-  (subagent minus direct), the gain over SFT, κ of the held-out evaluation, and fτ_fixed / κ
+  (subagent minus direct), the gain over SFT (each run against its own build's SFT model), κ of the held-out evaluation, and fτ_fixed / κ
   of training (the mean of the last `LAST_STEPS` RL steps, as `paravt report` does; SPEC §5:
   fτ under one fixed definition for every row; also over the transcript, forced think
   prefixes included, which runs before that metric existed leave "–": see
@@ -65,8 +65,7 @@ def _cell(interval: Interval | None, scale: float = 1.0, digits: int = 1) -> str
 
 def table_markdown(runs: Sequence[ModelRun]) -> str:
     """Table 2 in miniature (see the module docstring); percentages for accuracies."""
-    sft = by_row(runs, "sft")
-    sft_accuracy = sft[0].accuracy if sft else None
+    sft_accuracy = sft_accuracies(runs)
     head = ("| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) | "
             "gain over SFT (points) | held-out κ | training fτ_fixed | training κ | training fτ_fixed, transcript | "
             "held-out answers in format (%) | probe κ, sampled | probe format, sampled |")
@@ -82,7 +81,8 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
             f_tau = interval95([v for r in mine if (v := r.final("f_tau_fixed")) is not None])
             kappa = interval95([v for r in mine if (v := r.final("kappa")) is not None])
             f_tau_t = interval95([v for r in mine if (v := r.final("f_tau_fixed_transcript")) is not None])
-        gain = None if sft_accuracy is None or row == "sft" else interval95([r.accuracy - sft_accuracy for r in mine])
+        gain = None if row == "sft" else interval95([r.accuracy - sft_accuracy[r.sft_build] for r in mine
+                                                     if r.sft_build in sft_accuracy])
         cells = [
             str(len(mine)),
             _cell(interval95([r.accuracy for r in mine]), 100),
@@ -99,6 +99,12 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def sft_accuracies(runs: Sequence[ModelRun]) -> dict[str | None, float]:
+    """Held-out accuracy with tools of each SFT build's model (`ModelRun.sft_build`: None for the
+    one SFT model of a report): what each RL run's gain over SFT is taken against."""
+    return {r.sft_build: r.accuracy for r in by_row(runs, "sft")}
 
 
 def validation_table_markdown(runs: Sequence[ModelRun]) -> str:
@@ -141,17 +147,20 @@ def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_t
     """The issue's checks on these measurements, one plain sentence each."""
     out = []
     sft = by_row(runs, "sft")
-    if sft:
-        s = sft[0]
+    sft_accuracy = sft_accuracies(runs)
+    for s in sft:
         gain = s.accuracy - s.accuracy_direct
         verdict = "met" if gain >= tool_gain_target else "NOT met"
-        out.append(f"Tools necessary: the SFT model answers {100 * s.accuracy:.1f} % with sub-agents and "
+        name = "the SFT model" if s.sft_build is None else f"SFT build {s.sft_build}"
+        out.append(f"Tools necessary: {name} answers {100 * s.accuracy:.1f} % with sub-agents and "
                    f"{100 * s.accuracy_direct:.1f} % directly, a gain of {100 * gain:.1f} points "
                    f"(target >= {100 * tool_gain_target:.0f}: {verdict}).")
+    if sft:
         for row in rows_in_order(runs):
             if row == "sft":
                 continue
-            diff = interval95([r.accuracy - s.accuracy for r in by_row(runs, row)])
+            diff = interval95([r.accuracy - sft_accuracy[r.sft_build] for r in by_row(runs, row)
+                               if r.sft_build in sft_accuracy])
             if diff is None:
                 continue
             verdict = "met" if diff.mean >= rl_gain_target and diff.low > 0 else "NOT met"

@@ -327,6 +327,43 @@ def test_the_replay_profile_reuses_the_defaults_stages_and_repeats_its_run_bit_f
     assert measured[1]["accuracy"] == alone["accuracy"] and measured[1]["correct"] == alone["correct"]
 
 
+def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harness, task_runs, tmp_path: Path):
+    """`reproduce.sft_seeds` (#62 item 4): one pretraining, one SFT model per seed from it, each
+    measured and each the start of every row x seed, each run labelled with its build for the
+    verdicts; the budget sweep on the first build only."""
+    import json
+
+    from flows.reproduce import ReproduceParams, reproduce
+    from paravt_core.refs import content_hash
+
+    config = str(REPO / "conf/pipeline/reproduce.yaml")
+    small = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1", "run.fanout.max_concurrent=1",
+             "reproduce.rows=[paragrpo]", "reproduce.sft_seeds=[3, 4]", "reproduce.report_dir=report-builds"]
+    state = reproduce(ReproduceParams(config_path=config, overrides=small), return_state=True)
+    assert state.is_completed()
+    runs = task_runs(state.state_details.flow_run_id)
+    assert len(runs["pretrain"]) == 1 and len(runs["sft"]) == 2 and len(runs["rl"]) == 2
+    # each build's held-out measurements, the other K of the first build's sweep, the two RL runs
+    assert len(runs["fanned-out"]) == 2 + 3 + 2
+
+    def job(folder: Path) -> dict:
+        return json.loads((folder / "job.json").read_text())
+
+    sft_models = {job(folder)["config"]["sft"]["seed"]: content_hash(folder / "model")
+                  for folder in (tmp_path / "sft").iterdir()}
+    assert sorted(sft_models) == [3, 4] and len(set(sft_models.values())) == 2  # two seeds, two SFT models
+    # and each RL run started from its own build's model
+    assert {job(folder)["config"]["sft"]["seed"]: job(folder)["init_model_sha256"]
+            for folder in (tmp_path / "rl").iterdir()} == sft_models
+    measured = json.loads((Path(state.result()).parent / "runs.json").read_text())
+    assert [(m["row"], m["seed"], m["sft_build"]) for m in measured] == [
+        ("sft", None, "sft3"), ("sft", None, "sft4"), ("paragrpo", 0, "sft3"), ("paragrpo", 0, "sft4")]
+    budget = json.loads((Path(state.result()).parent / "budget.json").read_text())
+    assert [p["k"] for p in budget] == [2, 3, 4, 6]
+    text = Path(state.result()).read_text()
+    assert "SFT build sft3 answers" in text and "SFT build sft4 answers" in text
+
+
 def test_reproduce_refuses_an_unknown_row_before_any_stage(tmp_path: Path):
     from pydantic import ValidationError
 

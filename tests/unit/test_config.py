@@ -165,6 +165,7 @@ def test_unparsable_set_value_names_the_item():
     ("reproduce.rows=[paragrpo, paragrpo]", "distinct RL rows"),
     ("reproduce.rows=[]", "distinct RL rows"),
     ("reproduce.seeds=[0, 0]", "seeds must be distinct"),
+    ("reproduce.sft_seeds=[1, 1]", "sft_seeds must be distinct"),
     ("reproduce.rows=['../etc']", "reproduce.rows"),
     ("model.pretrain.max_steps=0", "model.pretrain.max_steps"),
     ("model.pretrain.reading_rows=-1", "model.pretrain.reading_rows"),

@@ -113,6 +113,20 @@ def test_findings_state_whether_the_targets_are_met():
     assert "interval above 0: NOT met" in lines[1]
 
 
+def test_with_several_sft_builds_each_run_gains_over_its_own_build_s_model():
+    """#62 item 4: a run is held against the SFT model it started from, not the first one listed."""
+    runs = [ModelRun("sft", None, 0.50, 0.20, 2.8, sft_build="sft0"),
+            ModelRun("sft", None, 0.70, 0.60, 2.8, sft_build="sft1"),
+            ModelRun("paragrpo", 0, 0.60, 0.25, 2.9, sft_build="sft0"),
+            ModelRun("paragrpo", 0, 0.80, 0.25, 2.9, sft_build="sft1")]
+    line = next(line for line in table_markdown(runs).splitlines() if line.startswith("| paragrpo"))
+    assert line.split(" | ")[5] == "10.0 ± 0.0"  # +10 each against its own build (+10, +30 against sft0)
+    text = "\n".join(findings(runs))
+    assert "SFT build sft0 answers 50.0 %" in text and "SFT build sft1 answers 70.0 %" in text
+    assert "gain of 10.0 points (target >= 25: NOT met)" in text  # sft1: 70 - 60
+    assert "paragrpo vs SFT: +10.0 points" in text and "over 2 seed(s)" in text
+
+
 def test_findings_set_the_single_mechanism_rows_beside_the_paper_when_run():
     assert not any("Single mechanisms" in line for line in findings(_runs()))
     runs = [*_runs(),
