@@ -123,6 +123,8 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
     ("rl", "shared_prefix"),
     # The one-step off-policy schedule (issue #65, `rl/overlap.py`): 0 is the step as it was cached.
     ("rl", "overlap"),
+    # SFT builds of the reproduction (#62 item 4): empty is the one SFT model as it was cached.
+    ("reproduce", "sft_seeds"),
 )
 
 # run.fanout: how many rows run at once and on how many threads (docs/scale.md, "Fanning out RL rows").

@@ -64,12 +64,14 @@ DEFAULT_PRELOAD = (
 )
 # Variables a preloaded library reads once, at import: a request must agree with the server.
 # Thread counts among them: OpenMP and OpenBLAS size their pools from OMP_NUM_THREADS when
-# they load. PYTHONPATH, PYTHONDONTWRITEBYTECODE and PYTHONUNBUFFERED are applied in the child.
+# they load. PYTHONPATH, PYTHONDONTWRITEBYTECODE and PYTHONUNBUFFERED are applied in the child;
+# TORCH_EXTENSIONS_DIR is read from the child's environment when an op is built, never at import
+# (`dist.rank.own_extensions_dir` sets it in a process that joined a process group).
 IMPORT_TIME_ENV_PREFIXES = ("OMP_", "MKL_", "OPENBLAS_", "GOTO_", "KMP_", "GOMP_", "BLIS_", "NUMEXPR_", "HF_",
                             "HUGGINGFACE_", "TRANSFORMERS_", "DS_", "DEEPSPEED_", "TORCH", "PYTORCH_", "LC_",
                             "LD_", "MALLOC_", "PYTHON")
 IMPORT_TIME_ENV_NAMES = ("LANG", "LANGUAGE", "TMPDIR", "GLIBC_TUNABLES")
-APPLIED_IN_CHILD = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
+APPLIED_IN_CHILD = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "TORCH_EXTENSIONS_DIR")
 _INHERITED_IGNORES = ("SIGINT", "SIGQUIT", "SIGHUP", "SIGTERM", "SIGUSR1", "SIGUSR2")
 _HEADER = struct.Struct("!I")
 SOCKET_PATH_LIMIT = 108  # sun_path on Linux, its terminating NUL included

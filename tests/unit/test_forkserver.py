@@ -142,6 +142,10 @@ def test_variables_the_imports_set_agree_where_the_request_lacks_them():
                                       by_imports) == ["TORCHINDUCTOR_CACHE_DIR"]
     assert forkserver.env_differences({"OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1", "PYTHONPATH": "/x"}, base,
                                       by_imports) == ["HF_HUB_OFFLINE", "OMP_NUM_THREADS"]
+    # read when an op is built, from the child's own environment: a launcher that joined a process
+    # group in process (the suite's in-process ranks) still forks its ranks
+    assert forkserver.env_differences({"OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": "/venv/torch_extensions"},
+                                      base, by_imports) == []
 
 
 def test_a_server_whose_imports_fail_fails_the_launch_at_once_with_the_reason(tmp_path):
