@@ -1,13 +1,14 @@
 """The miniature reproduction's report in Markdown (#15): Table 2 in miniature, with intervals over seeds.
 
 `paravt reproduce` trains one SFT model (or one per `reproduce.sft_seeds`, the SFT builds),
-then each RL row of SPEC §6 from it once per seed, and evaluates every model on the held-out questions twice: in `subagent` tool mode (the
-agent may crop, sub-agents summarize) and in `direct` mode (no tools, the same overview).
+then each RL row of SPEC §6 from it once per seed, and evaluates every model on the held-out
+questions twice: in `subagent` tool mode (the agent may crop, sub-agents summarize) and in
+`direct` mode (no tools, the same overview).
 This module renders those measurements (`measurements.py`, their statistics `intervals.py`) as
 
 - `table_markdown`: one line per row: held-out accuracy in both modes, the tool gain
-  (subagent minus direct), the gain over SFT (each run against its own build's SFT model), κ of the held-out evaluation, and fτ_fixed / κ
-  of training (the mean of the last `LAST_STEPS` RL steps, as `paravt report` does; SPEC §5:
+  (subagent minus direct), the gain over SFT (each run against its own build's SFT model), κ
+  of the held-out evaluation, and fτ_fixed / κ of training (the mean of the last `LAST_STEPS` RL steps, as `paravt report` does; SPEC §5:
   fτ under one fixed definition for every row; also over the transcript, forced think
   prefixes included, which runs before that metric existed leave "–": see
   `rl.policy.fixed_format_reward`). Each cell is the mean over seeds with its
@@ -65,7 +66,7 @@ def _cell(interval: Interval | None, scale: float = 1.0, digits: int = 1) -> str
 
 def table_markdown(runs: Sequence[ModelRun]) -> str:
     """Table 2 in miniature (see the module docstring); percentages for accuracies."""
-    sft_accuracy = sft_accuracies(runs)
+    sft_accuracy = judged.sft_accuracies(runs)
     head = ("| row | seeds | accuracy, subagent mode (%) | accuracy, direct mode (%) | tool gain (points) | "
             "gain over SFT (points) | held-out κ | training fτ_fixed | training κ | training fτ_fixed, transcript | "
             "held-out answers in format (%) | probe κ, sampled | probe format, sampled |")
@@ -99,12 +100,6 @@ def table_markdown(runs: Sequence[ModelRun]) -> str:
         ]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def sft_accuracies(runs: Sequence[ModelRun]) -> dict[str | None, float]:
-    """Held-out accuracy with tools of each SFT build's model (`ModelRun.sft_build`: None for the
-    one SFT model of a report): what each RL run's gain over SFT is taken against."""
-    return {r.sft_build: r.accuracy for r in by_row(runs, "sft")}
 
 
 def validation_table_markdown(runs: Sequence[ModelRun]) -> str:
@@ -147,7 +142,7 @@ def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_t
     """The issue's checks on these measurements, one plain sentence each."""
     out = []
     sft = by_row(runs, "sft")
-    sft_accuracy = sft_accuracies(runs)
+    sft_accuracy = judged.sft_accuracies(runs)
     for s in sft:
         gain = s.accuracy - s.accuracy_direct
         verdict = "met" if gain >= tool_gain_target else "NOT met"

@@ -190,11 +190,17 @@ def verdict_lines(runs: Sequence) -> list[str]:
     return out
 
 
+def sft_accuracies(runs: Sequence) -> dict[str | None, float]:
+    """Held-out accuracy with tools of each SFT build's model (`ModelRun.sft_build`: None for the
+    one SFT model of a report): what an RL run of that build is held against."""
+    return {r.sft_build: r.accuracy for r in runs if r.row == SFT}
+
+
 def fell(runs: Sequence) -> Mapping[str, tuple[int, int]]:
     """Per RL row, (runs that fell, runs judged): a run falls when its held-out accuracy is at least
     `FALL_POINTS` below that of the SFT model of its build; runs whose build has no SFT model are
     not judged."""
-    sft = {r.sft_build: r.accuracy for r in runs if r.row == SFT}
+    sft = sft_accuracies(runs)
     out: dict[str, tuple[int, int]] = {}
     for r in runs:
         if r.row == SFT or r.sft_build not in sft:
