@@ -29,16 +29,20 @@ steps) and the start (models, engine, engine process) are printed too.
 `--engine vllm` is the issue's own setting: `rl.rollout.engine: vllm`, the vLLM CPU server
 (`make install-serve`) launched by the trainer as an RL run launches it, the server on core 0
 (the process group inherits it; VLLM_CPU_OMP_THREADS_BIND=0 holds its one OpenMP thread there)
-and the trainer on core 1, one torch thread. Two variants: `overlap0` (the synchronous step: each
-side idles while the other works) and `overlap1`. Each child starts its own server (its start is
-in the start line, not in the steps) and pushes the initial weights to it, as every RL run does.
+and the trainer on core 1, one torch thread. The rollout's client side (building requests, decoding
+crops, encoding frames, reading replies; threads of the trainer's process) runs on the server's
+core for the rollout's duration, in both variants (`--client trainer`: on the trainer's). Two
+variants: `overlap0` (the synchronous step: each side idles while the other works) and
+`overlap1`. Each child starts its own server (its start is in the start line, not in the steps)
+and pushes the initial weights to it, as every RL run does.
 
 Results must agree within a variant: every child of a variant logs the same RL metrics (timings
 aside) and ends with the same weights (sha256 of the state dict); the two variants train on
 different batches (overlap1 one step off-policy) and are not compared. The bench stops with
 status 1 when they do not agree.
 
-Run: `.venv/bin/python bench/overlap.py [--repeats 2] [--steps 4] [--threads 2] [--engine vllm]`.
+Run: `.venv/bin/python bench/overlap.py [--repeats 2] [--steps 4] [--threads 2] [--engine vllm] [--client server|trainer]
+[--set KEY=VALUE ...]`.
 """
 
 from __future__ import annotations
@@ -85,6 +89,18 @@ def _pin_process(cores: set[int]) -> None:
         os.sched_setaffinity(int(tid), cores)
 
 
+def _on_core(rollout, core: int, back: int):
+    """`rollout` with the calling thread, and every thread it starts (the client's request pool,
+    the decoders'), on `core` for the call's duration, then back on `back`."""
+    def pinned(step: int):
+        os.sched_setaffinity(0, {core})  # 0: the calling thread alone (Linux)
+        try:
+            return rollout(step)
+        finally:
+            os.sched_setaffinity(0, {back})
+    return pinned
+
+
 def _engine_processes(trainer) -> list:
     """psutil handles of the processes that generate this child's rollouts (none when in process)."""
     import psutil
@@ -109,7 +125,7 @@ def child(args) -> None:
     torch.set_num_threads(args.threads)
     inputs = json.loads(Path(args.inputs).read_text())
     out = Path(args.out)
-    settings = list(VARIANTS[args.variant][0])
+    settings = [*VARIANTS[args.variant][0], *args.set]
     if args.engine == "vllm":
         settings.append("rl.rollout.engine=vllm")
         # The server the trainer launches inherits this process's core; its OpenMP thread is bound there.
@@ -122,6 +138,8 @@ def child(args) -> None:
     start_s = time.perf_counter() - begun
     if args.engine == "vllm":
         _pin_process({TRAINER_CORE})
+        if args.client == "server":
+            trainer.rollout_batch = _on_core(trainer.rollout_batch, SERVER_CORE, TRAINER_CORE)
     trainer.engine = ScriptedFirstTurn(trainer.engine, trainer.processor.tokenizer)
     engine_processes = _engine_processes(trainer)
     marks, cpu, rows = [time.perf_counter()], [_cpu_s(engine_processes)], []
@@ -164,7 +182,8 @@ def run_child(inputs: Path, out: Path, variant: str, args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(threads)}
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--inputs", str(inputs), "--out", str(out),
                "--threads", str(threads), "--steps", str(args.steps), "--main-tokens", str(args.main_tokens),
-               "--subagent-tokens", str(args.subagent_tokens), "--variant", variant, "--engine", args.engine]
+               "--subagent-tokens", str(args.subagent_tokens), "--variant", variant, "--engine", args.engine,
+               "--client", args.client, *(f"--set={setting}" for setting in args.set)]
     return child_result(command, env, f"bench/overlap.py: the {variant} child")
 
 
@@ -205,6 +224,12 @@ def main() -> int:
     parser.add_argument("--subagent-tokens", type=int, default=48)
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                         help="vllm: the vLLM CPU server on core 0, the trainer on core 1 (one thread)")
+    parser.add_argument("--client", choices=("server", "trainer"), default="server",
+                        help="--engine vllm: the core the rollout's client side runs on (building requests, "
+                             "decoding crops, encoding frames, reading replies): the server's (the rollout side "
+                             "on one core, the trainer on the other) or the trainer's")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config setting for every variant (repeatable), e.g. rl.shared_prefix=true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -230,7 +255,9 @@ def main() -> int:
               f"{args.repeats} children per variant interleaved; load average {os.getloadavg()[0]:.2f} on "
               f"{os.cpu_count()} CPUs", flush=True)
         names = [name for name in VARIANTS if name != "overlap0_1t" or args.threads > 1]
-        print(f"engine: {'vLLM CPU server on core 0, trainer on core 1' if args.engine == 'vllm' else 'hf'}",
+        where = (f"vLLM CPU server on core {SERVER_CORE}, trainer on core {TRAINER_CORE}, the rollout's client on "
+                 f"core {SERVER_CORE if args.client == 'server' else TRAINER_CORE}")
+        print(f"engine: {where if args.engine == 'vllm' else 'hf'}; settings for every variant: {args.set or 'none'}",
               flush=True)
         results: dict[str, list[dict]] = {name: [] for name in names}
         for repeat in range(args.repeats):
