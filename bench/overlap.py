@@ -41,8 +41,8 @@ aside) and ends with the same weights (sha256 of the state dict); the two varian
 different batches (overlap1 one step off-policy) and are not compared. The bench stops with
 status 1 when they do not agree.
 
-Run: `.venv/bin/python bench/overlap.py [--repeats 2] [--steps 4] [--threads 2] [--engine vllm] [--client server|trainer]
-[--set KEY=VALUE ...]`.
+Run: `.venv/bin/python bench/overlap.py [--repeats 2] [--steps 4] [--threads 2] [--engine vllm]
+[--client server|trainer] [--set KEY=VALUE ...]`.
 """
 
 from __future__ import annotations
