@@ -238,6 +238,9 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
+    for setting in args.set:  # what the variants and --engine set are the bench's to set
+        if setting.split("=", 1)[0].strip() in ("rl.overlap", "rl.rollout.engine"):
+            parser.error(f"--set {setting}: the variants set rl.overlap and --engine sets rl.rollout.engine")
     if args.engine == "vllm":
         if not {SERVER_CORE, TRAINER_CORE} <= os.sched_getaffinity(0):
             sys.exit(f"bench/overlap.py --engine vllm: needs cores {SERVER_CORE} and {TRAINER_CORE} (a core for the "

@@ -8,10 +8,10 @@ This module renders those measurements (`measurements.py`, their statistics `int
 
 - `table_markdown`: one line per row: held-out accuracy in both modes, the tool gain
   (subagent minus direct), the gain over SFT (each run against its own build's SFT model), κ
-  of the held-out evaluation, and fτ_fixed / κ of training (the mean of the last `LAST_STEPS` RL steps, as `paravt report` does; SPEC §5:
-  fτ under one fixed definition for every row; also over the transcript, forced think
-  prefixes included, which runs before that metric existed leave "–": see
-  `rl.policy.fixed_format_reward`). Each cell is the mean over seeds with its
+  of the held-out evaluation, and fτ_fixed / κ of training (the mean of the last `LAST_STEPS`
+  RL steps, as `paravt report` does; SPEC §5: fτ under one fixed definition for every row;
+  also over the transcript, forced think prefixes included, which runs before that metric
+  existed leave "–": see `rl.policy.fixed_format_reward`). Each cell is the mean over seeds with its
   95 % t-interval. The SFT row's training fτ / κ are those of the first RL step's rollouts
   (the SFT policy before any update). The last column is the share of held-out answers in the
   format asked for (a closed `<answer>` block with a body, SPEC §4.3), where the paper's
