@@ -16,6 +16,7 @@ the export the model it writes with `load_export_model`; nothing else calls `loa
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,11 +33,19 @@ if TYPE_CHECKING:
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
 
+# One load at a time per process. transformers 5 imports its classes on first use, and two
+# threads' first loads at once (the reproduction's fan-out ends two RL runs in the same second
+# and starts both runs' sampled probes) can see a module the other is still importing:
+# "ImportError: cannot import name 'AutoProcessor' from 'transformers'" (measured: 2 of 4 fresh
+# processes whose two threads loaded a processor at once). Reentrant: a load may load.
+_LOADING = threading.RLock()
+
 
 def load_processor(model_dir: str | Path):
-    from transformers import AutoProcessor
+    with _LOADING:
+        from transformers import AutoProcessor
 
-    return AutoProcessor.from_pretrained(str(model_dir))
+        return AutoProcessor.from_pretrained(str(model_dir))
 
 
 def pixel_bounded(processor: Any, video: VideoConfig) -> Any:
@@ -113,7 +122,6 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
             caller whose model reference was content-hashed already.
     """
     import torch
-    from transformers import AutoModelForImageTextToText
 
     verify_model_dir(model_dir, checksums)  # whole weights before anything is built (ModelFolderError names the file)
     if dtype not in DTYPES:
@@ -122,14 +130,16 @@ def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu
         raise ValueError(f"attn_implementation {attn_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}")
 
     kwargs = {"dtype": getattr(torch, DTYPES[dtype]), "attn_implementation": attn_implementation}
-    if zero3_config is not None:
-        with _zero3_construction(zero3_config):
-            model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs)
-    else:
-        model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs).to(device)
-    apply_vision_attention(model, vision_attention)
+    with _LOADING:  # the classes' first imports, and the forwards the switches below import and rebind
+        from transformers import AutoModelForImageTextToText
 
-    return apply_fast_paths(model, vision_dedupe, patch_embed, prefill_attention)
+        if zero3_config is not None:
+            with _zero3_construction(zero3_config):
+                model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs)
+        else:
+            model = AutoModelForImageTextToText.from_pretrained(str(model_dir), **kwargs).to(device)
+        apply_vision_attention(model, vision_attention)
+        return apply_fast_paths(model, vision_dedupe, patch_embed, prefill_attention)
 
 
 # `model.*` knobs of how a loaded model runs (not which weights): `load_model`'s keywords of the same names.
