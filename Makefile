@@ -71,6 +71,11 @@ reproduce-table2: $(STAMP)
 	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
 	  --set 'reproduce.rows=[vanilla_grpo,paragrpo,anchoring_only,gating_only]' $(ARGS)
 
+# The replay and the budget profile ran on the RL settings the default had before it adopted the
+# budget they chose (docs/miniature.md, "Choosing the RL budget on validation"); they keep them, so
+# their variants mean what their reports say and their runs come from their caches.
+EARLIER_BUDGET := --set rl.learning_rate=1.0e-4 --set rl.max_steps=12 --set rl.shared_prefix=false
+
 # The replay of PARA-GRPO's falls (#62; docs/miniature.md "Replaying the falls"): the falling seeds
 # (REPLAY_SEEDS) once per variant, one RL switch at a time, in the default's output folder, so the
 # world, pretraining, SFT and the SFT model's measurements come from its cache (the default's
@@ -78,7 +83,7 @@ reproduce-table2: $(STAMP)
 REPLAY_SEEDS ?= [1,3]
 replay-falls: $(STAMP)
 	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
-	  --set 'reproduce.rows=[paragrpo]' --set 'reproduce.seeds=$(REPLAY_SEEDS)' \
+	  --set 'reproduce.rows=[paragrpo]' --set 'reproduce.seeds=$(REPLAY_SEEDS)' $(EARLIER_BUDGET) \
 	  --set 'reproduce.variants={unchanged: [], lr_half: [rl.learning_rate=5.0e-5], subagents_untrained: [rl.train_subagents=false], draw_key_1: [rl.gating.draw_key=1], kl_in_loss: [rl.kl_mode=loss]}' \
 	  --set reproduce.report_dir=report-replay-falls --set mlflow.experiment=paravt-replay-falls $(ARGS)
 
@@ -89,7 +94,7 @@ replay-falls: $(STAMP)
 BUDGET_SEEDS ?= [0,1,2,3]
 rl-budget: $(STAMP)
 	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
-	  --set 'reproduce.rows=[vanilla_grpo]' --set 'reproduce.seeds=$(BUDGET_SEEDS)' \
+	  --set 'reproduce.rows=[vanilla_grpo]' --set 'reproduce.seeds=$(BUDGET_SEEDS)' $(EARLIER_BUDGET) \
 	  --set 'reproduce.variants={lr1e4_s12: [], lr5e5_s12: [rl.learning_rate=5.0e-5], lr1e4_s24: [rl.max_steps=24], lr5e5_s24: [rl.learning_rate=5.0e-5, rl.max_steps=24]}' \
 	  --set reproduce.rl_validation=true --set reproduce.report_dir=report-rl-budget \
 	  --set mlflow.experiment=paravt-rl-budget $(ARGS)

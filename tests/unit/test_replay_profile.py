@@ -13,6 +13,14 @@ from paravt_core.miniature.reproduce import row_variants
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "conf/pipeline/reproduce.yaml"
+# The RL settings the default had when the replay and the budget profile ran; they keep them.
+EARLIER = ["rl.learning_rate=1.0e-4", "rl.max_steps=12", "rl.shared_prefix=false"]
+
+
+def differing(cfg, other) -> dict:
+    """The `rl` fields in which `cfg` differs from `other` (the row's label aside), as `cfg` has them."""
+    mine, theirs = cfg.rl.model_dump(), other.rl.model_dump()
+    return {k: v for k, v in mine.items() if v != theirs[k] and k != "row"}
 
 
 def replay_falls_sets(seeds: str = "[1,3]", target: str = "replay-falls", seeds_name: str = "REPLAY_SEEDS") -> list[str]:
@@ -54,11 +62,14 @@ def test_the_replay_keeps_every_key_before_rl_and_gives_each_variant_a_run_of_it
     assert set(before_rl) >= {"model", "video", "eval", "sft_run_dir", "grammar", "eval_results", "pretrain"}
     # the default's paragrpo run at seed 1, then each variant as the flow builds it (flows/reproduce.py)
     row = rl_row_file(CONFIG, "paragrpo")
-    fell = load_config(CONFIG, ["run.seed=1"], row)
+    fell = load_config(CONFIG, [*EARLIER, "run.seed=1"], row)
+    # the profile pins the default's RL settings as they were when it ran, and only those
+    assert set(EARLIER) <= set(sets)
+    assert differing(fell, load_config(CONFIG, ["run.seed=1"], row)) == {
+        "learning_rate": 1e-4, "max_steps": 12, "shared_prefix": False}
     runs = {label: load_config(CONFIG, [*sets, "run.seed=1", *extra], row)
             for label, extra in row_variants("paragrpo", replay.reproduce.variants)}
-    switched = {label: {k: v for k, v in cfg.rl.model_dump().items() if v != fell.rl.model_dump()[k] and k != "row"}
-                for label, cfg in runs.items()}
+    switched = {label: differing(cfg, fell) for label, cfg in runs.items()}
     assert switched == {"paragrpo.unchanged": {}, "paragrpo.lr_half": {"learning_rate": 5e-5},
                         "paragrpo.subagents_untrained": {"train_subagents": False},
                         "paragrpo.draw_key_1": {"gating": {**fell.rl.gating.model_dump(), "draw_key": 1}},
@@ -85,14 +96,17 @@ def test_the_budget_profile_switches_vanilla_grpo_learning_rate_and_steps_only_a
     before_rl = {k: v for k, v in stage_keys(profile, False).items() if k not in ("all", "rl,video,run", "rl_run_dir")}
     assert before_rl == {k: v for k, v in stage_keys(default, False).items() if k in before_rl}
     row = rl_row_file(CONFIG, "vanilla_grpo")
-    base = load_config(CONFIG, [], row)
-    budgets = {label: (cfg.rl.learning_rate, cfg.rl.max_steps, {k for k, v in cfg.rl.model_dump().items()
-                                                               if v != base.rl.model_dump()[k] and k != "row"})
+    base = load_config(CONFIG, EARLIER, row)
+    budgets = {label: (cfg.rl.learning_rate, cfg.rl.max_steps, set(differing(cfg, base)))
                for label, extra in row_variants("vanilla_grpo", profile.reproduce.variants)
                for cfg in [load_config(CONFIG, [*sets, *extra], row)]}
     assert list(budgets) == ["vanilla_grpo.lr1e4_s12", "vanilla_grpo.lr5e5_s12", "vanilla_grpo.lr1e4_s24",
                              "vanilla_grpo.lr5e5_s24"]
-    assert (base.rl.learning_rate, base.rl.max_steps) == (1e-4, 12)  # the first is the default's budget
+    # the first is the budget the default had when the profile ran; the default now has the chosen one
+    assert set(EARLIER) <= set(sets) and (base.rl.learning_rate, base.rl.max_steps) == (1e-4, 12)
+    now = load_config(CONFIG, [], row)
+    assert (now.rl.learning_rate, now.rl.max_steps, now.rl.shared_prefix) == (5e-5, 24, True)
+    assert differing(base, now) == {"learning_rate": 1e-4, "max_steps": 12, "shared_prefix": False}
     assert budgets == {"vanilla_grpo.lr1e4_s12": (1e-4, 12, set()),
                        "vanilla_grpo.lr5e5_s12": (5e-5, 12, {"learning_rate"}),
                        "vanilla_grpo.lr1e4_s24": (1e-4, 24, {"max_steps"}),
