@@ -21,7 +21,7 @@ GPU_STAMP := $(GPU_VENV)/.installed
 # The interpreter `make test-gpu` uses; GPU_PY=python3 on an image prepared by hand (../shared/GPU.md).
 GPU_PY ?= $(GPU_VENV)/bin/python
 
-.PHONY: install install-gpu install-serve demo reproduce reproduce-table2 replay-falls rl-budget rehearse-8b test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
+.PHONY: install install-gpu install-serve demo reproduce reproduce-table2 reproduce-conclusive replay-falls rl-budget rehearse-8b test test-unit test-server test-gpu gpu-check gpu-check-dry serve serve-stop ui bench bench-gpu clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -98,6 +98,17 @@ rl-budget: $(STAMP)
 	  --set 'reproduce.variants={lr1e4_s12: [], lr5e5_s12: [rl.learning_rate=5.0e-5], lr1e4_s24: [rl.max_steps=24], lr5e5_s24: [rl.learning_rate=5.0e-5, rl.max_steps=24]}' \
 	  --set reproduce.rl_validation=true --set reproduce.report_dir=report-rl-budget \
 	  --set mlflow.experiment=paravt-rl-budget $(ARGS)
+
+# The default's contrast with the SFT build as a level (#62 item 4; docs/miniature.md "A profile that
+# can conclude"): CONCLUSIVE_BUILDS SFT builds (sft.seed) from the default's one pretraining, each
+# training the default's rows x seeds, in the default's output folder. The size is the least the
+# default's run spreads allow, taking builds to differ no more than runs do. Report:
+# outputs/reproduce/report-conclusive; MLflow: paravt-reproduce-conclusive.
+CONCLUSIVE_BUILDS ?= [0,1,2,3,4,5,6,7,8,9,10,11,12]
+reproduce-conclusive: $(STAMP)
+	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
+	  --set 'reproduce.sft_seeds=$(CONCLUSIVE_BUILDS)' --set reproduce.report_dir=report-conclusive \
+	  --set mlflow.experiment=paravt-reproduce-conclusive $(ARGS)
 
 # A dress rehearsal of the 8B run on this CPU (docs/scale.md "The first 8B run"): paravt_8b.yaml's own
 # pipeline end to end, every process where it puts them, the tiny model and small sizes; the device

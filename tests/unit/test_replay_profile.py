@@ -111,3 +111,33 @@ def test_the_budget_profile_switches_vanilla_grpo_learning_rate_and_steps_only_a
                        "vanilla_grpo.lr5e5_s12": (5e-5, 12, {"learning_rate"}),
                        "vanilla_grpo.lr1e4_s24": (1e-4, 24, {"max_steps"}),
                        "vanilla_grpo.lr5e5_s24": (5e-5, 24, {"learning_rate", "max_steps"})}
+
+
+# The default's run spreads (points of held-out accuracy, SD over its 4 runs a row), measured by
+# `make reproduce` from a fresh clone of 3451871 (docs/miniature.md, "Current results"): PARA-GRPO
+# against vanilla GRPO (the pooled SD of the two rows) and PARA-GRPO's runs against their SFT model.
+PILOT_SD_ROWS, PILOT_SD_AGAINST_SFT = 6.7, 6.5
+
+
+def test_the_conclusive_profile_is_the_default_over_builds_sized_from_the_default_s_spreads():
+    """`make reproduce-conclusive` (#62 item 4): the default's rows and seeds from each SFT build; the
+    builds needed for each of its comparisons when a build's difference has only its runs' spread."""
+    import math
+
+    from paravt_core.miniature.inference import units_needed
+    from paravt_core.miniature.verdicts import MIN_ACCURACY
+    from tests.unit.test_cache_identity import stage_keys
+
+    sets = replay_falls_sets("[0,1,2,3,4,5,6,7,8,9,10,11,12]", "reproduce-conclusive", "CONCLUSIVE_BUILDS")
+    default, profile = load_config(CONFIG, []), load_config(CONFIG, sets)
+    assert (profile.reproduce.rows, profile.reproduce.seeds) == (default.reproduce.rows, default.reproduce.seeds)
+    assert (profile.reproduce.report_dir, profile.mlflow.experiment) == ("report-conclusive",
+                                                                          "paravt-reproduce-conclusive")
+    assert profile.rl == default.rl and profile.run.output_dir == default.run.output_dir
+    before_sft = {k: v for k, v in stage_keys(profile, False).items() if k in ("model", "video", "pretrain")}
+    assert before_sft and before_sft == {k: v for k, v in stage_keys(default, False).items() if k in before_sft}
+    runs = len(profile.reproduce.seeds)
+    # a build's difference of two rows' means of `runs` runs each; of a row's mean against its SFT model
+    builds = max(units_needed(PILOT_SD_ROWS * math.sqrt(2 / runs), MIN_ACCURACY * 100, 3, paired=True),
+                 units_needed(PILOT_SD_AGAINST_SFT / math.sqrt(runs), MIN_ACCURACY * 100, 1, paired=True))
+    assert len(profile.reproduce.sft_seeds) == builds == 13
