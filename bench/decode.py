@@ -52,8 +52,9 @@ def engine_tokens(engine: HFEngine, ids: list[list[int]], new: int, stop: int) -
 
 
 @torch.no_grad()
-def bare_tokens(model, ids: list[list[int]], new: int, layers: int) -> tuple[float, list[list[int]]]:
-    """Prefill, then one forward a token: the same rows, positions and cache as the engine's."""
+def bare_tokens(model, ids: list[list[int]], new: int, layers: int, masked: list[int]) -> tuple[float, list[list[int]]]:
+    """Prefill, then one forward a token: the same rows, positions and cache as the engine's, and
+    its mask on the media tokens (`masked`: never generated)."""
     start = time.perf_counter()
     prompt = torch.tensor(ids)
     rows, length = prompt.shape
@@ -62,13 +63,18 @@ def bare_tokens(model, ids: list[list[int]], new: int, layers: int) -> tuple[flo
     positions = torch.arange(length)[None, None].expand(3, rows, -1)
     logits = model(input_ids=prompt, attention_mask=mask[:, :length], position_ids=positions,
                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-    chosen = [logits[:, -1].argmax(-1)]
+    def pick(last):
+        last = last.clone()
+        last[:, masked] = float("-inf")
+        return last.argmax(-1)
+
+    chosen = [pick(logits[:, -1])]
     for step in range(1, new):
         at = length + step - 1
         logits = model(input_ids=chosen[-1][:, None], attention_mask=mask[:, :at + 1],
                        position_ids=torch.full((3, rows, 1), at), past_key_values=cache, use_cache=True,
                        cache_position=torch.tensor([at])).logits
-        chosen.append(logits[:, -1].argmax(-1))
+        chosen.append(pick(logits[:, -1]))
     return time.perf_counter() - start, torch.stack(chosen, 1).tolist()
 
 
@@ -92,15 +98,19 @@ def main() -> int:
 
     times: dict[tuple[str, int], list[float]] = {}
     for new in (1, args.new):  # warm-up, both lengths
-        engine_tokens(engine, ids, new, stop), bare_tokens(model, ids, new, layers)
+        engine_tokens(engine, ids, new, stop), bare_tokens(model, ids, new, layers, engine.media_token_ids)
     for repeat in range(args.repeats):
         for new in (1, args.new):
             seconds, by_engine = engine_tokens(engine, ids, new, stop)
             times.setdefault(("engine", new), []).append(seconds)
-            seconds, by_bare = bare_tokens(model, ids, new, layers)
+            seconds, by_bare = bare_tokens(model, ids, new, layers, engine.media_token_ids)
             times.setdefault(("bare", new), []).append(seconds)
             if by_engine != by_bare:
-                print(f"the bare loop's tokens differ from the engine's (repeat {repeat}, {new} new)", file=sys.stderr)
+                row = next(r for r, (a, b) in enumerate(zip(by_engine, by_bare)) if a != b)
+                at = next((i for i, (a, b) in enumerate(zip(by_engine[row], by_bare[row])) if a != b),
+                          min(len(by_engine[row]), len(by_bare[row])))
+                print(f"the bare loop's tokens differ from the engine's (repeat {repeat}, {new} new): row {row} "
+                      f"from token {at}", file=sys.stderr)
                 return 1
             if any(len(row) != new for row in by_engine):
                 print(f"a row stopped before {new} tokens: pick another --prompt or seed", file=sys.stderr)
