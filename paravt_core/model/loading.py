@@ -37,7 +37,8 @@ ATTENTION_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "eager")
 # threads' first loads at once (the reproduction's fan-out ends two RL runs in the same second
 # and starts both runs' sampled probes) can see a module the other is still importing:
 # "ImportError: cannot import name 'AutoProcessor' from 'transformers'" (measured: 2 of 4 fresh
-# processes whose two threads loaded a processor at once). Reentrant: a load may load.
+# processes whose two threads loaded a processor at once). It also keeps `_zero3_construction`'s
+# process-wide DeepSpeed registration from reaching another thread's load. Reentrant: a load may load.
 _LOADING = threading.RLock()
 
 
