@@ -287,18 +287,22 @@ def test_the_replay_profile_reuses_the_defaults_stages_and_repeats_its_run_bit_f
 
     from flows.reproduce import ReproduceParams, reproduce
     from paravt_core.refs import file_hash
-    from tests.unit.test_replay_profile import replay_falls_sets
+    from tests.unit.test_replay_profile import EARLIER, replay_falls_sets
 
     config = str(REPO / "conf/pipeline/reproduce.yaml")
     small = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1", "run.fanout.max_concurrent=1"]
-    default = reproduce(ReproduceParams(config_path=config, overrides=[*small, "reproduce.rows=[paragrpo]"]),
+    # The default as it was when the replay ran (the profile pins those RL settings, the Makefile's
+    # EARLIER_BUDGET), at the shrunk run's step count, which the profile's pinned 12 steps would undo.
+    steps = next(o for o in small if o.startswith("rl.max_steps="))
+    default = reproduce(ReproduceParams(config_path=config,
+                                        overrides=[*small, *EARLIER, steps, "reproduce.rows=[paragrpo]"]),
                         return_state=True)
     assert default.is_completed()
     report = (tmp_path / "report" / "report.md").read_bytes()
     pretrained = _files(tmp_path / "cache" / "pretrain")
     assert pretrained
 
-    replay = reproduce(ReproduceParams(config_path=config, overrides=[*small, *replay_falls_sets("[0]")]),
+    replay = reproduce(ReproduceParams(config_path=config, overrides=[*small, *replay_falls_sets("[0]"), steps]),
                        return_state=True)
     assert replay.is_completed()
     runs = task_runs(replay.state_details.flow_run_id)
