@@ -97,12 +97,12 @@ WEIGHT_BOUND = 1e-2  # the two runs' weights after two steps apart by at most th
 
 
 def _config(out: Path, model: list[str]):
-    # conf/pipeline/reproduce.yaml's RL (gating, crops, sub-agents trained, KL), smaller, per row: the
-    # path before #45 had no shared prefixes (rl.shared_prefix, held to the per-row path by
-    # tests/integration/test_shared_prefix.py).
+    # conf/pipeline/reproduce.yaml's RL (gating, crops, sub-agents trained, KL), smaller, per row unless
+    # `model` turns rl.shared_prefix on: the path before #45 had no shared prefixes (held to the per-row
+    # path by tests/integration/test_shared_prefix.py).
     return load_config(REPO / "conf/pipeline/reproduce.yaml", [
-        f"run.output_dir={out}", "model.pretrain.enabled=false", "model.pretrain.sft_replay_rows=0", *model,
-        "rl.shared_prefix=false",
+        f"run.output_dir={out}", "model.pretrain.enabled=false", "model.pretrain.sft_replay_rows=0",
+        "rl.shared_prefix=false", *model,
         "rl.prompts_per_step=2", "rl.group_size=2",
         "rl.micro_batch_size=3", "rl.rollout.max_new_tokens=6", "rl.rollout.subagent_max_new_tokens=5",
         "rl.learning_rate=0.01", "video.crop_max_frames=4", "video.max_pixels=3072"])

@@ -116,14 +116,19 @@ def _row_weights(out: Path) -> dict[str, str]:
 
 
 def _rl_metrics(cfg) -> dict[str, dict[str, float]]:
-    """row -> the RL run's metrics in MLflow (their last values), wall-clock ones left out."""
+    """row -> the RL run's metrics in MLflow (their last values), wall-clock ones left out. Finished
+    runs only: a row killed with its worker leaves the MLflow run it had opened (status RUNNING, the
+    metrics it logged before), and search_runs lists it beside the attempt that finished."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(cfg.mlflow_uri())
     experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
-    runs = client.search_runs([experiment.experiment_id], "tags.stage = 'rl'")
-    return {run.data.tags["ablation_row"]: {k: v for k, v in run.data.metrics.items() if not k.startswith("time_")}
-            for run in runs}
+    runs = [run for run in client.search_runs([experiment.experiment_id], "tags.stage = 'rl'")
+            if run.info.status == "FINISHED"]
+    metrics = {run.data.tags["ablation_row"]: {k: v for k, v in run.data.metrics.items() if not k.startswith("time_")}
+               for run in runs}
+    assert len(metrics) == len(runs), "one finished RL run a row"
+    return metrics
 
 
 def _kill_first_row_worker(url: str, processes: dict, killed: list) -> None:
