@@ -14,8 +14,12 @@ prefill drops out. The bare loop must give the engine's tokens (the bench stops 
 when it does not); its step time over the engine's is the share of a decoding step that is the
 model's forward. Repeats interleave the two; medians are printed.
 
-Run: `.venv/bin/python bench/decode.py [--rows 16] [--prompt 680] [--new 64] [--repeats 5] [--threads 1]`
-(the defaults: the RL bench's 16 rollouts, a prompt of the reproduction's RL prompts' length).
+The model is built as the rollout builds it (`build_model` with conf/pipeline/reproduce.yaml's
+`model` section). `--kernels`: one more engine call (prefill and --new tokens) under
+torch.profiler, its CPU split into matrix products, attention and the rest (`rl_step.KernelSplit`).
+
+Run: `.venv/bin/python bench/decode.py [--rows 16] [--prompt 680] [--new 64] [--repeats 5] [--threads 1]
+[--kernels]` (the defaults: the RL bench's 16 rollouts, a prompt of the reproduction's RL prompts' length).
 """
 
 from __future__ import annotations
@@ -32,8 +36,12 @@ import torch
 from paravt_core.agent.engine import GenerationRequest, SamplingParams
 from paravt_core.agent.hf_engine import HFEngine
 from paravt_core.agent.kv_cache import PreallocatedCache
-from paravt_core.model.loading import load_model, load_processor
+from paravt_core.config import load_config
+from paravt_core.model.loading import build_model, load_processor
 from paravt_core.model.tiny import TinyModelSpec, build_tiny_model
+from rl_step import KernelSplit
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def prompts(tokenizer, rows: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -85,11 +93,13 @@ def main() -> int:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kernels", action="store_true", help="split one more engine call's CPU by kernel")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_tiny_model(TinyModelSpec(seed=0), Path(tmp) / "tiny")
-        model, processor = load_model(folder).eval(), load_processor(folder)
+        model = build_model(load_config(REPO / "conf/pipeline/reproduce.yaml").model, folder).eval()
+        processor = load_processor(folder)
     engine = HFEngine(model, processor)
     layers = model.config.get_text_config().num_hidden_layers
     ids = prompts(processor.tokenizer, args.rows, args.prompt)
@@ -127,6 +137,13 @@ def main() -> int:
         print(f"| {name} | {median[(name, 1)]:.3f} | {step[name] * 1e3:.2f} |")
     print(f"bare / engine, decoding step: {step['bare'] / step['engine']:.2f}x "
           f"(the model's forward is that share of the engine's step)")
+    if args.kernels:
+        with KernelSplit(profiled=True) as split:
+            engine_tokens(engine, ids, args.new, stop)
+        cpu = split.split["cpu_s"]
+        print(f"one engine call under torch.profiler: {cpu:.2f} CPU s, matrix products "
+              f"{split.split['matmul_s'] / cpu:.0%}, attention {split.split['attention_s'] / cpu:.0%}, "
+              f"the rest {split.split['rest_s'] / cpu:.0%}")
     return 0
 
 
