@@ -3,7 +3,8 @@
 Both trees run the same work in child processes, interleaved (old, new, old, new, ...),
 with the same torch thread count, on inputs built once by this process:
 - the tiny random-weight Qwen3-VL (`TinyModelSpec(seed=0)`, ~1.5 M parameters);
-- RL: conf/pipeline/reproduce.yaml's RL section (4 prompts x 4 rollouts, nFrames gating
+- RL: conf/pipeline/reproduce.yaml's RL section, its learning rate pinned (`PINNED`), the per-row
+  path in `new` and `fast` (4 prompts x 4 rollouts, nFrames gating
   {2, 3, 4, 6}, 16-frame 1 fps crops, sub-agents trained, KL to the reference) on one rank,
   in process (`rl.worker.Trainer`, steps_only), 16 multiple-choice prompts on a 40 s clip;
 - evaluation: the reproduction's eval settings (subagent tool mode, 6 overview frames,
@@ -195,16 +196,21 @@ class KernelSplit:
 # The trainer's own wall seconds of a step's three phases (rl.worker.Trainer.train_step's `time_*`).
 PHASES = {"time_rollout_s": "rollout", "time_reference_s": "reference pass", "time_train_s": "policy pass and update"}
 FAST = ["model.vision_dedupe=always", "model.patch_embed=linear", "model.prefill_attention=causal_rows"]
-# The settings each variant of this tree adds (`old` runs the older tree as it is).
-VARIANT_SETTINGS = {"old": [], "new": [], "fast": FAST, "shared": ["rl.shared_prefix=true"],
+# The settings each variant of this tree adds (`old` runs the older tree as it is). `new` and `fast`
+# keep the per-row path: reproduce.yaml turned `rl.shared_prefix` on after 88dfe98 (3451871).
+PER_ROW = ["rl.shared_prefix=false"]
+VARIANT_SETTINGS = {"old": [], "new": PER_ROW, "fast": [*FAST, *PER_ROW], "shared": ["rl.shared_prefix=true"],
                     "fast_shared": [*FAST, "rl.shared_prefix=true"]}
+# Pinned in every child, both trees: reproduce.yaml's RL settings that moved since the baselines (its
+# learning rate, 1e-4 until 3451871), so the trees train alike and `new` can be held to `old` bit for bit.
+PINNED = ["rl.learning_rate=5.0e-5"]
 
 
 def _config(tree: Path, out: Path, questions: int, main_tokens: int = 64, subagent_tokens: int = 48,
             extra: list[str] | None = None):
     from paravt_core.config import load_config
 
-    return load_config(tree / "conf/pipeline/reproduce.yaml", [*(extra or []), 
+    return load_config(tree / "conf/pipeline/reproduce.yaml", [*PINNED, *(extra or []),
         f"run.output_dir={out}", "data.synth.train_videos=4", f"data.synth.eval_videos_per_split={questions}",
         f"data.synth.eval_rows_per_split={questions}", "data.synth.validation=false", "eval.splits=[videomme]",
         "model.pretrain.enabled=false", "model.pretrain.sft_replay_rows=0", "model.vision_attention=batched",
@@ -369,6 +375,8 @@ def main() -> int:
                         "split by kernel (module docstring)")
     parser.add_argument("--shared-prefix", action="store_true",
                         help="a fourth variant, this tree with rl.shared_prefix: true (module docstring)")
+    parser.add_argument("--variants", help="run only these variants (comma-separated; `old` and `new` always run: "
+                        "they are the exactness check), e.g. old,new,shared")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tree", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
@@ -387,6 +395,14 @@ def main() -> int:
     else:
         trees = {"old": args.old.resolve(), "new": REPO, "fast": REPO,
                  **({"shared": REPO, "fast_shared": REPO} if args.shared_prefix else {})}
+    if args.variants:
+        wanted = {"new", *(["old"] if "old" in trees else []), *args.variants.split(",")}
+        unknown = wanted - set(trees)
+        if unknown:
+            print(f"bench/rl_step.py: --variants names {sorted(unknown)}, not among this run's {list(trees)}",
+                  file=sys.stderr)
+            return 2
+        trees = {name: tree for name, tree in trees.items() if name in wanted}
     first = next(iter(trees))  # the baseline of the ratios and of the exactness check
     with tempfile.TemporaryDirectory(prefix="paravt-bench-rl-step-") as tmp:
         root = Path(tmp)
@@ -434,6 +450,8 @@ def main() -> int:
     print(f"same results, new against {first} (RL metrics of every step, final weights, eval predictions): "
           f"{'yes' if same else 'NO'}")
     for name, against in (("fast", "old"), ("shared", "new"), ("fast_shared", "fast")):
+        if against not in results:
+            continue
         for r in results.get(name, []):
             base = results[against][0]
             metric_gap = max(abs(a[k] - b[k]) for a, b in zip(r["rl_metrics"], base["rl_metrics"]) for k in a if k in b)

@@ -36,6 +36,8 @@ so ZeRO-3's parameter gathers should stay in step across ranks (not yet run on t
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -209,14 +211,68 @@ def dense_mask(rows: Sequence[PackedRow], width: int, plant: Plant = None) -> to
     return mask[:, None]
 
 
+class PackMemo:
+    """The packed micro-batches of the latest passes, so a step's reference pass and policy pass
+    pack each micro-batch once (`pack` is a twentieth of the tiny RL step's CPU, docs/speed.md).
+
+    A micro-batch is recognized by the identity of its trajectory objects, in order (the two
+    passes build the same micro-batches from the same step's trajectories, `policy.micro_batches`),
+    and by what else `pack` reads: the token ids, the model's spatial merge and media token ids
+    (its M-RoPE positions come from them), the planted fault. The memo holds the trajectories
+    themselves, so an id is never reused while its entry lives; it keeps the last `size` entries.
+    A hit returns the same `PackedBatch`, which nothing downstream mutates.
+    """
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._entries: OrderedDict[tuple, tuple[list, PackedBatch]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def get(self, key: tuple, trajs: Sequence[Trajectory]) -> PackedBatch | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or len(entry[0]) != len(trajs) or any(a is not b for a, b in zip(entry[0], trajs)):
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry[1]
+
+    def put(self, key: tuple, trajs: Sequence[Trajectory], packed: PackedBatch) -> None:
+        with self._lock:
+            self._entries[key] = (list(trajs), packed)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+PACKED = PackMemo()
+
+
 def pack(trajs: Sequence[Trajectory], ids: dict[str, int], model, plant: Plant = None) -> PackedBatch:
-    """The packed rows of a micro-batch (module docstring), on the CPU."""
+    """The packed rows of a micro-batch (module docstring), on the CPU; the same micro-batch packed
+    again for another model of the same architecture (the step's second pass) comes from `PACKED`."""
     inner = unwrapped(model)
     base = getattr(inner, "model", None)
     if not hasattr(base, "get_rope_index") or not hasattr(getattr(base, "visual", None), "spatial_merge_size"):
         raise TypeError(f"rl.shared_prefix needs a Qwen3-VL model (model.get_rope_index, model.visual); got "
                         f"{type(inner).__name__}: set rl.shared_prefix: false")
     merge = int(base.visual.spatial_merge_size)
+    config = inner.config
+    key = (tuple(id(t) for t in trajs), tuple(sorted(ids.items())), merge, plant,
+           *(getattr(config, name, None) for name in ("image_token_id", "video_token_id", "vision_start_token_id")))
+    packed = PACKED.get(key, trajs)
+    if packed is None:
+        packed = _pack(trajs, ids, base, merge, plant)
+        PACKED.put(key, trajs, packed)
+    return packed
+
+
+def _pack(trajs: Sequence[Trajectory], ids: dict[str, int], base, merge: int, plant: Plant) -> PackedBatch:
     media = [media_of(t, ids, merge) for t in trajs]
     rows = prefix_groups(trajs, media)
     positions = _row_positions(trajs, ids, base.get_rope_index)

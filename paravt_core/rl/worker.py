@@ -61,6 +61,7 @@ from paravt_core.rl.policy import fixed_format_reward, paravt_reward, reward_mea
 from paravt_core.rl.replay import PromptDraw, StepDraws, rollout_digest, sampler_seed, write_draws
 from paravt_core.rl.rollout_engine import build_rollout_engine
 from paravt_core.rl.schedule import step_plan
+from paravt_core.rl.shared_prefix import PACKED
 from paravt_core.rl.weight_push import GatheredWeights
 from paravt_core.tracking import MetricLogger
 
@@ -263,14 +264,17 @@ class Trainer:
             step + 1, self.rank, episodes, prompts, adv.rewards, adv.per_episode, trajs, total, decisions,
             adv.shaped.tolist(), behaviour_version(step, self.rl.overlap)))
         loss_sum, clip_sum, dropped = 0.0, 0.0, 0.0
-        for i, batch in enumerate(P.micro_batches(trajs, micro, count, by_group=self.rl.shared_prefix)):
-            self.policy.set_gradient_accumulation_boundary(i == count - 1)
-            loss, stats = P.micro_batch_loss(self.policy, batch.trajs, self.rl, self.ids, total, self.device,
-                                             world=self.world, weight=0.0 if batch.filler else 1.0)
-            self.policy.backward(loss)
-            loss_sum += loss.item()
-            clip_sum += stats["clip_frac"]
-            dropped += stats["dropped_tokens"]
+        try:
+            for i, batch in enumerate(P.micro_batches(trajs, micro, count, by_group=self.rl.shared_prefix)):
+                self.policy.set_gradient_accumulation_boundary(i == count - 1)
+                loss, stats = P.micro_batch_loss(self.policy, batch.trajs, self.rl, self.ids, total, self.device,
+                                                 world=self.world, weight=0.0 if batch.filler else 1.0)
+                self.policy.backward(loss)
+                loss_sum += loss.item()
+                clip_sum += stats["clip_frac"]
+                dropped += stats["dropped_tokens"]
+        finally:  # the reference pass's packed micro-batches served this pass; the next step packs its own
+            PACKED.clear()
         self.policy.step()
         t3 = time.perf_counter()
         if push:

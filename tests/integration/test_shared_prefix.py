@@ -204,6 +204,38 @@ def test_the_step_passes_give_the_per_row_results_with_the_switch(tiny_model, st
     assert _gaps((torch.zeros(1), grads_shared), (torch.zeros(1), grads))[1] <= GRADIENT_TOLERANCE
 
 
+def test_the_second_pass_reuses_the_first_passes_packing_and_nothing_else(tiny_model, step, monkeypatch):
+    """`shared_prefix.PACKED`: the policy pass packs none of the micro-batches the reference pass packed
+    (the same trajectory objects, in order), with bit-equal results; equal trajectories that are other
+    objects, or another planted fault, pack again."""
+    import copy
+
+    trajs, ids = step
+    shared_prefix.PACKED.clear()
+    packed: list[int] = []
+    real = shared_prefix._pack
+    monkeypatch.setattr(shared_prefix, "_pack", lambda trajs, *rest: packed.append(len(trajs)) or real(trajs, *rest))
+    needed = _needed(trajs)
+    with torch.no_grad():
+        first = shared_prefix.shared_prefix_logprobs(tiny_model, trajs, ids, TEMPERATURE, "cpu", needed)
+        again = shared_prefix.shared_prefix_logprobs(tiny_model, trajs, ids, TEMPERATURE, "cpu", needed)
+        assert packed == [len(trajs)] and torch.equal(first, again)
+        copies = copy.deepcopy(trajs)  # equal tokens and media, other objects: not this memo's to answer
+        assert torch.equal(shared_prefix.shared_prefix_logprobs(tiny_model, copies, ids, TEMPERATURE, "cpu", needed),
+                           first)
+        assert packed == [len(trajs)] * 2
+        shared_prefix.shared_prefix_logprobs(tiny_model, trajs, ids, TEMPERATURE, "cpu", needed, plant="shift")
+        assert packed == [len(trajs)] * 3
+        shared_prefix.PACKED.clear()
+        assert torch.equal(shared_prefix.shared_prefix_logprobs(tiny_model, trajs, ids, TEMPERATURE, "cpu", needed),
+                           first)
+        assert packed == [len(trajs)] * 4
+    memo = shared_prefix.PackMemo(size=2)
+    for k in range(3):
+        memo.put((k,), trajs, first)
+    assert memo.get((0,), trajs) is None and memo.get((2,), trajs) is first and memo.get((2,), trajs[1:]) is None
+
+
 def test_eager_attention_gets_an_additive_mask(tiny_model_dir, step):
     """Under `model.attn_implementation: eager` the dense mask is additive; both paths still agree."""
     trajs, ids = step
@@ -226,8 +258,11 @@ def test_the_trainer_runs_both_passes_shared_when_the_switch_is_on(rl_inputs, tm
     real = policy.shared_prefix_logprobs
     monkeypatch.setattr(policy, "shared_prefix_logprobs",
                         lambda *args, **kwargs: calls.append(torch.is_grad_enabled()) or real(*args, **kwargs))
+    hits = shared_prefix.PACKED.hits
     rows, _, _ = _two_steps(tmp_path, init, rl_data, [*EXACT, "rl.shared_prefix=true"], monkeypatch)
     assert False in calls and True in calls
+    # The policy pass reused the reference pass's packing, and no step's packing outlived its step.
+    assert shared_prefix.PACKED.hits > hits and not shared_prefix.PACKED._entries
     assert all(torch.isfinite(torch.tensor(value)) for row in rows for value in row.values())
 
 
