@@ -12,7 +12,7 @@ generation of up to --max-new-tokens tokens: this measures the engine, not the a
 
 --smoke runs the same code on the tiny model in fp32 (CPU allowed): it checks the script, not speed.
 
-Run: python bench/rl_gpu.py [--steps 2] [--zero-stage 3] [--out result.json]
+Run: python bench/rl_gpu.py [--steps 2] [--zero-stage 3] [--out result.json] [--set rl.shared_prefix=true]
 Without a CUDA GPU (and no --smoke) it exits at once with status 2 saying so.
 """
 
@@ -50,7 +50,7 @@ def overrides(tmp: Path, args) -> list[str]:
             "rl.checkpoint_every=1000", f"rl.rollout.max_new_tokens={args.max_new_tokens}",
             f"rl.rollout.subagent_max_new_tokens={args.max_new_tokens}", f"video.nframes={4 if args.smoke else 16}",
             f"video.max_pixels={6144 if args.smoke else 50176}",
-            f"rl.gradient_checkpointing={str(args.checkpointing).lower()}"]
+            f"rl.gradient_checkpointing={str(args.checkpointing).lower()}", *args.set]
 
 
 def main() -> int:
@@ -64,6 +64,8 @@ def main() -> int:
                         help="rl.gradient_checkpointing (without it step 2 ran out of 80 GB at the 2B shape)")
     parser.add_argument("--smoke", action="store_true", help="the tiny model, CPU allowed: checks the script only")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override after the bench's own (repeatable), e.g. rl.shared_prefix=true")
     args = parser.parse_args()
 
     import torch
@@ -121,7 +123,7 @@ def main() -> int:
                       "trajectories": row.get("trajectories"), "generated_tokens": generated,
                       "rollout_tokens_per_s": generated / row["time_rollout_s"] if row["time_rollout_s"] else None,
                       "kappa": row["kappa"], "loss": row["loss"]})
-    result = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "smoke": args.smoke,
+    result = {"device": torch.cuda.get_device_name(0) if on_gpu else "cpu", "smoke": args.smoke, "set": args.set,
               "zero_stage": args.zero_stage, "prompts": args.prompts, "group": args.group,
               "max_new_tokens": args.max_new_tokens, "wall_s_load_and_steps": wall,
               "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None, "steps": steps,
