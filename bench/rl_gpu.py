@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,6 +113,7 @@ def main() -> int:
             train(job)
         except Exception as exc:  # e.g. out of memory in a later step: report the steps that finished
             error = f"{type(exc).__name__}: {str(exc)[-1500:]}"
+            traceback.print_exc()  # where it failed, on stderr (the result keeps the message)
         wall = time.perf_counter() - started  # model loading and the steps; a timing run exports nothing
         metrics = job.out_dir / "metrics.jsonl"
         rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []

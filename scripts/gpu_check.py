@@ -77,6 +77,12 @@ for name in ("transformers", "deepspeed", "liger_kernel", "triton", "av", "pydan
     except Exception as exc:
         info[name] = f"missing: {exc}"
 print(json.dumps(info, indent=2))
+# The project's code follows the transformers it pins: on the image's 5.17, Qwen3-VL's vision features
+# come back unsplit and the vision dedupe fails ("'tuple' object has no attribute 'to'", 2026-11-30).
+pinned = next(line.split("==")[1].strip() for line in open("requirements.lock") if line.startswith("transformers=="))
+if info["transformers"] != pinned:
+    raise SystemExit(f"transformers {info['transformers']} here, the project pins {pinned} (requirements.lock): bring "
+                     f"its wheel in --wheels (pip download --no-deps transformers=={pinned}, pure Python, 13 MB)")
 """
 
 

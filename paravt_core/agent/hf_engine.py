@@ -373,9 +373,8 @@ class HFEngine:
         cache = PreallocatedCache(self.num_layers, width + rest_width + params.max_new_tokens)
         inputs = heads.model_inputs(device)
         positions, deltas = self._positions(heads)
-        self.model(**{name: inputs[name] for name in ("input_ids", "attention_mask", "mm_token_type_ids")},
-                   **heads.vision.as_kwargs(), position_ids=positions.to(device), past_key_values=cache,
-                   use_cache=True, logits_to_keep=1)
+        self.model(**inputs, position_ids=positions.to(device), past_key_values=cache, use_cache=True,
+                   logits_to_keep=1)  # `inputs`: tokens and media on the model's device
         index = torch.tensor(groups, device=device)
         cache.select_rows(index)
         deltas = deltas.to(device).index_select(0, index)  # [B, 1]

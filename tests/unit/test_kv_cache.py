@@ -190,3 +190,24 @@ def test_text_only_requests_share_their_start_too(tiny_model, tiny_processor, te
     assert [g.token_ids for g in shared] == [g.token_ids for g in plain]
     for a, b in zip(shared, plain):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_a_shared_start_with_media_is_prefilled_on_the_card(tiny_model_dir, tiny_processor):
+    """The shared prefill hands the model its media on the model's device, as `generate` does (on a
+    CUDA model it once passed the CPU pixels: "Input type (CPUBFloat16Type) and weight type
+    (CUDABFloat16Type) should be the same", bench/rl_gpu.py with rl.shared_prefix). Greedy tokens equal
+    the plain path's on the card, in float32; log-probs within the card's rounding (TF32 convolutions)."""
+    from paravt_core.model.loading import load_model
+
+    model = load_model(tiny_model_dir, device="cuda")
+    first, _, third = _image_requests(tiny_processor)
+    tokens = tiny_processor.tokenizer
+    rests = [tokens(text, add_special_tokens=False)["input_ids"] for text in (" red", " a blue block", " green")]
+    requests = [GenerationRequest(first.prompt_ids + rest, first.vision) for rest in rests] + [third]
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=(-1,))
+    plain = hf_engine.HFEngine(model, tiny_processor).generate(requests, params)
+    shared = hf_engine.HFEngine(model, tiny_processor, share_prompts=True).generate(requests, params)
+    assert [g.token_ids for g in shared] == [g.token_ids for g in plain]
+    for a, b in zip(shared, plain):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-2, rtol=0)
