@@ -59,9 +59,14 @@ DEFAULT_PRELOAD = (
     "torch", "torch.distributed", "torchvision", "numpy", "deepspeed", "transformers",
     "transformers.models.qwen3_vl.modeling_qwen3_vl", "transformers.models.qwen3_vl.processing_qwen3_vl",
     "transformers.models.qwen3_vl.video_processing_qwen3_vl",
-    "transformers.models.qwen2_vl.image_processing_qwen2_vl_fast", "mlflow", "mlflow.tracking", "av",
+    "transformers.models.qwen2_vl.image_processing_qwen2_vl_fast", "?mlflow", "?mlflow.tracking", "av",
     "pyarrow", "pyarrow.parquet", "pydantic", "yaml", "tqdm",
 )
+# A name starting with OPTIONAL is preloaded where it is installed and skipped where it is not: a
+# rank that needs it imports it itself. mlflow is one: runs with `mlflow.enabled: false` never
+# import it, and the GPU image lacks it (docs/gpu_check.md, 2026-11-30: every SFT launch of the gpu
+# tier failed there, the server unable to start). Any other failing import still fails the launch.
+OPTIONAL = "?"
 # Variables a preloaded library reads once, at import: a request must agree with the server.
 # Thread counts among them: OpenMP and OpenBLAS size their pools from OMP_NUM_THREADS when
 # they load. PYTHONPATH, PYTHONDONTWRITEBYTECODE and PYTHONUNBUFFERED are applied in the child;
@@ -289,8 +294,14 @@ def serve(socket_path: Path, preload: Sequence[str]) -> None:
 
     before = dict(os.environ)
     try:
-        for name in preload:
-            importlib.import_module(name)
+        for entry in preload:
+            name = entry.removeprefix(OPTIONAL)
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError as err:
+                absent = (err.name or "").split(".")[0] == name.split(".")[0]
+                if not (entry.startswith(OPTIONAL) and absent):
+                    raise
     except BaseException:
         import traceback
 

@@ -204,11 +204,29 @@ def apply_liger_kernels(model, on_gpu: bool) -> None:
     if not on_gpu:
         raise RuntimeError("sft.liger_kernels runs Triton kernels, which need a CUDA GPU; turn it off on CPU")
     try:
-        from liger_kernel.transformers import apply_liger_kernel_to_qwen3_vl
+        from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb, liger_rotary_pos_emb_vision
     except ImportError as err:
         raise RuntimeError("sft.liger_kernels needs the liger-kernel package (the gpu extra: make install-gpu)") from err
-    apply_liger_kernel_to_qwen3_vl(rope=True, rms_norm=True, swiglu=False, cross_entropy=False,
-                                   fused_linear_cross_entropy=False, model=model)
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    # What Liger's `apply_liger_kernel_to_qwen3_vl(rope, rms_norm)` does, without that function: it
+    # imports its fused-loss forward first, whose module needs `Qwen3VLCausalLMOutputWithPast`, a
+    # class transformers 5.23 no longer has (liger-kernel 0.8.5, the newest on the registry: every
+    # `sft.liger_kernels` run failed at that import on the GPU, docs/gpu_check.md, 2026-11-30).
+    # RoPE: the module's functions (process-wide, as Liger's patch is); RMSNorm: the text model's
+    # norms patched in place (their parameters stay the same objects, as ZeRO-3 needs), in Llama's
+    # casting, offset 0.
+    modeling_qwen3_vl.apply_rotary_pos_emb = liger_rotary_pos_emb
+    modeling_qwen3_vl.apply_rotary_pos_emb_vision = liger_rotary_pos_emb_vision
+    text = model.model.language_model
+    norms = [text.norm]
+    for layer in text.layers:
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += [norm for norm in (getattr(layer.self_attn, "q_norm", None), getattr(layer.self_attn, "k_norm", None))
+                  if norm is not None]
+    for norm in norms:
+        _patch_rms_norm_module(norm, offset=0.0, casting_mode="llama")
 
 
 def host_pixel_dtype(setting: str, training_dtype: str) -> torch.dtype | None:

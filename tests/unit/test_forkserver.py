@@ -163,6 +163,20 @@ def test_a_server_whose_imports_fail_fails_the_launch_at_once_with_the_reason(tm
         forkserver.start(tmp_path / "t.sock", preload=("no_such_module_for_the_fork_server",))
 
 
+def test_an_optional_preload_that_is_not_installed_is_skipped_and_a_required_one_is_not(tmp_path):
+    """`forkserver.OPTIONAL`: mlflow is preloaded where it is installed; on a machine without it (the
+    GPU image) the server still starts. A required module that is absent still fails the launch."""
+    script = tmp_path / "report.py"
+    script.write_text(REPORT)
+    with forkserver.start(tmp_path / "s.sock", preload=("json", "?no_such_module_for_the_fork_server",
+                                                         "?no_such_module_for_the_fork_server.sub")) as server:
+        proc, output = run(server, script)
+    assert proc.returncode == 0 and '"main": "__main__"' in output
+    with pytest.raises(RuntimeError, match="no_such_module_for_the_fork_server"):
+        forkserver.start(tmp_path / "t.sock", preload=("?json", "no_such_module_for_the_fork_server"))
+    assert "?mlflow" in forkserver.DEFAULT_PRELOAD and "mlflow" not in forkserver.DEFAULT_PRELOAD
+
+
 def test_a_socket_path_too_long_for_a_unix_socket_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(ValueError, match="too long for a Unix socket"):
         forkserver.start(tmp_path / ("x" * 120) / "s.sock")
