@@ -243,6 +243,7 @@ class Trainer:
         own = -(-len(trajs) // micro)
         # Every rank runs as many micro-batches as the rank with the most (SPEC §5).
         count = int(self._all_ranks(float(own), op="max")[0])
+        PACKED.clear()  # a step that failed before its policy pass leaves no packing behind
         if self.ref_model is not None:
             P.reference_pass(self.ref_model, trajs, micro, self.ids, self.rl.ref_temperature or self.rl.temperature,
                              self.device, count if self.ref_collectives else None, self.rl.logprob_chunk,

@@ -215,8 +215,8 @@ def apply_liger_kernels(model, on_gpu: bool) -> None:
     # class transformers 5.23 no longer has (liger-kernel 0.8.5, the newest on the registry: every
     # `sft.liger_kernels` run failed at that import on the GPU, docs/gpu_check.md, 2026-11-30).
     # RoPE: the module's functions (process-wide, as Liger's patch is); RMSNorm: the text model's
-    # norms patched in place (their parameters stay the same objects, as ZeRO-3 needs), in Llama's
-    # casting, offset 0.
+    # norms patched in place by Liger's own helper (private in liger-kernel 0.8.5, the version
+    # requirements-gpu.txt pins), their parameters the same objects as ZeRO-3 needs; Llama's casting, offset 0.
     modeling_qwen3_vl.apply_rotary_pos_emb = liger_rotary_pos_emb
     modeling_qwen3_vl.apply_rotary_pos_emb_vision = liger_rotary_pos_emb_vision
     text = model.model.language_model
