@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from paravt_core.atomic import atomic_write_text
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 # How long an MLflow call waits for a busy (locked) database before giving up, seconds.
@@ -79,33 +81,55 @@ def experiment_id(client: Any, experiment: str, tracking_uri: str) -> str:
 
 
 @retry_when_busy("opening an MLflow run")
-def start_stage_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
-                    params: Mapping[str, Any]) -> str:
-    """Create an MLflow run with its params and tags; returns the run id."""
+def _create_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str]) -> str:
+    """One new run (a busy database rolls the insert back, so a retry creates no second run)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    return client.create_run(experiment_id(client, experiment, tracking_uri), run_name=run_name,
+                             tags=dict(tags)).info.run_id
+
+
+@retry_when_busy("logging an MLflow run's params")
+def _log_params(tracking_uri: str, run_id: str, items: list[tuple[str, str]]) -> None:
+    """Params in batches of 100; logging a param again with the same value is allowed, so a retry is safe."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    mlflow.set_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri)
-    run = client.create_run(experiment_id(client, experiment, tracking_uri), run_name=run_name, tags=dict(tags))
-    flat = {k: str(v)[:6000] for k, v in params.items()}
-    items = list(flat.items())
     for i in range(0, len(items), 100):
-        client.log_batch(run.info.run_id, params=[mlflow.entities.Param(k, v) for k, v in items[i : i + 100]])
-    return run.info.run_id
+        client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in items[i : i + 100]])
+
+
+def start_stage_run(tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
+                    params: Mapping[str, Any], created: Callable[[str], None] | None = None) -> str:
+    """Create an MLflow run with its params and tags; returns the run id.
+
+    The run is created, then `created(run_id)` is called, then the params are logged: each step
+    waits out a busy database on its own. (Retrying the three as one created a second run whenever
+    the database was locked after the first existed, and left the first RUNNING forever: two
+    work-pool rows writing one SQLite store.) `created` lets a stage record the id before anything
+    else can fail, so a resumed stage finds its run (`stage_run_id`)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    run_id = _create_run(tracking_uri, experiment, run_name, tags)
+    if created is not None:
+        created(run_id)
+    _log_params(tracking_uri, run_id, [(k, str(v)[:6000]) for k, v in params.items()])
+    return run_id
 
 
 def stage_run_id(out_dir, tracking_uri: str, experiment: str, run_name: str, tags: Mapping[str, str],
                  params: Mapping[str, Any]) -> str:
-    """The MLflow run of a stage's run folder: created once, reused when the stage resumes."""
-    from pathlib import Path
-
+    """The MLflow run of a stage's run folder: created once, reused when the stage resumes. Its id
+    is in the folder (written atomically) as soon as the run exists, so a stage killed while logging
+    its params resumes into the same run instead of leaving one RUNNING beside a second."""
     id_file = Path(out_dir) / "mlflow_run_id"
     if id_file.is_file():
         return id_file.read_text().strip()
-    run_id = start_stage_run(tracking_uri, experiment, run_name, tags, params)
-    id_file.write_text(run_id)
-    return run_id
+    return start_stage_run(tracking_uri, experiment, run_name, tags, params,
+                           created=lambda run_id: atomic_write_text(id_file, run_id))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -117,8 +117,10 @@ def _row_weights(out: Path) -> dict[str, str]:
 
 def _rl_metrics(cfg) -> dict[str, dict[str, float]]:
     """row -> the RL run's metrics in MLflow (their last values), wall-clock ones left out. Finished
-    runs only: a row killed with its worker leaves the MLflow run it had opened (status RUNNING, the
-    metrics it logged before), and search_runs lists it beside the attempt that finished."""
+    runs only: a row killed with its worker between opening its MLflow run and recording its id in
+    the run folder would leave that run RUNNING beside the attempt that finished (the window is now
+    one file write, `tracking.stage_run_id`; it was the params' logging and any wait on the locked
+    database, where a retry also opened a second run)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(cfg.mlflow_uri())
