@@ -219,15 +219,25 @@ class PackMemo:
     passes build the same micro-batches from the same step's trajectories, `policy.micro_batches`),
     and by what else `pack` reads: the token ids, the model's spatial merge and media token ids
     (its M-RoPE positions come from them), the planted fault. The memo holds the trajectories
-    themselves, so an id is never reused while its entry lives; it keeps the last `size` entries.
-    A hit returns the same `PackedBatch`, which nothing downstream mutates.
+    themselves, so an id is never reused while its entry lives. A hit returns the same
+    `PackedBatch`, which nothing downstream mutates.
+
+    Bounded by the bytes of the packed tensors it keeps (`max_bytes`), oldest out first: at 8B a
+    packed micro-batch holds its frames' pixels and, on the dense path, an [R, 1, N, N] mask of
+    up to a GB, and a step runs hundreds of micro-batches. An entry larger than the bound is not
+    kept (that micro-batch is packed again, as without the memo).
     """
 
-    def __init__(self, size: int = 64):
-        self.size = size
-        self._entries: OrderedDict[tuple, tuple[list, PackedBatch]] = OrderedDict()
+    def __init__(self, max_bytes: int = 256 * 2**20):
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple, tuple[list, PackedBatch, int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
+
+    @staticmethod
+    def nbytes(packed: PackedBatch) -> int:
+        return sum(t.nbytes for t in packed.inputs.values()) + sum(t.nbytes for t in packed.source)
 
     def get(self, key: tuple, trajs: Sequence[Trajectory]) -> PackedBatch | None:
         with self._lock:
@@ -239,15 +249,20 @@ class PackMemo:
             return entry[1]
 
     def put(self, key: tuple, trajs: Sequence[Trajectory], packed: PackedBatch) -> None:
+        size = self.nbytes(packed)
+        if size > self.max_bytes:
+            return
         with self._lock:
-            self._entries[key] = (list(trajs), packed)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
+            old = self._entries.pop(key, None)
+            self._bytes += size - (old[2] if old else 0)
+            self._entries[key] = (list(trajs), packed, size)
+            while self._bytes > self.max_bytes:
+                self._bytes -= self._entries.popitem(last=False)[1][2]
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._bytes = 0
 
 
 PACKED = PackMemo()

@@ -230,10 +230,17 @@ def test_the_second_pass_reuses_the_first_passes_packing_and_nothing_else(tiny_m
         assert torch.equal(shared_prefix.shared_prefix_logprobs(tiny_model, trajs, ids, TEMPERATURE, "cpu", needed),
                            first)
         assert packed == [len(trajs)] * 4
-    memo = shared_prefix.PackMemo(size=2)
+    # Bounded by bytes, oldest out first; an entry over the bound is not kept at all.
+    packing = shared_prefix.pack(trajs, ids, tiny_model)
+    size = shared_prefix.PackMemo.nbytes(packing)
+    memo = shared_prefix.PackMemo(max_bytes=2 * size)
     for k in range(3):
-        memo.put((k,), trajs, first)
-    assert memo.get((0,), trajs) is None and memo.get((2,), trajs) is first and memo.get((2,), trajs[1:]) is None
+        memo.put((k,), trajs, packing)
+    assert memo.get((0,), trajs) is None and memo.get((2,), trajs) is packing and memo.get((2,), trajs[1:]) is None
+    assert memo.get((1,), trajs) is packing and memo._bytes == 2 * size
+    small = shared_prefix.PackMemo(max_bytes=size - 1)
+    small.put((0,), trajs, packing)
+    assert small.get((0,), trajs) is None and small._bytes == 0
 
 
 def test_eager_attention_gets_an_additive_mask(tiny_model_dir, step):
