@@ -30,7 +30,8 @@ piecewise instead: the prefix causally, then each suffix against the prefix's ke
 so masked blocks (one suffix against another) are never computed. Under activation
 checkpointing the backward pass recomputes each layer outside this module's control, so the
 dense mask runs there. Each micro-batch is one forward of the model, as in the per-row path,
-so ZeRO-3's parameter gathers should stay in step across ranks (not yet run on two ranks).
+so ZeRO-3's parameter gathers stay in step across ranks (two CPU ranks with uneven work:
+tests/integration/test_rl_multirank.py).
 """
 
 from __future__ import annotations
@@ -223,8 +224,8 @@ class PackMemo:
     `PackedBatch`, which nothing downstream mutates.
 
     Bounded by the bytes of the packed tensors it keeps (`max_bytes`), oldest out first: at 8B a
-    packed micro-batch holds its frames' pixels and, on the dense path, an [R, 1, N, N] mask of
-    up to a GB, and a step runs hundreds of micro-batches. An entry larger than the bound is not
+    packed micro-batch holds its frames' pixels and, on the dense path, an [R, 1, N, N] bool mask
+    (N squared bytes a row: 0.9 GB at N = 30,000 tokens), and a step runs many micro-batches. An entry larger than the bound is not
     kept (that micro-batch is packed again, as without the memo).
     """
 

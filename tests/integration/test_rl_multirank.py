@@ -40,14 +40,19 @@ def _rl_data(tmp: Path, video: Path) -> ArtifactRef:
     return ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
 
 
-def test_two_ranks_with_uneven_trajectories_stay_in_step_under_zero3(tmp_path, tiny_model_dir, short_video):
+@pytest.mark.parametrize(("shared", "micro", "count", "fillers"), [(False, 1, 8, 6 / 2), (True, 2, 4, 3 / 2)])
+def test_two_ranks_with_uneven_trajectories_stay_in_step_under_zero3(tmp_path, tiny_model_dir, short_video, shared,
+                                                                     micro, count, fillers):
+    """Per row, and with `rl.shared_prefix` (#64: each micro-batch one packed forward, groups of 2
+    sharing their prompt): the ranks agree on the micro-batch count and none is left in a gather."""
     from paravt_core.rl import stage
 
     init = ArtifactRef(kind="sft_model", path=tiny_model_dir, sha256=content_hash(tiny_model_dir))
     rl_data = _rl_data(tmp_path, short_video)
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
         f"run.output_dir={tmp_path / 'out'}", "rl.num_ranks=2", "rl.zero_stage=3", "rl.max_steps=2",
-        "rl.prompts_per_step=2", "rl.group_size=2", "rl.micro_batch_size=1", "rl.kl_mode=token_reward",
+        "rl.prompts_per_step=2", "rl.group_size=2", f"rl.micro_batch_size={micro}", "rl.kl_mode=token_reward",
+        f"rl.shared_prefix={str(shared).lower()}",
         "rl.rollout.max_turns=1", "rl.checkpoint_every=100", "rl.learning_rate=1e-3", "rl.gating.enabled=false",
         "video.nframes=2", "video.max_pixels=3072", "video.crop_max_frames=2",
         # Every parameter partitioned and gathered per call, as at 8B: with the default threshold
@@ -73,7 +78,7 @@ def test_two_ranks_with_uneven_trajectories_stay_in_step_under_zero3(tmp_path, t
     assert len(rows) == 2
     for row in rows:
         assert row["trajectories"] == pytest.approx((8 + 2) / 2)  # the ranks' mean
-        assert row["micro_batches"] == 8 and row["filler_micro_batches"] == pytest.approx(6 / 2)
+        assert row["micro_batches"] == count and row["filler_micro_batches"] == pytest.approx(fillers)
         assert torch.isfinite(torch.tensor(row["loss"]))
     # Every step's weights reached both ranks' rollout engines (under ZeRO-3 both gather the same
     # shards, so equal digests show the push ran on every rank), and the weights moved.
