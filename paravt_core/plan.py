@@ -514,12 +514,12 @@ def _rl_policy_stage(cfg: PipelineConfig, shape: ModelShape, budget: int) -> Sta
         else (("fp32 gradients at the step", states.step),)
     stage = StageMemory("RL policy pass", f"each of {rl.num_ranks} training GPUs", states.gpu + extra + working,
                         budget, knobs, note=note)
-    if rl.shared_prefix:  # the packed rows' mask can outgrow what they save: say when per row is smaller
+    if rl.shared_prefix:  # the packed rows' padding and mask can outgrow what they save: say when per row is smaller
         per_row = _rl_policy_stage(cfg.model_copy(update={"rl": rl.model_copy(update={"shared_prefix": False})}),
                                    shape, budget)
         if per_row.total < stage.total:
             stage = replace(stage, knobs=f"{knobs}, or set rl.shared_prefix: false (plans {per_row.total / GB:.1f} "
-                                         "GB: the packed rows' mask outweighs what they save)")
+                                         "GB: the packed rows, padded to the widest, and their mask outweigh what they save)")
     return stage
 
 
@@ -550,32 +550,20 @@ def rank_micro_batches(cfg: PipelineConfig) -> list[PackedMicroBatch]:
     return batches
 
 
-def _dense_mask_path(cfg: PipelineConfig, training: bool) -> bool:
-    """Whether a shared-prefix pass attends through its dense [R, 1, N, N] mask (`rl/shared_prefix.py`):
-    under activation checkpointing (the policy's, while training) or an attention other than
-    sdpa and eager; else piecewise, the masked blocks never computed."""
-    return (training and cfg.rl.gradient_checkpointing) or cfg.model.attn_implementation not in ("sdpa", "eager")
-
-
 def _packed_bytes(cfg: PipelineConfig, shape: ModelShape, batch: PackedMicroBatch) -> tuple[int, int]:
     """(activations, mask bytes) of one packed micro-batch's forward/backward: R rows of the widest
     row's N tokens, each group's prompt media once. The [R, 1, N, N] bool mask is on the card for
-    the whole pass, float32 (4 bytes) where the attention is eager; through the dense path SDPA
-    also builds a bf16 bias of it (2 bytes) at each attention call, eager its scores
-    (`_activations`); the piecewise path a bool mask and its bias per suffix, [n, prefix + n]."""
-    attention = cfg.model.attn_implementation
+    the whole pass, float32 (4 bytes) where the attention is eager. The pass attends piecewise
+    (`rl/shared_prefix.py`; the config admits rl.shared_prefix only with sdpa or eager), by SDPA
+    whatever the model's attention and in checkpointing's recompute too (the RL worker's
+    `enable_checkpointing`): a bool mask and its bias per suffix, [n, prefix + n]."""
     rows = len(batch)
     width = max(kind.prefix + n * kind.suffix for kind, n in batch)
     patches = sum(kind.patches for kind, _ in batch)
     cells = rows * width * width
-    mask = 4 * cells if attention == "eager" else cells
-    if _dense_mask_path(cfg, training=True):
-        acts = _activations(shape, rows, width, patches, cfg.rl.gradient_checkpointing, attention, packed=True)
-        mask += 0 if attention == "eager" else 2 * cells
-    else:  # the piecewise path attends by SDPA whatever the model's attention
-        acts = _activations(shape, rows, width, patches, False, "sdpa", packed=True)
-        mask += max(3 * kind.suffix * (kind.prefix + kind.suffix) for kind, _ in batch)
-    return acts, mask
+    mask = 4 * cells if cfg.model.attn_implementation == "eager" else cells
+    acts = _activations(shape, rows, width, patches, cfg.rl.gradient_checkpointing, "sdpa", packed=True)
+    return acts, mask + max(3 * kind.suffix * (kind.prefix + kind.suffix) for kind, _ in batch)
 
 
 def _forward_flop(shape: ModelShape, tokens: int, pairs: int, patches: int) -> int:
@@ -589,17 +577,15 @@ def _causal_pairs(length: int) -> int:
     return length * (length + 1) // 2
 
 
-def _micro_batch_flop(shape: ModelShape, batch: PackedMicroBatch, shared: bool, dense: bool) -> int:
-    """One forward of a micro-batch: per row (each trajectory alone, causal), or packed (`step_products`)."""
+def _micro_batch_flop(shape: ModelShape, batch: PackedMicroBatch, shared: bool) -> int:
+    """One forward of a micro-batch: per row (each trajectory alone, causal), or packed and attended
+    piecewise (`step_products`)."""
     if not shared:
         return sum(n * _forward_flop(shape, kind.length, _causal_pairs(kind.length), kind.patches)
                    for kind, n in batch)
     widths = [kind.prefix + n * kind.suffix for kind, n in batch]
-    if dense:
-        pairs = len(batch) * max(widths) ** 2
-    else:
-        pairs = sum(_causal_pairs(kind.prefix) + n * (kind.suffix * kind.prefix + _causal_pairs(kind.suffix))
-                    for kind, n in batch)
+    pairs = sum(_causal_pairs(kind.prefix) + n * (kind.suffix * kind.prefix + _causal_pairs(kind.suffix))
+                for kind, n in batch)
     return _forward_flop(shape, sum(widths), pairs, sum(kind.patches for kind, _ in batch))
 
 
@@ -614,9 +600,8 @@ def step_products(cfg: PipelineConfig, shape: ModelShape) -> tuple[tuple[str, in
     the vision blocks', depth x (4 vh^2 + 2 vh vI) (2 FLOP a multiply-add; QK^T and AV are q_dim
     multiply-adds a pair each). A trajectory of L tokens alone attends L(L + 1)/2 pairs; a packed
     row attends its prefix causally and each suffix of n tokens to the prefix's p and itself,
-    p(p + 1)/2 + sum n p + n(n + 1)/2, or, through the dense mask (`_dense_mask_path`: the
-    policy under checkpointing), every pair of the row, N^2. Each trajectory's media are its own
-    per row; a packed row's prompt media are encoded once. The policy pass is its forward and
+    p(p + 1)/2 + sum n p + n(n + 1)/2 (piecewise, in checkpointing's recompute too). Each
+    trajectory's media are its own per row; a packed row's prompt media are encoded once. The policy pass is its forward and
     its backward, 3x the forward (checkpointing's recomputed forward not counted); the reference
     is one forward (none when `rl.kl_mode` is none); the rollout prefill is every episode's first
     prompt and every sub-agent's (a tool round's `max_parallel` crops, each other frames), a
@@ -631,8 +616,8 @@ def step_products(cfg: PipelineConfig, shape: ModelShape) -> tuple[tuple[str, in
     batches = rank_micro_batches(cfg)
 
     def passes(shared: bool) -> tuple[int, int]:
-        policy = 3 * sum(_micro_batch_flop(shape, b, shared, _dense_mask_path(cfg, training=True)) for b in batches)
-        reference = sum(_micro_batch_flop(shape, b, shared, _dense_mask_path(cfg, training=False)) for b in batches)
+        policy = 3 * sum(_micro_batch_flop(shape, b, shared) for b in batches)
+        reference = sum(_micro_batch_flop(shape, b, shared) for b in batches)
         return rl.num_ranks * policy, rl.num_ranks * reference if rl.kl_mode != "none" else 0
 
     patches, per_frame = frame_tokens(cfg)
@@ -882,10 +867,6 @@ def _products_note(cfg: PipelineConfig) -> str:
     rl = cfg.rl
     note = (f"RL step's matrix products, per row and with rl.shared_prefix ({rl.prompts_per_step} x {rl.group_size} "
             "episodes at the protocol's bounds; formula: paravt_core/plan.py step_products)")
-    if _dense_mask_path(cfg, training=True):
-        why = ("rl.gradient_checkpointing" if rl.gradient_checkpointing
-               else f"model.attn_implementation {cfg.model.attn_implementation}")
-        note += f": the shared policy pass attends through its dense mask ({why}), every pair of a packed row"
     if rollout_server(cfg):
         note += f"; {rl.rollout.engine}'s prefix cache already prefills a group's prompt once"
     else:

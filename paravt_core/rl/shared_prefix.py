@@ -25,11 +25,13 @@ also cut one token short of the shortest member, so every member keeps a suffix.
 
 Attention: the packed rows carry an explicit [R, 1, N, N] mask of that structure, which any
 attention implementation honours (it is the reference the tests hold the faster path to). With
-sdpa or eager attention and no activation checkpointing, `segmented_attention` computes it
-piecewise instead: the prefix causally, then each suffix against the prefix's keys and its own,
-so masked blocks (one suffix against another) are never computed. Under activation
-checkpointing the backward pass recomputes each layer outside this module's control, so the
-dense mask runs there. Each micro-batch is one forward of the model, as in the per-row path,
+sdpa or eager attention, `segmented_attention` computes it piecewise instead: the prefix
+causally, then each suffix against the prefix's keys and its own, so masked blocks (one suffix
+against another) are never computed. Under activation checkpointing the backward pass recomputes
+each layer after the forward has returned; checkpointing enabled by `enable_checkpointing`
+(what `rl.gradient_checkpointing` turns on) hands torch a `context_fn` that re-arms the piecewise
+attention for each layer's recompute, so the recompute runs the forward's arithmetic. Under
+checkpointing enabled any other way the dense mask runs in both. Each micro-batch is one forward of the model, as in the per-row path,
 so ZeRO-3's parameter gathers stay in step across ranks (two CPU ranks with uneven work:
 tests/integration/test_rl_multirank.py).
 """
@@ -327,7 +329,7 @@ def _pack(trajs: Sequence[Trajectory], ids: dict[str, int], base, merge: int, pl
 
 # --- attention without the masked blocks ---------------------------------------------------
 
-_ACTIVE: dict[str, object] = {}  # while a packed forward runs: its mask, rows, plant and the base attention
+_ACTIVE: dict[str, object] = {}  # while a packed forward (or its recompute) runs: mask, rows, plant, base attention, text config
 
 
 def _segmented(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
@@ -371,27 +373,80 @@ def _segmented(module, query, key, value, attention_mask, dropout: float = 0.0, 
     return torch.cat(outputs).transpose(1, 2).contiguous(), None  # [R, N, H, D]
 
 
-def _checkpointing(model) -> bool:
-    return any(getattr(m, "gradient_checkpointing", False) and m.training for m in unwrapped(model).modules())
+@contextlib.contextmanager
+def _armed(text_config, state: dict) -> Iterator[None]:
+    """The text model attends through `_segmented` with `state` (a packed forward's mask, rows,
+    plant and base attention) for the duration."""
+    AttentionInterface.register(ATTENTION_KEY, _segmented)
+    _ACTIVE.update(state)
+    text_config._attn_implementation = ATTENTION_KEY
+    try:
+        yield
+    finally:
+        text_config._attn_implementation = state["base"]
+        _ACTIVE.clear()
+
+
+class _Rearm:
+    """A reusable context (a layer could be recomputed more than once) that arms `state`."""
+
+    def __init__(self, state: dict):
+        self.state, self.armed = state, None
+
+    def __enter__(self):
+        self.armed = _armed(self.state["text_config"], self.state)
+        self.armed.__enter__()
+
+    def __exit__(self, *exc):
+        armed, self.armed = self.armed, None
+        return armed.__exit__(*exc)
+
+
+def recompute_context() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """torch.utils.checkpoint's `context_fn`, called as each checkpointed layer's forward starts:
+    (the forward's context, the recompute's). A layer checkpointed inside a piecewise packed
+    forward gets a recompute context that re-arms that forward's state (the same mask object the
+    layer is called with again, the same rows and plant), so its recompute in the backward, long
+    after `segmented_attention` has exited, attends piecewise as its forward did. Anywhere else
+    both are no-ops."""
+    if not _ACTIVE:
+        return contextlib.nullcontext(), contextlib.nullcontext()
+    return contextlib.nullcontext(), _Rearm(dict(_ACTIVE))
+
+
+CHECKPOINT_KWARGS = {"use_reentrant": False, "context_fn": recompute_context}
+
+
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing as `rl.gradient_checkpointing` turns it on: torch's non-reentrant
+    checkpoint (transformers' default) with `recompute_context`, so a shared-prefix pass keeps its
+    piecewise attention through the backward's recompute."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(CHECKPOINT_KWARGS))
+
+
+def _checkpointing(model) -> Literal["none", "rearmed", "other"]:
+    """How the training model checkpoints its layers: not at all, through `enable_checkpointing`
+    (its recompute re-arms the piecewise attention), or some other way (the dense mask must run)."""
+    layers = [m for m in unwrapped(model).modules() if getattr(m, "gradient_checkpointing", False) and m.training]
+    if not layers:
+        return "none"
+    rearmed = all(getattr(getattr(m, "_gradient_checkpointing_func", None), "keywords", {}).get("context_fn")
+                  is recompute_context for m in layers)
+    return "rearmed" if rearmed else "other"
 
 
 @contextlib.contextmanager
 def segmented_attention(model, mask: torch.Tensor, rows: Sequence[PackedRow], plant: Plant = None) -> Iterator[bool]:
     """While the packed forward runs, the text model attends piecewise (module docstring); yields
-    whether it does (not under activation checkpointing)."""
+    whether it does (not under checkpointing that `enable_checkpointing` did not turn on)."""
     text_config = unwrapped(model).config.get_text_config()
-    base = text_config._attn_implementation
-    if _checkpointing(model):
+    if _checkpointing(model) == "other":
         yield False
         return
-    AttentionInterface.register(ATTENTION_KEY, _segmented)
-    _ACTIVE.update(mask=mask, rows=list(rows), plant=plant, base=base)
-    text_config._attn_implementation = ATTENTION_KEY
-    try:
+    state = dict(mask=mask, rows=list(rows), plant=plant, base=text_config._attn_implementation,
+                 text_config=text_config)
+    with _armed(text_config, state):
         yield True
-    finally:
-        text_config._attn_implementation = base
-        _ACTIVE.clear()
 
 
 def shared_prefix_logprobs(model, trajs: Sequence[Trajectory], ids: dict[str, int], temperature: float, device: str,

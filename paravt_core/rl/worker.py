@@ -61,7 +61,7 @@ from paravt_core.rl.policy import fixed_format_reward, paravt_reward, reward_mea
 from paravt_core.rl.replay import PromptDraw, StepDraws, rollout_digest, sampler_seed, write_draws
 from paravt_core.rl.rollout_engine import build_rollout_engine
 from paravt_core.rl.schedule import step_plan
-from paravt_core.rl.shared_prefix import PACKED
+from paravt_core.rl.shared_prefix import PACKED, enable_checkpointing
 from paravt_core.rl.weight_push import GatheredWeights
 from paravt_core.tracking import MetricLogger
 
@@ -93,8 +93,8 @@ class Trainer:
         # ZeRO 0-2: straight onto the rank's device, as SFT (DeepSpeed would move it there anyway).
         policy = build_model(self.cfg.model, job.init_model, dtype=training_dtype(self.cfg.model.dtype, on_gpu),
                              device=self.device, zero3_config=zero3)
-        if self.rl.gradient_checkpointing:
-            policy.gradient_checkpointing_enable()
+        if self.rl.gradient_checkpointing:  # a shared-prefix pass stays piecewise through the recompute
+            enable_checkpointing(policy)
         policy.train()
         # rl.rollout.engine decides; a config asking for sglang never gets hf (rl/rollout_engine.py).
         self.rollout_backend = build_rollout_engine(self.cfg, job.init_model, self.processor, self.device, self.rank,

@@ -485,10 +485,12 @@ def test_a_config_asking_for_sglang_never_gets_hf(monkeypatch, tmp_path, tiny_mo
     assert isinstance(backend.engine, SGLangEngine) and backend.pushes_weights and backend.server is None
 
 
-def test_policy_gradient_checkpointing_keeps_the_steps(rl_setup, monkeypatch):
-    """rl.gradient_checkpointing recomputes activations in the backward: the same trained weights."""
+@pytest.mark.parametrize("shared", [False, True], ids=["per-row", "shared-prefix"])
+def test_policy_gradient_checkpointing_keeps_the_steps(rl_setup, monkeypatch, shared):
+    """rl.gradient_checkpointing recomputes activations in the backward: the same trained weights,
+    per row and with rl.shared_prefix (whose recompute re-arms the piecewise attention)."""
     from paravt_core.model.loading import load_model
-    from paravt_core.rl import stage
+    from paravt_core.rl import shared_prefix, stage
     from paravt_core.rewards import RewardBreakdown
     from paravt_core.rl.worker import train
 
@@ -497,17 +499,21 @@ def test_policy_gradient_checkpointing_keeps_the_steps(rl_setup, monkeypatch):
         return RewardBreakdown("", {"acc": hit, "format": 0.0, "tool": 0.0}, hit)
 
     init, rl_data, tmp = rl_setup
+    rearmed, enter = [], shared_prefix._Rearm.__enter__
+    monkeypatch.setattr(shared_prefix._Rearm, "__enter__", lambda self: rearmed.append(1) or enter(self))
     weights = {}
     for checkpointing in (False, True):
         cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
             f"run.output_dir={tmp / f'out-{checkpointing}'}", "rl.max_steps=2", "rl.prompts_per_step=2",
             "rl.group_size=8", "rl.zero_stage=0", "rl.checkpoint_every=100", "video.nframes=2",
             "video.max_pixels=3072", "rl.rollout.max_new_tokens=8", "rl.rollout.max_turns=1",
-            "rl.learning_rate=0.01", "rl.temperature=1.0", f"rl.gradient_checkpointing={str(checkpointing).lower()}"])
+            "rl.learning_rate=0.01", "rl.temperature=1.0", f"rl.gradient_checkpointing={str(checkpointing).lower()}",
+            f"rl.shared_prefix={str(shared).lower()}"])
         _single_rank_env(monkeypatch)
         job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
         train(job, reward_fn=scripted)
         weights[checkpointing] = dict(load_model(job.out_dir / "model").named_parameters())
+    assert bool(rearmed) == shared  # the shared run's recomputes attended piecewise
     start = dict(load_model(init.path).named_parameters())
     assert any(not torch.equal(p, start[n]) for n, p in weights[False].items())  # the steps trained something
     for name, param in weights[False].items():

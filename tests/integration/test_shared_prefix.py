@@ -9,11 +9,12 @@ after their shared prefix (vision in the suffixes). The answers and summaries ha
 lengths, and two answers (and the sub-agents' summaries) begin alike, so the shared prefix runs
 into trained tokens.
 
-TOLERANCE: float32 on CPU, measured on the development machine: log-probs within 1e-6 nats,
-every parameter's gradient within 2.5e-6 of its largest element (relative), the dense mask, the
-piecewise attention and activation checkpointing alike. The bounds below (1e-5 nats, 3e-5) are
-about ten times that, of the order of the rounding switches' (tests/integration/test_speed_determinism.py, tests/unit/test_fast_paths.py). Each
-planted fault moves them by orders of magnitude more (measured: a suffix seeing the previous
+TOLERANCE: float32 on CPU, measured on the development machine: log-probs within 1e-6 nats
+(1.4e-6 under activation checkpointing, its recompute dense or piecewise), every parameter's
+gradient within 2.5e-6 of its largest element (relative), the dense mask, the piecewise
+attention and checkpointing alike. The bounds below (1e-5 nats, 3e-5) are about ten times
+that, of the order of the rounding switches' (tests/integration/test_speed_determinism.py,
+tests/unit/test_fast_paths.py). Each planted fault moves them by orders of magnitude more (measured: a suffix seeing the previous
 suffix's keys 6.8e-2 nats and 0.14 of the gradient; suffix positions shifted by one 5.7e-2 nats
 and 0.32; the prefix's gradient taken from the first suffix only, log-probs unchanged, 0.70 of
 the gradient).
@@ -155,12 +156,52 @@ def test_logprobs_and_gradients_equal_the_per_row_path_and_planted_faults_break_
         assert grad_gap > 100 * GRADIENT_TOLERANCE, (plant, logp_gap, grad_gap)
         if plant != "once":  # the forward is right there; only the prefix's gradient is short
             assert logp_gap > 100 * LOGPROB_TOLERANCE, (plant, logp_gap)
-    # Under activation checkpointing (`rl.gradient_checkpointing`) the backward recomputes each layer
-    # outside the piecewise attention's reach: the dense mask runs, to the same tolerance.
-    model.activation_checkpointing_enable()  # what rl.gradient_checkpointing turns on
-    assert shared_prefix._checkpointing(model)
-    logp_gap, grad_gap = _gaps(_values_and_grads(model, shared(), needed), want)
-    assert logp_gap <= LOGPROB_TOLERANCE and grad_gap <= GRADIENT_TOLERANCE, ("checkpointing", logp_gap, grad_gap)
+
+
+def test_checkpointing_keeps_the_piecewise_attention_through_the_recompute(tiny_model, step, monkeypatch):
+    """Under activation checkpointing (`rl.gradient_checkpointing`) the backward recomputes each
+    layer after `segmented_attention` has exited. Checkpointing as the RL worker turns it on
+    (`enable_checkpointing`) re-arms the piecewise attention for every layer's recompute; any other
+    checkpointing runs the dense mask in both. Both give the per-row results; a piecewise forward
+    whose recompute is not re-armed is refused by torch, never silently mixed."""
+    trajs, ids = step
+    model = tiny_model.train()
+    needed = _needed(trajs)
+    want = _values_and_grads(model, lambda: sequence_logprobs(model, trajs, ids["pad"], ids["image"], ids["video"],
+                                                              TEMPERATURE, "cpu", needed=needed)[0], needed)
+    calls = {"forward": 0, "recompute": 0}
+    segmented = shared_prefix._segmented
+
+    def counting(module, query, key, value, attention_mask, *args, **kwargs):
+        if attention_mask is shared_prefix._ACTIVE.get("mask"):  # a packed row's piecewise attention
+            calls["recompute" if torch._C._current_graph_task_id() != -1 else "forward"] += 1
+        return segmented(module, query, key, value, attention_mask, *args, **kwargs)
+
+    monkeypatch.setattr(shared_prefix, "_segmented", counting)
+
+    def shared():
+        return shared_prefix.shared_prefix_logprobs(model, trajs, ids, TEMPERATURE, "cpu", needed)
+
+    layers = model.config.get_text_config().num_hidden_layers
+    shared_prefix.enable_checkpointing(model)
+    assert shared_prefix._checkpointing(model) == "rearmed"
+    logp_gap, grad_gap = _gaps(_values_and_grads(model, shared, needed), want)
+    assert logp_gap <= LOGPROB_TOLERANCE and grad_gap <= GRADIENT_TOLERANCE, ("rearmed", logp_gap, grad_gap)
+    assert calls == {"forward": layers, "recompute": layers}, calls  # every layer piecewise, twice
+    assert not shared_prefix._ACTIVE and model.config.get_text_config()._attn_implementation == "sdpa"
+
+    model.activation_checkpointing_disable()
+    model.activation_checkpointing_enable()  # transformers' own: no context_fn
+    assert shared_prefix._checkpointing(model) == "other"
+    calls.update(forward=0, recompute=0)
+    logp_gap, grad_gap = _gaps(_values_and_grads(model, shared, needed), want)
+    assert logp_gap <= LOGPROB_TOLERANCE and grad_gap <= GRADIENT_TOLERANCE, ("dense", logp_gap, grad_gap)
+    assert calls == {"forward": 0, "recompute": 0}, calls
+
+    # Planted: the forward piecewise, its recompute left to the model's own attention (dense).
+    monkeypatch.setattr(shared_prefix, "_checkpointing", lambda model: "rearmed")
+    with pytest.raises(torch.utils.checkpoint.CheckpointError):
+        _values_and_grads(model, shared, needed)
 
 
 def test_micro_batches_by_group_keep_the_count_and_put_members_together(step):
