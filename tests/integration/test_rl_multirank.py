@@ -40,11 +40,15 @@ def _rl_data(tmp: Path, video: Path) -> ArtifactRef:
     return ArtifactRef(kind="rl_data", path=data, sha256=content_hash(data))
 
 
-@pytest.mark.parametrize(("shared", "micro", "count", "fillers"), [(False, 1, 8, 6 / 2), (True, 2, 4, 3 / 2)])
+@pytest.mark.parametrize(("shared", "checkpointing", "micro", "count", "fillers"),
+                         [(False, False, 1, 8, 6 / 2), (True, False, 2, 4, 3 / 2), (True, True, 2, 4, 3 / 2)],
+                         ids=["per-row", "shared-prefix", "shared-prefix-checkpointed"])
 def test_two_ranks_with_uneven_trajectories_stay_in_step_under_zero3(tmp_path, tiny_model_dir, short_video, shared,
-                                                                     micro, count, fillers):
+                                                                     checkpointing, micro, count, fillers):
     """Per row, and with `rl.shared_prefix` (#64: each micro-batch one packed forward, groups of 2
-    sharing their prompt): the ranks agree on the micro-batch count and none is left in a gather."""
+    sharing their prompt), also under activation checkpointing as at 8B (each layer's recompute
+    gathers its shards again and attends piecewise): the ranks agree on the micro-batch count and
+    none is left in a gather."""
     from paravt_core.rl import stage
 
     init = ArtifactRef(kind="sft_model", path=tiny_model_dir, sha256=content_hash(tiny_model_dir))
@@ -52,7 +56,7 @@ def test_two_ranks_with_uneven_trajectories_stay_in_step_under_zero3(tmp_path, t
     cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
         f"run.output_dir={tmp_path / 'out'}", "rl.num_ranks=2", "rl.zero_stage=3", "rl.max_steps=2",
         "rl.prompts_per_step=2", "rl.group_size=2", f"rl.micro_batch_size={micro}", "rl.kl_mode=token_reward",
-        f"rl.shared_prefix={str(shared).lower()}",
+        f"rl.shared_prefix={str(shared).lower()}", f"rl.gradient_checkpointing={str(checkpointing).lower()}",
         "rl.rollout.max_turns=1", "rl.checkpoint_every=100", "rl.learning_rate=1e-3", "rl.gating.enabled=false",
         "video.nframes=2", "video.max_pixels=3072", "video.crop_max_frames=2",
         # Every parameter partitioned and gathered per call, as at 8B: with the default threshold
