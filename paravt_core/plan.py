@@ -519,7 +519,8 @@ def _rl_policy_stage(cfg: PipelineConfig, shape: ModelShape, budget: int) -> Sta
                                    shape, budget)
         if per_row.total < stage.total:
             stage = replace(stage, knobs=f"{knobs}, or set rl.shared_prefix: false (plans {per_row.total / GB:.1f} "
-                                         "GB: the packed rows, padded to the widest, and their mask outweigh what they save)")
+                                         "GB: the packed rows, padded to the widest, and their mask outweigh "
+                                         "what they save)")
     return stage
 
 
@@ -601,10 +602,10 @@ def step_products(cfg: PipelineConfig, shape: ModelShape) -> tuple[tuple[str, in
     multiply-adds a pair each). A trajectory of L tokens alone attends L(L + 1)/2 pairs; a packed
     row attends its prefix causally and each suffix of n tokens to the prefix's p and itself,
     p(p + 1)/2 + sum n p + n(n + 1)/2 (piecewise, in checkpointing's recompute too). Each
-    trajectory's media are its own per row; a packed row's prompt media are encoded once. The policy pass is its forward and
-    its backward, 3x the forward (checkpointing's recomputed forward not counted); the reference
-    is one forward (none when `rl.kl_mode` is none); the rollout prefill is every episode's first
-    prompt and every sub-agent's (a tool round's `max_parallel` crops, each other frames), a
+    trajectory's media are its own per row; a packed row's prompt media are encoded once. The
+    policy pass is its forward and its backward, 3x the forward (checkpointing's recomputed
+    forward not counted); the reference is one forward (none when `rl.kl_mode` is none); the
+    rollout prefill is every episode's first prompt and every sub-agent's (a tool round's `max_parallel` crops, each other frames), a
     group's prompt once with sharing (`HFEngine(share_prompts=True)`, the servers' prefix
     caches). Left out: the output layer (the trained positions only) and the vision tower's
     attention and mergers, the same in both columns; the later turns' prefills (the `hf` engine

@@ -30,10 +30,11 @@ causally, then each suffix against the prefix's keys and its own, so masked bloc
 against another) are never computed. Under activation checkpointing the backward pass recomputes
 each layer after the forward has returned; checkpointing enabled by `enable_checkpointing`
 (what `rl.gradient_checkpointing` turns on) hands torch a `context_fn` that re-arms the piecewise
-attention for each layer's recompute, so the recompute runs the forward's arithmetic. Under
-checkpointing enabled any other way the dense mask runs in both. Each micro-batch is one forward of the model, as in the per-row path,
-so ZeRO-3's parameter gathers stay in step across ranks (two CPU ranks with uneven work:
-tests/integration/test_rl_multirank.py).
+attention for each layer's recompute, so the recompute runs the forward's arithmetic (torch
+refuses a recompute that saves other tensors than its forward). Under checkpointing enabled any
+other way the dense mask runs in both. Each micro-batch is one forward of the model, as in the
+per-row path, so ZeRO-3's parameter gathers stay in step across ranks (two CPU ranks with uneven
+work, with and without checkpointing: tests/integration/test_rl_multirank.py).
 """
 
 from __future__ import annotations
@@ -329,7 +330,8 @@ def _pack(trajs: Sequence[Trajectory], ids: dict[str, int], base, merge: int, pl
 
 # --- attention without the masked blocks ---------------------------------------------------
 
-_ACTIVE: dict[str, object] = {}  # while a packed forward (or its recompute) runs: mask, rows, plant, base attention, text config
+# While a packed forward (or a layer's recompute) runs: its mask, rows, plant, base attention and text config.
+_ACTIVE: dict[str, object] = {}
 
 
 def _segmented(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
@@ -376,7 +378,7 @@ def _segmented(module, query, key, value, attention_mask, dropout: float = 0.0, 
 @contextlib.contextmanager
 def _armed(text_config, state: dict) -> Iterator[None]:
     """The text model attends through `_segmented` with `state` (a packed forward's mask, rows,
-    plant and base attention) for the duration."""
+    plant, base attention and text config) for the duration."""
     AttentionInterface.register(ATTENTION_KEY, _segmented)
     _ACTIVE.update(state)
     text_config._attn_implementation = ATTENTION_KEY

@@ -14,10 +14,10 @@ TOLERANCE: float32 on CPU, measured on the development machine: log-probs within
 gradient within 2.5e-6 of its largest element (relative), the dense mask, the piecewise
 attention and checkpointing alike. The bounds below (1e-5 nats, 3e-5) are about ten times
 that, of the order of the rounding switches' (tests/integration/test_speed_determinism.py,
-tests/unit/test_fast_paths.py). Each planted fault moves them by orders of magnitude more (measured: a suffix seeing the previous
-suffix's keys 6.8e-2 nats and 0.14 of the gradient; suffix positions shifted by one 5.7e-2 nats
-and 0.32; the prefix's gradient taken from the first suffix only, log-probs unchanged, 0.70 of
-the gradient).
+tests/unit/test_fast_paths.py). Each planted fault moves them by orders of magnitude more
+(measured: a suffix seeing the previous suffix's keys 6.8e-2 nats and 0.14 of the gradient;
+suffix positions shifted by one 5.7e-2 nats and 0.32; the prefix's gradient taken from the
+first suffix only, log-probs unchanged, 0.70 of the gradient).
 """
 
 from __future__ import annotations
