@@ -158,6 +158,21 @@ def test_logprobs_and_gradients_equal_the_per_row_path_and_planted_faults_break_
             assert logp_gap > 100 * LOGPROB_TOLERANCE, (plant, logp_gap)
 
 
+def _count_piecewise(monkeypatch) -> dict[str, int]:
+    """Counts of the packed rows' piecewise attention calls, in forwards and in the backward's
+    recomputes (while autograd runs a graph task)."""
+    calls = {"forward": 0, "recompute": 0}
+    segmented = shared_prefix._segmented
+
+    def counting(module, query, key, value, attention_mask, *args, **kwargs):
+        if attention_mask is shared_prefix._ACTIVE.get("mask"):  # a packed row's piecewise attention
+            calls["recompute" if torch._C._current_graph_task_id() != -1 else "forward"] += 1
+        return segmented(module, query, key, value, attention_mask, *args, **kwargs)
+
+    monkeypatch.setattr(shared_prefix, "_segmented", counting)
+    return calls
+
+
 def test_checkpointing_keeps_the_piecewise_attention_through_the_recompute(tiny_model, step, monkeypatch):
     """Under activation checkpointing (`rl.gradient_checkpointing`) the backward recomputes each
     layer after `segmented_attention` has exited. Checkpointing as the RL worker turns it on
@@ -169,15 +184,7 @@ def test_checkpointing_keeps_the_piecewise_attention_through_the_recompute(tiny_
     needed = _needed(trajs)
     want = _values_and_grads(model, lambda: sequence_logprobs(model, trajs, ids["pad"], ids["image"], ids["video"],
                                                               TEMPERATURE, "cpu", needed=needed)[0], needed)
-    calls = {"forward": 0, "recompute": 0}
-    segmented = shared_prefix._segmented
-
-    def counting(module, query, key, value, attention_mask, *args, **kwargs):
-        if attention_mask is shared_prefix._ACTIVE.get("mask"):  # a packed row's piecewise attention
-            calls["recompute" if torch._C._current_graph_task_id() != -1 else "forward"] += 1
-        return segmented(module, query, key, value, attention_mask, *args, **kwargs)
-
-    monkeypatch.setattr(shared_prefix, "_segmented", counting)
+    calls = _count_piecewise(monkeypatch)
 
     def shared():
         return shared_prefix.shared_prefix_logprobs(model, trajs, ids, TEMPERATURE, "cpu", needed)
@@ -282,6 +289,36 @@ def test_the_second_pass_reuses_the_first_passes_packing_and_nothing_else(tiny_m
     small = shared_prefix.PackMemo(max_bytes=size - 1)
     small.put((0,), trajs, packing)
     assert small.get((0,), trajs) is None and small._bytes == 0
+
+
+@pytest.mark.gpu
+def test_on_the_card_checkpointing_recomputes_piecewise_in_the_backward_thread(tiny_model_dir, step, monkeypatch):
+    """On CUDA the backward (and so each layer's recompute) runs in the autograd engine's device
+    thread, not the caller's: the re-armed recompute still attends piecewise on every layer, and
+    the results stay the per-row path's. float32; the bounds (1e-4 nats, 1e-3 of each parameter's
+    largest gradient element) are set between the CPU's rounding and the planted faults' gaps
+    (5.7e-2 nats, 0.14), not measured on a card yet."""
+    trajs, ids = step
+    model = load_model(tiny_model_dir, device="cuda").train()
+    needed = _needed(trajs)
+
+    def values_and_grads(compute):
+        model.zero_grad(set_to_none=True)
+        logp = compute()
+        weights = (torch.randn(logp.shape, generator=torch.Generator().manual_seed(0)) * needed).to(logp.device)
+        (logp * weights).sum().backward()
+        return logp.detach().cpu(), {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
+
+    calls = _count_piecewise(monkeypatch)
+    shared_prefix.enable_checkpointing(model)
+    want = values_and_grads(lambda: sequence_logprobs(model, trajs, ids["pad"], ids["image"], ids["video"],
+                                                      TEMPERATURE, "cuda", needed=needed)[0])
+    got = values_and_grads(lambda: shared_prefix.shared_prefix_logprobs(model, trajs, ids, TEMPERATURE, "cuda",
+                                                                        needed))
+    layers = model.config.get_text_config().num_hidden_layers
+    assert calls == {"forward": layers, "recompute": layers}, calls
+    logp_gap, grad_gap = _gaps(got, want)
+    assert logp_gap <= 1e-4 and grad_gap <= 1e-3, (logp_gap, grad_gap)
 
 
 def test_eager_attention_gets_an_additive_mask(tiny_model_dir, step):
