@@ -605,7 +605,8 @@ def step_products(cfg: PipelineConfig, shape: ModelShape) -> tuple[tuple[str, in
     trajectory's media are its own per row; a packed row's prompt media are encoded once. The
     policy pass is its forward and its backward, 3x the forward (checkpointing's recomputed
     forward not counted); the reference is one forward (none when `rl.kl_mode` is none); the
-    rollout prefill is every episode's first prompt and every sub-agent's (a tool round's `max_parallel` crops, each other frames), a
+    rollout prefill is every episode's first prompt and every sub-agent's (a tool round's
+    `max_parallel` crops, each other frames), a
     group's prompt once with sharing (`HFEngine(share_prompts=True)`, the servers' prefix
     caches). Left out: the output layer (the trained positions only) and the vision tower's
     attention and mergers, the same in both columns; the later turns' prefills (the `hf` engine

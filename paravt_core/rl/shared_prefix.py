@@ -227,9 +227,10 @@ class PackMemo:
     `PackedBatch`, which nothing downstream mutates.
 
     Bounded by the bytes of the packed tensors it keeps (`max_bytes`), oldest out first: at 8B a
-    packed micro-batch holds its frames' pixels and, on the dense path, an [R, 1, N, N] bool mask
-    (N squared bytes a row: 0.9 GB at N = 30,000 tokens), and a step runs many micro-batches. An entry larger than the bound is not
-    kept (that micro-batch is packed again, as without the memo).
+    packed micro-batch holds its frames' pixels and its [R, 1, N, N] bool mask, built for the
+    piecewise and the dense path alike (N squared bytes a row: 0.9 GB at N = 30,000 tokens), and a
+    step runs many micro-batches. An entry larger than the bound is not kept (that micro-batch is
+    packed again, as without the memo).
     """
 
     def __init__(self, max_bytes: int = 256 * 2**20):
@@ -375,33 +376,22 @@ def _segmented(module, query, key, value, attention_mask, dropout: float = 0.0, 
     return torch.cat(outputs).transpose(1, 2).contiguous(), None  # [R, N, H, D]
 
 
-@contextlib.contextmanager
-def _armed(text_config, state: dict) -> Iterator[None]:
-    """The text model attends through `_segmented` with `state` (a packed forward's mask, rows,
-    plant, base attention and text config) for the duration."""
-    AttentionInterface.register(ATTENTION_KEY, _segmented)
-    _ACTIVE.update(state)
-    text_config._attn_implementation = ATTENTION_KEY
-    try:
-        yield
-    finally:
-        text_config._attn_implementation = state["base"]
-        _ACTIVE.clear()
-
-
-class _Rearm:
-    """A reusable context (a layer could be recomputed more than once) that arms `state`."""
+class _Armed:
+    """While entered, the text model attends through `_segmented` with `state` (a packed forward's
+    mask, rows, plant, base attention and text config). Reusable: a packed forward enters it, and
+    each of its checkpointed layers' recomputes enters a copy (a layer could be recomputed twice)."""
 
     def __init__(self, state: dict):
-        self.state, self.armed = state, None
+        self.state = state
 
-    def __enter__(self):
-        self.armed = _armed(self.state["text_config"], self.state)
-        self.armed.__enter__()
+    def __enter__(self) -> None:
+        AttentionInterface.register(ATTENTION_KEY, _segmented)
+        _ACTIVE.update(self.state)
+        self.state["text_config"]._attn_implementation = ATTENTION_KEY
 
-    def __exit__(self, *exc):
-        armed, self.armed = self.armed, None
-        return armed.__exit__(*exc)
+    def __exit__(self, *exc) -> None:
+        self.state["text_config"]._attn_implementation = self.state["base"]
+        _ACTIVE.clear()
 
 
 def recompute_context() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
@@ -413,7 +403,7 @@ def recompute_context() -> tuple[contextlib.AbstractContextManager, contextlib.A
     both are no-ops."""
     if not _ACTIVE:
         return contextlib.nullcontext(), contextlib.nullcontext()
-    return contextlib.nullcontext(), _Rearm(dict(_ACTIVE))
+    return contextlib.nullcontext(), _Armed(dict(_ACTIVE))
 
 
 CHECKPOINT_KWARGS = {"use_reentrant": False, "context_fn": recompute_context}
@@ -447,7 +437,7 @@ def segmented_attention(model, mask: torch.Tensor, rows: Sequence[PackedRow], pl
         return
     state = dict(mask=mask, rows=list(rows), plant=plant, base=text_config._attn_implementation,
                  text_config=text_config)
-    with _armed(text_config, state):
+    with _Armed(state):
         yield True
 
 

@@ -499,8 +499,9 @@ def test_policy_gradient_checkpointing_keeps_the_steps(rl_setup, monkeypatch, sh
         return RewardBreakdown("", {"acc": hit, "format": 0.0, "tool": 0.0}, hit)
 
     init, rl_data, tmp = rl_setup
-    rearmed, enter = [], shared_prefix._Rearm.__enter__
-    monkeypatch.setattr(shared_prefix._Rearm, "__enter__", lambda self: rearmed.append(1) or enter(self))
+    rearmed, enter = [], shared_prefix._Armed.__enter__  # entered in a backward: a recompute re-armed
+    monkeypatch.setattr(shared_prefix._Armed, "__enter__",
+                        lambda self: rearmed.append(torch._C._current_graph_task_id() != -1) or enter(self))
     weights = {}
     for checkpointing in (False, True):
         cfg = load_config(REPO / "conf/pipeline/tiny.yaml", [
@@ -513,7 +514,7 @@ def test_policy_gradient_checkpointing_keeps_the_steps(rl_setup, monkeypatch, sh
         job = stage.make_job(cfg, init, rl_data, with_mlflow=False)
         train(job, reward_fn=scripted)
         weights[checkpointing] = dict(load_model(job.out_dir / "model").named_parameters())
-    assert bool(rearmed) == shared  # the shared run's recomputes attended piecewise
+    assert any(rearmed) == shared  # the shared run's recomputes attended piecewise
     start = dict(load_model(init.path).named_parameters())
     assert any(not torch.equal(p, start[n]) for n, p in weights[False].items())  # the steps trained something
     for name, param in weights[False].items():
