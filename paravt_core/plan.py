@@ -607,10 +607,11 @@ def step_products(cfg: PipelineConfig, shape: ModelShape) -> tuple[tuple[str, in
     forward not counted); the reference is one forward (none when `rl.kl_mode` is none); the
     rollout prefill is every episode's first prompt and every sub-agent's (a tool round's
     `max_parallel` crops, each other frames), a group's prompt once with sharing
-    (`HFEngine(share_prompts=True)`, the servers' prefix caches). Left out: the output layer (the trained positions only) and the vision tower's
-    attention and mergers, the same in both columns; the later turns' prefills (the `hf` engine
-    recomputes a context each turn, with sharing a group's shared start once; the servers reuse
-    their cache), so the shared column is an upper bound there.
+    (`HFEngine(share_prompts=True)`, the servers' prefix caches). Left out: the output layer
+    (the trained positions only) and the vision tower's attention and mergers, the same in
+    both columns; the later turns' prefills (the `hf` engine recomputes a context each turn,
+    with sharing a group's shared start once; the servers reuse their cache), so the shared
+    column is an upper bound there.
     """
     rl, ro = cfg.rl, cfg.rl.rollout
     main, _ = trained_kinds(cfg)
