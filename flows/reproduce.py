@@ -38,7 +38,14 @@ from paravt_core.eval.results import ResultsLog
 from paravt_core.data.mirror import world_dir
 from paravt_core.data.stage import DataBundle
 from paravt_core.miniature.pretrain import sft_replay
-from paravt_core.miniature.measurements import BudgetPoint, ModelRun, group_breakdown, held_out_groups, read_steps
+from paravt_core.miniature.measurements import (
+    BudgetPoint,
+    ModelRun,
+    group_breakdown,
+    held_out_groups,
+    model_numerics,
+    read_steps,
+)
 from paravt_core.miniature.reproduce import row_variants
 from paravt_core.miniature.visibility import manifest_video_sets, visible_share
 from paravt_core.run_lock import hold_output_dir
@@ -102,7 +109,7 @@ def measure(cfg: PipelineConfig, model: ArtifactRef, eval_data: ArtifactRef, row
                     correct={str(r["id"]): bool(r["correct"]) for r in records},
                     gating_draw_key=cfg.rl.gating.draw_key if row != "sft" else None,
                     probe_calls=probe.calls if probe else {}, probe_format=probe.fmt if probe else {},
-                    sft_build=build)
+                    sft_build=build, numerics=model_numerics(model.path))
 
 
 def sft_build(cfg: PipelineConfig) -> str | None:

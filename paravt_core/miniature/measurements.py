@@ -77,6 +77,20 @@ class GroupMeasure(TypedDict):
     tool_calls: NonNegative
 
 
+class HostNumerics(TypedDict):
+    """What, beyond the config, the inputs and the code, decided a model's float results, as its
+    export recorded it (`provenance.host_numerics`, under "numerics" in its `paravt_meta.json`):
+    rank 0's torch threads, the host's cores (None where the OS did not say), the CPU kernels
+    torch chose and torch's version."""
+
+    __pydantic_config__ = MEASUREMENTS  # type: ignore[misc]
+
+    torch_threads: Annotated[int, Field(ge=1)]
+    host_cpus: Annotated[int, Field(ge=1)] | None
+    cpu_capability: str
+    torch: str
+
+
 @dataclass(frozen=True)
 class ModelRun:
     """One trained model of the reproduction and what was measured on it.
@@ -105,6 +119,8 @@ class ModelRun:
         sft_build: which SFT model the run is (the SFT row) or started from (RL rows), e.g. its
             content key; None: the one SFT model of the report. The verdicts take the SFT build as
             a level (`miniature.verdicts`).
+        numerics: the host numerics the model was trained under (`model_numerics`); None where
+            its export did not record them (RL exports and runs.json files from before the record).
     """
 
     __pydantic_config__ = MEASUREMENTS
@@ -124,6 +140,7 @@ class ModelRun:
     probe_calls: dict[str, NonNegative] = field(default_factory=dict)
     probe_format: dict[str, Fraction] = field(default_factory=dict)
     sft_build: str | None = None
+    numerics: HostNumerics | None = None
 
     def final(self, metric: str) -> float | None:
         values = [s[metric] for s in sorted(self.steps, key=lambda s: s["step"]) if metric in s][-LAST_STEPS:]
@@ -168,6 +185,33 @@ def read_steps(rl_model_dir: Path) -> list[dict[str, float]]:
             row = json.loads(line)
             by_step[int(row["step"])] = row  # a resumed run may repeat a step: keep the last
     return [by_step[k] for k in sorted(by_step)]
+
+
+_NUMERICS = TypeAdapter(HostNumerics)
+
+
+def model_numerics(model_dir: Path) -> HostNumerics | None:
+    """The host numerics an exported model recorded (its `paravt_meta.json` "numerics"); None
+    where the folder has no such file or the export predates the record.
+
+    Raises:
+        MeasurementsError: the file is not JSON, or its record is not `HostNumerics` (naming the file).
+    """
+    path = Path(model_dir) / "paravt_meta.json"
+    if not path.is_file():
+        return None
+    try:
+        recorded = json.loads(path.read_text()).get("numerics")
+    except (OSError, ValueError, AttributeError) as error:
+        raise MeasurementsError(f"{path}: cannot read the export's metadata ({error}); train the model again "
+                                "or restore the file") from None
+    if recorded is None:
+        return None
+    try:
+        return _NUMERICS.validate_python(recorded)
+    except ValidationError as error:
+        raise MeasurementsError(f"{path}: its \"numerics\" are not what `provenance.host_numerics` writes: "
+                                f"{error.errors()[0]['loc']} {error.errors()[0]['msg']}") from None
 
 
 def group_breakdown(records: Iterable[Mapping], group_of: Mapping[str, str]) -> dict[str, dict[str, float]]:

@@ -16,6 +16,8 @@ This module renders those measurements (`measurements.py`, their statistics `int
   (the SFT policy before any update). The last column is the share of held-out answers in the
   format asked for (a closed `<answer>` block with a body, SPEC §4.3), where the paper's
   format claims show on the evaluation rather than on sampled training text;
+- `hosts_markdown`: the hosts (cores, CPU kernels, torch, threads) that trained the models, and
+  whether they were more than one;
 - `findings`: the issue's checks, computed (tools necessary, RL learns, the κ / fτ contrast);
 - `verdicts`: one line per finding of SPEC §6, each comparison labelled from tests on run
   means (the SFT build a level) against minimum effects and Holm families fixed in code
@@ -182,6 +184,49 @@ def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_t
     return out
 
 
+def hosts_markdown(runs: Sequence[ModelRun]) -> str:
+    """Which hosts trained the report's models, from each model's recorded `numerics`. The host's
+    cores, the CPU kernels torch picks and torch's version decide the weights, and so does a
+    rank's thread count (docs/miniature.md, "What a build depends on"): a reproduction resumed on
+    another host, or under another OMP_NUM_THREADS, goes on from models another host trained. So
+    the line says when the models come from more than one host or thread count; the report is
+    then what those settings gave together, not what one host's `paravt reproduce` gives. Empty
+    where no model recorded its numerics."""
+    hosts: dict[tuple, dict[str, list[int]]] = {}
+    unrecorded: list[ModelRun] = []
+    for run in runs:
+        if run.numerics is None:
+            unrecorded.append(run)
+            continue
+        n = run.numerics
+        kind = "sft" if run.row == "sft" else "rl"
+        hosts.setdefault((n["host_cpus"], n["cpu_capability"], n["torch"]), {}).setdefault(kind, []).append(
+            n["torch_threads"])
+    if not hosts:
+        return ""
+
+    def models(kind: str, count: int) -> str:
+        return f"{count} SFT model{'s' * (count != 1)}" if kind == "sft" else f"{count} RL run{'s' * (count != 1)}"
+
+    parts = []
+    for (cpus, capability, torch), kinds in sorted(hosts.items(), key=lambda item: -sum(map(len, item[1].values()))):
+        each = [f"{models(kind, len(threads))} on {' or '.join(map(str, sorted(set(threads))))} "
+                f"thread{'s' * (max(threads) != 1)}" for kind, threads in sorted(kinds.items(), reverse=True)]
+        parts.append(f"{cpus if cpus is not None else 'unknown'} cores, {capability}, torch {torch}: {', '.join(each)}")
+    if unrecorded:
+        counts = {kind: sum((r.row == "sft") == (kind == "sft") for r in unrecorded) for kind in ("sft", "rl")}
+        parts.append("not recorded: " + ", ".join(models(kind, n) for kind, n in counts.items() if n))
+    text = "Trained on (each model's `numerics` in its `paravt_meta.json`): " + "; ".join(parts) + "."
+    settings = len(hosts) + sum(len(set(threads)) - 1 for kinds in hosts.values() for threads in kinds.values())
+    if settings > 1:
+        text += (f" **These models come from {settings} host settings** (cores, CPU kernels, torch, threads), each "
+                 "of which trains other weights from the same inputs: this report is what they gave together, "
+                 "not what one host's `paravt reproduce` gives.")
+    elif unrecorded:
+        text += " The models without a record may come from another host."
+    return text
+
+
 VERDICT_RULES = (
     "The unit is the training run: each comparison is row A minus row B on one number per run (held-out "
     "accuracy, or the probe's κ or format), tested by Welch's t (t-based 95 % interval in brackets) and by an "
@@ -203,6 +248,7 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
         "first RL step's rollouts, i.e. the SFT policy before any update). Answers in format: held-out answers "
         "(subagent mode) with a closed, non-blank `<answer>` block.",
         table_markdown(runs),
+        *([hosts] if (hosts := hosts_markdown(runs)) else []),
         *(["## Validation split",
            "The table above is the test split (`videomme`), evaluated once per model. Knobs, rates and budgets are "
            "chosen on this one (`videomme_val`: the same kind of questions on videos of its own).", validation]

@@ -47,6 +47,7 @@ from paravt_core.dist.weights import export_hf_model, full_state_dict, gathered_
 from paravt_core.memory import record_memory
 from paravt_core.model.loading import build_model, load_processor
 from paravt_core.plan import declare_stage
+from paravt_core.provenance import host_numerics
 from paravt_core.rl import policy as P, served_policy as S
 from paravt_core.rl.contracts import TokenLayout, TrajectoryContractError, check_trajectories
 from paravt_core.rl.data import read_rl_prompts, rollout_dropping_undecodable
@@ -435,7 +436,8 @@ def _train_loop(trainer: Trainer, job: RLJob) -> None:
         meta = {"stage": "rl", "row": rl.row, "resolved_config": job.config.model_dump(mode="json"),
                 "init_model": str(job.init_model), "init_model_sha256": job.init_model_sha256,
                 "data_sha256": job.data_sha256, "git_revision": job.git_revision, "steps": rl.max_steps,
-                "mlflow_run_id": job.mlflow_run_id}
+                "mlflow_run_id": job.mlflow_run_id,
+                "numerics": host_numerics()}  # rank 0's; the weights depend on these too
         export_hf_model(state, job.init_model, job.out_dir / "model", job.config.model.dtype, meta,
                         job.config.video)
     metrics.finish()

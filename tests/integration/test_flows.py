@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -366,6 +367,17 @@ def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harn
     assert [p["k"] for p in budget] == [2, 3, 4, 6]
     text = Path(state.result()).read_text()
     assert "SFT build sft3 answers" in text and "SFT build sft4 answers" in text
+    # Every model, SFT and RL, recorded the host numerics it was trained under, and the report
+    # names that one host.
+    import torch
+
+    host = {"host_cpus": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__}
+    assert all(m["numerics"] == {**host, "torch_threads": m["numerics"]["torch_threads"]} for m in measured)
+    assert len({m["numerics"]["torch_threads"] for m in measured if m["row"] != "sft"}) == 1
+    assert (f"Trained on (each model's `numerics` in its `paravt_meta.json`): {os.cpu_count()} cores, "
+            f"{host['cpu_capability']}, torch {torch.__version__}: 2 SFT models on ") in text
+    assert "host settings" not in text
 
 
 def test_reproduce_refuses_an_unknown_row_before_any_stage(tmp_path: Path):

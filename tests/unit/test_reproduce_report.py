@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -12,8 +13,14 @@ import pytest
 from paravt_core.miniature.intervals import interval95
 from paravt_core.miniature.measurements import ModelRun, group_breakdown, held_out_groups, read_steps, runs_from_json
 from paravt_core.miniature.report_plot import plot_steps
-from paravt_core.miniature.report_tables import findings, group_table_markdown, report_markdown, table_markdown
-from paravt_core.miniature.reproduce import write_report
+from paravt_core.miniature.report_tables import (
+    findings,
+    group_table_markdown,
+    hosts_markdown,
+    report_markdown,
+    table_markdown,
+)
+from paravt_core.miniature.reproduce import read_report_dir, write_report
 
 
 def _steps(kappas, f_taus, accs=None):
@@ -510,6 +517,9 @@ def _first_steps(runs: list) -> list:
     (lambda runs: runs[1].update(by_group={"first wording": {}}), "[1].by_group.first wording.n: Field required"),
     (lambda runs: runs[1].update(by_group={"g": {"n": 4, "accuracy": 1.5, "tool_calls": 1}}),
      "[1].by_group.g.accuracy: Input should be less than or equal to 1"),
+    (lambda runs: runs[1].update(numerics={**_HOST, "host_cpus": "2"}), "[1].numerics.host_cpus: Input should be"),
+    (lambda runs: runs[1].update(numerics={**_HOST, "torch_threads": 0}),
+     "[1].numerics.torch_threads: Input should be greater than or equal to 1"),
 ])
 def test_report_inputs_that_would_count_a_run_twice_or_break_the_report_are_refused(tmp_path, capsys, mutate, message):
     """#61 item 3 and the report partials: a run listed twice reported "3 seeds", two SFT entries
@@ -601,3 +611,65 @@ def test_a_rebuild_that_fails_half_way_leaves_the_earlier_report_whole(tmp_path,
         _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "out"))
     assert _folder_bytes(tmp_path / "out") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "report"]
+
+
+_HOST = {"torch_threads": 1, "host_cpus": 2, "cpu_capability": "AVX2", "torch": "2.14.1"}
+
+
+def _on(run: ModelRun, **numerics) -> ModelRun:
+    threads = 2 if run.row == "sft" else 1
+    return dataclasses.replace(run, numerics={**_HOST, "torch_threads": threads, **numerics})
+
+
+def test_the_report_names_the_host_that_trained_its_models(tmp_path):
+    runs = [_on(run) for run in _runs()]
+    line = hosts_markdown(runs)
+    assert line == ("Trained on (each model's `numerics` in its `paravt_meta.json`): 2 cores, AVX2, torch 2.14.1: "
+                    "1 SFT model on 2 threads, 4 RL runs on 1 thread.")
+    report = write_report(runs, tmp_path / "report", "t")
+    assert line in report.read_text()
+    # kept with the measurements and read back
+    assert [run.numerics for run in read_report_dir(tmp_path / "report")[0]] == [run.numerics for run in runs]
+    assert hosts_markdown(_runs()) == "" and "Trained on" not in report_markdown(_runs(), "f.png", "t")
+
+
+@pytest.mark.parametrize("moved, settings", [
+    ({"cpu_capability": "AVX512"}, 2),  # resumed on a host with other CPU kernels
+    ({"host_cpus": 4}, 2),  # or with more cores
+    ({"torch_threads": 2}, 2),  # or under another OMP_NUM_THREADS on the same host
+])
+def test_a_report_whose_models_come_from_several_hosts_says_so(moved, settings):
+    """A reproduction resumed elsewhere goes on from the other host's models: the report says its
+    numbers are not one host's."""
+    runs = [_on(run) for run in _runs()]
+    runs[-1] = _on(runs[-1], **moved)
+    line = hosts_markdown(runs)
+    assert f"**These models come from {settings} host settings**" in line
+    assert "not what one host's `paravt reproduce` gives" in line
+    assert "host settings" not in hosts_markdown(runs[:-1])
+
+
+def test_models_without_a_record_are_counted_as_such():
+    runs = [_on(run) for run in _runs()[:3]] + _runs()[3:]
+    line = hosts_markdown(runs)
+    assert "2 cores, AVX2, torch 2.14.1: 1 SFT model on 2 threads, 2 RL runs on 1 thread; not recorded: 2 RL runs." \
+        in line
+    assert line.endswith("The models without a record may come from another host.")
+
+
+def test_model_numerics_reads_the_export_s_record(tmp_path):
+    from paravt_core.miniature.measurements import MeasurementsError, model_numerics
+    from paravt_core.provenance import host_numerics
+
+    assert model_numerics(tmp_path) is None  # no paravt_meta.json
+    meta = tmp_path / "paravt_meta.json"
+    meta.write_text(json.dumps({"stage": "rl"}))
+    assert model_numerics(tmp_path) is None  # exported before the record
+    meta.write_text(json.dumps({"stage": "rl", "numerics": host_numerics()}))
+    assert model_numerics(tmp_path) == host_numerics()
+    meta.write_text(json.dumps({"numerics": {**host_numerics(), "torch_threads": "one"}}))
+    with pytest.raises(MeasurementsError, match=r"paravt_meta.json: its \"numerics\" are not"):
+        model_numerics(tmp_path)
+    meta.write_text("{")
+    with pytest.raises(MeasurementsError, match="paravt_meta.json: cannot read the export's metadata"):
+        model_numerics(tmp_path)
