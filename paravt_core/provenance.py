@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -32,3 +33,16 @@ def host_numerics() -> dict[str, object]:
 
     return {"torch_threads": torch.get_num_threads(), "host_cpus": os.cpu_count(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+
+
+def host_differences(recorded: Mapping[str, object] | None) -> list[str]:
+    """How the host whose `host_numerics` a model recorded differs from this one, threads aside
+    (a rank's threads follow the stage's rank count): e.g. ["CPU kernels AVX512 there, AVX2
+    here"]. Empty where they agree or nothing was recorded. A run that goes on here from such a
+    model mixes two hosts' numerics (docs/miniature.md, "What a build depends on")."""
+    if not recorded:
+        return []
+    here = host_numerics()
+    names = {"host_cpus": "cores", "cpu_capability": "CPU kernels", "torch": "torch"}
+    return [f"{name} {recorded.get(key)} there, {here[key]} here" for key, name in names.items()
+            if recorded.get(key) != here[key]]

@@ -673,3 +673,16 @@ def test_model_numerics_reads_the_export_s_record(tmp_path):
     meta.write_text("{")
     with pytest.raises(MeasurementsError, match="paravt_meta.json: cannot read the export's metadata"):
         model_numerics(tmp_path)
+
+
+def test_a_model_from_another_host_is_told_apart_by_cores_kernels_and_torch_not_threads():
+    """What the reproduction logs when it goes on from a cache another host filled."""
+    from paravt_core.provenance import host_differences, host_numerics
+
+    here = host_numerics()
+    assert host_differences(None) == [] and host_differences({}) == []
+    assert host_differences({**here, "torch_threads": here["torch_threads"] + 3}) == []
+    other = "AVX512" if here["cpu_capability"] != "AVX512" else "AVX2"
+    assert host_differences({**here, "cpu_capability": other, "host_cpus": 96}) == [
+        f"cores 96 there, {here['host_cpus']} here", f"CPU kernels {other} there, {here['cpu_capability']} here"]
+    assert host_differences({**here, "torch": "2.0.0"}) == [f"torch 2.0.0 there, {here['torch']} here"]
