@@ -26,13 +26,39 @@ def host_numerics() -> dict[str, object]:
     (docs/miniature.md, "What a build depends on"): torch's thread count (a rank's
     is its share of the host's cores, `dist.launch._launch`, unless OMP_NUM_THREADS is set), the host's
     core count, the CPU kernels torch chose for this CPU's instruction set, and torch's version.
-    Two models trained from the same inputs match bit for bit only where these match."""
+    Two models trained from the same inputs match bit for bit only where these match. Also the
+    CPU itself (`cpu_model`): two CPUs with the same instruction set may still take other
+    library paths (MKL dispatches by CPU); not measured either way."""
     import os
 
     import torch
 
     return {"torch_threads": torch.get_num_threads(), "host_cpus": os.cpu_count(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "cpu": cpu_model()}
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """This host's CPU as `cpuinfo` names its first processor, e.g. "AMD EPYC (AuthenticAMD
+    family 23 model 1)"; the machine's architecture (`platform.machine()`) where the file is
+    missing or names none."""
+    import platform
+
+    fields: dict[str, str] = {}
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if not line.strip():
+                break  # the first processor's block ends
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or fields.get("Model") or fields.get("cpu model")
+    if not name:
+        return platform.machine() or "unknown"
+    ids = " ".join(f"{label}{fields[key]}" for key, label in (("vendor_id", ""), ("cpu family", "family "),
+                                                               ("model", "model ")) if fields.get(key))
+    return f"{name} ({ids})" if ids else name
 
 
 def host_differences(recorded: Mapping[str, object] | None) -> list[str]:
@@ -43,6 +69,7 @@ def host_differences(recorded: Mapping[str, object] | None) -> list[str]:
     if not recorded:
         return []
     here = host_numerics()
-    names = {"host_cpus": "cores", "cpu_capability": "CPU kernels", "torch": "torch"}
-    return [f"{name} {recorded.get(key)} there, {here[key]} here" for key, name in names.items()
-            if recorded.get(key) != here[key]]
+    names = {"host_cpus": "cores", "cpu": "CPU", "cpu_capability": "CPU kernels", "torch": "torch"}
+    # a record from before the CPU was recorded is compared on what it has
+    return [f"{name} {recorded[key]} there, {here[key]} here" for key, name in names.items()
+            if key in recorded and recorded[key] != here[key]]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 
 LAST_STEPS = 3
@@ -81,7 +81,7 @@ class HostNumerics(TypedDict):
     """What, beyond the config, the inputs and the code, decided a model's float results, as its
     export recorded it (`provenance.host_numerics`, under "numerics" in its `paravt_meta.json`):
     rank 0's torch threads, the host's cores (None where the OS did not say), the CPU kernels
-    torch chose and torch's version."""
+    torch chose, torch's version and the CPU (not in records from before 2026-12-01)."""
 
     __pydantic_config__ = MEASUREMENTS  # type: ignore[misc]
 
@@ -89,6 +89,7 @@ class HostNumerics(TypedDict):
     host_cpus: Annotated[int, Field(ge=1)] | None
     cpu_capability: str
     torch: str
+    cpu: NotRequired[str]
 
 
 @dataclass(frozen=True)

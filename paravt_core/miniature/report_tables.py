@@ -16,7 +16,7 @@ This module renders those measurements (`measurements.py`, their statistics `int
   (the SFT policy before any update). The last column is the share of held-out answers in the
   format asked for (a closed `<answer>` block with a body, SPEC §4.3), where the paper's
   format claims show on the evaluation rather than on sampled training text;
-- `hosts_markdown`: the hosts (cores, CPU kernels, torch, threads) that trained the models, and
+- `hosts_markdown`: the hosts (cores, CPU, CPU kernels, torch, threads) that trained the models, and
   whether they were more than one;
 - `findings`: the issue's checks, computed (tools necessary, RL learns, the κ / fτ contrast);
 - `verdicts`: one line per finding of SPEC §6, each comparison labelled from tests on run
@@ -187,21 +187,22 @@ def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_t
 def hosts_markdown(runs: Sequence[ModelRun]) -> str:
     """Which hosts trained the report's models, from each model's recorded `numerics`. The host's
     cores, the CPU kernels torch picks and torch's version decide the weights, and so does a
-    rank's thread count (docs/miniature.md, "What a build depends on"): a reproduction resumed on
+    rank's thread count (docs/miniature.md, "What a build depends on"); the CPU itself may (not
+    measured), so it counts where every record has it: a reproduction resumed on
     another host, or under another OMP_NUM_THREADS, goes on from models another host trained. So
     the line says when the models come from more than one host or thread count; the report is
     then what those settings gave together, not what one host's `paravt reproduce` gives. Empty
     where no model recorded its numerics."""
     hosts: dict[tuple, dict[str, list[int]]] = {}
-    unrecorded: list[ModelRun] = []
-    for run in runs:
-        if run.numerics is None:
-            unrecorded.append(run)
-            continue
+    unrecorded = [run for run in runs if run.numerics is None]
+    recorded = [run for run in runs if run.numerics is not None]
+    # The CPU counts only where every record has it (records from before it leave it out).
+    with_cpu = all("cpu" in run.numerics for run in recorded)
+    for run in recorded:
         n = run.numerics
         kind = "sft" if run.row == "sft" else "rl"
-        hosts.setdefault((n["host_cpus"], n["cpu_capability"], n["torch"]), {}).setdefault(kind, []).append(
-            n["torch_threads"])
+        host = (n["host_cpus"], n["cpu"] if with_cpu else None, n["cpu_capability"], n["torch"])
+        hosts.setdefault(host, {}).setdefault(kind, []).append(n["torch_threads"])
     if not hosts:
         return ""
 
@@ -209,19 +210,23 @@ def hosts_markdown(runs: Sequence[ModelRun]) -> str:
         return f"{count} SFT model{'s' * (count != 1)}" if kind == "sft" else f"{count} RL run{'s' * (count != 1)}"
 
     parts = []
-    for (cpus, capability, torch), kinds in sorted(hosts.items(), key=lambda item: -sum(map(len, item[1].values()))):
+    for (cpus, cpu, capability, torch), kinds in sorted(hosts.items(),
+                                                        key=lambda item: -sum(map(len, item[1].values()))):
         each = [f"{models(kind, len(threads))} on {' or '.join(map(str, sorted(set(threads))))} "
                 f"thread{'s' * (max(threads) != 1)}" for kind, threads in sorted(kinds.items(), reverse=True)]
-        parts.append(f"{cpus if cpus is not None else 'unknown'} cores, {capability}, torch {torch}: {', '.join(each)}")
+        host = [f"{cpus if cpus is not None else 'unknown'} cores", *([cpu] if cpu else []), capability,
+                f"torch {torch}"]
+        parts.append(f"{', '.join(host)}: {', '.join(each)}")
     if unrecorded:
         counts = {kind: sum((r.row == "sft") == (kind == "sft") for r in unrecorded) for kind in ("sft", "rl")}
         parts.append("not recorded: " + ", ".join(models(kind, n) for kind, n in counts.items() if n))
     text = "Trained on (each model's `numerics` in its `paravt_meta.json`): " + "; ".join(parts) + "."
     settings = len(hosts) + sum(len(set(threads)) - 1 for kinds in hosts.values() for threads in kinds.values())
     if settings > 1:
-        text += (f" **These models come from {settings} host settings** (cores, CPU kernels, torch, threads), each "
-                 "of which trains other weights from the same inputs: this report is what they gave together, "
-                 "not what one host's `paravt reproduce` gives.")
+        text += (f" **These models come from {settings} host settings** (cores, CPU, CPU kernels, torch or "
+                 "threads), which can train other weights from the same inputs (the cores, the kernels and the "
+                 "threads were measured to): this report is what they gave together, not what one host's "
+                 "`paravt reproduce` gives.")
     elif unrecorded:
         text += " The models without a record may come from another host."
     return text

@@ -613,7 +613,8 @@ def test_a_rebuild_that_fails_half_way_leaves_the_earlier_report_whole(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "report"]
 
 
-_HOST = {"torch_threads": 1, "host_cpus": 2, "cpu_capability": "AVX2", "torch": "2.14.1"}
+_HOST = {"torch_threads": 1, "host_cpus": 2, "cpu_capability": "AVX2", "torch": "2.14.1",
+         "cpu": "AMD EPYC (AuthenticAMD family 23 model 1)"}
 
 
 def _on(run: ModelRun, **numerics) -> ModelRun:
@@ -624,8 +625,8 @@ def _on(run: ModelRun, **numerics) -> ModelRun:
 def test_the_report_names_the_host_that_trained_its_models(tmp_path):
     runs = [_on(run) for run in _runs()]
     line = hosts_markdown(runs)
-    assert line == ("Trained on (each model's `numerics` in its `paravt_meta.json`): 2 cores, AVX2, torch 2.14.1: "
-                    "1 SFT model on 2 threads, 4 RL runs on 1 thread.")
+    assert line == ("Trained on (each model's `numerics` in its `paravt_meta.json`): 2 cores, AMD EPYC (AuthenticAMD "
+                    "family 23 model 1), AVX2, torch 2.14.1: 1 SFT model on 2 threads, 4 RL runs on 1 thread.")
     report = write_report(runs, tmp_path / "report", "t")
     assert line in report.read_text()
     # kept with the measurements and read back
@@ -636,6 +637,7 @@ def test_the_report_names_the_host_that_trained_its_models(tmp_path):
 @pytest.mark.parametrize("moved, settings", [
     ({"cpu_capability": "AVX512"}, 2),  # resumed on a host with other CPU kernels
     ({"host_cpus": 4}, 2),  # or with more cores
+    ({"cpu": "AMD EPYC (AuthenticAMD family 25 model 1)"}, 2),  # or on another CPU with the same kernels
     ({"torch_threads": 2}, 2),  # or under another OMP_NUM_THREADS on the same host
 ])
 def test_a_report_whose_models_come_from_several_hosts_says_so(moved, settings):
@@ -652,9 +654,34 @@ def test_a_report_whose_models_come_from_several_hosts_says_so(moved, settings):
 def test_models_without_a_record_are_counted_as_such():
     runs = [_on(run) for run in _runs()[:3]] + _runs()[3:]
     line = hosts_markdown(runs)
-    assert "2 cores, AVX2, torch 2.14.1: 1 SFT model on 2 threads, 2 RL runs on 1 thread; not recorded: 2 RL runs." \
-        in line
+    assert ("2 cores, AMD EPYC (AuthenticAMD family 23 model 1), AVX2, torch 2.14.1: 1 SFT model on 2 threads, "
+            "2 RL runs on 1 thread; not recorded: 2 RL runs.") in line
     assert line.endswith("The models without a record may come from another host.")
+
+
+def test_records_from_before_the_cpu_was_recorded_are_not_a_second_host():
+    runs = [_on(run) for run in _runs()]
+    older = {k: v for k, v in runs[0].numerics.items() if k != "cpu"}
+    runs[0] = dataclasses.replace(runs[0], numerics=older)
+    line = hosts_markdown(runs)
+    assert "2 cores, AVX2, torch 2.14.1: 1 SFT model on 2 threads, 4 RL runs on 1 thread." in line
+    assert "host settings" not in line
+    runs[1] = _on(runs[1], cpu_capability="AVX512")  # a difference they do record still counts
+    assert "**These models come from 2 host settings**" in hosts_markdown(runs)
+
+
+def test_cpu_model_names_the_first_processor(tmp_path):
+    import platform
+
+    from paravt_core.provenance import cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 1\n"
+                    "model name\t: AMD EPYC\n\nprocessor\t: 1\nmodel name\t: Other\n")
+    assert cpu_model(info) == "AMD EPYC (AuthenticAMD family 23 model 1)"
+    info.write_text("processor\t: 0\nModel\t\t: Raspberry Pi 4 Model B Rev 1.4\n")  # an ARM board's
+    assert cpu_model(info) == "Raspberry Pi 4 Model B Rev 1.4"
+    assert cpu_model(tmp_path / "missing") == (platform.machine() or "unknown")
 
 
 def test_model_numerics_reads_the_export_s_record(tmp_path):
@@ -686,3 +713,6 @@ def test_a_model_from_another_host_is_told_apart_by_cores_kernels_and_torch_not_
     assert host_differences({**here, "cpu_capability": other, "host_cpus": 96}) == [
         f"cores 96 there, {here['host_cpus']} here", f"CPU kernels {other} there, {here['cpu_capability']} here"]
     assert host_differences({**here, "torch": "2.0.0"}) == [f"torch 2.0.0 there, {here['torch']} here"]
+    assert host_differences({**here, "cpu": "Zen 9"}) == [f"CPU Zen 9 there, {here['cpu']} here"]
+    # a record from before the CPU was recorded is compared on what it holds
+    assert host_differences({k: v for k, v in here.items() if k != "cpu"}) == []
