@@ -185,14 +185,15 @@ def findings(runs: Sequence[ModelRun], tool_gain_target: float = 0.25, rl_gain_t
 
 
 def hosts_markdown(runs: Sequence[ModelRun]) -> str:
-    """Which hosts trained the report's models, from each model's recorded `numerics`. The host's
-    cores, the CPU kernels torch picks and torch's version decide the weights, and so does a
-    rank's thread count (docs/miniature.md, "What a build depends on"); the CPU itself may (not
-    measured), so it counts where every record has it: a reproduction resumed on
-    another host, or under another OMP_NUM_THREADS, goes on from models another host trained. So
-    the line says when the models come from more than one host or thread count; the report is
-    then what those settings gave together, not what one host's `paravt reproduce` gives. Empty
-    where no model recorded its numerics."""
+    """Which hosts trained the report's models, from each model's recorded `numerics`.
+
+    The host's cores, the CPU kernels torch picks, torch's version and a rank's thread count
+    decide the weights (docs/miniature.md, "What a build depends on"); the CPU itself may (not
+    measured), so it counts where every record has it. A reproduction resumed on another host, or
+    under another OMP_NUM_THREADS, goes on from models the first host trained: the line says when
+    the models come from more than one such setting, and the report is then what they gave
+    together, not what one host's `paravt reproduce` gives. Empty where no model recorded its
+    numerics."""
     hosts: dict[tuple, dict[str, list[int]]] = {}
     unrecorded = [run for run in runs if run.numerics is None]
     recorded = [run for run in runs if run.numerics is not None]
