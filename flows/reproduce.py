@@ -48,7 +48,7 @@ from paravt_core.miniature.measurements import (
 )
 from paravt_core.miniature.reproduce import row_variants
 from paravt_core.miniature.visibility import manifest_video_sets, visible_share
-from paravt_core.provenance import host_differences
+from paravt_core.provenance import foreign_models
 from paravt_core.run_lock import hold_output_dir
 from tasks.miniature import pretrain, reproduce_report, sampled_probe
 from tasks.model import base_stage
@@ -239,12 +239,10 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
             # Each build's own measurements; the budget sweep on the first build only.
             sft_measurements += sft_jobs(build_cfg, sft_model, data.eval, world, sweep=index == 0)
         # A cache another host filled: say so now, not only in the report hours later.
-        for what, model in (("the base model", base), *((f"SFT model {b or ''}".strip(), m)
-                                                       for b, m in sft_models.items())):
-            if differences := host_differences(model_numerics(model.path)):
-                log.warning(f"{what} ({model.path}) was trained on another host ({'; '.join(differences)}): the runs "
-                            "that go on from it here are not what one host gives; the report's 'Trained on' line "
-                            "counts each host's models")
+        for line in foreign_models({f"{what} ({model.path})": model_numerics(model.path) for what, model in
+                                    (("the base model", base), *((f"SFT model {b or ''}".strip(), m)
+                                                                 for b, m in sft_models.items()))}):
+            log.warning(line)
         # The SFT models' own measurements run in the same fan-out (`job_order` says when).
         jobs = job_order(cfg.run.fanout, rl_jobs, sft_measurements)
         # At most run.fanout.max_concurrent at a time, gathered in this order (flows/fanout.py).

@@ -39,26 +39,34 @@ def host_numerics() -> dict[str, object]:
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """This host's CPU as `cpuinfo` names its first processor, e.g. "AMD EPYC (AuthenticAMD
-    family 23 model 1)"; the machine's architecture (`platform.machine()`) where the file is
-    missing or names none."""
+    """This host's CPU as `cpuinfo` names it, e.g. "AMD EPYC (AuthenticAMD family 23 model 1)":
+    each field's first value in the file (x86 names the CPU in every processor's block; an ARM
+    board names itself in a trailer after them, "Model", and ARM servers give only the
+    implementer and part); the machine's architecture (`platform.machine()`) where the file is
+    missing or names nothing."""
     import platform
 
     fields: dict[str, str] = {}
     try:
         for line in cpuinfo.read_text(errors="replace").splitlines():
-            if not line.strip():
-                break  # the first processor's block ends
             key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
+            if value.strip():
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    name = fields.get("model name") or fields.get("Model") or fields.get("cpu model")
-    if not name:
-        return platform.machine() or "unknown"
-    ids = " ".join(f"{label}{fields[key]}" for key, label in (("vendor_id", ""), ("cpu family", "family "),
-                                                               ("model", "model ")) if fields.get(key))
+    ids = " ".join(f"{label}{fields[key]}" for key, label in (
+        ("vendor_id", ""), ("cpu family", "family "), ("model", "model "),
+        ("CPU implementer", "implementer "), ("CPU part", "part ")) if key in fields)
+    name = fields.get("model name") or fields.get("Model") or platform.machine() or "unknown"
     return f"{name} ({ids})" if ids else name
+
+
+def foreign_models(models: Mapping[str, Mapping[str, object] | None]) -> list[str]:
+    """One line per model (named by the key) whose recorded `host_numerics` came from another
+    host (`host_differences`): what a run that goes on from it here should be told."""
+    return [f"{what} was trained on another host ({'; '.join(differences)}): the runs that go on from it "
+            "here are not what one host gives; the report's 'Trained on' line counts each host's models"
+            for what, recorded in models.items() if (differences := host_differences(recorded))]
 
 
 def host_differences(recorded: Mapping[str, object] | None) -> list[str]:

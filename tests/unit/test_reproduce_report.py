@@ -679,8 +679,14 @@ def test_cpu_model_names_the_first_processor(tmp_path):
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 1\n"
                     "model name\t: AMD EPYC\n\nprocessor\t: 1\nmodel name\t: Other\n")
     assert cpu_model(info) == "AMD EPYC (AuthenticAMD family 23 model 1)"
-    info.write_text("processor\t: 0\nModel\t\t: Raspberry Pi 4 Model B Rev 1.4\n")  # an ARM board's
-    assert cpu_model(info) == "Raspberry Pi 4 Model B Rev 1.4"
+    # a Raspberry Pi's: the board's name in the trailer after the processor blocks
+    info.write_text("processor\t: 0\nBogoMIPS\t: 108.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd08\n\n"
+                    "processor\t: 1\nCPU implementer\t: 0x41\n\nHardware\t: BCM2835\n"
+                    "Model\t\t: Raspberry Pi 4 Model B Rev 1.4\n")
+    assert cpu_model(info) == "Raspberry Pi 4 Model B Rev 1.4 (implementer 0x41 part 0xd08)"
+    # an ARM server's: no name at all
+    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n\n")
+    assert cpu_model(info) == f"{platform.machine() or 'unknown'} (implementer 0x41 part 0xd40)"
     assert cpu_model(tmp_path / "missing") == (platform.machine() or "unknown")
 
 
@@ -716,3 +722,19 @@ def test_a_model_from_another_host_is_told_apart_by_cores_kernels_and_torch_not_
     assert host_differences({**here, "cpu": "Zen 9"}) == [f"CPU Zen 9 there, {here['cpu']} here"]
     # a record from before the CPU was recorded is compared on what it holds
     assert host_differences({k: v for k, v in here.items() if k != "cpu"}) == []
+
+
+def test_the_reproduction_is_told_of_each_cached_model_from_another_host(tmp_path):
+    """What `paravt reproduce` logs at its start (flows/reproduce.py), from the models' own records."""
+    from paravt_core.miniature.measurements import model_numerics
+    from paravt_core.provenance import foreign_models, host_numerics
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    for folder, numerics in ((here, host_numerics()), (there, {**host_numerics(), "cpu_capability": "NEON"})):
+        folder.mkdir()
+        (folder / "paravt_meta.json").write_text(json.dumps({"numerics": numerics}))
+    lines = foreign_models({"the base model": model_numerics(here), "SFT model sft1": model_numerics(there),
+                            "a downloaded model": model_numerics(tmp_path)})
+    assert lines == [f"SFT model sft1 was trained on another host (CPU kernels NEON there, "
+                     f"{host_numerics()['cpu_capability']} here): the runs that go on from it here are not what one "
+                     "host gives; the report's 'Trained on' line counts each host's models"]
