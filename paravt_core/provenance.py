@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# What a record without an accelerator was trained on (`host_differences`, the report's hosts).
+CPU_ONLY = "none (CPU)"
 
 
 def git_revision() -> str:
@@ -21,21 +23,44 @@ def git_revision() -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
-def host_numerics() -> dict[str, object]:
-    """What, beyond the config, the inputs and the code, decides this process's CPU float results
+def host_numerics(device: str = "cpu") -> dict[str, object]:
+    """What, beyond the config, the inputs and the code, decides this process's float results
     (docs/miniature.md, "What a build depends on"): torch's thread count (a rank's
     is its share of the host's cores, `dist.launch._launch`, unless OMP_NUM_THREADS is set), the host's
     core count, the CPU kernels torch chose for this CPU's instruction set, and torch's version.
     Two models trained from the same inputs match bit for bit only where these match. Also the
     CPU itself (`cpu_model`): two CPUs with the same instruction set may still take other
-    library paths (MKL dispatches by CPU); not measured either way."""
+    library paths (MKL dispatches by CPU); not measured either way. Where `device` (the one this
+    process trains on, `dist.rank.init_distributed`) is a CUDA device, also the card and CUDA
+    (`accelerator_model`): there the GPU's kernels, not the CPU's, compute the weights."""
     import os
 
     import torch
 
-    return {"torch_threads": torch.get_num_threads(), "host_cpus": os.cpu_count(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-            "cpu": cpu_model()}
+    record: dict[str, object] = {
+        "torch_threads": torch.get_num_threads(), "host_cpus": os.cpu_count(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__, "cpu": cpu_model()}
+    if device.startswith("cuda"):
+        record["accelerator"] = accelerator_model(device)
+    return record
+
+
+def accelerator_model(device: str) -> str:
+    """The CUDA device `device` and the libraries its kernels come from, e.g. "NVIDIA H200 (CUDA
+    13.0, cuDNN 91002)": another card, CUDA (cuBLAS comes with it) or cuDNN may pick other
+    kernels and train other weights from the same inputs."""
+    import torch
+
+    return (f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}, "
+            f"cuDNN {torch.backends.cudnn.version()})")
+
+
+def training_device() -> str:
+    """The device rank 0 of a stage launched from this host trains on (`dist.rank.init_distributed`:
+    the first visible CUDA device where torch sees one, else the CPU)."""
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
@@ -73,11 +98,17 @@ def host_differences(recorded: Mapping[str, object] | None) -> list[str]:
     """How the host whose `host_numerics` a model recorded differs from this one, threads aside
     (a rank's threads follow the stage's rank count): e.g. ["CPU kernels AVX512 there, AVX2
     here"]. Empty where they agree or nothing was recorded. A run that goes on here from such a
-    model mixes two hosts' numerics (docs/miniature.md, "What a build depends on")."""
+    model mixes two hosts' numerics (docs/miniature.md, "What a build depends on"). This host's
+    side is what its stages would train on (`training_device`)."""
     if not recorded:
         return []
-    here = host_numerics()
-    names = {"host_cpus": "cores", "cpu": "CPU", "cpu_capability": "CPU kernels", "torch": "torch"}
-    # a record from before the CPU was recorded is compared on what it has
-    return [f"{name} {recorded[key]} there, {here[key]} here" for key, name in names.items()
-            if key in recorded and recorded[key] != here[key]]
+    here = host_numerics(training_device())
+    names = {"accelerator": "accelerator", "host_cpus": "cores", "cpu": "CPU", "cpu_capability": "CPU kernels",
+             "torch": "torch"}
+    # A record from before the CPU was recorded is compared on what it has. One that has the CPU
+    # and no accelerator was trained on the CPU (the accelerator was added after the CPU, and no
+    # run on a GPU recorded its numerics in between).
+    there = {**recorded, "accelerator": recorded.get("accelerator", CPU_ONLY)} if "cpu" in recorded else recorded
+    here = {**here, "accelerator": here.get("accelerator", CPU_ONLY)}
+    return [f"{name} {there[key]} there, {here[key]} here" for key, name in names.items()
+            if key in there and there[key] != here[key]]

@@ -81,7 +81,9 @@ class HostNumerics(TypedDict):
     """What, beyond the config, the inputs and the code, decided a model's float results, as its
     export recorded it (`provenance.host_numerics`, under "numerics" in its `paravt_meta.json`):
     rank 0's torch threads, the host's cores (None where the OS did not say), the CPU kernels
-    torch chose, torch's version and the CPU (not in records from before 2026-12-01)."""
+    torch chose, torch's version, the CPU (not in records from before 2026-12-01) and, for a
+    model trained on a CUDA device, the card with its CUDA and cuDNN (`accelerator`; a record
+    with the CPU and no accelerator was trained on the CPU)."""
 
     __pydantic_config__ = MEASUREMENTS  # type: ignore[misc]
 
@@ -90,6 +92,7 @@ class HostNumerics(TypedDict):
     cpu_capability: str
     torch: str
     cpu: NotRequired[str]
+    accelerator: NotRequired[str]
 
 
 @dataclass(frozen=True)

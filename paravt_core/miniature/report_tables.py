@@ -188,8 +188,9 @@ def hosts_markdown(runs: Sequence[ModelRun]) -> str:
     """Which hosts trained the report's models, from each model's recorded `numerics`.
 
     The host's cores, the CPU kernels torch picks, torch's version and a rank's thread count
-    decide the weights (docs/miniature.md, "What a build depends on"); the CPU itself may (not
-    measured), so it counts where every record has it. A reproduction resumed on another host, or
+    decide the weights (docs/miniature.md, "What a build depends on"), and on a GPU the card and
+    its CUDA; the CPU itself may (not measured), so it and the accelerator count where every
+    record has the CPU. A reproduction resumed on another host, or
     under another OMP_NUM_THREADS, goes on from models the first host trained: the line says when
     the models come from more than one such setting, and the report is then what they gave
     together, not what one host's `paravt reproduce` gives. Empty where no model recorded its
@@ -202,7 +203,9 @@ def hosts_markdown(runs: Sequence[ModelRun]) -> str:
     for run in recorded:
         n = run.numerics
         kind = "sft" if run.row == "sft" else "rl"
-        host = (n["host_cpus"], n["cpu"] if with_cpu else None, n["cpu_capability"], n["torch"])
+        # With the CPU recorded, a model without an accelerator was trained on the CPU.
+        host = (n.get("accelerator") if with_cpu else None, n["host_cpus"], n["cpu"] if with_cpu else None,
+                n["cpu_capability"], n["torch"])
         hosts.setdefault(host, {}).setdefault(kind, []).append(n["torch_threads"])
     if not hosts:
         return ""
@@ -211,12 +214,12 @@ def hosts_markdown(runs: Sequence[ModelRun]) -> str:
         return f"{count} SFT model{'s' * (count != 1)}" if kind == "sft" else f"{count} RL run{'s' * (count != 1)}"
 
     parts = []
-    for (cpus, cpu, capability, torch), kinds in sorted(hosts.items(),
-                                                        key=lambda item: -sum(map(len, item[1].values()))):
+    for (accelerator, cpus, cpu, capability, torch), kinds in sorted(
+            hosts.items(), key=lambda item: -sum(map(len, item[1].values()))):
         each = [f"{models(kind, len(threads))} on {' or '.join(map(str, sorted(set(threads))))} "
                 f"thread{'s' * (max(threads) != 1)}" for kind, threads in sorted(kinds.items(), reverse=True)]
-        host = [f"{cpus if cpus is not None else 'unknown'} cores", *([cpu] if cpu else []), capability,
-                f"torch {torch}"]
+        host = [*([accelerator] if accelerator else []), f"{cpus if cpus is not None else 'unknown'} cores",
+                *([cpu] if cpu else []), capability, f"torch {torch}"]
         parts.append(f"{', '.join(host)}: {', '.join(each)}")
     if unrecorded:
         counts = {kind: sum((r.row == "sft") == (kind == "sft") for r in unrecorded) for kind in ("sft", "rl")}
@@ -224,9 +227,9 @@ def hosts_markdown(runs: Sequence[ModelRun]) -> str:
     text = "Trained on (each model's `numerics` in its `paravt_meta.json`): " + "; ".join(parts) + "."
     settings = len(hosts) + sum(len(set(threads)) - 1 for kinds in hosts.values() for threads in kinds.values())
     if settings > 1:
-        text += (f" **These models come from {settings} host settings** (cores, CPU, CPU kernels, torch or "
-                 "threads), which can train other weights from the same inputs (the cores, the kernels and the "
-                 "threads were measured to): this report is what they gave together, not what one host's "
+        text += (f" **These models come from {settings} host settings** (accelerator, cores, CPU, CPU kernels, "
+                 "torch or threads), which can train other weights from the same inputs (the cores, the kernels "
+                 "and the threads were measured to): this report is what they gave together, not what one host's "
                  "`paravt reproduce` gives.")
     elif unrecorded:
         text += " The models without a record may come from another host."

@@ -277,6 +277,9 @@ def test_bf16_sft_on_one_gpu_resumes_after_a_kill(sft_setup, monkeypatch, zero_s
     assert json.loads((ref.path / "config.json").read_text())["dtype"] == "bfloat16"
     memory = json.loads((run_dir / "memory" / "rank0.json").read_text())
     assert all(row["device"].startswith("cuda") and row["peak_device_bytes"] > 0 for row in memory)
+    # the export records the card its weights came from (provenance.host_numerics)
+    numerics = json.loads((ref.path / "paravt_meta.json").read_text())["numerics"]
+    assert numerics["accelerator"].startswith(torch.cuda.get_device_name(0) + f" (CUDA {torch.version.cuda}, ")
 
 
 @pytest.mark.gpu

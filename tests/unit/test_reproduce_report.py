@@ -639,6 +639,7 @@ def test_the_report_names_the_host_that_trained_its_models(tmp_path):
     ({"host_cpus": 4}, 2),  # or with more cores
     ({"cpu": "AMD EPYC (AuthenticAMD family 25 model 1)"}, 2),  # or on another CPU with the same kernels
     ({"torch_threads": 2}, 2),  # or under another OMP_NUM_THREADS on the same host
+    ({"accelerator": "NVIDIA H200 (CUDA 13.0, cuDNN 91002)"}, 2),  # or on a GPU
 ])
 def test_a_report_whose_models_come_from_several_hosts_says_so(moved, settings):
     """A reproduction resumed elsewhere goes on from the other host's models: the report says its
@@ -649,6 +650,17 @@ def test_a_report_whose_models_come_from_several_hosts_says_so(moved, settings):
     assert f"**These models come from {settings} host settings**" in line
     assert "not what one host's `paravt reproduce` gives" in line
     assert "host settings" not in hosts_markdown(runs[:-1])
+
+
+def test_the_report_names_the_card_that_trained_a_model_on_a_gpu():
+    card = "NVIDIA H200 (CUDA 13.0, cuDNN 91002)"
+    runs = [_on(run, accelerator=card, host_cpus=16) for run in _runs()]
+    assert hosts_markdown(runs) == (
+        f"Trained on (each model's `numerics` in its `paravt_meta.json`): {card}, 16 cores, AMD EPYC (AuthenticAMD "
+        "family 23 model 1), AVX2, torch 2.14.1: 1 SFT model on 2 threads, 4 RL runs on 1 thread.")
+    # another card, or another CUDA on the same card, is another setting
+    runs[-1] = _on(runs[-1], accelerator="NVIDIA H200 (CUDA 12.8, cuDNN 91002)", host_cpus=16)
+    assert "**These models come from 2 host settings**" in hosts_markdown(runs)
 
 
 def test_models_without_a_record_are_counted_as_such():
@@ -722,6 +734,26 @@ def test_a_model_from_another_host_is_told_apart_by_cores_kernels_and_torch_not_
     assert host_differences({**here, "cpu": "Zen 9"}) == [f"CPU Zen 9 there, {here['cpu']} here"]
     # a record from before the CPU was recorded is compared on what it holds
     assert host_differences({k: v for k, v in here.items() if k != "cpu"}) == []
+
+
+def test_a_model_trained_on_a_gpu_is_told_apart_from_a_cpu_host(monkeypatch):
+    """The card decides a GPU run's weights: a model a GPU trained is foreign to a CPU host, and
+    the other way round; one with the CPU and no accelerator was trained on the CPU."""
+    from paravt_core import provenance
+
+    here = provenance.host_numerics()
+    assert "accelerator" not in here  # the CPU's record, as every CPU rank writes it
+    card = "NVIDIA H200 (CUDA 13.0, cuDNN 91002)"
+    monkeypatch.setattr(provenance, "training_device", lambda: "cpu")
+    assert provenance.host_differences({**here, "accelerator": card}) == [f"accelerator {card} there, none (CPU) here"]
+    # what a GPU host's stages would record: this CPU's fields and the card
+    monkeypatch.setattr(provenance, "training_device", lambda: "cuda:0")
+    monkeypatch.setattr(provenance, "accelerator_model", lambda device: card)
+    assert provenance.host_numerics("cuda:0") == {**here, "accelerator": card}
+    assert provenance.host_differences({**here, "accelerator": card}) == []
+    assert provenance.host_differences(here) == [f"accelerator none (CPU) there, {card} here"]
+    # a record from before the CPU was recorded says nothing of an accelerator, so none is compared
+    assert provenance.host_differences({k: v for k, v in here.items() if k != "cpu"}) == []
 
 
 def test_the_reproduction_is_told_of_each_cached_model_from_another_host(tmp_path):
