@@ -371,13 +371,16 @@ def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harn
     # names that one host.
     import torch
 
-    from paravt_core.provenance import cpu_model
+    from paravt_core.provenance import accelerator_model, cpu_model, training_device
 
+    device = training_device()  # the card too, where the ranks train on one
+    card = {"accelerator": accelerator_model(device)} if device != "cpu" else {}
     host = {"host_cpus": os.cpu_count(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "torch": torch.__version__, "cpu": cpu_model()}
+            "torch": torch.__version__, "cpu": cpu_model(), **card}
     assert all(m["numerics"] == {**host, "torch_threads": m["numerics"]["torch_threads"]} for m in measured)
     assert len({m["numerics"]["torch_threads"] for m in measured if m["row"] != "sft"}) == 1
-    assert (f"Trained on (each model's `numerics` in its `paravt_meta.json`): {os.cpu_count()} cores, "
+    assert (f"Trained on (each model's `numerics` in its `paravt_meta.json`): "
+            f"{''.join(f'{c}, ' for c in card.values())}{os.cpu_count()} cores, "
             f"{host['cpu']}, {host['cpu_capability']}, torch {torch.__version__}: 2 SFT models on ") in text
     assert "host settings" not in text
 

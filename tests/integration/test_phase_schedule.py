@@ -84,13 +84,16 @@ def test_the_world_and_the_base_model_side_by_side_give_the_default_s_sft_model(
     # trained both; each rank's threads are its share of the host's cores (dist.launch._launch).
     import torch
 
-    from paravt_core.provenance import cpu_model
+    from paravt_core.provenance import accelerator_model, cpu_model, training_device
 
     cfg = load_config(REPO / "conf/pipeline/reproduce.yaml", _overrides(tmp_path))
     for model, ranks in ((base_one, cfg.model.pretrain.num_ranks), (sft_one, cfg.sft.num_ranks)):
         numerics = _meta(model)["numerics"]
         threads = int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // ranks))
         assert numerics == {"torch_threads": threads, "host_cpus": os.cpu_count(), "torch": torch.__version__,
-                            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_model()}
+                            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_model(),
+                            # and the card, where the ranks train on one
+                            **({"accelerator": accelerator_model(device)} if (device := training_device()) != "cpu"
+                               else {})}
     assert _meta(base_two)["numerics"] == _meta(base_one)["numerics"]
     assert _meta(sft_two)["numerics"] == _meta(sft_one)["numerics"]

@@ -722,9 +722,9 @@ def test_model_numerics_reads_the_export_s_record(tmp_path):
 
 def test_a_model_from_another_host_is_told_apart_by_cores_kernels_and_torch_not_threads():
     """What the reproduction logs when it goes on from a cache another host filled."""
-    from paravt_core.provenance import host_differences, host_numerics
+    from paravt_core.provenance import host_differences, host_numerics, training_device
 
-    here = host_numerics()
+    here = host_numerics(training_device())  # what this host's ranks record (with the card on a GPU)
     assert host_differences(None) == [] and host_differences({}) == []
     assert host_differences({**here, "torch_threads": here["torch_threads"] + 3}) == []
     other = "AVX512" if here["cpu_capability"] != "AVX512" else "AVX2"
@@ -759,10 +759,11 @@ def test_a_model_trained_on_a_gpu_is_told_apart_from_a_cpu_host(monkeypatch):
 def test_the_reproduction_is_told_of_each_cached_model_from_another_host(tmp_path):
     """What `paravt reproduce` logs at its start (flows/reproduce.py), from the models' own records."""
     from paravt_core.miniature.measurements import model_numerics
-    from paravt_core.provenance import foreign_models, host_numerics
+    from paravt_core.provenance import foreign_models, host_numerics, training_device
 
     here, there = tmp_path / "here", tmp_path / "there"
-    for folder, numerics in ((here, host_numerics()), (there, {**host_numerics(), "cpu_capability": "NEON"})):
+    ours = host_numerics(training_device())  # what this host's ranks record (with the card on a GPU)
+    for folder, numerics in ((here, ours), (there, {**ours, "cpu_capability": "NEON"})):
         folder.mkdir()
         (folder / "paravt_meta.json").write_text(json.dumps({"numerics": numerics}))
     lines = foreign_models({"the base model": model_numerics(here), "SFT model sft1": model_numerics(there),
