@@ -23,20 +23,24 @@ def git_revision() -> str:
     return f"{sha}-dirty" if dirty else sha
 
 
-def host_numerics(device: str = "cpu") -> dict[str, object]:
+def host_numerics(device: str | None = None) -> dict[str, object]:
     """What, beyond the config, the inputs and the code, decides this process's float results
     (docs/miniature.md, "What a build depends on"): torch's thread count (a rank's
     is its share of the host's cores, `dist.launch._launch`, unless OMP_NUM_THREADS is set), the host's
     core count, the CPU kernels torch chose for this CPU's instruction set, and torch's version.
     Two models trained from the same inputs match bit for bit only where these match. Also the
     CPU itself (`cpu_model`): two CPUs with the same instruction set may still take other
-    library paths (MKL dispatches by CPU); not measured either way. Where `device` (the one this
-    process trains on, `dist.rank.init_distributed`) is a CUDA device, also the card and CUDA
-    (`accelerator_model`): there the GPU's kernels, not the CPU's, compute the weights."""
+    library paths (MKL dispatches by CPU); not measured either way. Where `device` (the one the
+    record is for; by default this process's: its current CUDA device once it has initialized
+    CUDA, as `dist.rank.init_distributed` does wherever torch sees a card, else the CPU) is a CUDA
+    device, also the card and CUDA (`accelerator_model`): there the GPU's kernels, not the CPU's,
+    compute the weights."""
     import os
 
     import torch
 
+    if device is None:
+        device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_initialized() else "cpu"
     record: dict[str, object] = {
         "torch_threads": torch.get_num_threads(), "host_cpus": os.cpu_count(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__, "cpu": cpu_model()}

@@ -193,7 +193,7 @@ def train(job: SFTJob) -> None:
 
     record_memory(job.out_dir, job.stage, "trained", rank, world, device, engine.module)
     if not job.steps_only:
-        _export(job, engine, rank, device, _export_stats(encoded_by, dataset, job.out_dir / "model"), ckpt_dir)
+        _export(job, engine, rank, _export_stats(encoded_by, dataset, job.out_dir / "model"), ckpt_dir)
     metrics.finish()
     dist.barrier()
     shutdown_distributed()
@@ -270,7 +270,7 @@ def _export_stats(encoded_by: dict[int, EncodingStats], dataset, model_dir: Path
         return EncodingStats.of(dataset)
 
 
-def _export(job: SFTJob, engine, rank: int, device: str, encoded: EncodingStats, ckpt_dir: Path) -> None:
+def _export(job: SFTJob, engine, rank: int, encoded: EncodingStats, ckpt_dir: Path) -> None:
     from paravt_core.dist.weights import export_hf_model, full_state_dict
     from paravt_core.provenance import host_numerics
 
@@ -290,7 +290,7 @@ def _export(job: SFTJob, engine, rank: int, device: str, encoded: EncodingStats,
         "overlong_truncated": encoded.overlong_truncated,
         "media_skipped": encoded.media_errors,  # rank 0's: row source -> why its video did not decode
         "frame_cache": {"hits": encoded.cache_hits, "misses": encoded.cache_misses},
-        "numerics": host_numerics(device),  # rank 0's; the weights depend on these too (provenance.host_numerics)
+        "numerics": host_numerics(),  # rank 0's; the weights depend on these too (provenance.host_numerics)
     }
     export_hf_model(state, job.base_model, job.out_dir / "model", job.config.model.dtype, meta, job.config.video)
 

@@ -739,11 +739,21 @@ def test_a_model_from_another_host_is_told_apart_by_cores_kernels_and_torch_not_
 def test_a_model_trained_on_a_gpu_is_told_apart_from_a_cpu_host(monkeypatch):
     """The card decides a GPU run's weights: a model a GPU trained is foreign to a CPU host, and
     the other way round; one with the CPU and no accelerator was trained on the CPU."""
+    import torch
+
     from paravt_core import provenance
 
-    here = provenance.host_numerics()
+    here = provenance.host_numerics("cpu")
     assert "accelerator" not in here  # the CPU's record, as every CPU rank writes it
     card = "NVIDIA H200 (CUDA 13.0, cuDNN 91002)"
+    # by default the record is for this process's device: the card once it has initialized CUDA
+    # (an SFT rank's export calls it so), the CPU before
+    monkeypatch.setattr(provenance, "accelerator_model", lambda device: f"{card} as {device}")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert provenance.host_numerics() == here
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert provenance.host_numerics() == {**here, "accelerator": f"{card} as cuda:1"}
     monkeypatch.setattr(provenance, "training_device", lambda: "cpu")
     assert provenance.host_differences({**here, "accelerator": card}) == [f"accelerator {card} there, none (CPU) here"]
     # what a GPU host's stages would record: this CPU's fields and the card
