@@ -23,9 +23,8 @@ from pathlib import Path
 
 from paravt_core.atomic import atomic_write_text
 from paravt_core.data.stage import SetAside
+from paravt_core.dist.weights import MODEL_META
 from paravt_core.eval.report import EvalReport
-
-MODEL_META = "paravt_meta.json"
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     from flows.reproduce import HELD_OUT_SPLIT, row_file
     from paravt_core.config import load_config
     from paravt_core.data import stage as data_stage
+    from paravt_core.dist.weights import MODEL_META
     from paravt_core.eval import stage as eval_stage
     from paravt_core.refs import ArtifactRef, content_hash
     from paravt_core.rl import stage as rl_stage
 
     sft_dir = Path(args.sft_model).resolve()
-    if not (sft_dir / "paravt_meta.json").is_file():
-        parser.error(f"{sft_dir} is not an exported model folder (no paravt_meta.json)")
+    if not (sft_dir / MODEL_META).is_file():
+        parser.error(f"{sft_dir} is not an exported model folder (no {MODEL_META})")
     cfg = load_config(args.config, [*args.set, f"run.output_dir={args.output_dir}", f"run.seed={args.seed}"],
                       row_file(args.config, args.row))
     data = data_stage.run(cfg)

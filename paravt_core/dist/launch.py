@@ -37,6 +37,7 @@ from typing import Any
 from paravt_core import forkserver
 from paravt_core.atomic import atomic_write_text
 from paravt_core.device_ledger import release
+from paravt_core.dist.weights import MODEL_META
 from paravt_core.model.integrity import model_dir_problem
 from paravt_core.refs import ArtifactRef, content_hash
 
@@ -284,7 +285,7 @@ def run_stage_workers(out: Path, kind: str, make_job: Callable[[], Any], worker:
     Returns the exported model as an `ArtifactRef` of `kind`.
     """
     model_dir = out / "model"
-    finished = (model_dir / "paravt_meta.json").is_file()
+    finished = (model_dir / MODEL_META).is_file()
     problem = model_dir_problem(model_dir) if finished else None
     if problem:
         # The exported folder lost or changed a weight file since: the run's last checkpoint

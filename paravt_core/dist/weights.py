@@ -14,6 +14,11 @@ from paravt_core.model.loading import load_export_model, load_processor, pixel_b
 if TYPE_CHECKING:
     from paravt_core.config import VideoConfig
 
+# The exported folder's own record (`export_hf_model`'s `metadata`: the resolved config, the
+# inputs' hashes, the git revision, the host numerics); its presence marks an export finished.
+# sft/worker.py spells the name out: its bytes key the pretraining cache (miniature/pretrain_cache.CODE).
+MODEL_META = "paravt_meta.json"
+
 
 def full_state_dict(engine, checkpoint_dir: Path, zero_stage: int) -> dict[str, Any] | None:
     """The whole model's weights on rank 0 (None elsewhere), consolidated from ZeRO-3 shards."""
@@ -91,5 +96,5 @@ def export_hf_model(state_dict: dict[str, Any], base_model_dir: Path, out_dir: P
         model.save_pretrained(tmp)
         pixel_bounded(load_processor(base_model_dir), video).save_pretrained(tmp)
         write_manifest(tmp)  # sizes and sha256 of the weights, checked at registration and load
-        (tmp / "paravt_meta.json").write_text(json.dumps(metadata, indent=2, default=str))
+        (tmp / MODEL_META).write_text(json.dumps(metadata, indent=2, default=str))
     return out_dir

@@ -22,6 +22,7 @@ from typing import Annotated
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from typing_extensions import NotRequired, TypedDict
 
+from paravt_core.dist.weights import MODEL_META
 
 LAST_STEPS = 3
 
@@ -201,7 +202,7 @@ def model_numerics(model_dir: Path) -> HostNumerics | None:
     Raises:
         MeasurementsError: the file is not JSON, or its record is not `HostNumerics` (naming the file).
     """
-    path = Path(model_dir) / "paravt_meta.json"
+    path = Path(model_dir) / MODEL_META
     if not path.is_file():
         return None
     try:

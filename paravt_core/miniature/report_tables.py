@@ -37,6 +37,7 @@ from paravt_core.miniature.budget_choice import choice_markdown
 from paravt_core.miniature import verdicts as judged
 from paravt_core.miniature.intervals import Interval, by_row, interval95, rows_in_order, sft_training_start
 from paravt_core.miniature.measurements import LAST_STEPS, BudgetPoint, ModelRun
+from paravt_core.dist.weights import MODEL_META
 from paravt_core.eval.experiment_report import PAPER_TABLE2
 
 
@@ -224,7 +225,7 @@ def hosts_markdown(runs: Sequence[ModelRun]) -> str:
     if unrecorded:
         counts = {kind: sum((r.row == "sft") == (kind == "sft") for r in unrecorded) for kind in ("sft", "rl")}
         parts.append("not recorded: " + ", ".join(models(kind, n) for kind, n in counts.items() if n))
-    text = "Trained on (each model's `numerics` in its `paravt_meta.json`): " + "; ".join(parts) + "."
+    text = f"Trained on (each model's `numerics` in its `{MODEL_META}`): " + "; ".join(parts) + "."
     settings = len(hosts) + sum(len(set(threads)) - 1 for kinds in hosts.values() for threads in kinds.values())
     if settings > 1:
         text += (f" **These models come from {settings} host settings** (accelerator, cores, CPU, CPU kernels, "

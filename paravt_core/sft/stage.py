@@ -18,6 +18,7 @@ from pathlib import Path
 from paravt_core.cache_identity import sft_run_settings
 from paravt_core.config import PipelineConfig
 from paravt_core.dist.launch import LogLine, run_stage_workers
+from paravt_core.dist.weights import MODEL_META
 from paravt_core.provenance import git_revision
 from paravt_core.refs import ArtifactRef
 from paravt_core.sft.job import SFTJob
@@ -98,7 +99,7 @@ def run(cfg: PipelineConfig, base: ArtifactRef, sft_data: ArtifactRef, log_line:
         )
 
     model = run_stage_workers(out, "sft_model", job, WORKER, cfg.sft.num_ranks, cfg.sft.hostfile, log_line)
-    skipped = json.loads((Path(model.path) / "paravt_meta.json").read_text()).get("media_skipped") or {}
+    skipped = json.loads((Path(model.path) / MODEL_META).read_text()).get("media_skipped") or {}
     for source, problem in skipped.items():
         log_line(f"warning: SFT skipped {source}: {problem}")
     return model
