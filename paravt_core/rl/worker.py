@@ -437,7 +437,7 @@ def _train_loop(trainer: Trainer, job: RLJob) -> None:
                 "init_model": str(job.init_model), "init_model_sha256": job.init_model_sha256,
                 "data_sha256": job.data_sha256, "git_revision": job.git_revision, "steps": rl.max_steps,
                 "mlflow_run_id": job.mlflow_run_id,
-                "numerics": host_numerics(self.device)}  # rank 0's; the weights depend on these too
+                "numerics": host_numerics(trainer.device)}  # rank 0's; the weights depend on these too
         export_hf_model(state, job.init_model, job.out_dir / "model", job.config.model.dtype, meta,
                         job.config.video)
     metrics.finish()
