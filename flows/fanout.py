@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict
 from paravt_core.atomic import atomic_write_text
 from paravt_core.config import FanoutConfig, PipelineConfig, load_config
 from paravt_core.data.stage import DataBundle
+from paravt_core.job_tally import JobTally
 from paravt_core.refs import ArtifactRef
 
 T = TypeVar("T")
@@ -146,6 +147,10 @@ def fan_out(rows: Sequence[tuple[str, Callable[[], T]] | tuple[str, Callable[[],
     waits for the running ones to end (none is left training behind it).
     """
     pooled = fanout.runner == "work_pool"
+    # One line per job as it ends, in any order: how many are done and about how long the rest
+    # take (not estimated where a work pool runs them: how many run at once is the pool's).
+    tally = JobTally(len(rows), None if pooled else fanout.max_concurrent,
+                     lambda line: get_run_logger().info("fan-out: %s", line))
     submitted = []
     for label, work, *spec in rows:
         if pooled and spec:
@@ -156,9 +161,9 @@ def fan_out(rows: Sequence[tuple[str, Callable[[], T]] | tuple[str, Callable[[],
     results = []
     workers = len(submitted) if pooled else fanout.max_concurrent
     with ThreadPoolTaskRunner(max_workers=workers) as runner:
-        futures = [(label, runner.submit(run_row, {"work": _bounded(work, local) if pooled else work,
-                                                   "label": label, "threads": fanout.threads_per_run}))
-                   for label, work in submitted]
+        futures = [(label, runner.submit(run_row, {
+            "work": tally.timed(label, _bounded(work, local) if pooled else work), "label": label,
+            "threads": fanout.threads_per_run})) for label, work in submitted]
         for label, future in futures:
             result = future.result()
             gathered(label, result)

@@ -48,6 +48,7 @@ from paravt_core.miniature.measurements import (
 )
 from paravt_core.miniature.reproduce import row_variants
 from paravt_core.miniature.visibility import manifest_video_sets, visible_share
+from paravt_core.job_tally import JobTally
 from paravt_core.provenance import foreign_models
 from paravt_core.run_lock import hold_output_dir
 from tasks.miniature import pretrain, reproduce_report, sampled_probe
@@ -222,9 +223,13 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         # `reproduce.sft_seeds` from the same base.
         base = base_stage(cfg, pretrain=pretrain)
         rl_jobs, sft_measurements, sft_models = [], [], {}
-        for index, (build_sets, build_cfg) in enumerate(build_configs(cfg)):
-            sft_model = sft(build_cfg, base, data.sft, extra=sft_replay(build_cfg))
+        builds = build_configs(cfg)
+        # The builds train one after another before any RL run: one line as each ends, with the time left.
+        tally = JobTally(len(builds), 1, lambda line: log.info("SFT builds: %s", line))
+        for index, (build_sets, build_cfg) in enumerate(builds):
             build = sft_build(build_cfg)
+            sft_model = tally.timed(build or "sft", functools.partial(sft, build_cfg, base, data.sft,
+                                                                      extra=sft_replay(build_cfg)))()
             sft_models[build] = sft_model
             PROGRESS.stage("sft_model" if build is None else f"sft_model ({build})", sft_model.path)
             for row in cfg.reproduce.rows:

@@ -51,10 +51,21 @@ def test_rows_run_at_once_and_come_back_in_order(prefect_harness, task_runs):
     assert len(task_runs(state.state_details.flow_run_id)["fanned-out"]) == 2
 
 
-def test_one_at_a_time_keeps_the_given_order(prefect_harness):
+def test_one_at_a_time_keeps_the_given_order(prefect_harness, monkeypatch):
     from prefect import flow
 
+    from flows import fanout
     from flows.fanout import fan_out
+
+    said: list[str] = []
+
+    class Logger:  # the run's own logger, which also keeps what the fan-out says
+        def info(self, message: str, *args) -> None:
+            said.append(message % args)
+            fanout_logger().info(message, *args)
+
+    fanout_logger = fanout.get_run_logger
+    monkeypatch.setattr(fanout, "get_run_logger", Logger)
 
     started: list[str] = []
     running = threading.Lock()
@@ -72,6 +83,10 @@ def test_one_at_a_time_keeps_the_given_order(prefect_harness):
         return fan_out([(n, row(n)) for n in "abc"], FanoutConfig())
 
     assert three_rows() == ["a", "b", "c"] and started == ["a", "b", "c"]
+    # one line per job as it ends, counting them (no time left: none ran long enough to set a pace)
+    assert [line.split(" took ")[0] for line in said] == [f"fan-out: {n} of 3 jobs done ({label}"
+                                                         for n, label in enumerate("abc", 1)]
+    assert not any("left" in line for line in said)
 
 
 WORKER = """

@@ -332,14 +332,27 @@ def test_the_replay_profile_reuses_the_defaults_stages_and_repeats_its_run_bit_f
     assert measured[1]["accuracy"] == alone["accuracy"] and measured[1]["correct"] == alone["correct"]
 
 
-def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harness, task_runs, tmp_path: Path):
+def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harness, task_runs, tmp_path: Path,
+                                                                    monkeypatch):
     """`reproduce.sft_seeds` (#62 item 4): one pretraining, one SFT model per seed from it, each
     measured and each the start of every row x seed, each run labelled with its build for the
     verdicts; the budget sweep on the first build only."""
     import json
 
+    from flows import fanout
+    from flows import reproduce as reproduce_flow
     from flows.reproduce import ReproduceParams, reproduce
+    from paravt_core.job_tally import JobTally
     from paravt_core.refs import content_hash
+
+    said: list[str] = []
+
+    class Kept(JobTally):  # the flow's tallies, whose lines are also kept here
+        def __init__(self, total, at_once, say):
+            super().__init__(total, at_once, lambda line: (said.append(line), say(line)))
+
+    monkeypatch.setattr(fanout, "JobTally", Kept)
+    monkeypatch.setattr(reproduce_flow, "JobTally", Kept)
 
     config = str(REPO / "conf/pipeline/reproduce.yaml")
     small = [*reproduce_overrides(tmp_path), "run.fanout.threads_per_run=1", "run.fanout.max_concurrent=1",
@@ -350,6 +363,9 @@ def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harn
     assert len(runs["pretrain"]) == 1 and len(runs["sft"]) == 2 and len(runs["rl"]) == 2
     # each build's held-out measurements, the other K of the first build's sweep, the two RL runs
     assert len(runs["fanned-out"]) == 2 + 3 + 2
+    # the builds, then the fan-out's jobs, counted as each ends
+    assert [line.split(" took ")[0] for line in said[:2]] == ["1 of 2 jobs done (sft3", "2 of 2 jobs done (sft4"]
+    assert [line.split(" (")[0] for line in said[2:]] == [f"{n} of 7 jobs done" for n in range(1, 8)], said
 
     def job(folder: Path) -> dict:
         return json.loads((folder / "job.json").read_text())
