@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# What a record without an accelerator was trained on (`host_differences`, the report's hosts).
+# How `host_differences` names the accelerator of a record without one (trained on the CPU).
 CPU_ONLY = "none (CPU)"
 
 

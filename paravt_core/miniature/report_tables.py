@@ -191,11 +191,10 @@ def hosts_markdown(runs: Sequence[ModelRun]) -> str:
     The host's cores, the CPU kernels torch picks, torch's version and a rank's thread count
     decide the weights (docs/miniature.md, "What a build depends on"), and on a GPU the card and
     its CUDA; the CPU itself may (not measured), so it and the accelerator count where every
-    record has the CPU. A reproduction resumed on another host, or
-    under another OMP_NUM_THREADS, goes on from models the first host trained: the line says when
-    the models come from more than one such setting, and the report is then what they gave
-    together, not what one host's `paravt reproduce` gives. Empty where no model recorded its
-    numerics."""
+    record has the CPU. A reproduction resumed on another host, or under another
+    OMP_NUM_THREADS, goes on from models the first host trained: the line says when the models
+    come from more than one such setting, and the report is then what they gave together, not
+    what one host's `paravt reproduce` gives. Empty where no model recorded its numerics."""
     hosts: dict[tuple, dict[str, list[int]]] = {}
     unrecorded = [run for run in runs if run.numerics is None]
     recorded = [run for run in runs if run.numerics is not None]
