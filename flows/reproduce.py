@@ -46,10 +46,11 @@ from paravt_core.miniature.measurements import (
     model_numerics,
     read_steps,
 )
-from paravt_core.miniature.reproduce import row_variants
+from paravt_core.miniature.reproduce import clock_dir, row_variants
 from paravt_core.miniature.visibility import manifest_video_sets, visible_share
 from paravt_core.job_tally import JobTally
 from paravt_core.provenance import foreign_models
+from paravt_core.run_clock import RunClock, read_clock
 from paravt_core.run_lock import hold_output_dir
 from tasks.miniature import pretrain, reproduce_report, sampled_probe
 from tasks.model import base_stage
@@ -213,7 +214,8 @@ def reproduce_row(spec: RowSpec) -> tuple[str, tuple[ModelRun, ArtifactRef]]:
 @flow(name="paravt", log_prints=True)
 def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
     cfg = params.load()
-    with hold_output_dir(cfg.run.output_dir, "paravt flow (reproduce)"):
+    # The running time over this config's invocations, from heartbeats (paravt_core/run_clock.py).
+    with hold_output_dir(cfg.run.output_dir, "paravt flow (reproduce)"), RunClock(clock_dir(cfg)):
         log = get_run_logger()
         PROGRESS.reset()
         world = world_dir(cfg) if cfg.data.source == "synth" else None  # before any stage: see validation_videos
@@ -275,7 +277,7 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
                 points.append(result)
         budget = sorted([*budget, *points], key=lambda point: point.k)
         runs = [*sft_runs, *rl_runs]
-        report = reproduce_report(cfg, runs, budget)
+        report = reproduce_report(cfg, runs, budget, read_clock(clock_dir(cfg)))
         text = report.read_text()
         log.info("miniature reproduction (%s):\n%s", report, text)
         print(text)

@@ -29,6 +29,7 @@ from paravt_core.miniature import pretrain as pretrain_stage
 from paravt_core.miniature.heldout_probe import ProbeResult, probe_frames, probe_to_file
 from paravt_core.miniature.reproduce import write_report
 from paravt_core.refs import ArtifactRef
+from paravt_core.run_clock import ClockSummary
 from paravt_core.sft.stage import unseeded
 from tasks._cache import stage_key
 
@@ -88,10 +89,11 @@ def pretrain(cfg: PipelineConfig, base: ArtifactRef) -> ArtifactRef:
 
 
 @task(name="reproduce-report", retries=1)
-def reproduce_report(cfg: PipelineConfig, runs: list, budget: list | None = None) -> Path:
+def reproduce_report(cfg: PipelineConfig, runs: list, budget: list | None = None,
+                     running: ClockSummary | None = None) -> Path:
     """Table 2 in miniature and the per-step figure under `<output_dir>/<reproduce.report_dir>/`
-    (`report/` by default), logged to MLflow.
+    (`report/` by default), with the reproduction's running time where given, logged to MLflow.
 
     Not cached: it is a pure function of the measurements and takes a second."""
     return write_report(runs, cfg.run.output_dir / cfg.reproduce.report_dir, f"Miniature reproduction: `{cfg.run.name}`",
-                        cfg.mlflow_uri(), cfg.mlflow.experiment, budget=budget or ())
+                        cfg.mlflow_uri(), cfg.mlflow.experiment, budget=budget or (), running=running)

@@ -323,6 +323,7 @@ def _report(args: argparse.Namespace) -> int:
         title = f"Miniature reproduction: `{source_dir.resolve().parent.name}`"
         try:
             runs, budget = reproduce.read_report_dir(source_dir)
+            running = reproduce.read_running_time(source_dir)
         except ValueError as exc:
             print(f"paravt miniature report: {exc}", file=sys.stderr)
             return 2
@@ -335,11 +336,12 @@ def _report(args: argparse.Namespace) -> int:
         title = f"Miniature reproduction: experiment `{args.experiment}`"
         try:
             runs, budget = reproduce.latest_logged(uri, args.experiment)
+            running = None  # the logged run's running_time.json is an artifact there, not read back
         except ValueError as exc:  # no such experiment, or no reproduction logged in it
             print(f"paravt miniature report: {exc}", file=sys.stderr)
             return 2
     try:
-        path = reproduce.rebuild_report(runs, out, title, budget, source_dir)
+        path = reproduce.rebuild_report(runs, out, title, budget, source_dir, running)
     except MeasurementsError as exc:
         print(f"paravt miniature report: {exc}", file=sys.stderr)
         return 2

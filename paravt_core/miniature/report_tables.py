@@ -38,6 +38,7 @@ from paravt_core.miniature import verdicts as judged
 from paravt_core.miniature.intervals import Interval, by_row, interval95, rows_in_order, sft_training_start
 from paravt_core.miniature.measurements import LAST_STEPS, BudgetPoint, ModelRun
 from paravt_core.dist.weights import MODEL_META
+from paravt_core.run_clock import ClockSummary, clock_markdown
 from paravt_core.eval.experiment_report import PAPER_TABLE2
 
 
@@ -249,7 +250,9 @@ VERDICT_RULES = (
 
 
 def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
-                    budget: Sequence[BudgetPoint] = ()) -> str:
+                    budget: Sequence[BudgetPoint] = (), running: ClockSummary | None = None) -> str:
+    """The report; `running`, the reproduction's running time over its invocations (`run_clock`),
+    goes under the table where known."""
     return "\n\n".join([
         f"# {title}",
         "Held-out questions asked as the SPEC §7 evaluation asks (greedy). Cells: mean over seeds ± the half "
@@ -258,6 +261,7 @@ def report_markdown(runs: Sequence[ModelRun], figure: str, title: str,
         "(subagent mode) with a closed, non-blank `<answer>` block.",
         table_markdown(runs),
         *([hosts] if (hosts := hosts_markdown(runs)) else []),
+        *([clock_markdown(running, "paravt reproduce")] if running else []),
         *(["## Validation split",
            "The table above is the test split (`videomme`), evaluated once per model. Knobs, rates and budgets are "
            "chosen on this one (`videomme_val`: the same kind of questions on videos of its own).", validation]

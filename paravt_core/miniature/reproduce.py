@@ -1,9 +1,10 @@
 """The miniature reproduction's report folder and its MLflow run (#15).
 
 `write_report` writes `report.md` (`report_tables.py`), `steps.png` (`report_plot.py`) and the
-measurements (`runs.json`, `budget.json`: `measurements.py`) and logs them to MLflow;
-`rebuild_report` replaces a report folder whole; `read_report_dir` and `latest_logged` read the
-measurements back from a folder or from MLflow.
+measurements (`runs.json`, `budget.json`: `measurements.py`), and the running time
+(`running_time.json`: `run_clock.py`), and logs them to MLflow; `rebuild_report` replaces a
+report folder whole; `read_report_dir` and `latest_logged` read the measurements back from a
+folder or from MLflow, `read_running_time` the running time from a folder.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paravt_core.atomic import atomic_dir, atomic_write_text
 from paravt_core.eval.experiment_report import _client, _runs
@@ -25,7 +27,13 @@ from paravt_core.miniature.measurements import (
 )
 from paravt_core.miniature.report_plot import plot_steps
 from paravt_core.miniature.report_tables import report_markdown
+from paravt_core.run_clock import ClockSummary
 from paravt_core.tracking import start_stage_run
+
+if TYPE_CHECKING:
+    from paravt_core.config import PipelineConfig
+
+RUNNING_TIME = "running_time.json"  # a report folder's running time (`run_clock.ClockSummary`)
 
 
 def row_variants(row: str, variants: Mapping[str, Sequence[str]]) -> list[tuple[str, list[str]]]:
@@ -72,6 +80,24 @@ def read_report_dir(folder: Path) -> tuple[list[ModelRun], list[BudgetPoint]]:
         raise MeasurementsError(f"cannot read the report folder {folder}: {error}") from None
 
 
+def clock_dir(cfg: PipelineConfig) -> Path:
+    """Where `paravt reproduce`'s invocations with this config keep their heartbeat records
+    (`run_clock.RunClock`): one folder per report folder and config, so another profile, or this
+    one changed, starts a clock of its own."""
+    return cfg.run.output_dir / "clock" / f"{cfg.reproduce.report_dir}-{cfg.section_hash()}"
+
+
+def read_running_time(folder: Path) -> ClockSummary | None:
+    """The running time a report folder recorded (`running_time.json`, `write_report`); None
+    where it has none (a report from before the clock, or rebuilt from MLflow).
+
+    Raises:
+        ClockError: the file is not a running-time summary (naming it).
+    """
+    path = Path(folder) / RUNNING_TIME
+    return ClockSummary.from_json(path.read_text(), str(path)) if path.is_file() else None
+
+
 def rebuilt_report_dir(out_dir: Path, source_dir: Path | None = None) -> Path:
     """`out_dir` checked as the folder a rebuilt report replaces whole (`rebuild_report`).
 
@@ -93,7 +119,7 @@ def rebuilt_report_dir(out_dir: Path, source_dir: Path | None = None) -> Path:
 
 
 def rebuild_report(runs: Sequence[ModelRun], out_dir: Path, title: str, budget: Sequence[BudgetPoint] = (),
-                   source_dir: Path | None = None) -> Path:
+                   source_dir: Path | None = None, running: ClockSummary | None = None) -> Path:
     """`write_report` into a fresh folder that replaces `out_dir` in one rename, so a failure
     leaves the old report (or none), never a half-written one. Returns the report's path.
 
@@ -102,19 +128,22 @@ def rebuild_report(runs: Sequence[ModelRun], out_dir: Path, title: str, budget: 
     """
     out = rebuilt_report_dir(out_dir, source_dir)
     with atomic_dir(out) as tmp:
-        write_report(runs, tmp, title, budget=budget)
+        write_report(runs, tmp, title, budget=budget, running=running)
     return out / "report.md"
 
 
 def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_uri: str | None = None,
-                 experiment: str | None = None, budget: Sequence[BudgetPoint] = ()) -> Path:
-    """`<out_dir>/report.md`, `steps.png` and `runs.json` (the measurements); logged to MLflow
-    as one run tagged `stage=reproduce` when a tracking URI is given. Returns the report's path."""
+                 experiment: str | None = None, budget: Sequence[BudgetPoint] = (),
+                 running: ClockSummary | None = None) -> Path:
+    """`<out_dir>/report.md`, `steps.png` and `runs.json` (the measurements), and the running
+    time where given (`running_time.json`); logged to MLflow as one run tagged
+    `stage=reproduce` when a tracking URI is given. Returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figure = plot_steps(runs, out_dir / "steps.png")
     data = atomic_write_text(out_dir / "runs.json", json.dumps([asdict(r) for r in runs], indent=1))
     budget_file = atomic_write_text(out_dir / "budget.json", json.dumps([asdict(p) for p in budget], indent=1))
-    report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title, budget))
+    clock_file = atomic_write_text(out_dir / RUNNING_TIME, running.to_json()) if running else None
+    report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title, budget, running))
     if tracking_uri and experiment:
         run_id = start_stage_run(tracking_uri, experiment, "reproduce", {"stage": "reproduce"}, {})
         client = _client(tracking_uri)
@@ -124,7 +153,9 @@ def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_u
             client.log_metric(run_id, f"{row}_accuracy_direct", sum(r.accuracy_direct for r in mine) / len(mine))
             if all(r.accuracy_val is not None for r in mine):
                 client.log_metric(run_id, f"{row}_accuracy_val", sum(r.accuracy_val for r in mine) / len(mine))
-        for path in (report, figure, data, budget_file):
+        if running:
+            client.log_metric(run_id, "running_time_h", running.running_s / 3600)
+        for path in (report, figure, data, budget_file, *([clock_file] if clock_file else [])):
             client.log_artifact(run_id, str(path), artifact_path="reproduce")
         client.set_terminated(run_id)
     return report

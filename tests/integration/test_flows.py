@@ -399,6 +399,11 @@ def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harn
             f"{''.join(f'{c}, ' for c in card.values())}{os.cpu_count()} cores, "
             f"{host['cpu']}, {host['cpu_capability']}, torch {torch.__version__}: 2 SFT models on ") in text
     assert "host settings" not in text
+    # and its running time, from the flow's own heartbeats: this one invocation, ended
+    clocks = list((tmp_path / "clock").glob("report-builds-*/*.json"))
+    assert len(clocks) == 1 and json.loads(clocks[0].read_text())["status"] == "completed"
+    assert "over 1 invocation of `paravt reproduce` with this config" in text
+    assert json.loads((Path(state.result()).parent / "running_time.json").read_text())["invocations"] == 1
 
 
 def test_reproduce_refuses_an_unknown_row_before_any_stage(tmp_path: Path):

@@ -781,3 +781,30 @@ def test_the_reproduction_is_told_of_each_cached_model_from_another_host(tmp_pat
     assert lines == [f"SFT model sft1 was trained on another host (CPU kernels NEON there, "
                      f"{host_numerics()['cpu_capability']} here): the runs that go on from it here are not what one "
                      "host gives; the report's 'Trained on' line counts each host's models"]
+
+
+def test_the_report_gives_its_running_time_and_a_rebuild_keeps_it(tmp_path, capsys):
+    """The flow's heartbeat summary (`run_clock`) goes under the table, into running_time.json
+    and MLflow; `miniature report --from` writes it again; a damaged file is named."""
+    from paravt_core.eval.experiment_report import _client
+    from paravt_core.run_clock import ClockSummary
+
+    summary = ClockSummary(running_s=33840, left_out_s=0, invocations=5, hosts=("vm",),
+                           first_start="2026-12-01T01:29:00+00:00", last_beat="2026-12-02T10:02:00+00:00")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    report = write_report(_runs(), tmp_path / "report", "t", uri, "exp", running=summary)
+    line = "Running time: 9.4 h over 5 invocations of `paravt reproduce` with this config"
+    assert line in report.read_text()
+    assert (tmp_path / "report" / "running_time.json").is_file()
+    client = _client(uri)
+    run = client.search_runs([client.get_experiment_by_name("exp").experiment_id])[0]
+    assert run.data.metrics["running_time_h"] == pytest.approx(9.4)
+    assert _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "again")) == 0
+    assert line in (tmp_path / "again" / "report.md").read_text()
+    # a report without it (from before the clock) has no such line
+    write_report(_runs(), tmp_path / "older", "t")
+    assert "Running time" not in (tmp_path / "older" / "report.md").read_text()
+    (tmp_path / "report" / "running_time.json").write_text("[]")
+    capsys.readouterr()
+    assert _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "third")) == 2
+    assert "running_time.json: not a running-time summary" in capsys.readouterr().err

@@ -1,0 +1,116 @@
+"""The running time over a command's invocations, from its own heartbeats (paravt_core/run_clock.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from paravt_core.run_clock import ClockError, ClockSummary, RunClock, clock_markdown, read_clock
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Clocks:
+    """A monotonic and a wall clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1_796_000_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return self.now
+
+
+def test_beats_add_up_and_a_long_gap_is_left_out(tmp_path):
+    clocks = Clocks()
+    with RunClock(tmp_path, period_s=3600, monotonic=clocks.monotonic, wall=clocks.wall) as clock:
+        for step in (30, 30, 4000, 30):  # the third gap: the process stopped for an hour
+            clocks.now += step
+            clock.beat()
+        clocks.now += 10
+    record = json.loads(clock.path.read_text())
+    assert record["running_s"] == 30 + 30 + 4000 + 30 + 10 and record["left_out_s"] == 0  # a period of an hour
+    assert record["status"] == "completed"
+
+    clocks.now += 100_000
+    with RunClock(tmp_path / "short", period_s=30, monotonic=clocks.monotonic, wall=clocks.wall) as clock:
+        for step in (30, 30, 4000, 30):
+            clocks.now += step
+            clock.beat()
+    record = json.loads(clock.path.read_text())
+    assert (record["running_s"], record["left_out_s"]) == (90, 4000)
+
+
+def test_the_folder_sums_its_invocations_and_a_failed_one_counts(tmp_path):
+    clocks = Clocks()
+    with RunClock(tmp_path, period_s=30, monotonic=clocks.monotonic, wall=clocks.wall) as clock:
+        clocks.now += 60
+        clock.beat()
+    first = clock.path
+    clocks.now += 7200  # between invocations: not running, not counted anywhere
+    with pytest.raises(RuntimeError, match="killed"):
+        with RunClock(tmp_path, period_s=30, monotonic=clocks.monotonic, wall=clocks.wall) as clock:
+            clocks.now += 45
+            clock.beat()
+            raise RuntimeError("killed")
+    assert json.loads(clock.path.read_text())["status"] == "failed" and clock.path != first
+    summary = read_clock(tmp_path)
+    assert (summary.running_s, summary.left_out_s, summary.invocations) == (105, 0, 2)
+    assert summary.first_start == "2026-11-30T00:53:20+00:00" and summary.last_beat == "2026-11-30T02:55:05+00:00"
+    assert ClockSummary.from_json(summary.to_json(), "x") == summary
+    assert read_clock(tmp_path / "none") is None
+
+
+def test_the_report_line_says_what_the_time_is_made_of():
+    summary = ClockSummary(running_s=33840, left_out_s=600, invocations=5, hosts=("vm",),
+                           first_start="2026-12-01T01:29:00+00:00", last_beat="2026-12-02T10:02:00+00:00")
+    line = clock_markdown(summary, "paravt reproduce")
+    assert line.startswith("Running time: 9.4 h over 5 invocations of `paravt reproduce` with this config "
+                           "(2026-12-01T01:29:00+00:00 to 2026-12-02T10:02:00+00:00 UTC), on 1 host (vm)")
+    assert "10.0 min inside invocations is left out" in line
+    assert "left out" not in clock_markdown(ClockSummary(60, 0, 1, ("a", "b"), "s", "e"), "c")
+
+
+def test_a_damaged_record_is_named(tmp_path):
+    (tmp_path / "20261201T000000-vm-1.json").write_text("{")
+    with pytest.raises(ClockError, match=r"20261201T000000-vm-1.json: not a run-clock record"):
+        read_clock(tmp_path)
+    with pytest.raises(ClockError, match=r"running_time.json: not a running-time summary"):
+        ClockSummary.from_json('{"running_s": 1}', "running_time.json")
+
+
+CHILD = """
+import sys, time
+from paravt_core.run_clock import RunClock
+with RunClock(sys.argv[1], period_s=0.2) as clock:
+    print(clock.path, flush=True)
+    time.sleep(float(sys.argv[2]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_a_real_stop_is_left_out_and_the_running_time_kept(tmp_path):
+    """A process stopped by SIGSTOP for 3 s, its heartbeat thread with it: the stop is left out."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), "5"], env=env, stdout=subprocess.PIPE,
+                             text=True)
+    path = Path(child.stdout.readline().strip())
+    time.sleep(1.0)
+    child.send_signal(signal.SIGSTOP)
+    time.sleep(3.0)
+    child.send_signal(signal.SIGCONT)
+    assert child.wait(timeout=60) == 0
+    record = json.loads(path.read_text())
+    # 5 s asleep in the child, 3 of them stopped: about 2 s running, the stop (and up to a
+    # period of running before it) left out
+    assert record["status"] == "completed"
+    assert 1.5 < record["running_s"] < 3.0 and 2.8 < record["left_out_s"] < 3.6, record
