@@ -52,7 +52,10 @@ def host_numerics(device: str | None = None) -> dict[str, object]:
 def accelerator_model(device: str) -> str:
     """The CUDA device `device` and the libraries its kernels come from, e.g. "NVIDIA H200 (CUDA
     13.0, cuDNN 91002)": another card, CUDA (cuBLAS comes with it) or cuDNN may pick other
-    kernels and train other weights from the same inputs."""
+    kernels and train other weights from the same inputs. Safe in the flow's own process (the
+    start-of-run warning): reading the card's properties runs torch's lazy CUDA init but creates
+    no context, so it holds no GPU memory (nvidia-smi lists no process after it: unsloth-zoo
+    PR 1053, torch 2.10+cu130), as `device_ledger.planned_gpu_bytes` already relies on."""
     import torch
 
     return (f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}, "
