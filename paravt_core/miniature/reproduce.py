@@ -143,6 +143,8 @@ def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_u
     data = atomic_write_text(out_dir / "runs.json", json.dumps([asdict(r) for r in runs], indent=1))
     budget_file = atomic_write_text(out_dir / "budget.json", json.dumps([asdict(p) for p in budget], indent=1))
     clock_file = atomic_write_text(out_dir / RUNNING_TIME, running.to_json()) if running else None
+    if not running:  # an earlier report's figure is not this one's
+        (out_dir / RUNNING_TIME).unlink(missing_ok=True)
     report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title, budget, running))
     if tracking_uri and experiment:
         run_id = start_stage_run(tracking_uri, experiment, "reproduce", {"stage": "reproduce"}, {})

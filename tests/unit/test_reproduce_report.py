@@ -801,9 +801,11 @@ def test_the_report_gives_its_running_time_and_a_rebuild_keeps_it(tmp_path, caps
     assert run.data.metrics["running_time_h"] == pytest.approx(9.4)
     assert _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "again")) == 0
     assert line in (tmp_path / "again" / "report.md").read_text()
-    # a report without it (from before the clock) has no such line
+    # a report without it (from before the clock) has no such line, and leaves no earlier figure behind
+    write_report(_runs(), tmp_path / "older", "t", running=summary)
     write_report(_runs(), tmp_path / "older", "t")
     assert "Running time" not in (tmp_path / "older" / "report.md").read_text()
+    assert not (tmp_path / "older" / "running_time.json").exists()
     (tmp_path / "report" / "running_time.json").write_text("[]")
     capsys.readouterr()
     assert _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "third")) == 2
