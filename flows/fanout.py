@@ -136,7 +136,8 @@ def check_fanout_fits(fanout: FanoutConfig) -> None:
 
 
 def fan_out(rows: Sequence[tuple[str, Callable[[], T]] | tuple[str, Callable[[], T], RowSpec]],
-            fanout: FanoutConfig, gathered: Callable[[str, T], None] = lambda label, result: None) -> list[T]:
+            fanout: FanoutConfig, gathered: Callable[[str, T], None] = lambda label, result: None,
+            clock: Callable[[], float] = time.monotonic) -> list[T]:
     """Run each `(label, work)` (or `(label, work, spec)`) as a `fanned-out` task, at most
     `fanout.max_concurrent` at once; with `fanout.runner: work_pool` a job with a spec is its
     `paravt/rl-row` flow run instead (`work` is then not called here) and all of those wait at once.
@@ -144,13 +145,14 @@ def fan_out(rows: Sequence[tuple[str, Callable[[], T]] | tuple[str, Callable[[],
     Returns the results in the order of `rows`; `gathered(label, result)` is called in that
     order, from the caller's thread, as each becomes available. A row that fails raises here
     once the rows before it are gathered; rows not yet started are cancelled and the flow
-    waits for the running ones to end (none is left training behind it).
+    waits for the running ones to end (none is left training behind it). `clock` times the jobs
+    for the progress lines (a `RunClock.running_now` leaves the process's stops out).
     """
     pooled = fanout.runner == "work_pool"
     # One line per job as it ends, in any order: how many are done and about how long the rest
     # take (not estimated where a work pool runs them: how many run at once is the pool's).
     tally = JobTally(len(rows), None if pooled else fanout.max_concurrent,
-                     lambda line: get_run_logger().info("fan-out: %s", line))
+                     lambda line: get_run_logger().info("fan-out: %s", line), clock=clock)
     submitted = []
     for label, work, *spec in rows:
         if pooled and spec:

@@ -215,7 +215,7 @@ def reproduce_row(spec: RowSpec) -> tuple[str, tuple[ModelRun, ArtifactRef]]:
 def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
     cfg = params.load()
     # The running time over this config's invocations, from heartbeats (paravt_core/run_clock.py).
-    with hold_output_dir(cfg.run.output_dir, "paravt flow (reproduce)"), RunClock(clock_dir(cfg)):
+    with hold_output_dir(cfg.run.output_dir, "paravt flow (reproduce)"), RunClock(clock_dir(cfg)) as clock:
         log = get_run_logger()
         PROGRESS.reset()
         world = world_dir(cfg) if cfg.data.source == "synth" else None  # before any stage: see validation_videos
@@ -227,7 +227,8 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
         rl_jobs, sft_measurements, sft_models = [], [], {}
         builds = build_configs(cfg)
         # The builds train one after another before any RL run: one line as each ends, with the time left.
-        tally = JobTally(len(builds), 1, lambda line: log.info("SFT builds: %s", line))
+        # Timed on the run clock: a stop of the process is not a build's time.
+        tally = JobTally(len(builds), 1, lambda line: log.info("SFT builds: %s", line), clock=clock.running_now)
         for index, (build_sets, build_cfg) in enumerate(builds):
             build = sft_build(build_cfg)
             sft_model = tally.timed(build or "sft", functools.partial(sft, build_cfg, base, data.sft,
@@ -265,7 +266,7 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
                 where = sft_models[first_build]
             PROGRESS.stage(label, where.path)
 
-        done = fan_out(jobs, cfg.run.fanout, finished)
+        done = fan_out(jobs, cfg.run.fanout, finished, clock=clock.running_now)
         sft_runs, budget, rl_runs, points = [], [], [], []
         for kind, result in done:
             if kind == "sft":

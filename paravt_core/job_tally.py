@@ -42,7 +42,7 @@ def tally_line(label: str, seconds: float, done: int, total: int, worked: list[f
     left = total - done
     if left and worked and at_once:
         typical = statistics.median(worked)
-        line += (f"; about {duration(left * typical / at_once)} left ({left} jobs, median job "
+        line += (f"; about {duration(left * typical / at_once)} left ({left} job{'s' * (left != 1)}, median job "
                  f"{duration(typical)}, {at_once} at a time)")
     return line
 

@@ -106,6 +106,14 @@ class RunClock:
                 self.record["status"] = status
             self._write()
 
+    def running_now(self) -> float:
+        """This invocation's running time so far, stops left out: a clock for timing its jobs
+        (`job_tally.JobTally`) that does not count a stop as work. Time since the last beat
+        counts once the beat is due within the gap; a longer one is the stop's."""
+        with self._lock:
+            since = self.monotonic() - self._last
+            return self.record["running_s"] + (since if since <= self.gap_s else 0.0)
+
     def _write(self) -> None:
         atomic_write_text(self.path, json.dumps(self.record, indent=1))
 

@@ -348,8 +348,8 @@ def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harn
     said: list[str] = []
 
     class Kept(JobTally):  # the flow's tallies, whose lines are also kept here
-        def __init__(self, total, at_once, say):
-            super().__init__(total, at_once, lambda line: (said.append(line), say(line)))
+        def __init__(self, total, at_once, say, **timing):
+            super().__init__(total, at_once, lambda line: (said.append(line), say(line)), **timing)
 
     monkeypatch.setattr(fanout, "JobTally", Kept)
     monkeypatch.setattr(reproduce_flow, "JobTally", Kept)

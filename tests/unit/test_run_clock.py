@@ -50,6 +50,27 @@ def test_beats_add_up_and_a_long_gap_is_left_out(tmp_path):
     assert (record["running_s"], record["left_out_s"]) == (90, 4000)
 
 
+def test_a_job_timed_on_the_run_clock_leaves_a_stop_out(tmp_path):
+    """The progress lines time their jobs on `running_now`: a build during which the process
+    was stopped for an hour took its running time, not the hour."""
+    from paravt_core.job_tally import JobTally
+
+    clocks = Clocks()
+    said: list[str] = []
+    with RunClock(tmp_path, period_s=30, monotonic=clocks.monotonic, wall=clocks.wall) as clock:
+        tally = JobTally(2, 1, said.append, clock=clock.running_now)
+
+        def build() -> None:
+            for step in (30, 30, 3600, 30):  # stopped for an hour after a minute
+                clocks.now += step
+                clock.beat()
+            clocks.now += 20  # running since the last beat, not yet beaten
+            assert clock.running_now() == 30 + 30 + 30 + 20
+
+        tally.timed("sft0", build)()
+    assert said == ["1 of 2 jobs done (sft0 took 1.8 min); about 1.8 min left (1 job, median job 1.8 min, 1 at a time)"]
+
+
 def test_the_folder_sums_its_invocations_and_a_failed_one_counts(tmp_path):
     clocks = Clocks()
     with RunClock(tmp_path, period_s=30, monotonic=clocks.monotonic, wall=clocks.wall) as clock:
