@@ -278,6 +278,7 @@ def reproduce(params: ReproduceParams = ReproduceParams()) -> str:
                 points.append(result)
         budget = sorted([*budget, *points], key=lambda point: point.k)
         runs = [*sft_runs, *rl_runs]
+        clock.beat()  # this invocation's record up to now, not up to its last heartbeat
         report = reproduce_report(cfg, runs, budget, read_clock(clock_dir(cfg)))
         text = report.read_text()
         log.info("miniature reproduction (%s):\n%s", report, text)

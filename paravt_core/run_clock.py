@@ -25,7 +25,8 @@ from paravt_core.atomic import atomic_write_text
 from paravt_core.job_tally import duration
 
 PERIOD_S = 30.0
-GAP_S = 3 * PERIOD_S  # a beat later than this: the process did not run in between
+GAPS = 3  # a beat more than this many periods late: the process did not run in between
+GAP_S = GAPS * PERIOD_S
 
 
 class ClockError(ValueError):
@@ -65,7 +66,7 @@ class RunClock:
 
     def __init__(self, folder: Path, period_s: float = PERIOD_S, monotonic=time.monotonic, wall=time.time):
         self.folder, self.period_s, self.monotonic, self.wall = Path(folder), period_s, monotonic, wall
-        self.gap_s = GAP_S * period_s / PERIOD_S  # three periods
+        self.gap_s = GAPS * period_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,7 +146,7 @@ def clock_markdown(summary: ClockSummary, command: str) -> str:
     hosts = len(summary.hosts)
     line = (f"Running time: {duration(summary.running_s)} over {summary.invocations} "
             f"invocation{'s' * (summary.invocations != 1)} of `{command}` with this config "
-            f"({summary.first_start} to {summary.last_beat} UTC), on {hosts} host{'s' * (hosts != 1)} "
+            f"({summary.first_start} to {summary.last_beat}), on {hosts} host{'s' * (hosts != 1)} "
             f"({', '.join(summary.hosts)}); from its heartbeats, stages found in an earlier command's cache "
             "taking only the time to find them.")
     if summary.left_out_s:

@@ -96,7 +96,7 @@ def test_the_report_line_says_what_the_time_is_made_of():
                            first_start="2026-12-01T01:29:00+00:00", last_beat="2026-12-02T10:02:00+00:00")
     line = clock_markdown(summary, "paravt reproduce")
     assert line.startswith("Running time: 9.4 h over 5 invocations of `paravt reproduce` with this config "
-                           "(2026-12-01T01:29:00+00:00 to 2026-12-02T10:02:00+00:00 UTC), on 1 host (vm)")
+                           "(2026-12-01T01:29:00+00:00 to 2026-12-02T10:02:00+00:00), on 1 host (vm)")
     assert "10.0 min inside invocations is left out" in line
     assert "left out" not in clock_markdown(ClockSummary(60, 0, 1, ("a", "b"), "s", "e"), "c")
 
