@@ -335,8 +335,7 @@ def _report(args: argparse.Namespace) -> int:
         source, out = f"MLflow ({uri})", Path(args.out or f"outputs/report/{args.experiment}")
         title = f"Miniature reproduction: experiment `{args.experiment}`"
         try:
-            runs, budget = reproduce.latest_logged(uri, args.experiment)
-            running = None  # the logged run's running_time.json is an artifact there, not read back
+            runs, budget, running = reproduce.latest_logged(uri, args.experiment)
         except ValueError as exc:  # no such experiment, or no reproduction logged in it
             print(f"paravt miniature report: {exc}", file=sys.stderr)
             return 2

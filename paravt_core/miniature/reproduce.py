@@ -4,7 +4,7 @@
 measurements (`runs.json`, `budget.json`: `measurements.py`), and the running time
 (`running_time.json`: `run_clock.py`), and logs them to MLflow; `rebuild_report` replaces a
 report folder whole; `read_report_dir` and `latest_logged` read the measurements back from a
-folder or from MLflow, `read_running_time` the running time from a folder.
+folder or from MLflow, `read_running_time` and `latest_logged` the running time.
 """
 
 from __future__ import annotations
@@ -46,9 +46,16 @@ def row_variants(row: str, variants: Mapping[str, Sequence[str]]) -> list[tuple[
     return [(f"{row}.{name}", [f"rl.row={row}.{name}", *sets]) for name, sets in variants.items()]
 
 
-def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], list[BudgetPoint]]:
-    """The latest reproduction run's measurements in MLflow: its runs.json and, where it logged
-    one, its budget.json (the SFT model's budget sweep; empty before #35 logged it)."""
+def latest_logged(tracking_uri: str, experiment: str
+                  ) -> tuple[list[ModelRun], list[BudgetPoint], ClockSummary | None]:
+    """The latest reproduction run's measurements in MLflow: its runs.json, its budget.json
+    (the SFT model's budget sweep; empty before #35 logged it) and its running_time.json (None
+    before the run clock, or where the flow had no clock), each where it logged one.
+
+    Raises:
+        ValueError: no reproduction run in the experiment; MeasurementsError or ClockError (both
+            ValueErrors) for a logged file that does not read, naming the run.
+    """
     import tempfile
 
     logged = _runs(tracking_uri, experiment, "reproduce")
@@ -57,13 +64,17 @@ def latest_logged(tracking_uri: str, experiment: str) -> tuple[list[ModelRun], l
                          "run `paravt reproduce` first")
     client, run_id = _client(tracking_uri), logged[-1].info.run_id
     with tempfile.TemporaryDirectory() as tmp:
-        source = f"the runs.json of MLflow run {run_id}"
-        runs = runs_from_json(Path(client.download_artifacts(run_id, "reproduce/runs.json", tmp)).read_bytes(),
-                              source)
+        def logged_file(name: str) -> bytes:
+            return Path(client.download_artifacts(run_id, f"reproduce/{name}", tmp)).read_bytes()
+
+        runs = runs_from_json(logged_file("runs.json"), f"the runs.json of MLflow run {run_id}")
         names = {Path(f.path).name for f in client.list_artifacts(run_id, "reproduce")}
-        budget = budget_from_json(Path(client.download_artifacts(run_id, "reproduce/budget.json", tmp)).read_bytes(),
-                                  f"the budget.json of MLflow run {run_id}") if "budget.json" in names else []
-    return runs, budget
+        budget = budget_from_json(logged_file("budget.json"), f"the budget.json of MLflow run {run_id}") \
+            if "budget.json" in names else []
+        running = ClockSummary.from_json(logged_file(RUNNING_TIME).decode(),
+                                         f"the {RUNNING_TIME} of MLflow run {run_id}") \
+            if RUNNING_TIME in names else None
+    return runs, budget, running
 
 
 def read_report_dir(folder: Path) -> tuple[list[ModelRun], list[BudgetPoint]]:
@@ -89,7 +100,7 @@ def clock_dir(cfg: PipelineConfig) -> Path:
 
 def read_running_time(folder: Path) -> ClockSummary | None:
     """The running time a report folder recorded (`running_time.json`, `write_report`); None
-    where it has none (a report from before the clock, or rebuilt from MLflow).
+    where it has none (a report from before the clock).
 
     Raises:
         ClockError: the file is not a running-time summary (naming it).

@@ -174,7 +174,7 @@ def test_report_from_mlflow_rebuilds_the_logged_measurements(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     write_report(_runs(), tmp_path / "report", "logged", uri, "exp")
-    assert latest_logged(uri, "exp") == (_runs(), [])  # a run from before the budget sweep: no budget.json
+    assert latest_logged(uri, "exp") == (_runs(), [], None)  # from before the budget sweep and the clock
     with pytest.raises(ValueError, match="no reproduction run"):
         from paravt_core.tracking import start_stage_run
 
@@ -441,7 +441,7 @@ def test_report_command_rebuilds_from_mlflow_or_a_report_folder_with_the_budget_
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     points = [BudgetPoint(2, 0.75, 0.25, 2.9, 0.0, 128)]
     write_report(_runs(), tmp_path / "report", "logged", uri, "exp", budget=points)
-    assert latest_logged(uri, "exp") == (_runs(), points)
+    assert latest_logged(uri, "exp") == (_runs(), points, None)
 
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
@@ -801,6 +801,8 @@ def test_the_report_gives_its_running_time_and_a_rebuild_keeps_it(tmp_path, caps
     assert run.data.metrics["running_time_h"] == pytest.approx(9.4)
     assert _report_command("--from", str(tmp_path / "report"), "--out", str(tmp_path / "again")) == 0
     assert line in (tmp_path / "again" / "report.md").read_text()
+    assert _report_command("--experiment", "exp", "--tracking-uri", uri, "--out", str(tmp_path / "logged")) == 0
+    assert line in (tmp_path / "logged" / "report.md").read_text()  # read back from MLflow's artifact
     # a report without it (from before the clock) has no such line, and leaves no earlier figure behind
     write_report(_runs(), tmp_path / "older", "t", running=summary)
     write_report(_runs(), tmp_path / "older", "t")
