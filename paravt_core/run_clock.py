@@ -7,7 +7,9 @@ then not its running time, and a figure put together by hand from logs is not th
 last beat every `PERIOD_S`, unless more than `GAP_S` went by (the process was stopped, SIGSTOP
 or a suspended machine), which it counts apart as left out, with up to a period of running
 before the stop. An invocation killed outright keeps what its last beat wrote: at most one
-period is lost. `read_clock` sums the folder.
+period is lost. Each record names the machine it ran on (`machine`: cores, CPU, and the card
+where stages train on one), since a running time is one kind of machine's. `read_clock` sums the
+folder.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from paravt_core import provenance
 from paravt_core.atomic import atomic_write_text
 from paravt_core.job_tally import duration
 
@@ -40,9 +43,11 @@ class ClockSummary:
     running_s: float  # summed heartbeat time of every invocation
     left_out_s: float  # time inside invocations between beats more than GAP_S apart
     invocations: int
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # host names (a fresh VM is often named as the last one was)
     first_start: str  # UTC, ISO 8601
     last_beat: str
+    machines: tuple[str, ...] = ()  # the kinds of machine the invocations ran on (`machine`)
+    unrecorded: int = 0  # invocations whose record names no machine (written before it did)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -51,10 +56,20 @@ class ClockSummary:
     def from_json(cls, text: str, where: str) -> ClockSummary:
         try:
             data = json.loads(text)
-            return cls(**{**data, "hosts": tuple(data["hosts"])})
+            return cls(**{**data, "hosts": tuple(data["hosts"]), "machines": tuple(data.get("machines", ()))})
         except (ValueError, TypeError, KeyError) as error:
             raise ClockError(f"{where}: not a running-time summary ({error}); remove it or write the report "
                              "again with `paravt reproduce`") from None
+
+
+def machine() -> str:
+    """The kind of machine this invocation runs on, as far as it sets the running time: its
+    cores and CPU (`provenance.cpu_model`) and, where the stages train on a card
+    (`provenance.training_device`), the card, e.g. "2 cores, AMD EPYC (AuthenticAMD family 23
+    model 1)"."""
+    device = provenance.training_device()
+    card = f", {provenance.accelerator_model(device)}" if device.startswith("cuda") else ""
+    return f"{os.cpu_count()} cores, {provenance.cpu_model()}{card}"
 
 
 def _utc(epoch: float) -> str:
@@ -64,8 +79,10 @@ def _utc(epoch: float) -> str:
 class RunClock:
     """The record of this invocation in `folder`, kept while the `with` block runs."""
 
-    def __init__(self, folder: Path, period_s: float = PERIOD_S, monotonic=time.monotonic, wall=time.time):
+    def __init__(self, folder: Path, period_s: float = PERIOD_S, monotonic=time.monotonic, wall=time.time,
+                 on: str | None = None):
         self.folder, self.period_s, self.monotonic, self.wall = Path(folder), period_s, monotonic, wall
+        self.on = on  # the machine (`machine()` where None)
         self.gap_s = GAPS * period_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -76,7 +93,8 @@ class RunClock:
         host = socket.gethostname()
         stamp = datetime.fromtimestamp(started, timezone.utc).strftime("%Y%m%dT%H%M%S")
         self.path = self.folder / f"{stamp}-{host}-{os.getpid()}.json"
-        self.record = {"host": host, "pid": os.getpid(), "started": _utc(started), "last_beat": _utc(started),
+        self.record = {"host": host, "machine": self.on or machine(), "pid": os.getpid(), "started": _utc(started),
+                       "last_beat": _utc(started),
                        "running_s": 0.0, "left_out_s": 0.0, "status": "running"}
         self._last = self.monotonic()
         self._write()
@@ -130,7 +148,7 @@ def read_clock(folder: Path) -> ClockSummary | None:
         try:
             record = json.loads(path.read_text())
             records.append((float(record["running_s"]), float(record["left_out_s"]), str(record["host"]),
-                            str(record["started"]), str(record["last_beat"])))
+                            str(record["started"]), str(record["last_beat"]), record.get("machine")))
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise ClockError(f"{path}: not a run-clock record ({error}); remove it (that invocation's time is "
                              "then not counted)") from None
@@ -138,17 +156,22 @@ def read_clock(folder: Path) -> ClockSummary | None:
         return None
     return ClockSummary(running_s=sum(r[0] for r in records), left_out_s=sum(r[1] for r in records),
                         invocations=len(records), hosts=tuple(sorted({r[2] for r in records})),
-                        first_start=min(r[3] for r in records), last_beat=max(r[4] for r in records))
+                        first_start=min(r[3] for r in records), last_beat=max(r[4] for r in records),
+                        machines=tuple(sorted({str(r[5]) for r in records if r[5]})),
+                        unrecorded=sum(not r[5] for r in records))
 
 
 def clock_markdown(summary: ClockSummary, command: str) -> str:
     """One line for a report: the running time and what it is made of."""
-    hosts = len(summary.hosts)
+    kinds = len(summary.machines)
+    on = ("on machines not recorded" if not kinds else f"on {summary.machines[0]}" if kinds == 1 else
+          f"on {kinds} kinds of machine ({'; '.join(summary.machines)}), so not one kind's time")
+    if kinds and summary.unrecorded:
+        on += f" ({summary.unrecorded} invocation{'s' * (summary.unrecorded != 1)} recorded no machine)"
     line = (f"Running time: {duration(summary.running_s)} over {summary.invocations} "
             f"invocation{'s' * (summary.invocations != 1)} of `{command}` with this config "
-            f"({summary.first_start} to {summary.last_beat}), on {hosts} host{'s' * (hosts != 1)} "
-            f"({', '.join(summary.hosts)}); from its heartbeats, stages found in an earlier command's cache "
-            "taking only the time to find them.")
+            f"({summary.first_start} to {summary.last_beat}), {on}; from its heartbeats, stages found in an "
+            "earlier command's cache taking only the time to find them.")
     if summary.left_out_s:
         line += (f" {duration(summary.left_out_s)} inside invocations is left out: the process did not run "
                  f"(stopped or suspended) for more than {GAP_S:.0f} s at a time.")

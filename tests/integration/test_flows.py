@@ -403,6 +403,9 @@ def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harn
     clocks = list((tmp_path / "clock").glob("report-builds-*/*.json"))
     assert len(clocks) == 1 and json.loads(clocks[0].read_text())["status"] == "completed"
     assert "over 1 invocation of `paravt reproduce` with this config" in text
+    from paravt_core.run_clock import machine
+
+    assert json.loads(clocks[0].read_text())["machine"] == machine() and f"), on {machine()}; from" in text
     assert json.loads((Path(state.result()).parent / "running_time.json").read_text())["invocations"] == 1
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from paravt_core.run_clock import ClockError, ClockSummary, RunClock, clock_markdown, read_clock
+from paravt_core.run_clock import ClockError, ClockSummary, RunClock, clock_markdown, machine, read_clock
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,14 +91,49 @@ def test_the_folder_sums_its_invocations_and_a_failed_one_counts(tmp_path):
     assert read_clock(tmp_path / "none") is None
 
 
+EPYC = "2 cores, AMD EPYC (AuthenticAMD family 23 model 1)"
+
+
 def test_the_report_line_says_what_the_time_is_made_of():
     summary = ClockSummary(running_s=33840, left_out_s=600, invocations=5, hosts=("vm",),
-                           first_start="2026-12-01T01:29:00+00:00", last_beat="2026-12-02T10:02:00+00:00")
+                           first_start="2026-12-01T01:29:00+00:00", last_beat="2026-12-02T10:02:00+00:00",
+                           machines=(EPYC,))
     line = clock_markdown(summary, "paravt reproduce")
     assert line.startswith("Running time: 9.4 h over 5 invocations of `paravt reproduce` with this config "
-                           "(2026-12-01T01:29:00+00:00 to 2026-12-02T10:02:00+00:00), on 1 host (vm)")
+                           f"(2026-12-01T01:29:00+00:00 to 2026-12-02T10:02:00+00:00), on {EPYC}; from its")
     assert "10.0 min inside invocations is left out" in line
     assert "left out" not in clock_markdown(ClockSummary(60, 0, 1, ("a", "b"), "s", "e"), "c")
+    assert "), on machines not recorded;" in clock_markdown(ClockSummary(60, 0, 1, ("vm",), "s", "e"), "c")
+
+
+def test_the_machines_are_told_apart_by_kind_not_host_name(tmp_path):
+    """Every session's VM here is called "vm": the records name the machine's kind, and a time
+    put together on several kinds says so; a record from before the machine was recorded is
+    counted and said."""
+    clocks = Clocks()
+    for on in (EPYC, EPYC, "16 cores, Intel Xeon (GenuineIntel family 6 model 143), NVIDIA H200 (CUDA 13.0, "
+               "cuDNN 91002)", None):
+        with RunClock(tmp_path, period_s=30, monotonic=clocks.monotonic, wall=clocks.wall, on=on) as clock:
+            clocks.now += 60
+        if on is None:  # as RunClock wrote it before it recorded the machine
+            record = json.loads(clock.path.read_text())
+            assert record.pop("machine") == machine()
+            clock.path.write_text(json.dumps(record))
+    summary = read_clock(tmp_path)
+    assert (summary.invocations, len(summary.hosts), len(summary.machines), summary.unrecorded) == (4, 1, 2, 1)
+    line = clock_markdown(summary, "c")
+    assert "on 2 kinds of machine (16 cores, Intel Xeon" in line and f"; {EPYC}), so not one kind's time" in line
+    assert "(1 invocation recorded no machine)" in line
+    assert ClockSummary.from_json(summary.to_json(), "x") == summary
+    older = json.loads(summary.to_json())  # a running_time.json from before the machines
+    del older["machines"], older["unrecorded"]
+    assert ClockSummary.from_json(json.dumps(older), "x").machines == ()
+
+
+def test_this_machine_is_its_cores_and_cpu():
+    from paravt_core.provenance import cpu_model
+
+    assert machine().startswith(f"{os.cpu_count()} cores, {cpu_model()}")
 
 
 def test_a_damaged_record_is_named(tmp_path):
