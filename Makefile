@@ -103,11 +103,15 @@ rl-budget: $(STAMP)
 # can conclude"): CONCLUSIVE_BUILDS SFT builds (sft.seed) from the default's one pretraining, each
 # training the default's rows x seeds, in the default's output folder. The size is the least the
 # default's run spreads allow, taking builds to differ no more than runs do. Report:
-# outputs/reproduce/report-conclusive; MLflow: paravt-reproduce-conclusive.
+# outputs/reproduce/report-conclusive; MLflow: paravt-reproduce-conclusive. On machines that do not last
+# its day, in parts, each a set of builds with a report of its own, merged after (docs/miniature.md):
+#   make reproduce-conclusive CONCLUSIVE_BUILDS=[0,1,2] CONCLUSIVE_REPORT=report-conclusive-0-2
+#   paravt miniature report --from outputs/reproduce/report-conclusive-0-2 --from ... --out <folder>
 CONCLUSIVE_BUILDS ?= [0,1,2,3,4,5,6,7,8,9,10,11,12]
+CONCLUSIVE_REPORT ?= report-conclusive
 reproduce-conclusive: $(STAMP)
 	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
-	  --set 'reproduce.sft_seeds=$(CONCLUSIVE_BUILDS)' --set reproduce.report_dir=report-conclusive \
+	  --set 'reproduce.sft_seeds=$(CONCLUSIVE_BUILDS)' --set 'reproduce.report_dir=$(CONCLUSIVE_REPORT)' \
 	  --set mlflow.experiment=paravt-reproduce-conclusive $(ARGS)
 
 # A dress rehearsal of the 8B run on this CPU (docs/scale.md "The first 8B run"): paravt_8b.yaml's own

@@ -48,6 +48,7 @@ class ClockSummary:
     last_beat: str
     machines: tuple[str, ...] = ()  # the kinds of machine the invocations ran on (`machine`)
     unrecorded: int = 0  # invocations whose record names no machine (written before it did)
+    parts: int = 1  # the clock folders summed: one per part of a profile run in parts (`combined`)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -60,6 +61,20 @@ class ClockSummary:
         except (ValueError, TypeError, KeyError) as error:
             raise ClockError(f"{where}: not a running-time summary ({error}); remove it or write the report "
                              "again with `paravt reproduce`") from None
+
+
+def combined(summaries: list[ClockSummary]) -> ClockSummary:
+    """One summary of a profile run in parts (each a set of its SFT builds with a clock folder
+    of its own, merged by `paravt miniature report --from A --from B`): the parts' times added."""
+    if not summaries:
+        raise ValueError("combined: no running time to add up")
+    return ClockSummary(running_s=sum(s.running_s for s in summaries), left_out_s=sum(s.left_out_s for s in summaries),
+                        invocations=sum(s.invocations for s in summaries),
+                        hosts=tuple(sorted({h for s in summaries for h in s.hosts})),
+                        first_start=min(s.first_start for s in summaries),
+                        last_beat=max(s.last_beat for s in summaries),
+                        machines=tuple(sorted({m for s in summaries for m in s.machines})),
+                        unrecorded=sum(s.unrecorded for s in summaries), parts=sum(s.parts for s in summaries))
 
 
 def machine() -> str:
@@ -168,10 +183,15 @@ def clock_markdown(summary: ClockSummary, command: str) -> str:
           f"on {kinds} kinds of machine ({'; '.join(summary.machines)}), so not one kind's time")
     if kinds and summary.unrecorded:
         on += f" ({summary.unrecorded} invocation{'s' * (summary.unrecorded != 1)} recorded no machine)"
+    config = ("with this config" if summary.parts == 1 else
+              f"in {summary.parts} parts (sets of SFT builds, each with a config and clock of its own), added up")
     line = (f"Running time: {duration(summary.running_s)} over {summary.invocations} "
-            f"invocation{'s' * (summary.invocations != 1)} of `{command}` with this config "
+            f"invocation{'s' * (summary.invocations != 1)} of `{command}` {config} "
             f"({summary.first_start} to {summary.last_beat}), {on}; from its heartbeats, stages found in an "
             "earlier command's cache taking only the time to find them.")
+    if summary.parts > 1:
+        line += (" A part started on a host without the others' cache built the world and pretraining again, "
+                 "so this exceeds one run's time by that much.")
     if summary.left_out_s:
         line += (f" {duration(summary.left_out_s)} inside invocations is left out: the process did not run "
                  f"(stopped or suspended) for more than {GAP_S:.0f} s at a time.")

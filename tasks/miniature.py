@@ -27,7 +27,7 @@ from paravt_core.data.stage import SPLIT_FILE
 from paravt_core.eval.stage import results_config_hash, split_data_hash, split_folder
 from paravt_core.miniature import pretrain as pretrain_stage
 from paravt_core.miniature.heldout_probe import ProbeResult, probe_frames, probe_to_file
-from paravt_core.miniature.reproduce import write_report
+from paravt_core.miniature.reproduce import Profile, write_report
 from paravt_core.refs import ArtifactRef
 from paravt_core.run_clock import ClockSummary
 from paravt_core.sft.stage import unseeded
@@ -96,4 +96,5 @@ def reproduce_report(cfg: PipelineConfig, runs: list, budget: list | None = None
 
     Not cached: it is a pure function of the measurements and takes a second."""
     return write_report(runs, cfg.run.output_dir / cfg.reproduce.report_dir, f"Miniature reproduction: `{cfg.run.name}`",
-                        cfg.mlflow_uri(), cfg.mlflow.experiment, budget=budget or (), running=running)
+                        cfg.mlflow_uri(), cfg.mlflow.experiment, budget=budget or (), running=running,
+                        profile=Profile.of(cfg))

@@ -314,16 +314,19 @@ def _report(args: argparse.Namespace) -> int:
     from paravt_core.miniature import reproduce
     from paravt_core.miniature.measurements import MeasurementsError
 
-    source_dir = None
-    if args.from_dir:
-        source_dir = Path(args.from_dir)
-        source = f"the measurements in {args.from_dir}"
+    sources = [Path(folder) for folder in args.from_dir or ()]
+    profile = None
+    if sources:
+        if len(sources) > 1 and not args.out:
+            print("paravt miniature report: give --out for the report of several parts", file=sys.stderr)
+            return 2
+        source = f"the measurements in {', '.join(map(str, sources))}"
         # never the folder read: a rebuild that fails half-way there would damage the measurements (#48)
-        out = Path(args.out) if args.out else source_dir.resolve().with_name(f"{source_dir.resolve().name}-rebuilt")
-        title = f"Miniature reproduction: `{source_dir.resolve().parent.name}`"
+        first = sources[0].resolve()
+        out = Path(args.out) if args.out else first.with_name(f"{first.name}-rebuilt")
+        title = f"Miniature reproduction: `{first.parent.name}`" + (f", {len(sources)} parts" if len(sources) > 1 else "")
         try:
-            runs, budget = reproduce.read_report_dir(source_dir)
-            running = reproduce.read_running_time(source_dir)
+            runs, budget, running, profile = reproduce.read_parts(sources)
         except ValueError as exc:
             print(f"paravt miniature report: {exc}", file=sys.stderr)
             return 2
@@ -340,7 +343,7 @@ def _report(args: argparse.Namespace) -> int:
             print(f"paravt miniature report: {exc}", file=sys.stderr)
             return 2
     try:
-        path = reproduce.rebuild_report(runs, out, title, budget, source_dir, running)
+        path = reproduce.rebuild_report(runs, out, title, budget, sources, running, profile)
     except MeasurementsError as exc:
         print(f"paravt miniature report: {exc}", file=sys.stderr)
         return 2
@@ -555,9 +558,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                            "folder read or files that are not a report's, or --out cannot be "
                                            "written (read-only, full).")
     p.add_argument("--experiment", default=None, help="MLflow experiment name (mlflow.experiment in the config)")
-    p.add_argument("--from", dest="from_dir", default=None,
+    p.add_argument("--from", dest="from_dir", action="append", default=None,
                    help="a report folder (<run.output_dir>/report) to rebuild from its runs.json and budget.json "
-                        "instead of MLflow; written to <DIR>-rebuilt unless --out, never into DIR itself")
+                        "instead of MLflow; written to <DIR>-rebuilt unless --out, never into DIR itself. "
+                        "Repeated: the parts of a profile run in parts (each a set of its SFT builds, "
+                        "reproduce.sft_seeds, with the same settings otherwise), in build order, merged into one "
+                        "report at --out (the first part's budget sweep, the parts' running times added up)")
     p.add_argument("--config", default="conf/pipeline/reproduce.yaml", help="pipeline YAML whose MLflow store to read")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the config's)")
     p.add_argument("--out", default=None, help="output folder, a new one or an earlier report's, replaced whole "

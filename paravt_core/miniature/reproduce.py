@@ -2,16 +2,22 @@
 
 `write_report` writes `report.md` (`report_tables.py`), `steps.png` (`report_plot.py`) and the
 measurements (`runs.json`, `budget.json`: `measurements.py`), and the running time
-(`running_time.json`: `run_clock.py`), and logs them to MLflow; `rebuild_report` replaces a
-report folder whole; `read_report_dir` and `latest_logged` read the measurements back from a
-folder or from MLflow, `read_running_time` and `latest_logged` the running time.
+(`running_time.json`: `run_clock.py`) and which profile's part it is (`profile.json`), and logs
+them to MLflow; `rebuild_report` replaces a report folder whole; `read_report_dir` and
+`latest_logged` read the measurements back from a folder or from MLflow, `read_running_time` and
+`latest_logged` the running time; `read_parts` merges the report folders of a profile run in parts.
+
+A profile of many SFT builds (`make reproduce-conclusive`) outlasts a machine here: run in parts
+(each a set of its builds, `reproduce.sft_seeds`), each part's report folder holds every
+measurement its builds gave, and the parts merge into the profile's report. `Profile` says what
+may merge: only parts whose settings are the same but for which builds they train.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,13 +33,101 @@ from paravt_core.miniature.measurements import (
 )
 from paravt_core.miniature.report_plot import plot_steps
 from paravt_core.miniature.report_tables import report_markdown
-from paravt_core.run_clock import ClockSummary
+from paravt_core.run_clock import ClockSummary, combined
 from paravt_core.tracking import start_stage_run
 
 if TYPE_CHECKING:
     from paravt_core.config import PipelineConfig
 
 RUNNING_TIME = "running_time.json"  # a report folder's running time (`run_clock.ClockSummary`)
+PROFILE = "profile.json"  # which profile's part a report folder is (`Profile`)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Which measurements a report folder holds.
+
+    Attributes:
+        key: the hash of every setting its runs depend on (`PipelineConfig.section_hash`, the cache
+            identity's choice of knobs), less which SFT builds it trains (`reproduce.sft_seeds`),
+            where it writes (`run.name`, `run.output_dir`, `reproduce.report_dir`) and MLflow: parts
+            of one profile have one key.
+        sft_seeds: the SFT builds it trained, in order (empty: one SFT model, not named by build).
+    """
+
+    key: str
+    sft_seeds: tuple[int, ...]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def of(cls, cfg: PipelineConfig) -> Profile:
+        bare = cfg.model_copy(update={"reproduce": cfg.reproduce.model_copy(update={"sft_seeds": ()}),
+                                      "run": cfg.run.model_copy(update={"name": "-", "output_dir": Path("-")})})
+        return cls(bare.section_hash(*(name for name in type(cfg).model_fields if name != "mlflow")),
+                   tuple(cfg.reproduce.sft_seeds))
+
+
+def read_profile(folder: Path) -> Profile | None:
+    """The profile a report folder records (`profile.json`); None where it has none (a report
+    from before parts could merge, or one rebuilt from MLflow).
+
+    Raises:
+        MeasurementsError: the file is not a profile record (naming it).
+    """
+    path = Path(folder) / PROFILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return Profile(key=str(data["key"]), sft_seeds=tuple(int(seed) for seed in data["sft_seeds"]))
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise MeasurementsError(f"{path}: not a profile record ({error}); write the report again with "
+                                "`paravt reproduce` (its stages come from the cache)") from None
+
+
+def read_parts(folders: Sequence[Path]
+               ) -> tuple[list[ModelRun], list[BudgetPoint], ClockSummary | None, Profile | None]:
+    """The measurements, budget sweep, running time and profile of one report folder, or of a
+    profile run in parts (several folders, in build order): every part's runs; the first part's
+    sweep (the profile sweeps its first build only, `flows/reproduce.py`); the parts' running times
+    added up (`run_clock.combined`; None unless every part has one).
+
+    Raises:
+        MeasurementsError (a ValueError): a part is not a report folder, records no profile, trains
+            one unnamed SFT model, or comes from other settings than the first (its key differs),
+            or two parts hold the same build; ClockError for a running time that does not read.
+    """
+    read = [(Path(f), *read_report_dir(f), read_running_time(f), read_profile(f)) for f in folders]
+    if len(read) == 1:
+        _, runs, budget, running, profile = read[0]
+        return runs, budget, running, profile
+    first = read[0]
+    seen: dict[int, Path] = {}
+    for folder, _, _, _, profile in read:
+        if profile is None:
+            raise MeasurementsError(f"{folder / PROFILE} does not exist, so which settings its runs come from is not "
+                                    "known: only parts that record it merge (write the part's report again with "
+                                    "`paravt reproduce`; its stages come from the cache)")
+        if not profile.sft_seeds:
+            raise MeasurementsError(f"{folder} trains one SFT model not named by build (reproduce.sft_seeds empty): "
+                                    "only parts that name their builds merge")
+        if profile.key != first[4].key:
+            raise MeasurementsError(f"{folder} comes from other settings than {first[0]} (profile {profile.key} "
+                                    f"against {first[4].key}): only parts of one profile, differing in "
+                                    "reproduce.sft_seeds alone, merge")
+        for seed in profile.sft_seeds:
+            if seed in seen:
+                raise MeasurementsError(f"SFT build {seed} is in {seen[seed]} and in {folder}: its runs would count "
+                                        "twice; give each build's part once")
+            seen[seed] = folder
+    # as one invocation lists them: every SFT model, then the RL runs build by build (`flows/reproduce.py`)
+    runs = [run for sft in (True, False) for part in read for run in part[1] if (run.row == "sft") == sft]
+    runs_from_json(json.dumps([asdict(run) for run in runs]), " + ".join(str(part[0]) for part in read))
+    times = [part[3] for part in read]
+    running = combined(times) if all(times) else None
+    return runs, first[2], running, Profile(first[4].key, tuple(seen))
 
 
 def row_variants(row: str, variants: Mapping[str, Sequence[str]]) -> list[tuple[str, list[str]]]:
@@ -109,7 +203,7 @@ def read_running_time(folder: Path) -> ClockSummary | None:
     return ClockSummary.from_json(path.read_text(), str(path)) if path.is_file() else None
 
 
-def rebuilt_report_dir(out_dir: Path, source_dir: Path | None = None) -> Path:
+def rebuilt_report_dir(out_dir: Path, source_dirs: Sequence[Path] = ()) -> Path:
     """`out_dir` checked as the folder a rebuilt report replaces whole (`rebuild_report`).
 
     Raises:
@@ -118,7 +212,7 @@ def rebuilt_report_dir(out_dir: Path, source_dir: Path | None = None) -> Path:
             it exists and is not a report folder (its files would be replaced).
     """
     out = Path(out_dir).resolve()
-    if source_dir is not None:
+    for source_dir in source_dirs:
         source = Path(source_dir).resolve()
         if out == source or source in out.parents or out in source.parents:
             raise MeasurementsError(f"--out {out_dir} would write into the folder the report is rebuilt from "
@@ -130,32 +224,35 @@ def rebuilt_report_dir(out_dir: Path, source_dir: Path | None = None) -> Path:
 
 
 def rebuild_report(runs: Sequence[ModelRun], out_dir: Path, title: str, budget: Sequence[BudgetPoint] = (),
-                   source_dir: Path | None = None, running: ClockSummary | None = None) -> Path:
+                   source_dirs: Sequence[Path] = (), running: ClockSummary | None = None,
+                   profile: Profile | None = None) -> Path:
     """`write_report` into a fresh folder that replaces `out_dir` in one rename, so a failure
     leaves the old report (or none), never a half-written one. Returns the report's path.
 
     Raises:
         MeasurementsError: see `rebuilt_report_dir`.
     """
-    out = rebuilt_report_dir(out_dir, source_dir)
+    out = rebuilt_report_dir(out_dir, source_dirs)
     with atomic_dir(out) as tmp:
-        write_report(runs, tmp, title, budget=budget, running=running)
+        write_report(runs, tmp, title, budget=budget, running=running, profile=profile)
     return out / "report.md"
 
 
 def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_uri: str | None = None,
                  experiment: str | None = None, budget: Sequence[BudgetPoint] = (),
-                 running: ClockSummary | None = None) -> Path:
+                 running: ClockSummary | None = None, profile: Profile | None = None) -> Path:
     """`<out_dir>/report.md`, `steps.png` and `runs.json` (the measurements), and the running
-    time where given (`running_time.json`); logged to MLflow as one run tagged
-    `stage=reproduce` when a tracking URI is given. Returns the report's path."""
+    time and profile where given (`running_time.json`, `profile.json`); logged to MLflow as one
+    run tagged `stage=reproduce` when a tracking URI is given. Returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figure = plot_steps(runs, out_dir / "steps.png")
     data = atomic_write_text(out_dir / "runs.json", json.dumps([asdict(r) for r in runs], indent=1))
     budget_file = atomic_write_text(out_dir / "budget.json", json.dumps([asdict(p) for p in budget], indent=1))
     clock_file = atomic_write_text(out_dir / RUNNING_TIME, running.to_json()) if running else None
-    if not running:  # an earlier report's figure is not this one's
-        (out_dir / RUNNING_TIME).unlink(missing_ok=True)
+    profile_file = atomic_write_text(out_dir / PROFILE, profile.to_json()) if profile else None
+    for name, given in ((RUNNING_TIME, running), (PROFILE, profile)):
+        if not given:  # an earlier report's record is not this one's
+            (out_dir / name).unlink(missing_ok=True)
     report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title, budget, running))
     if tracking_uri and experiment:
         run_id = start_stage_run(tracking_uri, experiment, "reproduce", {"stage": "reproduce"}, {})
@@ -168,7 +265,7 @@ def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_u
                 client.log_metric(run_id, f"{row}_accuracy_val", sum(r.accuracy_val for r in mine) / len(mine))
         if running:
             client.log_metric(run_id, "running_time_h", running.running_s / 3600)
-        for path in (report, figure, data, budget_file, *([clock_file] if clock_file else [])):
+        for path in (report, figure, data, budget_file, *(f for f in (clock_file, profile_file) if f)):
             client.log_artifact(run_id, str(path), artifact_path="reproduce")
         client.set_terminated(run_id)
     return report

@@ -338,6 +338,7 @@ def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harn
     measured and each the start of every row x seed, each run labelled with its build for the
     verdicts; the budget sweep on the first build only."""
     import json
+    from dataclasses import asdict
 
     from flows import fanout
     from flows import reproduce as reproduce_flow
@@ -407,6 +408,24 @@ def test_several_sft_builds_share_the_base_and_each_trains_its_rows(prefect_harn
 
     assert json.loads(clocks[0].read_text())["machine"] == machine() and f"), on {machine()}; from" in text
     assert json.loads((Path(state.result()).parent / "running_time.json").read_text())["invocations"] == 1
+    # The same profile in parts, one build each (a profile that outlasts a machine runs so), from the
+    # cache: merged, the parts give the whole's measurements and budget sweep.
+    from paravt_core.config import load_config
+    from paravt_core.miniature.reproduce import Profile, read_parts, read_profile
+
+    whole = Path(state.result()).parent
+    assert read_profile(whole) == Profile.of(load_config(config, small)) and read_profile(whole).sft_seeds == (3, 4)
+    parts = []
+    for seed in (3, 4):
+        part = reproduce(ReproduceParams(config_path=config, overrides=[
+            *small, f"reproduce.sft_seeds=[{seed}]", f"reproduce.report_dir=report-part{seed}"]), return_state=True)
+        assert part.is_completed()
+        parts.append(Path(part.result()).parent)
+    assert sorted(sft_models) == sorted(job(folder)["config"]["sft"]["seed"] for folder in (tmp_path / "sft").iterdir())
+    assert len(list((tmp_path / "rl").iterdir())) == 2  # each part's runs found in the whole's cache
+    merged, budget_merged, running, profile = read_parts(parts)
+    assert [asdict(run) for run in merged] == measured and [asdict(p) for p in budget_merged] == budget
+    assert profile == Profile(read_profile(whole).key, (3, 4)) and running.parts == 2 and running.invocations == 2
 
 
 def test_reproduce_refuses_an_unknown_row_before_any_stage(tmp_path: Path):

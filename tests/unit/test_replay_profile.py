@@ -23,9 +23,11 @@ def differing(cfg, other) -> dict:
     return {k: v for k, v in mine.items() if v != theirs[k] and k != "row"}
 
 
-def replay_falls_sets(seeds: str = "[1,3]", target: str = "replay-falls", seeds_name: str = "REPLAY_SEEDS") -> list[str]:
-    """The `--set` overrides a profile's make target passes to `paravt reproduce`, read from the Makefile."""
-    shown = subprocess.run(["make", "-n", target, f"{seeds_name}={seeds}", "STAMP=/dev/null"], cwd=REPO,
+def replay_falls_sets(seeds: str = "[1,3]", target: str = "replay-falls", seeds_name: str = "REPLAY_SEEDS",
+                      *more: str) -> list[str]:
+    """The `--set` overrides a profile's make target passes to `paravt reproduce`, read from the
+    Makefile (`more`: other make variables, NAME=value)."""
+    shown = subprocess.run(["make", "-n", target, f"{seeds_name}={seeds}", *more, "STAMP=/dev/null"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout
     words = shlex.split(shown.replace("\\\n", " "))
     start = next(i for i, word in enumerate(words) if word.endswith("/paravt"))
@@ -141,3 +143,19 @@ def test_the_conclusive_profile_is_the_default_over_builds_sized_from_the_defaul
     builds = max(units_needed(PILOT_SD_ROWS * math.sqrt(2 / runs), MIN_ACCURACY * 100, 3, paired=True),
                  units_needed(PILOT_SD_AGAINST_SFT / math.sqrt(runs), MIN_ACCURACY * 100, 1, paired=True))
     assert len(profile.reproduce.sft_seeds) == builds == 13
+
+
+def test_a_part_of_the_conclusive_profile_merges_with_the_others():
+    """The conclusive profile in parts (`CONCLUSIVE_BUILDS`, `CONCLUSIVE_REPORT`): each part its own
+    report folder and clock, the whole's profile key, so `paravt miniature report` merges them."""
+    from paravt_core.miniature.reproduce import Profile, clock_dir
+
+    whole = load_config(CONFIG, replay_falls_sets("[0,1,2,3,4,5,6,7,8,9,10,11,12]", "reproduce-conclusive",
+                                                  "CONCLUSIVE_BUILDS"))
+    parts = [load_config(CONFIG, replay_falls_sets(seeds, "reproduce-conclusive", "CONCLUSIVE_BUILDS",
+                                                   f"CONCLUSIVE_REPORT=report-conclusive-{name}"))
+             for seeds, name in (("[0,1,2]", "0-2"), ("[3,4]", "3-4"))]
+    assert [part.reproduce.report_dir for part in parts] == ["report-conclusive-0-2", "report-conclusive-3-4"]
+    assert {Profile.of(part).key for part in parts} == {Profile.of(whole).key}
+    assert [Profile.of(part).sft_seeds for part in parts] == [(0, 1, 2), (3, 4)]
+    assert len({clock_dir(cfg) for cfg in (whole, *parts)}) == 3
