@@ -562,8 +562,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a report folder (<run.output_dir>/report) to rebuild from its runs.json and budget.json "
                         "instead of MLflow; written to <DIR>-rebuilt unless --out, never into DIR itself. "
                         "Repeated: the parts of a profile run in parts (each a set of its SFT builds, "
-                        "reproduce.sft_seeds, with the same settings otherwise), in build order, merged into one "
-                        "report at --out (the first part's budget sweep, the parts' running times added up)")
+                        "reproduce.sft_seeds, with the same settings otherwise), in any order, merged into one report "
+                        "at --out (the budget sweep of the part with the lowest first build, the parts' running "
+                        "times added up)")
     p.add_argument("--config", default="conf/pipeline/reproduce.yaml", help="pipeline YAML whose MLflow store to read")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the config's)")
     p.add_argument("--out", default=None, help="output folder, a new one or an earlier report's, replaced whole "

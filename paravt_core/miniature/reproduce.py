@@ -90,9 +90,10 @@ def read_profile(folder: Path) -> Profile | None:
 def read_parts(folders: Sequence[Path]
                ) -> tuple[list[ModelRun], list[BudgetPoint], ClockSummary | None, Profile | None]:
     """The measurements, budget sweep, running time and profile of one report folder, or of a
-    profile run in parts (several folders, in build order): every part's runs; the first part's
-    sweep (the profile sweeps its first build only, `flows/reproduce.py`); the parts' running times
-    added up (`run_clock.combined`; None unless every part has one).
+    profile run in parts (several folders, in any order): every part's runs, the parts taken in the
+    order of their first builds; the sweep of the part with the lowest (a profile sweeps its first
+    build only, `flows/reproduce.py`, and its builds go up: `make reproduce-conclusive`); the parts'
+    running times added up (`run_clock.combined`; None unless every part has one).
 
     Raises:
         MeasurementsError (a ValueError): a part is not a report folder, records no profile, trains
@@ -103,8 +104,6 @@ def read_parts(folders: Sequence[Path]
     if len(read) == 1:
         _, runs, budget, running, profile = read[0]
         return runs, budget, running, profile
-    first = read[0]
-    seen: dict[int, Path] = {}
     for folder, _, _, _, profile in read:
         if profile is None:
             raise MeasurementsError(f"{folder / PROFILE} does not exist, so which settings its runs come from is not "
@@ -113,6 +112,10 @@ def read_parts(folders: Sequence[Path]
         if not profile.sft_seeds:
             raise MeasurementsError(f"{folder} trains one SFT model not named by build (reproduce.sft_seeds empty): "
                                     "only parts that name their builds merge")
+    read.sort(key=lambda part: part[4].sft_seeds[0])
+    first = read[0]
+    seen: dict[int, Path] = {}
+    for folder, _, _, _, profile in read:
         if profile.key != first[4].key:
             raise MeasurementsError(f"{folder} comes from other settings than {first[0]} (profile {profile.key} "
                                     f"against {first[4].key}): only parts of one profile, differing in "

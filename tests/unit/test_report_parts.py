@@ -63,7 +63,8 @@ def test_parts_merge_into_the_report_the_profile_gives_whole(tmp_path, capsys):
                                                          "2026-12-01T03:00:00+00:00", "2 cores, X"))
     second = _part(tmp_path / "b", [2], running=_clock(1800, "2026-12-02T01:00:00+00:00",
                                                        "2026-12-02T02:00:00+00:00", "2 cores, Y"), budget_k=6)
-    assert _report("--from", str(tmp_path / "a"), "--from", str(tmp_path / "b"), "--out", str(tmp_path / "out")) == 0
+    # in any order: the parts go by their first builds
+    assert _report("--from", str(tmp_path / "b"), "--from", str(tmp_path / "a"), "--out", str(tmp_path / "out")) == 0
     merged = json.loads((tmp_path / "out" / "runs.json").read_text())
     every = [*first, *second]
     # every SFT model first, then the RL runs build by build: as one invocation of all three lists them
