@@ -143,3 +143,30 @@ def test_combined_running_times_add_up_and_say_how_many_parts():
     assert ClockSummary.from_json(json.dumps({k: v for k, v in one.__dict__.items() if k != "parts"}), "x").parts == 1
     with pytest.raises(ValueError, match="no running time"):
         combined([])
+
+
+def test_the_kept_parts_of_the_conclusive_profile_are_its_parts_and_merge(tmp_path, capsys):
+    """docs/log/conclusive/part-*: the report folders of the conclusive profile's finished parts
+    (kept in the repo, since a machine here does not last the profile's day). They are parts of what
+    `make reproduce-conclusive` runs now, each build once, and they merge."""
+    from pathlib import Path
+
+    from tests.unit.test_replay_profile import CONFIG, load_config, replay_falls_sets
+
+    kept = sorted(Path(__file__).resolve().parents[2].glob("docs/log/conclusive/part-*"))
+    assert kept, "no kept part under docs/log/conclusive"
+    cfg = load_config(CONFIG, replay_falls_sets("[0,1,2,3,4,5,6,7,8,9,10,11,12]", "reproduce-conclusive",
+                                                "CONCLUSIVE_BUILDS"))
+    profile = Profile.of(cfg)
+    for part in kept:
+        assert read_profile(part).key == profile.key, (
+            f"{part} is a part of other settings than `make reproduce-conclusive` runs now: its runs are not this "
+            "profile's; move it to a dated folder and run the part again")
+        assert set(read_profile(part).sft_seeds) <= set(profile.sft_seeds)
+    runs, _, running, merged = read_parts(kept)
+    per_build = 1 + len(cfg.reproduce.rows) * len(cfg.reproduce.seeds)  # its SFT model and its RL runs
+    assert len(runs) == per_build * len(merged.sft_seeds) and running is not None
+    out = tmp_path / "merged"
+    assert _report(*(arg for part in kept for arg in ("--from", str(part))), "--out", str(out)) == 0
+    assert read_profile(out) == merged
+    capsys.readouterr()
