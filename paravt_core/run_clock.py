@@ -190,8 +190,8 @@ def clock_markdown(summary: ClockSummary, command: str) -> str:
             f"({summary.first_start} to {summary.last_beat}), {on}; from its heartbeats, stages found in an "
             "earlier command's cache taking only the time to find them.")
     if summary.parts > 1:
-        line += (" A part started on a host without the others' cache built the world and pretraining again, "
-                 "so this exceeds one run's time by that much.")
+        line += (" A part started on a machine without another part's cache built the world and pretraining "
+                 "again, which this sum then counts once per such part.")
     if summary.left_out_s:
         line += (f" {duration(summary.left_out_s)} inside invocations is left out: the process did not run "
                  f"(stopped or suspended) for more than {GAP_S:.0f} s at a time.")

@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from paravt_core.atomic import atomic_dir, atomic_write_text
 from paravt_core.eval.experiment_report import _client, _runs
@@ -29,6 +29,7 @@ from paravt_core.miniature.measurements import (
     MeasurementsError,
     ModelRun,
     budget_from_json,
+    check_distinct,
     runs_from_json,
 )
 from paravt_core.miniature.report_plot import plot_steps
@@ -87,6 +88,16 @@ def read_profile(folder: Path) -> Profile | None:
                                 "`paravt reproduce` (its stages come from the cache)") from None
 
 
+class _Part(NamedTuple):
+    """One report folder as `read_parts` reads it."""
+
+    folder: Path
+    runs: list[ModelRun]
+    budget: list[BudgetPoint]
+    running: ClockSummary | None
+    profile: Profile | None
+
+
 def read_parts(folders: Sequence[Path]
                ) -> tuple[list[ModelRun], list[BudgetPoint], ClockSummary | None, Profile | None]:
     """The measurements, budget sweep, running time and profile of one report folder, or of a
@@ -100,37 +111,36 @@ def read_parts(folders: Sequence[Path]
             one unnamed SFT model, or comes from other settings than the first (its key differs),
             or two parts hold the same build; ClockError for a running time that does not read.
     """
-    read = [(Path(f), *read_report_dir(f), read_running_time(f), read_profile(f)) for f in folders]
-    if len(read) == 1:
-        _, runs, budget, running, profile = read[0]
-        return runs, budget, running, profile
-    for folder, _, _, _, profile in read:
-        if profile is None:
-            raise MeasurementsError(f"{folder / PROFILE} does not exist, so which settings its runs come from is not "
-                                    "known: only parts that record it merge (write the part's report again with "
+    parts = [_Part(Path(f), *read_report_dir(f), read_running_time(f), read_profile(f)) for f in folders]
+    if len(parts) == 1:
+        return parts[0].runs, parts[0].budget, parts[0].running, parts[0].profile
+    for part in parts:
+        if part.profile is None:
+            raise MeasurementsError(f"{part.folder / PROFILE} does not exist, so which settings its runs come from is "
+                                    "not known: only parts that record it merge (write the part's report again with "
                                     "`paravt reproduce`; its stages come from the cache)")
-        if not profile.sft_seeds:
-            raise MeasurementsError(f"{folder} trains one SFT model not named by build (reproduce.sft_seeds empty): "
-                                    "only parts that name their builds merge")
-    read.sort(key=lambda part: part[4].sft_seeds[0])
-    first = read[0]
+        if not part.profile.sft_seeds:
+            raise MeasurementsError(f"{part.folder} trains one SFT model not named by build (reproduce.sft_seeds "
+                                    "empty): only parts that name their builds merge")
+    parts.sort(key=lambda part: part.profile.sft_seeds[0])
+    first = parts[0]
     seen: dict[int, Path] = {}
-    for folder, _, _, _, profile in read:
-        if profile.key != first[4].key:
-            raise MeasurementsError(f"{folder} comes from other settings than {first[0]} (profile {profile.key} "
-                                    f"against {first[4].key}): only parts of one profile, differing in "
-                                    "reproduce.sft_seeds alone, merge")
-        for seed in profile.sft_seeds:
+    for part in parts:
+        if part.profile.key != first.profile.key:
+            raise MeasurementsError(f"{part.folder} comes from other settings than {first.folder} (profile "
+                                    f"{part.profile.key} against {first.profile.key}): only parts of one profile, "
+                                    "differing in reproduce.sft_seeds alone, merge")
+        for seed in part.profile.sft_seeds:
             if seed in seen:
-                raise MeasurementsError(f"SFT build {seed} is in {seen[seed]} and in {folder}: its runs would count "
-                                        "twice; give each build's part once")
-            seen[seed] = folder
+                raise MeasurementsError(f"SFT build {seed} is in {seen[seed]} and in {part.folder}: its runs would "
+                                        "count twice; give each build's part once")
+            seen[seed] = part.folder
     # as one invocation lists them: every SFT model, then the RL runs build by build (`flows/reproduce.py`)
-    runs = [run for sft in (True, False) for part in read for run in part[1] if (run.row == "sft") == sft]
-    runs_from_json(json.dumps([asdict(run) for run in runs]), " + ".join(str(part[0]) for part in read))
-    times = [part[3] for part in read]
+    runs = [run for sft in (True, False) for part in parts for run in part.runs if (run.row == "sft") == sft]
+    check_distinct(runs, " + ".join(str(part.folder) for part in parts))  # a part whose runs name another's build
+    times = [part.running for part in parts]
     running = combined(times) if all(times) else None
-    return runs, first[2], running, Profile(first[4].key, tuple(seen))
+    return runs, first.budget, running, Profile(first.profile.key, tuple(seen))
 
 
 def row_variants(row: str, variants: Mapping[str, Sequence[str]]) -> list[tuple[str, list[str]]]:

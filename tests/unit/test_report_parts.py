@@ -170,3 +170,12 @@ def test_the_kept_parts_of_the_conclusive_profile_are_its_parts_and_merge(tmp_pa
     assert _report(*(arg for part in kept for arg in ("--from", str(part))), "--out", str(out)) == 0
     assert read_profile(out) == merged
     capsys.readouterr()
+
+
+def test_a_part_whose_runs_name_another_part_s_build_is_refused(tmp_path, capsys):
+    """The profile records say builds 0-1 and 2, but the second folder's runs are build 0's: the
+    run-level check (`measurements.check_distinct`) still catches the run counted twice."""
+    _part(tmp_path / "a", [0, 1])
+    write_report(_build(0, 0.6), tmp_path / "b", "mislabelled", profile=Profile("k1", (2,)))
+    assert _report("--from", str(tmp_path / "a"), "--from", str(tmp_path / "b"), "--out", str(tmp_path / "out")) == 2
+    assert "a second SFT model of SFT build 'sft0'" in capsys.readouterr().err and not (tmp_path / "out").exists()
