@@ -106,7 +106,7 @@ rl-budget: $(STAMP)
 # outputs/reproduce/report-conclusive; MLflow: paravt-reproduce-conclusive. On machines that do not last
 # its day, in parts, each a set of builds with a report of its own, merged after (docs/miniature.md):
 #   make reproduce-conclusive CONCLUSIVE_BUILDS=[0,1] CONCLUSIVE_REPORT=report-conclusive-0-1
-#   paravt miniature report --from outputs/reproduce/report-conclusive-0-1 --from ... --out <folder>
+#   paravt miniature report --from outputs/reproduce/report-conclusive-0-1 --from ... --out <folder> --log-to paravt-reproduce-conclusive
 CONCLUSIVE_BUILDS ?= [0,1,2,3,4,5,6,7,8,9,10,11,12]
 CONCLUSIVE_REPORT ?= report-conclusive
 reproduce-conclusive: $(STAMP)

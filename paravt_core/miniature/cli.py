@@ -315,7 +315,13 @@ def _report(args: argparse.Namespace) -> int:
     from paravt_core.miniature.measurements import MeasurementsError
 
     sources = [Path(folder) for folder in args.from_dir or ()]
-    profile = None
+    profile = log_uri = None
+    if args.log_to:
+        if not sources:
+            print("paravt miniature report: --log-to logs a report rebuilt from report folders (--from); one "
+                  "rebuilt from MLflow is there already", file=sys.stderr)
+            return 2
+        log_uri = args.tracking_uri or load_config(args.config).mlflow_uri()
     if sources:
         if len(sources) > 1 and not args.out:
             print("paravt miniature report: give --out for the report of several parts", file=sys.stderr)
@@ -343,7 +349,7 @@ def _report(args: argparse.Namespace) -> int:
             print(f"paravt miniature report: {exc}", file=sys.stderr)
             return 2
     try:
-        path = reproduce.rebuild_report(runs, out, title, budget, sources, running, profile)
+        path = reproduce.rebuild_report(runs, out, title, budget, sources, running, profile, log_uri, args.log_to)
     except MeasurementsError as exc:
         print(f"paravt miniature report: {exc}", file=sys.stderr)
         return 2
@@ -352,7 +358,8 @@ def _report(args: argparse.Namespace) -> int:
               f"({exc.filename or out}); give a writable --out with free space", file=sys.stderr)
         return 2
     print(path.read_text())
-    print(f"report written to {path} (figure and measurements beside it), from {source}")
+    print(f"report written to {path} (figure and measurements beside it), from {source}"
+          + (f"; logged to MLflow experiment {args.log_to!r} ({log_uri})" if args.log_to else ""))
     return 0
 
 
@@ -565,7 +572,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "reproduce.sft_seeds, with the same settings otherwise), in any order, merged into one report "
                         "at --out (the budget sweep of the part with the lowest first build, the parts' running "
                         "times added up)")
-    p.add_argument("--config", default="conf/pipeline/reproduce.yaml", help="pipeline YAML whose MLflow store to read")
+    p.add_argument("--log-to", default=None, metavar="EXPERIMENT",
+                   help="with --from: log the rebuilt report to this MLflow experiment as one run (its rows' "
+                        "accuracies, running time and files), e.g. a profile's parts merged, beside the parts' own "
+                        "runs in paravt-reproduce-conclusive; --experiment then rebuilds it from there")
+    p.add_argument("--config", default="conf/pipeline/reproduce.yaml",
+                   help="pipeline YAML whose MLflow store to read (or, with --log-to, to log to)")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (overrides the config's)")
     p.add_argument("--out", default=None, help="output folder, a new one or an earlier report's, replaced whole "
                                                "(default outputs/report/<experiment>)")

@@ -238,9 +238,12 @@ def rebuilt_report_dir(out_dir: Path, source_dirs: Sequence[Path] = ()) -> Path:
 
 def rebuild_report(runs: Sequence[ModelRun], out_dir: Path, title: str, budget: Sequence[BudgetPoint] = (),
                    source_dirs: Sequence[Path] = (), running: ClockSummary | None = None,
-                   profile: Profile | None = None) -> Path:
+                   profile: Profile | None = None, tracking_uri: str | None = None,
+                   experiment: str | None = None) -> Path:
     """`write_report` into a fresh folder that replaces `out_dir` in one rename, so a failure
-    leaves the old report (or none), never a half-written one. Returns the report's path.
+    leaves the old report (or none), never a half-written one; then, where a tracking URI and
+    an experiment are given, logged there as one run (`log_report`: the merged report of a
+    profile run in parts beside its parts' own). Returns the report's path.
 
     Raises:
         MeasurementsError: see `rebuilt_report_dir`.
@@ -248,6 +251,8 @@ def rebuild_report(runs: Sequence[ModelRun], out_dir: Path, title: str, budget: 
     out = rebuilt_report_dir(out_dir, source_dirs)
     with atomic_dir(out) as tmp:
         write_report(runs, tmp, title, budget=budget, running=running, profile=profile)
+    if tracking_uri and experiment:  # from the folder in place: a failed log leaves the report written
+        log_report(out, runs, running, tracking_uri, experiment, {"rebuilt_from": ", ".join(map(str, source_dirs))})
     return out / "report.md"
 
 
@@ -259,26 +264,37 @@ def write_report(runs: Sequence[ModelRun], out_dir: Path, title: str, tracking_u
     run tagged `stage=reproduce` when a tracking URI is given. Returns the report's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     figure = plot_steps(runs, out_dir / "steps.png")
-    data = atomic_write_text(out_dir / "runs.json", json.dumps([asdict(r) for r in runs], indent=1))
-    budget_file = atomic_write_text(out_dir / "budget.json", json.dumps([asdict(p) for p in budget], indent=1))
-    clock_file = atomic_write_text(out_dir / RUNNING_TIME, running.to_json()) if running else None
-    profile_file = atomic_write_text(out_dir / PROFILE, profile.to_json()) if profile else None
+    atomic_write_text(out_dir / "runs.json", json.dumps([asdict(r) for r in runs], indent=1))
+    atomic_write_text(out_dir / "budget.json", json.dumps([asdict(p) for p in budget], indent=1))
     for name, given in ((RUNNING_TIME, running), (PROFILE, profile)):
-        if not given:  # an earlier report's record is not this one's
+        if given:
+            atomic_write_text(out_dir / name, given.to_json())
+        else:  # an earlier report's record is not this one's
             (out_dir / name).unlink(missing_ok=True)
     report = atomic_write_text(out_dir / "report.md", report_markdown(runs, figure.name, title, budget, running))
     if tracking_uri and experiment:
-        run_id = start_stage_run(tracking_uri, experiment, "reproduce", {"stage": "reproduce"}, {})
-        client = _client(tracking_uri)
-        for row in rows_in_order(runs):
-            mine = by_row(runs, row)
-            client.log_metric(run_id, f"{row}_accuracy", sum(r.accuracy for r in mine) / len(mine))
-            client.log_metric(run_id, f"{row}_accuracy_direct", sum(r.accuracy_direct for r in mine) / len(mine))
-            if all(r.accuracy_val is not None for r in mine):
-                client.log_metric(run_id, f"{row}_accuracy_val", sum(r.accuracy_val for r in mine) / len(mine))
-        if running:
-            client.log_metric(run_id, "running_time_h", running.running_s / 3600)
-        for path in (report, figure, data, budget_file, *(f for f in (clock_file, profile_file) if f)):
-            client.log_artifact(run_id, str(path), artifact_path="reproduce")
-        client.set_terminated(run_id)
+        log_report(out_dir, runs, running, tracking_uri, experiment)
     return report
+
+
+def log_report(out_dir: Path, runs: Sequence[ModelRun], running: ClockSummary | None, tracking_uri: str,
+               experiment: str, tags: Mapping[str, str] | None = None) -> str:
+    """The report in `out_dir` (`write_report`'s files) logged to MLflow as one run tagged
+    `stage=reproduce` (and `tags`): each row's mean accuracies and the running time in hours as
+    metrics, the files as artifacts under `reproduce/`, which `latest_logged` reads back. Returns
+    the run's id."""
+    run_id = start_stage_run(tracking_uri, experiment, "reproduce", {"stage": "reproduce", **(tags or {})}, {})
+    client = _client(tracking_uri)
+    for row in rows_in_order(runs):
+        mine = by_row(runs, row)
+        client.log_metric(run_id, f"{row}_accuracy", sum(r.accuracy for r in mine) / len(mine))
+        client.log_metric(run_id, f"{row}_accuracy_direct", sum(r.accuracy_direct for r in mine) / len(mine))
+        if all(r.accuracy_val is not None for r in mine):
+            client.log_metric(run_id, f"{row}_accuracy_val", sum(r.accuracy_val for r in mine) / len(mine))
+    if running:
+        client.log_metric(run_id, "running_time_h", running.running_s / 3600)
+    for name in ("report.md", "steps.png", "runs.json", "budget.json", RUNNING_TIME, PROFILE):
+        if (out_dir / name).is_file():
+            client.log_artifact(run_id, str(out_dir / name), artifact_path="reproduce")
+    client.set_terminated(run_id)
+    return run_id

@@ -5,6 +5,7 @@ merges parts of one profile into its report, refusing anything else."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +91,32 @@ def test_parts_merge_into_the_report_the_profile_gives_whole(tmp_path, capsys):
     # a part without a running time: the sum would leave it out, so the merged report gives none
     assert not (tmp_path / "all" / "running_time.json").exists()
     capsys.readouterr()
+
+
+def test_the_merged_report_logs_to_mlflow_and_rebuilds_from_there(tmp_path, capsys):
+    from paravt_core.eval.experiment_report import _client
+    from paravt_core.miniature.reproduce import latest_logged
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # a report rebuilt from MLflow is there already
+    assert _report("--experiment", "merged", "--tracking-uri", uri, "--log-to", "merged") == 2
+    assert "--log-to" in capsys.readouterr().err and not (tmp_path / "mlflow.db").exists()
+    first = _part(tmp_path / "a", [0], running=_clock(600, "2026-12-01T01:00:00+00:00", "2026-12-01T01:10:00+00:00", "X"))
+    second = _part(tmp_path / "b", [1], running=_clock(900, "2026-12-02T01:00:00+00:00", "2026-12-02T01:15:00+00:00",
+                                                       "X"), budget_k=6)
+    assert _report("--from", str(tmp_path / "a"), "--from", str(tmp_path / "b"), "--out", str(tmp_path / "out"),
+                   "--log-to", "merged", "--tracking-uri", uri) == 0
+    assert "logged to MLflow experiment 'merged'" in capsys.readouterr().out
+    runs, budget, running = latest_logged(uri, "merged")
+    assert runs == [first[0], second[0], *first[1:], *second[1:]] and [p.k for p in budget] == [2]
+    assert (running.running_s, running.parts) == (1500, 2)
+    client = _client(uri)
+    (logged,) = client.search_runs([client.get_experiment_by_name("merged").experiment_id])
+    assert logged.data.tags["rebuilt_from"] == f"{tmp_path / 'a'}, {tmp_path / 'b'}"
+    assert logged.data.metrics["vanilla_grpo_accuracy"] == pytest.approx((0.60 + 0.61 + 0.62 + 0.63) / 4)
+    assert logged.data.metrics["running_time_h"] == pytest.approx(1500 / 3600)
+    assert {Path(f.path).name for f in client.list_artifacts(logged.info.run_id, "reproduce")} == {
+        "report.md", "steps.png", "runs.json", "budget.json", "running_time.json", "profile.json"}
 
 
 @pytest.mark.parametrize(("second", "message"), [
