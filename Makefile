@@ -106,13 +106,16 @@ rl-budget: $(STAMP)
 # outputs/reproduce/report-conclusive; MLflow: paravt-reproduce-conclusive. On machines that do not last
 # its day, in parts, each a set of builds with a report of its own, merged after (docs/miniature.md):
 #   make reproduce-conclusive CONCLUSIVE_BUILDS=[0,1] CONCLUSIVE_REPORT=report-conclusive-0-1
+#   make reproduce-conclusive CONCLUSIVE_BUILDS=[2,3] CONCLUSIVE_REPORT=report-conclusive-2-3 CONCLUSIVE_SWEEP=false
 #   paravt miniature report --from outputs/reproduce/report-conclusive-0-1 --from ... --out <folder> --log-to paravt-reproduce-conclusive
 CONCLUSIVE_BUILDS ?= [0,1,2,3,4,5,6,7,8,9,10,11,12]
 CONCLUSIVE_REPORT ?= report-conclusive
+# false in a part whose builds are not the profile's first: the merge takes the first part's sweep.
+CONCLUSIVE_SWEEP ?= true
 reproduce-conclusive: $(STAMP)
 	$(BIN)/paravt reproduce --config conf/pipeline/reproduce.yaml \
 	  --set 'reproduce.sft_seeds=$(CONCLUSIVE_BUILDS)' --set 'reproduce.report_dir=$(CONCLUSIVE_REPORT)' \
-	  --set mlflow.experiment=paravt-reproduce-conclusive $(ARGS)
+	  --set reproduce.budget_sweep=$(CONCLUSIVE_SWEEP) --set mlflow.experiment=paravt-reproduce-conclusive $(ARGS)
 
 # A dress rehearsal of the 8B run on this CPU (docs/scale.md "The first 8B run"): paravt_8b.yaml's own
 # pipeline end to end, every process where it puts them, the tiny model and small sizes; the device

@@ -133,8 +133,10 @@ def build_configs(cfg: PipelineConfig) -> list[tuple[list[str], PipelineConfig]]
 def budget_ks(cfg: PipelineConfig) -> list[int]:
     """The overview budgets of the SFT model's sweep: every K nFrames gating draws
     (`rl.gating.choices`) and the evaluation's own; none where the world draws no validation
-    split."""
-    return sorted({*cfg.rl.gating.choices, cfg.eval.nframes}) if VALIDATION_SPLIT in cfg.eval.splits else []
+    split or the sweep is off (`reproduce.budget_sweep`)."""
+    if not cfg.reproduce.budget_sweep or VALIDATION_SPLIT not in cfg.eval.splits:
+        return []
+    return sorted({*cfg.rl.gating.choices, cfg.eval.nframes})
 
 
 def validation_videos(cfg: PipelineConfig, world: Path | None = None) -> list:

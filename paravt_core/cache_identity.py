@@ -128,11 +128,13 @@ HASHED_ONLY_WHEN_SET: tuple[tuple[str, str], ...] = (
 )
 
 # run.fanout: how many rows run at once and on how many threads (docs/scale.md, "Fanning out RL rows").
-# reproduce.report_dir: where the report (never cached) is written.
+# reproduce.report_dir: where the report (never cached) is written; reproduce.budget_sweep: whether it
+# measures the sweep (a part of a profile without it is a part of the same profile).
 # rl.overlap_*_threads: how a rank's threads are split under rl.overlap (as run.fanout's budget, never keyed).
 NEVER_HASHED: tuple[tuple[str, str], ...] = (("sft", "keep_last"), ("rl", "keep_last"), ("data", "probe_workers"),
                                             ("run", "fanout"), ("reproduce", "report_dir"),
-                                            ("rl", "overlap_trainer_threads"), ("rl", "overlap_engine_threads"))
+                                            ("reproduce", "budget_sweep"), ("rl", "overlap_trainer_threads"),
+                                            ("rl", "overlap_engine_threads"))
 
 # `eval` fields that choose, schedule or start samples without changing any one result (the
 # served-model check holds whatever serves to the checkpoint): not in the results' key.

@@ -780,6 +780,10 @@ class ReproduceConfig(_Section):
     # each measured, and every row x variant x seed trained from each: the report's verdicts take
     # the build as a level. The budget sweep measures the first build only.
     sft_seeds: tuple[Seed, ...] = ()
+    # The SFT model's budget sweep (on the first build, `flows/reproduce.py`). Off: a later part of a
+    # profile run in parts (docs/miniature.md, "In parts"), whose merge takes the sweep of the part
+    # with the lowest first build; the first part sweeps.
+    budget_sweep: bool = True
 
     @model_validator(mode="after")
     def _distinct(self) -> ReproduceConfig:

@@ -153,9 +153,23 @@ def test_a_part_of_the_conclusive_profile_merges_with_the_others():
     whole = load_config(CONFIG, replay_falls_sets("[0,1,2,3,4,5,6,7,8,9,10,11,12]", "reproduce-conclusive",
                                                   "CONCLUSIVE_BUILDS"))
     parts = [load_config(CONFIG, replay_falls_sets(seeds, "reproduce-conclusive", "CONCLUSIVE_BUILDS",
-                                                   f"CONCLUSIVE_REPORT=report-conclusive-{name}"))
-             for seeds, name in (("[0,1,2]", "0-2"), ("[3,4]", "3-4"))]
+                                                   f"CONCLUSIVE_REPORT=report-conclusive-{name}", *more))
+             for seeds, name, more in (("[0,1,2]", "0-2", ()), ("[3,4]", "3-4", ("CONCLUSIVE_SWEEP=false",)))]
     assert [part.reproduce.report_dir for part in parts] == ["report-conclusive-0-2", "report-conclusive-3-4"]
+    # a later part without the budget sweep is still a part of the same profile
+    assert [cfg.reproduce.budget_sweep for cfg in (whole, *parts)] == [True, True, False]
     assert {Profile.of(part).key for part in parts} == {Profile.of(whole).key}
     assert [Profile.of(part).sft_seeds for part in parts] == [(0, 1, 2), (3, 4)]
     assert len({clock_dir(cfg) for cfg in (whole, *parts)}) == 3
+
+
+def test_a_part_without_the_budget_sweep_measures_its_builds_alone():
+    """`reproduce.budget_sweep` off: each build's own held-out measurements, no sweep point at any K
+    (so no world is read for them)."""
+    from flows.reproduce import budget_ks, build_configs, sft_jobs
+
+    cfg = load_config(CONFIG, ["reproduce.sft_seeds=[3,4]", "reproduce.budget_sweep=false"])
+    assert budget_ks(cfg) == [] and len(budget_ks(load_config(CONFIG, []))) > 1
+    labels = [label for index, (_, build) in enumerate(build_configs(cfg))
+              for label, _ in sft_jobs(build, None, None, None, sweep=index == 0)]
+    assert labels == ["sft (sft3)", "sft (sft4)"]
