@@ -350,7 +350,7 @@ def _report(args: argparse.Namespace) -> int:
             return 2
     try:
         path = reproduce.rebuild_report(runs, out, title, budget, sources, running, profile, log_uri, args.log_to)
-    except MeasurementsError as exc:
+    except (MeasurementsError, reproduce.ReportLogError) as exc:
         print(f"paravt miniature report: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a read-only or full --out: the earlier report, if any, is left whole

@@ -236,6 +236,11 @@ def rebuilt_report_dir(out_dir: Path, source_dirs: Sequence[Path] = ()) -> Path:
     return out
 
 
+class ReportLogError(RuntimeError):
+    """A rebuilt report was written but could not be logged to MLflow; the message names the
+    folder, the store and the experiment."""
+
+
 def rebuild_report(runs: Sequence[ModelRun], out_dir: Path, title: str, budget: Sequence[BudgetPoint] = (),
                    source_dirs: Sequence[Path] = (), running: ClockSummary | None = None,
                    profile: Profile | None = None, tracking_uri: str | None = None,
@@ -247,12 +252,19 @@ def rebuild_report(runs: Sequence[ModelRun], out_dir: Path, title: str, budget: 
 
     Raises:
         MeasurementsError: see `rebuilt_report_dir`.
+        ReportLogError: the report is written, logging it failed (the store's error chained).
     """
     out = rebuilt_report_dir(out_dir, source_dirs)
     with atomic_dir(out) as tmp:
         write_report(runs, tmp, title, budget=budget, running=running, profile=profile)
     if tracking_uri and experiment:  # from the folder in place: a failed log leaves the report written
-        log_report(out, runs, running, tracking_uri, experiment, {"rebuilt_from": ", ".join(map(str, source_dirs))})
+        try:
+            log_report(out, runs, running, tracking_uri, experiment,
+                       {"rebuilt_from": ", ".join(map(str, source_dirs))})
+        except Exception as exc:  # MLflow's own, sqlalchemy's, OSError: the store, not the report, failed
+            raise ReportLogError(f"the report is written to {out}, but logging it to MLflow experiment "
+                                 f"{experiment!r} at {tracking_uri} failed ({type(exc).__name__}: {exc}); "
+                                 "give a --tracking-uri that can be written and run it again") from exc
     return out / "report.md"
 
 

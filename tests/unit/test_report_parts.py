@@ -119,6 +119,18 @@ def test_the_merged_report_logs_to_mlflow_and_rebuilds_from_there(tmp_path, caps
         "report.md", "steps.png", "runs.json", "budget.json", "running_time.json", "profile.json"}
 
 
+def test_a_merged_report_whose_mlflow_log_fails_is_written_and_says_so(tmp_path, capsys):
+    _part(tmp_path / "a", [0])
+    _part(tmp_path / "b", [1])
+    (tmp_path / "file").write_text("")  # a store under a file cannot be created
+    uri = f"sqlite:///{tmp_path / 'file' / 'mlflow.db'}"
+    assert _report("--from", str(tmp_path / "a"), "--from", str(tmp_path / "b"), "--out", str(tmp_path / "out"),
+                   "--log-to", "merged", "--tracking-uri", uri) == 2
+    err = capsys.readouterr().err
+    assert f"the report is written to {tmp_path / 'out'}" in err and "'merged'" in err and uri in err
+    assert "Traceback" not in err and read_profile(tmp_path / "out").sft_seeds == (0, 1)
+
+
 @pytest.mark.parametrize(("second", "message"), [
     ({"seeds": [1, 2]}, "SFT build 1 is in"),
     ({"seeds": [2], "key": "k2"}, "comes from other settings than"),
