@@ -23,7 +23,10 @@ narrow (it called a 22-point fall "reversed" where a t test on the same runs giv
   before the run. A direction is claimed only when the Holm-adjusted p is below alpha for BOTH
   the t test and the exact test (`Estimate.p`, the larger of the two) and the estimate is at
   least the minimum effect; "equivalent" when the 1 - 2 alpha t interval lies within plus or
-  minus the minimum effect (two one-sided tests); otherwise inconclusive.
+  minus the minimum effect (two one-sided tests) and the units show a spread at all; otherwise
+  inconclusive. Accuracy on 128 questions is discrete, so two builds' differences can tie
+  exactly (part 6-7 of the conclusive profile: -1.2 points in both); the t interval is then a
+  point, which says the spread was not seen, not that it is small, and claims no equivalence.
 - `units_needed`: the power calculation for an inconclusive comparison (see its docstring).
 - `fisher_exact`: the share of runs that fell, one row against another (two-sided).
 
@@ -78,6 +81,12 @@ class Estimate:
     unit: str
     sd: float
     paired: bool
+
+    @property
+    def spread_seen(self) -> bool:
+        """False when every unit's value is alike (up to rounding): the t interval is then a point
+        and measures nothing (`label` claims no equivalence from it)."""
+        return self.sd > _TIE * max(1.0, abs(self.mean))
 
     @property
     def p(self) -> float:
@@ -211,7 +220,7 @@ def label(estimate: Estimate | None, min_effect: float, expected_sign: int, adju
         return "inconclusive"
     if adjusted_p < alpha and abs(estimate.mean) >= min_effect:
         return "reproduced" if math.copysign(1, estimate.mean) == expected_sign else "reversed"
-    if -min_effect < estimate.eq_low and estimate.eq_high < min_effect:
+    if estimate.spread_seen and -min_effect < estimate.eq_low and estimate.eq_high < min_effect:
         return "equivalent"
     return "inconclusive"
 

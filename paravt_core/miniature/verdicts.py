@@ -137,10 +137,11 @@ def _number(measure: str, value: float, signed: bool = True) -> str:
 
 def _needed(e: Estimate, measure: str, minimum: float, family: int) -> str:
     """The runs (or builds) `inference.units_needed` gives at this comparison's measured spread."""
-    n = units_needed(e.sd, minimum, family, e.paired)
+    n = units_needed(e.sd if e.spread_seen else 0.0, minimum, family, e.paired)
     what = "builds" if e.unit == "build" else ("runs" if e.paired else "runs a row")
     sd = f"{_number(measure, e.sd, False)}{' points' if measure == 'accuracy' else ''}"
-    at = f"{POWER:.0%} power of the t test at two-sided {ALPHA}/{family}, noncentral t, SD {sd} as measured"
+    at = (f"{POWER:.0%} power of the t test at two-sided {ALPHA}/{family}, noncentral t, SD {sd} as measured"
+          if e.spread_seen else f"at least, for the exact test to reach {ALPHA}/{family}: no spread seen to size it by")
     return f"needs {n} {what} ({at})" if n is not None else f"needs more than {MAX_UNITS} {what} ({at})"
 
 
@@ -154,6 +155,8 @@ def _comparison_text(c: Comparison, e: Estimate, verdict: str, adjusted: float, 
             f"[{_number(c.measure, e.low)}, {_number(c.measure, e.high)}], {test} p {e.p_t:.3f}, exact {exact} "
             f"p {e.p_exact:.3f}, Holm p {adjusted:.3f}, minimum effect {_number(c.measure, minimum, False)}{unit}, "
             f"{sizes}")
+    if not e.spread_seen:
+        text += f"; the {e.unit}s' values are all alike, so the t interval is a point: no spread seen, not a small one"
     if verdict == "inconclusive":
         text += "; " + _needed(e, c.measure, minimum, family)
     return text + ")"

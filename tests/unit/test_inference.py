@@ -88,6 +88,19 @@ def test_no_spread_at_all_gives_a_point_interval():
     assert apart.p_t == 0.0 and apart.p_exact == pytest.approx(2 / 20) and apart.p == pytest.approx(0.1)
 
 
+def test_units_whose_values_tie_claim_no_equivalence_from_their_point_interval():
+    # part 6-7 of the conclusive profile: PARA-GRPO minus its SFT model -1.5/128 in both builds
+    tied = against_value([-1.5 / 128, -1.5 / 128], 0.0, unit="build")
+    assert tied.low == tied.high == tied.eq_low == tied.eq_high and not tied.spread_seen
+    assert label(tied, 0.05, +1, 0.5) == "inconclusive"
+    # the same mean with any spread at all is judged by its interval as before
+    spread = against_value([-1.5 / 128 - 1e-4, -1.5 / 128 + 1e-4, -1.5 / 128], 0.0, unit="build")
+    assert spread.spread_seen and label(spread, 0.05, +1, 0.5) == "equivalent"
+    # rounding noise is no spread
+    assert not against_value([0.1 + 0.2, 0.3, 0.3], 0.0).spread_seen
+    assert not welch([0.5, 0.5], [0.5, 0.5]).spread_seen and welch([0.5, 0.6], [0.5, 0.5]).spread_seen
+
+
 def test_the_exact_tests_fall_back_to_a_seeded_monte_carlo_beyond_the_limit(monkeypatch):
     a, b = [0.9, 0.7, 0.85, 0.6, 0.95], [0.5, 0.65, 0.4, 0.7, 0.55]
     exact = permutation_p(a, b)[0]

@@ -387,6 +387,20 @@ def test_several_sft_builds_are_a_level_of_the_verdicts():
                           judged.FAMILIES[3][1][0])[0].units == (2, 1)
 
 
+def test_two_builds_whose_differences_tie_are_inconclusive_not_equivalent():
+    from paravt_core.miniature.report_tables import verdicts
+
+    # docs/log/conclusive/part-6-7: per build PARA-GRPO's run mean is its SFT model's minus 1.5/128
+    runs = []
+    for b, (sft_acc, para) in enumerate(((99 / 128, (120, 120, 39, 111)), (94 / 128, (97, 77, 98, 98)))):
+        runs += [_sft(accuracy=sft_acc, build=f"sft{6 + b}"),
+                 *[ModelRun("paragrpo", s, n / 128, 0.2, 2.5, sft_build=f"sft{6 + b}") for s, n in enumerate(para)]]
+    line = next(v for v in verdicts(runs) if v.startswith("PARA-GRPO improves on its SFT model"))
+    assert "accuracy: inconclusive (paragrpo - sft -1.2 points [-1.2, -1.2]" in line
+    assert "values are all alike, so the t interval is a point: no spread seen" in line
+    assert "needs 6 builds (at least, for the exact test to reach 0.05/1: no spread seen to size it by)" in line
+
+
 def test_runs_that_fell_are_their_own_outcome():
     from paravt_core.miniature.verdicts import FALL_POINTS, fell, falls_lines
 
