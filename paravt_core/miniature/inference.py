@@ -84,8 +84,9 @@ class Estimate:
 
     @property
     def spread_seen(self) -> bool:
-        """False when every unit's value is alike (up to rounding): the t interval is then a point
-        and measures nothing (`label` claims no equivalence from it)."""
+        """False when the units show no spread (up to rounding): one row's values, or each of two
+        rows', all alike. The t interval is then a point and measures nothing (`label` claims no
+        equivalence from it)."""
         return self.sd > _TIE * max(1.0, abs(self.mean))
 
     @property

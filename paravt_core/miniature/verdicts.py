@@ -156,7 +156,9 @@ def _comparison_text(c: Comparison, e: Estimate, verdict: str, adjusted: float, 
             f"p {e.p_exact:.3f}, Holm p {adjusted:.3f}, minimum effect {_number(c.measure, minimum, False)}{unit}, "
             f"{sizes}")
     if not e.spread_seen:
-        text += f"; the {e.unit}s' values are all alike, so the t interval is a point: no spread seen, not a small one"
+        alike = (f"each row's {e.unit}s give the same value" if not e.paired else
+                 f"every {e.unit} gives the same {'difference' if e.unit == 'build' else 'value'}")
+        text += f"; {alike}, so the t interval is a point: no spread seen, not a small one"
     if verdict == "inconclusive":
         text += "; " + _needed(e, c.measure, minimum, family)
     return text + ")"

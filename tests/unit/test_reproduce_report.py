@@ -397,8 +397,14 @@ def test_two_builds_whose_differences_tie_are_inconclusive_not_equivalent():
                  *[ModelRun("paragrpo", s, n / 128, 0.2, 2.5, sft_build=f"sft{6 + b}") for s, n in enumerate(para)]]
     line = next(v for v in verdicts(runs) if v.startswith("PARA-GRPO improves on its SFT model"))
     assert "accuracy: inconclusive (paragrpo - sft -1.2 points [-1.2, -1.2]" in line
-    assert "values are all alike, so the t interval is a point: no spread seen" in line
+    assert "every build gives the same difference, so the t interval is a point: no spread seen" in line
     assert "needs 6 builds (at least, for the exact test to reach 0.05/1: no spread seen to size it by)" in line
+    # one build, two rows of runs each alike: Welch's interval is a point too, and says why
+    one = [_sft(accuracy=0.75, build="b0"), *[ModelRun(row, s, 0.78, 0.2, 2.5, sft_build="b0")
+                                              for row in ("vanilla_grpo", "paragrpo") for s in range(4)]]
+    line = next(v for v in verdicts(one) if v.startswith("Both together win"))
+    assert "vs vanilla_grpo: inconclusive (paragrpo - vanilla_grpo +0.0 points [+0.0, +0.0]" in line
+    assert "each row's runs give the same value, so the t interval is a point" in line
 
 
 def test_runs_that_fell_are_their_own_outcome():
