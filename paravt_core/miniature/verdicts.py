@@ -142,7 +142,18 @@ def _needed(e: Estimate, measure: str, minimum: float, family: int) -> str:
     sd = f"{_number(measure, e.sd, False)}{' points' if measure == 'accuracy' else ''}"
     at = (f"{POWER:.0%} power of the t test at two-sided {ALPHA}/{family}, noncentral t, SD {sd} as measured"
           if e.spread_seen else f"at least, for the exact test to reach {ALPHA}/{family}: no spread seen to size it by")
-    return f"needs {n} {what} ({at})" if n is not None else f"needs more than {MAX_UNITS} {what} ({at})"
+    if n is None:
+        return f"needs more than {MAX_UNITS} {what} ({at})"
+    have = e.units[0] if e.paired else min(e.units)
+    if e.spread_seen and n <= have:
+        # Enough units for the minimum effect, yet no verdict: the estimate is short of the minimum
+        # effect (or the tests miss it) while the interval reaches past it. More units narrow that
+        # interval; saying "needs n" with n already here would read as a count to reach.
+        short = (f"the estimate is under the minimum effect and its 90 % interval reaches past it"
+                 if abs(e.mean) < minimum else "the tests do not reach the level")
+        return (f"has the {n} {what} that {at} asks for the minimum effect; {short}: neither the finding "
+                f"nor equivalence, and more {what} would narrow it")
+    return f"needs {n} {what} ({at})"
 
 
 def _comparison_text(c: Comparison, e: Estimate, verdict: str, adjusted: float, minimum: float, family: int) -> str:

@@ -387,6 +387,32 @@ def test_several_sft_builds_are_a_level_of_the_verdicts():
                           judged.FAMILIES[3][1][0])[0].units == (2, 1)
 
 
+def test_enough_builds_with_an_effect_under_the_minimum_do_not_say_they_need_what_they_have():
+    from paravt_core.miniature.report_tables import verdicts
+
+    # docs/log/conclusive, all 13 builds (of 128 questions): the SFT model's right answers, then
+    # PARA-GRPO's four runs'
+    builds = [(105, (125, 119, 113, 112)), (114, (117, 95, 124, 122)), (94, (118, 113, 106, 102)),
+              (116, (125, 127, 113, 123)), (86, (90, 94, 102, 117)), (110, (104, 103, 99, 106)),
+              (99, (120, 120, 39, 111)), (94, (97, 77, 98, 98)), (120, (126, 127, 123, 126)),
+              (106, (121, 126, 104, 125)), (113, (115, 117, 107, 96)), (90, (91, 98, 84, 93)),
+              (87, (90, 104, 99, 77))]
+    runs = []
+    for b, (sft_right, para) in enumerate(builds):
+        runs += [_sft(accuracy=sft_right / 128, build=f"sft{b}"),
+                 *[ModelRun("paragrpo", s, n / 128, 0.2, 2.5, sft_build=f"sft{b}") for s, n in enumerate(para)]]
+    line = next(v for v in verdicts(runs) if v.startswith("PARA-GRPO improves on its SFT model"))
+    # a rise the tests see (p just under 0.05) but under the 5-point minimum, its interval past it
+    assert "accuracy: inconclusive (paragrpo - sft +3.6 points [+0.1, +7.2]" in line and "13 builds" in line
+    assert "needs 13 builds" not in line
+    assert ("has the 13 builds that 80% power of the t test at two-sided 0.05/1, noncentral t, SD 5.9 points as "
+            "measured asks for the minimum effect; the estimate is under the minimum effect and its 90 % interval "
+            "reaches past it: neither the finding nor equivalence, and more builds would narrow it") in line
+    # with fewer builds than the spread asks for, the count to reach stays
+    short = [r for r in runs if r.sft_build not in {f"sft{b}" for b in range(6, 13)}]
+    assert "needs " in next(v for v in verdicts(short) if v.startswith("PARA-GRPO improves on its SFT model"))
+
+
 def test_two_builds_whose_differences_tie_are_inconclusive_not_equivalent():
     from paravt_core.miniature.report_tables import verdicts
 
